@@ -1,0 +1,1 @@
+"""cuaderno: durable LLM agent runs."""

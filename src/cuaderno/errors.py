@@ -1,0 +1,328 @@
+"""Every error cuaderno raises, in one place.
+
+The tree::
+
+    CuadernoError
+    ├── UsageError                 a developer mistake (bad tool declaration, bad config)
+    ├── JournalError               the journal refused a read or a write
+    │   ├── JournalConflict        another event already sits under the same (run_id, step_id, phase)
+    │   ├── JournalCorrupt         the file or its row hash chain does not check out
+    │   ├── SchemaTooNew           the journal was written by a newer cuaderno
+    │   └── FencedOut              another process took the run over; this one must stop
+    ├── RunNotFound                no run with that id
+    ├── RunClosed                  the run already ended (completed, failed, cancelled)
+    ├── ReplayDivergence           the code asked for another step than the one recorded there
+    ├── UncertainEffect            an effect may or may not have happened; nobody can know
+    ├── VersionMismatch            the run was started under other versions; the caller must choose
+    ├── ApprovalError              an approval or rejection cannot be written
+    │   ├── NotWaitingForApproval  the step is not waiting for a decision
+    │   └── ApprovalMismatch       the decision names other arguments than the ones shown
+    ├── ToolError                  a tool call failed; carries its ErrorClass
+    │   └── ToolArgumentsInvalid   the arguments fail the tool's schema (invalid_input)
+    ├── IdempotencyKeyReuse        a provider key was reused for a different body (Stripe semantics)
+    ├── GatewayError               a model call failed; carries ErrorClass, sent, retry_after
+    └── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
+
+Errors never carry live objects: every field is plain data, so they can be journaled as evidence
+and read back by the CLI or a later version.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "ApprovalError",
+    "ApprovalMismatch",
+    "BudgetExceeded",
+    "CuadernoError",
+    "ErrorClass",
+    "FencedOut",
+    "GatewayError",
+    "IdempotencyKeyReuse",
+    "JournalConflict",
+    "JournalCorrupt",
+    "JournalError",
+    "NotWaitingForApproval",
+    "ReplayDivergence",
+    "RunClosed",
+    "RunNotFound",
+    "SchemaTooNew",
+    "ToolArgumentsInvalid",
+    "ToolError",
+    "UncertainEffect",
+    "UsageError",
+    "VersionMismatch",
+]
+
+
+class ErrorClass(enum.StrEnum):
+    """The typed code an executor attaches to a failure; the model never infers it from text.
+
+    The values are journaled; renaming one breaks every journal that recorded it.
+    """
+
+    INVALID_INPUT = "invalid_input"
+    """Bad schema or id: repair once or fail, no backoff."""
+    CONFLICT = "conflict"
+    """Stale version: read fresh state and replan."""
+    TRANSIENT = "transient"
+    """429 or a failure *before* the request left: bounded retry with jitter."""
+    AMBIGUOUS = "ambiguous"
+    """Timeout *after* sending: look the effect up by its key; never a blind re-send."""
+    PERMANENT = "permanent"
+    """Permission denied and the like: fail or escalate, never retry."""
+    BUG = "bug"
+    """Impossible shape or broken invariant: stop and keep the evidence."""
+
+
+class CuadernoError(Exception):
+    """Base of every error cuaderno raises on purpose."""
+
+
+class UsageError(CuadernoError):
+    """A developer mistake: fix the code, retrying will not help."""
+
+
+class JournalError(CuadernoError):
+    """The journal refused a read or a write. Nothing was changed."""
+
+
+class JournalConflict(JournalError):
+    """A different event already sits under the same ``(run_id, step_id, phase)``.
+
+    Appending the *same* event twice is a no-op; this error means two writers disagree about
+    what happened at one position, which is never resolved by overwriting.
+    """
+
+    def __init__(self, run_id: str, step_id: str, phase: str) -> None:
+        self.run_id, self.step_id, self.phase = run_id, step_id, phase
+        super().__init__(
+            f"run {run_id!r}: a different event is already journaled at step {step_id!r} phase {phase!r}; "
+            "the journal is append-only and was not changed"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.phase))
+
+
+class JournalCorrupt(JournalError):
+    """The journal file, or the hash chain over its rows, does not check out.
+
+    The file is left exactly as it was found, for forensics.
+    """
+
+
+class SchemaTooNew(JournalError):
+    """The journal was written by a newer cuaderno whose schema this version cannot read."""
+
+    def __init__(self, found: int, supported: int) -> None:
+        self.found, self.supported = found, supported
+        super().__init__(
+            f"journal schema version {found} is newer than this cuaderno supports ({supported}); "
+            "upgrade cuaderno to read it. Nothing was changed."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.found, self.supported))
+
+
+class FencedOut(JournalError):
+    """Another process took this run over (a newer fencing epoch); this process must stop.
+
+    Raised by the transaction that would have written an intent or a result, so a process that
+    lost its lease can never record a step.
+    """
+
+    def __init__(self, run_id: str, epoch: int, current: int) -> None:
+        self.run_id, self.epoch, self.current = run_id, epoch, current
+        super().__init__(
+            f"run {run_id!r}: this process holds epoch {epoch} but epoch {current} owns the run now; stopping"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.epoch, self.current))
+
+
+class RunNotFound(CuadernoError):
+    """No run with that id is in the journal."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} in this journal")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id,))
+
+
+class RunClosed(CuadernoError):
+    """The run already ended; it cannot take this operation."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        self.run_id, self.status = run_id, status
+        super().__init__(f"run {run_id!r} already ended ({status})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.status))
+
+
+class ReplayDivergence(CuadernoError):
+    """The step the code asks for is not the step recorded at that position.
+
+    Replay never re-executes silently and never reuses a result recorded for another request.
+    Check that the agent's instructions, tools and code are the ones the run started with, or
+    start a new run.
+    """
+
+    def __init__(self, run_id: str, step_id: str, expected: str, found: str) -> None:
+        self.run_id, self.step_id, self.expected, self.found = run_id, step_id, expected, found
+        super().__init__(
+            f"run {run_id!r} step {step_id!r}: the journal recorded {expected}, but the code now asks for {found}. "
+            "Check that the agent (instructions, tools, code) is the one the run started with."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.expected, self.found))
+
+
+class UncertainEffect(CuadernoError):
+    """A non-idempotent effect has an intent on disk and no result: nobody knows if it happened.
+
+    This is cuaderno refusing to guess. The evidence (intent, effect key, last receipt seen) is
+    attached and journaled; a person or a reconciliation lookup must decide.
+    """
+
+    def __init__(self, run_id: str, step_id: str, evidence: dict[str, Any]) -> None:
+        self.run_id, self.step_id, self.evidence = run_id, step_id, evidence
+        tool = evidence.get("tool", "?")
+        super().__init__(
+            f"run {run_id!r} step {step_id!r}: tool {tool!r} was started and never recorded a result; "
+            "it may or may not have taken effect. Reconcile it by hand (see `cuaderno show`) before resuming."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.evidence))
+
+
+class VersionMismatch(CuadernoError):
+    """The run was started under other versions (schema, loop, policy, capabilities).
+
+    Resume with an explicit choice: unchanged, migrate, drain on the old worker, or cancel.
+    """
+
+    def __init__(self, run_id: str, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+        self.run_id, self.recorded, self.current = run_id, recorded, current
+        diff = {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
+                if recorded.get(k) != current.get(k)}
+        super().__init__(
+            f"run {run_id!r} was started under other versions {diff}; choose explicitly how to resume "
+            "(on_version_mismatch='resume'|'migrate'|'drain'|'cancel')"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.recorded, self.current))
+
+
+class ApprovalError(CuadernoError):
+    """An approval or a rejection cannot be written. The journal was not changed."""
+
+
+class NotWaitingForApproval(ApprovalError):
+    """The step is not waiting for a decision (unknown, already decided, or never asked)."""
+
+
+class ApprovalMismatch(ApprovalError):
+    """The decision names other arguments than the ones shown to the person."""
+
+
+class ToolError(CuadernoError):
+    """A tool call failed, classified at the boundary that knows why.
+
+    Tools raise this (or a subclass) to say *how* they failed; any other exception from a tool is
+    classified as a ``bug``.
+    """
+
+    def __init__(self, message: str, *, error_class: ErrorClass = ErrorClass.PERMANENT,
+                 sent: bool | None = None, data: dict[str, Any] | None = None) -> None:
+        self.error_class = ErrorClass(error_class)
+        self.sent = sent
+        self.data = data or {}
+        super().__init__(message)
+
+    def to_json(self) -> dict[str, Any]:
+        """The journaled form: what the model is told and what replay hands back."""
+        return {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
+                "data": self.data, "type": type(self).__name__}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_tool_error, (type(self), str(self), self.error_class.value, self.sent, self.data))
+
+
+def _rebuild_tool_error(cls: type[ToolError], message: str, error_class: str, sent: bool | None,
+                        data: dict[str, Any]) -> ToolError:
+    err = cls.__new__(cls)
+    ToolError.__init__(err, message, error_class=ErrorClass(error_class), sent=sent, data=data)
+    return err
+
+
+class ToolArgumentsInvalid(ToolError):
+    """The arguments fail the tool's schema; the tool did not run."""
+
+    def __init__(self, message: str, *, data: dict[str, Any] | None = None, **_: Any) -> None:
+        super().__init__(message, error_class=ErrorClass.INVALID_INPUT, sent=False, data=data)
+
+
+class IdempotencyKeyReuse(CuadernoError):
+    """A provider idempotency key was reused for a different request body.
+
+    Stripe semantics: the same key with the same body replays the stored answer; with another
+    body it is a rejection, never a replay.
+    """
+
+
+class GatewayError(CuadernoError):
+    """A model call failed, mapped to a class at the gateway boundary.
+
+    Attributes:
+        error_class: how cuaderno's single retry layer reacts.
+        sent: whether the request may have reached the provider (``False`` means provably not).
+        retry_after: seconds the provider asked to wait, if it said.
+        status: the HTTP status, if there was one.
+    """
+
+    def __init__(self, message: str, *, error_class: ErrorClass, sent: bool,
+                 retry_after: float | None = None, status: int | None = None) -> None:
+        self.error_class = ErrorClass(error_class)
+        self.sent = sent
+        self.retry_after = retry_after
+        self.status = status
+        super().__init__(message)
+
+    def to_json(self) -> dict[str, Any]:
+        """The journaled form of the failure."""
+        return {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
+                "retry_after": self.retry_after, "status": self.status, "type": type(self).__name__}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_gateway_error, (type(self), str(self), self.error_class.value, self.sent,
+                                         self.retry_after, self.status))
+
+
+def _rebuild_gateway_error(cls: type[GatewayError], message: str, error_class: str, sent: bool,
+                           retry_after: float | None, status: int | None) -> GatewayError:
+    err = cls.__new__(cls)
+    GatewayError.__init__(err, message, error_class=ErrorClass(error_class), sent=sent,
+                          retry_after=retry_after, status=status)
+    return err
+
+
+class BudgetExceeded(CuadernoError):
+    """A per-run bound ran out (turns, retries, repairs, rejected responses...)."""
+
+    def __init__(self, run_id: str, budget: str, limit: int) -> None:
+        self.run_id, self.budget, self.limit = run_id, budget, limit
+        super().__init__(f"run {run_id!r}: budget {budget!r} exhausted (limit {limit})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.budget, self.limit))

@@ -1,0 +1,214 @@
+"""The model gateway contract: one async method, plain data in and out.
+
+A gateway turns a provider-neutral :class:`ModelRequest` into a :class:`ModelResponse`. It owns
+the translation to one provider's wire format and the mapping of its failures to
+:class:`~cuaderno.errors.GatewayError` (with an :class:`~cuaderno.errors.ErrorClass`); it does
+*not* retry: cuaderno's loop is the only retry layer, so official SDKs run with
+``max_retries=0``.
+
+Messages are plain JSON dicts in one neutral shape (roles ``user``, ``assistant``, ``tool``):
+
+- ``{"role": "user", "content": str}``
+- ``{"role": "assistant", "content": str, "tool_calls": [{"id", "name", "arguments": {...}}]}``
+- ``{"role": "tool", "tool_call_id": str, "name": str, "content": str, "is_error": bool}``
+
+Responses are journaled with :meth:`ModelResponse.to_json` and rebuilt on replay with
+:meth:`ModelResponse.from_json`; every field added later must have a default, because journals
+written before it must keep loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "Message",
+    "ModelGateway",
+    "ModelRequest",
+    "ModelResponse",
+    "ToolCall",
+    "ToolSchema",
+    "Usage",
+]
+
+Message = dict[str, Any]
+"""One neutral chat message (see the module docstring)."""
+
+ToolSchema = dict[str, Any]
+"""``{"name": str, "description": str, "parameters": <JSON schema object>}``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolCall:
+    """A tool call the model asked for."""
+
+    id: str
+    """The provider's call id; echoed back in the tool result message."""
+    name: str
+    """The tool's name as the model wrote it (it may not exist: that is checked, not trusted)."""
+    arguments: dict[str, Any] = field(default_factory=dict[str, Any])
+    """The parsed arguments. Empty when ``arguments_error`` is set."""
+    arguments_error: str | None = None
+    """Why the raw arguments could not be parsed as a JSON object; a tool never runs then."""
+    raw_arguments: str | None = None
+    """The raw argument text when it failed to parse, kept as evidence."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The journaled form."""
+        out: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.arguments_error is not None:
+            out["arguments_error"] = self.arguments_error
+            out["raw_arguments"] = self.raw_arguments
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolCall:
+        """Rebuild from :meth:`to_json` output."""
+        return cls(id=data["id"], name=data["name"], arguments=data.get("arguments") or {},
+                   arguments_error=data.get("arguments_error"), raw_arguments=data.get("raw_arguments"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Usage:
+    """Tokens a call consumed, as the provider reported them (0 when it did not say)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        """The journaled form."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Usage:
+        """Rebuild from :meth:`to_json` output; missing fields are 0."""
+        data = data or {}
+        return cls(input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0)),
+                   cached_tokens=int(data.get("cached_tokens", 0)),
+                   reasoning_tokens=int(data.get("reasoning_tokens", 0)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelResponse:
+    """What one model call returned, parsed and provider-neutral.
+
+    Replay hands this back instead of calling the model again, so it must carry everything the
+    loop derives the next context from: the text, the tool calls in order, and the accounting.
+    """
+
+    text: str = ""
+    """Visible text. Empty is allowed; whether that is an empty generation is decided elsewhere."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls in the order the model wrote them; the loop runs them in this order."""
+    finish_reason: str | None = None
+    """The provider's native finish/stop reason, unmapped (``stop``, ``tool_calls``, ``end_turn``...)."""
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    """The model that answered, as the provider named it."""
+    cost: float | None = None
+    """Cost in USD as reported by the endpoint or a price table; ``None`` means *unpriced*, never free."""
+    reasoning: str | None = None
+    """Reasoning text, if the provider returned any. Reasoning alone is not an answer."""
+    refusal: str | None = None
+    """A refusal the provider signalled explicitly."""
+    provider_request_id: str | None = None
+    body_sha256: str | None = None
+    """sha256 of the raw response body, kept as evidence."""
+    tier: str | None = None
+    """Which tier answered when a tiered gateway was used."""
+    escalations: tuple[dict[str, Any], ...] = ()
+    """Evidence of each lower-tier answer that was rejected and escalated within this step
+    (``{"from_tier", "to_tier", "reason", "usage", "cost", "finish_reason", "body_sha256"}``).
+    Those calls were made (and maybe billed); the loop counts them from here."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The journaled form."""
+        return {
+            "text": self.text,
+            "tool_calls": [c.to_json() for c in self.tool_calls],
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_json(),
+            "model": self.model,
+            "cost": self.cost,
+            "reasoning": self.reasoning,
+            "refusal": self.refusal,
+            "provider_request_id": self.provider_request_id,
+            "body_sha256": self.body_sha256,
+            "tier": self.tier,
+            "escalations": list(self.escalations),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelResponse:
+        """Rebuild from :meth:`to_json` output. Fields absent in old journals take their defaults."""
+        return cls(
+            text=data.get("text") or "",
+            tool_calls=tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()),
+            finish_reason=data.get("finish_reason"),
+            usage=Usage.from_json(data.get("usage")),
+            model=data.get("model"),
+            cost=data.get("cost"),
+            reasoning=data.get("reasoning"),
+            refusal=data.get("refusal"),
+            provider_request_id=data.get("provider_request_id"),
+            body_sha256=data.get("body_sha256"),
+            tier=data.get("tier"),
+            escalations=tuple(data.get("escalations") or ()),
+        )
+
+    def assistant_message(self) -> Message:
+        """The neutral assistant message this response adds to the conversation."""
+        msg: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+        return msg
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelRequest:
+    """A provider-neutral request for one model turn."""
+
+    instructions: str
+    """The system prompt."""
+    messages: tuple[Message, ...]
+    """The conversation so far, oldest first."""
+    tools: tuple[ToolSchema, ...] = ()
+    model: str | None = None
+    """The model to ask; ``None`` lets the gateway use its default."""
+    require_tool: bool = False
+    """The turn must call a tool (``tool_choice=required``); an empty turn is then a rejected response."""
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The neutral body, as plain JSON (used for fingerprints and by fakes)."""
+        body: dict[str, Any] = {"instructions": self.instructions, "messages": list(self.messages),
+                                "tools": list(self.tools), "model": self.model,
+                                "require_tool": self.require_tool}
+        if self.max_output_tokens is not None:
+            body["max_output_tokens"] = self.max_output_tokens
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        return body
+
+
+@runtime_checkable
+class ModelGateway(Protocol):
+    """Anything that can answer a :class:`ModelRequest`.
+
+    Implementations must:
+
+    - send ``idempotency_key`` to providers that accept one (it is stable across re-sends of the
+      same step with the same body);
+    - never retry on their own (cuaderno's loop is the only retry layer);
+    - raise :class:`~cuaderno.errors.GatewayError` with the right ``error_class`` and ``sent``
+      for every failure, and never return a response they could not parse.
+    """
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        """Answer one request."""
+        ...
