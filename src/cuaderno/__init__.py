@@ -1,1 +1,93 @@
-"""cuaderno: durable LLM agent runs."""
+"""cuaderno: durable LLM agent runs.
+
+Every step of a run (model call, tool call, policy decision, human approval, final answer) is
+journaled, so a run that crashes resumes in another process without paying any inference twice
+and without running any side effect twice; where nobody can know whether an effect happened, it
+stops and says so (:class:`UncertainEffect`).
+"""
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import (
+    ApprovalError,
+    ApprovalMismatch,
+    BudgetExceeded,
+    CuadernoError,
+    ErrorClass,
+    FencedOut,
+    GatewayError,
+    IdempotencyKeyReuse,
+    JournalConflict,
+    JournalCorrupt,
+    JournalError,
+    NotWaitingForApproval,
+    ReplayDivergence,
+    RunClosed,
+    RunNotFound,
+    SchemaTooNew,
+    ToolArgumentsInvalid,
+    ToolError,
+    UncertainEffect,
+    UsageError,
+    VersionMismatch,
+)
+from cuaderno.events import StepEvent
+from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, ToolCall, Usage
+from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.harness import approve, deny, pending_approvals
+from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
+from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
+from cuaderno.tools import Policy, PolicyDecision, Tool, ToolContext, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Agent",
+    "ApprovalError",
+    "ApprovalMismatch",
+    "ApprovalStep",
+    "BudgetExceeded",
+    "Checkpoint",
+    "Checkpointer",
+    "CuadernoError",
+    "ErrorClass",
+    "FencedOut",
+    "FinalStep",
+    "GatewayError",
+    "IdempotencyKeyReuse",
+    "JournalConflict",
+    "JournalCorrupt",
+    "JournalError",
+    "MemoryCheckpointer",
+    "ModelGateway",
+    "ModelRequest",
+    "ModelResponse",
+    "ModelStep",
+    "NotWaitingForApproval",
+    "Policy",
+    "PolicyDecision",
+    "ReplayDivergence",
+    "RetryPolicy",
+    "RunClosed",
+    "RunNotFound",
+    "SchemaTooNew",
+    "ScriptedGateway",
+    "Session",
+    "SqliteCheckpointer",
+    "Step",
+    "StepEvent",
+    "Tool",
+    "ToolArgumentsInvalid",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolStep",
+    "UncertainEffect",
+    "Usage",
+    "UsageError",
+    "VersionMismatch",
+    "__version__",
+    "approve",
+    "deny",
+    "pending_approvals",
+    "tool",
+]

@@ -1,0 +1,226 @@
+"""The checkpoint: a compact projection of a run's journal, for fast resume and for people.
+
+The checkpoint answers "where do I continue, and what has this run spent?"; the journal answers
+"how did I get here and what must I reconcile?". Every backend writes the checkpoint in the same
+transaction as the event it follows from, by folding that event with :func:`project`. Because it
+is a pure function of the journal, a checkpoint can always be rebuilt from the events
+(:func:`rebuild`), and the conformance suite checks that the stored one equals the rebuilt one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from cuaderno.events import StepEvent
+
+__all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "project", "rebuild"]
+
+COUNTERS: Final = (
+    "model_calls",            # model responses journaled (each one paid once)
+    "model_sends",            # requests sent to a provider, re-sends included
+    "possibly_billed_twice",  # re-sends of a request whose first send may have been billed
+    "calls_paid",             # journaled responses that carried a price
+    "unpriced_calls",         # journaled responses with no price: a loss made visible, not free
+    "tool_calls",             # tool bodies that ran to a journaled result
+    "tool_denied",            # tool calls denied by policy or by a person (known outcomes)
+    "tool_errors",            # tool calls that ended in a classified error
+    "approvals_requested",
+    "retries",                # same intent, same arguments, same effect identity
+    "repairs",                # invalid input sent back to the model to fix
+    "replans",                # conflicts: fresh state, new plan
+    "reflects",
+    "escalations",            # to a stronger tier or to a person
+    "rejected_responses",     # empty or refused generations on a turn that had to call a tool
+    "uncertain",              # effects nobody can know happened
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+)
+
+OPEN_STATUSES: Final = frozenset({"running", "suspended"})
+"""Statuses a run can be resumed from without a decision by a person."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Checkpoint:
+    """The projection of one run. Every field is derived from the journal."""
+
+    run_id: str
+    status: str = "running"
+    """``running``, ``suspended`` (waiting for a person), ``completed``, ``failed``,
+    ``cancelled``, ``needs_human`` (uncertain effect or failed reconciliation)."""
+    last_seq: int = 0
+    """The ``seq`` of the last event folded in."""
+    last_hash: str = ""
+    """The ``row_hash`` of that event: the head of the run's hash chain."""
+    next_step: str = "run"
+    """The last step touched and its phase, for people (``t0003.tool00:intent``)."""
+    epoch: int = 0
+    """Fencing epoch of the process that owns the run; bumped by every takeover."""
+    versions: dict[str, Any] = field(default_factory=dict[str, Any])
+    """Schema, loop, policy and capability versions the run started under."""
+    task_fingerprint: str | None = None
+    counters: dict[str, int] = field(default_factory=dict[str, int])
+    cost_usd: float = 0.0
+    """Sum of priced calls only; unpriced calls are counted in ``counters['unpriced_calls']``."""
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    """Approvals waiting for a person, by approval step id: tool, arguments, fingerprint."""
+    uncertain: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    """Evidence for each step whose effect nobody can know happened, by step id."""
+    outcome: dict[str, Any] | None = None
+    """The final answer, failure or cancellation record once the run ended."""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the run has not ended."""
+        return self.status in OPEN_STATUSES
+
+    def count(self, name: str) -> int:
+        """One counter (0 when never incremented)."""
+        return self.counters.get(name, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {"run_id": self.run_id, "status": self.status, "last_seq": self.last_seq,
+                "last_hash": self.last_hash, "next_step": self.next_step, "epoch": self.epoch,
+                "versions": self.versions, "task_fingerprint": self.task_fingerprint,
+                "counters": self.counters, "cost_usd": self.cost_usd, "pending": self.pending,
+                "uncertain": self.uncertain, "outcome": self.outcome}
+
+    def dumps(self) -> str:
+        """The stored form, encoded."""
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        """Rebuild from :meth:`to_json` output."""
+        return cls(run_id=data["run_id"], status=data["status"], last_seq=data["last_seq"],
+                   last_hash=data["last_hash"], next_step=data["next_step"], epoch=data.get("epoch", 0),
+                   versions=data.get("versions") or {}, task_fingerprint=data.get("task_fingerprint"),
+                   counters=data.get("counters") or {}, cost_usd=data.get("cost_usd", 0.0),
+                   pending=data.get("pending") or {}, uncertain=data.get("uncertain") or {},
+                   outcome=data.get("outcome"))
+
+    def _bump(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+
+def project(cp: Checkpoint, ev: StepEvent) -> None:
+    """Fold one event into the checkpoint (in place)."""
+    cp.last_seq = ev.seq
+    cp.last_hash = ev.row_hash
+    cp.next_step = f"{ev.step_id}:{ev.phase}"
+    handler = _HANDLERS.get(ev.kind)
+    if handler is not None:
+        handler(cp, ev)
+
+
+def rebuild(run_id: str, events: Iterable[StepEvent], epoch: int = 0) -> Checkpoint:
+    """The checkpoint of a run, rebuilt from its events alone."""
+    cp = Checkpoint(run_id=run_id, epoch=epoch)
+    for ev in events:
+        project(cp, ev)
+    return cp
+
+
+def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase == "start":
+        cp.status = "running"
+        cp.versions = dict(ev.payload.get("versions") or {})
+        cp.task_fingerprint = ev.fingerprint
+    elif ev.phase == "end":
+        cp.status = str(ev.payload.get("status", "failed"))
+        cp.outcome = ev.payload
+    elif ev.phase == "counters":
+        for name, n in (ev.payload.get("counters") or {}).items():
+            cp._bump(name, int(n))
+
+
+def _on_model(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase.startswith("intent"):
+        cp._bump("model_sends")
+        if ev.phase != "intent":  # "intent.2", "intent.3": a re-send after a crash in flight
+            cp._bump("possibly_billed_twice")
+        for name, n in (ev.payload.get("counters") or {}).items():
+            cp._bump(name, int(n))
+        return
+    if ev.phase != "result":
+        return
+    response = ev.payload.get("response")
+    if response is None:  # a classified failure, journaled as evidence
+        for name, n in (ev.payload.get("counters") or {}).items():
+            cp._bump(name, int(n))
+        return
+    cp._bump("model_calls")
+    usage = response.get("usage") or {}
+    for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
+        cp._bump(name, int(usage.get(name, 0)))
+    _price(cp, response.get("cost"))
+    for esc in response.get("escalations") or ():
+        cp._bump("escalations")
+        cp._bump("model_sends")
+        eu = esc.get("usage") or {}
+        for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
+            cp._bump(name, int(eu.get(name, 0)))
+        _price(cp, esc.get("cost"))
+    for name, n in (ev.payload.get("counters") or {}).items():
+        cp._bump(name, int(n))
+
+
+def _price(cp: Checkpoint, cost: Any) -> None:
+    if cost is None:
+        cp._bump("unpriced_calls")
+    else:
+        cp._bump("calls_paid")
+        cp.cost_usd = round(cp.cost_usd + float(cost), 10)
+
+
+def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase == "result":
+        outcome = ev.payload.get("outcome")
+        if outcome == "ok":
+            cp._bump("tool_calls")
+        elif outcome == "denied":
+            cp._bump("tool_denied")
+        else:
+            cp._bump("tool_errors")
+        for name, n in (ev.payload.get("counters") or {}).items():
+            cp._bump(name, int(n))
+        if ev.step_id in cp.uncertain:  # resolved by reconciliation or by a person
+            del cp.uncertain[ev.step_id]
+            if cp.status == "needs_human" and not cp.uncertain:
+                cp.status = "running"
+    elif ev.phase == "uncertain":
+        cp._bump("uncertain")
+        cp.uncertain[ev.step_id] = ev.payload
+        cp.status = "needs_human"
+
+
+def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase == "request":
+        cp._bump("approvals_requested")
+        cp.pending[ev.step_id] = {"tool": ev.name, "fingerprint": ev.fingerprint, **ev.payload}
+        cp.status = "suspended"
+    elif ev.phase == "decision":
+        cp.pending.pop(ev.step_id, None)
+        if cp.status == "suspended" and not cp.pending:
+            cp.status = "running"
+
+
+def _on_final(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase == "result":
+        cp.status = "completed"
+        cp.outcome = ev.payload
+
+
+def _on_cancel(cp: Checkpoint, ev: StepEvent) -> None:
+    if ev.phase == "request" and cp.is_open:
+        cp.outcome = {"cancel_requested": ev.payload}
+
+
+_HANDLERS = {"run": _on_run, "model": _on_model, "tool": _on_tool, "approval": _on_approval,
+             "final": _on_final, "cancel": _on_cancel}

@@ -1,0 +1,155 @@
+"""Helpers shared by the provider gateways: body parsing, tool arguments, cost, HTTP client set-up."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+
+from cuaderno.errors import GatewayError, UsageError
+from cuaderno.gateway import _errors
+from cuaderno.gateway._limits import install_body_limit
+from cuaderno.gateway.base import ToolCall, Usage
+from cuaderno.gateway.pricing import PriceTable
+
+__all__ = [
+    "LITELLM_COST_HEADER",
+    "NO_KEY_PLACEHOLDER",
+    "as_int",
+    "capped_http_client",
+    "choose_cost",
+    "parse_body",
+    "parse_tool_call",
+    "reraise",
+    "sdk_http_client",
+    "sha256_hex",
+]
+
+LITELLM_COST_HEADER = "x-litellm-response-cost"
+
+NO_KEY_PLACEHOLDER = "cuaderno-no-key"
+"""Sent as the key to a custom ``base_url`` when none is configured: local servers (llama.cpp,
+vLLM, Ollama) ignore it; a hosted endpoint answers 401, which maps to a ``permanent`` error."""
+
+
+def sha256_hex(raw: bytes) -> str:
+    """The hex sha256 of the raw body, journaled as ``body_sha256`` (evidence, not for replay)."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def parse_body(raw: bytes, provider: str) -> dict[str, Any]:
+    """Decode a 2xx body as a JSON object.
+
+    Raises:
+        GatewayError: ``ambiguous`` when it is not JSON, ``bug`` when it is JSON but not an object.
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _errors.malformed_body(provider, f"{type(exc).__name__}: {exc}; {len(raw)} bytes") from exc
+    if not isinstance(data, dict):
+        raise _errors.impossible_shape(provider, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_tool_call(call_id: str, name: str, arguments: object) -> ToolCall:
+    """Build a :class:`ToolCall`, never raising on bad arguments.
+
+    ``arguments`` is the JSON text a model wrote (OpenAI) or an already-decoded value (Anthropic,
+    some proxies). An empty string means "no arguments" (llama.cpp and others send it for
+    parameterless tools). Anything that is not a JSON object is kept verbatim in ``raw_arguments``
+    with the reason in ``arguments_error``: the loop must refuse to run it, and replay needs the
+    raw text to show what the model actually wrote.
+    """
+    if isinstance(arguments, dict):
+        return ToolCall(id=call_id, name=name, arguments=arguments)
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return ToolCall(id=call_id, name=name, arguments={})
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    try:
+        parsed = json.loads(raw)
+    except ValueError as exc:
+        return ToolCall(id=call_id, name=name, arguments_error=f"arguments are not valid JSON: {exc}",
+                        raw_arguments=raw)
+    if not isinstance(parsed, dict):
+        return ToolCall(id=call_id, name=name, raw_arguments=raw,
+                        arguments_error=f"arguments must be a JSON object, got {type(parsed).__name__}")
+    return ToolCall(id=call_id, name=name, arguments=parsed)
+
+
+def as_int(value: object) -> int:
+    """A token count as reported; anything that is not a non-negative number reads as 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0
+    return max(int(value), 0)
+
+
+def _as_cost(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
+
+
+def choose_cost(*, headers: Mapping[str, str], body_cost: object, usage: Usage, prices: PriceTable | None,
+                models: tuple[str | None, ...], zero_cost_is_unpriced: bool) -> float | None:
+    """The call's cost: the endpoint's own report first, then the price table, else ``None``.
+
+    Order: the LiteLLM proxy's ``x-litellm-response-cost`` header, then a ``usage.cost`` field in
+    the body (OpenRouter), then ``prices``. With ``zero_cost_is_unpriced`` (the default in the
+    gateways), a *reported* 0 for a call that used tokens is not believed: LiteLLM reports 0 for
+    models it has no price for, which is exactly the "looks free" failure. An explicit 0 in your
+    own price table is always believed.
+    """
+    used_tokens = usage.input_tokens + usage.output_tokens > 0
+    for reported in (_as_cost(headers.get(LITELLM_COST_HEADER)), _as_cost(body_cost)):
+        if reported is None:
+            continue
+        if reported == 0 and used_tokens and zero_cost_is_unpriced:
+            continue
+        return reported
+    return prices.cost(usage, *models) if prices is not None else None
+
+
+def capped_http_client(http_client: httpx2.AsyncClient | None, *, default: type[httpx2.AsyncClient],
+                       timeout: float | httpx2.Timeout, max_body_bytes: int) -> httpx2.AsyncClient:
+    """The ``httpx2`` client a gateway uses, with the body limit installed.
+
+    A client passed in is used as is (its transport, proxies, TLS) and gets the limit's event
+    hooks added; otherwise one is built from the SDK's default client class.
+    """
+    if max_body_bytes <= 0:
+        raise UsageError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    client = http_client if http_client is not None else default(timeout=timeout)
+    install_body_limit(client, max_body_bytes)
+    return client
+
+
+def sdk_http_client(sdk_client: object) -> httpx2.AsyncClient:
+    """The ``httpx2`` client inside an SDK client, to install the body limit on it.
+
+    Both SDKs keep it in ``_client`` (a private attribute, hence the check).
+
+    Raises:
+        UsageError: it is not there, so ``max_body_bytes`` could not be enforced.
+    """
+    inner = getattr(sdk_client, "_client", None)
+    if not isinstance(inner, httpx2.AsyncClient):
+        raise UsageError("cannot install max_body_bytes on the given SDK client (no httpx2.AsyncClient found); "
+                         "pass http_client= instead of client=")
+    return inner
+
+
+def reraise(exc: BaseException, provider: str) -> GatewayError:
+    """The :class:`GatewayError` for an SDK failure (callers ``raise ... from exc``)."""
+    return _errors.from_exception(exc, provider=provider)

@@ -1,0 +1,258 @@
+"""A :class:`~cuaderno.gateway.base.ModelGateway` for the Anthropic Messages API.
+
+Drives the official ``anthropic`` SDK with ``max_retries=0`` and reads the raw response, like
+:mod:`cuaderno.gateway.openai`. Translation:
+
+- ``instructions`` → ``system``; tools → ``{"name", "description", "input_schema"}``;
+  ``require_tool`` → ``tool_choice={"type": "any"}``.
+- assistant tool calls → ``tool_use`` blocks; neutral ``tool`` messages → ``tool_result`` blocks
+  (with ``is_error``) inside a user turn. Consecutive user-side messages are merged into one turn,
+  tool results first, as the API requires. An assistant message with neither text nor tool calls
+  is dropped: the API rejects empty content, and such a turn carries nothing to the model.
+- usage: Anthropic's ``input_tokens`` *excludes* cache reads and writes; the neutral
+  ``input_tokens`` includes them (``input + cache_read + cache_creation``) so costs are computed
+  the same way for every provider; ``cached_tokens`` is ``cache_read_input_tokens``.
+- ``thinking`` blocks become ``reasoning``. Their signatures are not kept, so extended thinking
+  combined with tool use (which needs them echoed back) is not supported by this gateway.
+
+Keys: ``api_key``, else ``ANTHROPIC_API_KEY``, else ``ANTHROPIC_AUTH_TOKEN``. With none and no
+``base_url``, construction raises :class:`~cuaderno.errors.UsageError`; for other credential
+set-ups (profiles, workload identity) build an ``anthropic.AsyncAnthropic`` and pass ``client=``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import anthropic
+import httpx2
+
+from cuaderno.errors import UsageError
+from cuaderno.gateway._common import (
+    NO_KEY_PLACEHOLDER,
+    as_int,
+    capped_http_client,
+    choose_cost,
+    parse_body,
+    parse_tool_call,
+    reraise,
+    sdk_http_client,
+    sha256_hex,
+)
+from cuaderno.gateway._errors import impossible_shape
+from cuaderno.gateway._limits import install_body_limit
+from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from cuaderno.gateway.pricing import PriceTable
+
+__all__ = ["AnthropicGateway"]
+
+_PROVIDER = "anthropic"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_TIMEOUT = httpx2.Timeout(240.0, connect=10.0)
+DEFAULT_MAX_TOKENS = 4096
+"""The Messages API requires ``max_tokens``; used when the request does not set one."""
+
+
+class AnthropicGateway:
+    """Messages through the official SDK, one HTTP request per :meth:`complete`.
+
+    Args:
+        model: the default model (used when ``ModelRequest.model`` is ``None``).
+        base_url: another endpoint (a LiteLLM proxy, a gateway); ``None`` is api.anthropic.com.
+        api_key: the key; ``None`` reads the environment (see the module docstring).
+        client: a ready ``anthropic.AsyncAnthropic``; copied with ``max_retries=0`` and the body
+            limit installed. Excludes ``base_url``/``api_key``/``http_client``.
+        http_client: an ``httpx2.AsyncClient`` to send through.
+        idempotency_header: header carrying the idempotency key; ``None`` sends none.
+        prices: prices (Anthropic does not report a cost; a LiteLLM cost header is used if present).
+        max_body_bytes: larger responses are refused unread (``permanent``, ``sent=True``).
+        timeout: seconds, or an ``httpx2.Timeout``. Always passed explicitly, which also keeps the
+            SDK from refusing large non-streaming ``max_tokens``.
+        default_max_tokens: ``max_tokens`` when the request has no ``max_output_tokens``.
+        zero_cost_is_unpriced: do not believe a *reported* cost of 0 for a call that used tokens.
+    """
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
+                 client: anthropic.AsyncAnthropic | None = None, http_client: httpx2.AsyncClient | None = None,
+                 idempotency_header: str | None = "Idempotency-Key", prices: PriceTable | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, zero_cost_is_unpriced: bool = True) -> None:
+        if not model:
+            raise UsageError("AnthropicGateway needs a default model")
+        self.model = model
+        self.idempotency_header = idempotency_header
+        self.prices = prices
+        self.default_max_tokens = default_max_tokens
+        self.zero_cost_is_unpriced = zero_cost_is_unpriced
+        self._timeout = timeout
+        self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
+
+    @staticmethod
+    def _build_client(client: anthropic.AsyncAnthropic | None, base_url: str | None, api_key: str | None,
+                      http_client: httpx2.AsyncClient | None, timeout: float | httpx2.Timeout,
+                      max_body_bytes: int) -> anthropic.AsyncAnthropic:
+        if client is not None:
+            if base_url is not None or api_key is not None or http_client is not None:
+                raise UsageError("pass either client= or base_url/api_key/http_client, not both")
+            sdk = client.with_options(max_retries=0)
+            install_body_limit(sdk_http_client(sdk), max_body_bytes)
+            return sdk
+        hc = capped_http_client(http_client, default=anthropic.DefaultAsyncHttpxClient, timeout=timeout,
+                                max_body_bytes=max_body_bytes)
+        key, token = _resolve_credentials(api_key, base_url)
+        if token is not None:
+            return anthropic.AsyncAnthropic(auth_token=token, base_url=base_url, http_client=hc, max_retries=0,
+                                            timeout=timeout)
+        return anthropic.AsyncAnthropic(api_key=key, base_url=base_url, http_client=hc, max_retries=0,
+                                        timeout=timeout)
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP client."""
+        await self._client.close()
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        """Send one Messages request and parse it.
+
+        Raises:
+            GatewayError: every failure, classified by :mod:`cuaderno.gateway._errors`.
+            UsageError: the request cannot be expressed (unknown role, ``require_tool`` without tools).
+        """
+        kwargs = self._request_kwargs(request)
+        headers = {self.idempotency_header: idempotency_key} if self.idempotency_header else {}
+        try:
+            raw = await self._client.messages.with_raw_response.create(
+                **kwargs, extra_headers=headers, timeout=self._timeout)
+            body = await raw.http_response.aread()
+        except Exception as exc:
+            raise reraise(exc, _PROVIDER) from exc
+        return self._parse(body, raw.http_response.headers, request)
+
+    def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": request.model or self.model, "messages": to_anthropic_messages(request),
+                                  "max_tokens": request.max_output_tokens or self.default_max_tokens}
+        if request.instructions:
+            kwargs["system"] = request.instructions
+        if request.tools:
+            kwargs["tools"] = [_tool_schema(t) for t in request.tools]
+        if request.require_tool:
+            if not request.tools:
+                raise UsageError("require_tool=True needs at least one tool")
+            kwargs["tool_choice"] = {"type": "any"}
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        return kwargs
+
+    def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
+        data = parse_body(raw, _PROVIDER)
+        usage = _usage(data.get("usage"))
+        model = data.get("model") if isinstance(data.get("model"), str) else None
+        cost = choose_cost(headers=headers, body_cost=None, usage=usage, prices=self.prices,
+                           models=(model, request.model or self.model),
+                           zero_cost_is_unpriced=self.zero_cost_is_unpriced)
+        common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "body_sha256": sha256_hex(raw),
+                                  "provider_request_id": headers.get("request-id") or _str(data.get("id"))}
+        if data.get("type") == "error":
+            # An error object under a 2xx: an empty generation, rejected by the detector as "error".
+            return ModelResponse(finish_reason="error", **common)
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise impossible_shape(_PROVIDER, "a 2xx message without a content list")
+        text, calls, reasoning = _blocks(content)
+        stop = _str(data.get("stop_reason"))
+        refusal = (text or "refusal") if stop == "refusal" else None
+        return ModelResponse(text=text, tool_calls=calls, finish_reason=stop, reasoning=reasoning, refusal=refusal,
+                             **common)
+
+
+def to_anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
+    """The neutral conversation as Messages API turns (the system prompt goes separately)."""
+    out: list[dict[str, Any]] = []
+    for message in request.messages:
+        role, blocks = _to_blocks(message)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:
+            # Merge same-role neighbours: tool results and a following user text form one user turn.
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return out
+
+
+def _to_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+    role = message.get("role")
+    content = message.get("content")
+    text = content if isinstance(content, str) else ("" if content is None else str(content))
+    if role == "user":
+        return "user", [{"type": "text", "text": text}] if text else []
+    if role == "tool":
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": text}
+        if message.get("is_error"):
+            block["is_error"] = True
+        return "user", [block]
+    if role == "assistant":
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        for call in message.get("tool_calls") or []:
+            blocks.append({"type": "tool_use", "id": call["id"], "name": call["name"],
+                           "input": call.get("arguments") or {}})
+        return "assistant", blocks
+    raise UsageError(f"unknown message role {role!r}; expected user, assistant or tool")
+
+
+def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": tool["name"],
+                           "input_schema": tool.get("parameters") or {"type": "object", "properties": {}}}
+    if tool.get("description"):
+        out["description"] = tool["description"]
+    return out
+
+
+def _blocks(content: list[Any]) -> tuple[str, tuple[ToolCall, ...], str | None]:
+    """Visible text, tool calls in order, and reasoning from the content blocks."""
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[ToolCall] = []
+    for index, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise impossible_shape(_PROVIDER, f"content[{index}] is a {type(block).__name__}")
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        elif kind == "tool_use":
+            call_id = _str(block.get("id")) or f"toolu_{index}"
+            calls.append(parse_tool_call(call_id, _str(block.get("name")) or "", block.get("input")))
+        # redacted_thinking and server-side blocks carry nothing the loop can use.
+    return "".join(texts), tuple(calls), ("".join(thinking) or None)
+
+
+def _usage(raw: object) -> Usage:
+    if not isinstance(raw, dict):
+        return Usage()
+    cache_read = as_int(raw.get("cache_read_input_tokens"))
+    cache_write = as_int(raw.get("cache_creation_input_tokens"))
+    return Usage(input_tokens=as_int(raw.get("input_tokens")) + cache_read + cache_write,
+                 output_tokens=as_int(raw.get("output_tokens")), cached_tokens=cache_read)
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _resolve_credentials(api_key: str | None, base_url: str | None) -> tuple[str, str | None]:
+    """``(api_key, auth_token)``: exactly one is used; the token only when it is all there is."""
+    if api_key:
+        return api_key, None
+    env_key = os.environ.get("ANTHROPIC_API_KEY")
+    if env_key:
+        return env_key, None
+    token = os.environ.get("ANTHROPIC_AUTH_TOKEN")
+    if token:
+        return NO_KEY_PLACEHOLDER, token
+    if base_url is None and not os.environ.get("ANTHROPIC_BASE_URL"):
+        raise UsageError("no Anthropic API key: pass api_key= or set ANTHROPIC_API_KEY "
+                         "(or pass client= with your own credentials)")
+    return NO_KEY_PLACEHOLDER, None

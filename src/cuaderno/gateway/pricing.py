@@ -1,0 +1,91 @@
+"""Per-model token prices, for endpoints that do not report a cost themselves.
+
+A model missing from the table is *unpriced*: :meth:`PriceTable.cost` returns ``None``, never 0,
+so the loss is visible in the journal (seed 002: 97 of 167 turns came back without a price and
+looked free). An explicit zero price in the table is trusted: that is how a genuinely free local
+model is declared.
+
+Token accounting follows :class:`~cuaderno.gateway.base.Usage` as the gateways fill it:
+``input_tokens`` counts every prompt token *including* the cached ones, ``cached_tokens`` is the
+part read from the provider's prompt cache, and ``output_tokens`` already includes
+``reasoning_tokens``. So::
+
+    cost = (input - cached) * input_price + cached * cached_price + output * output_price
+
+(per million tokens). Prompt-cache *writes* (Anthropic bills them at a premium) are counted at
+the plain input price: ``Usage`` does not carry them separately, so such costs are an estimate
+from below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from cuaderno.gateway.base import Usage
+
+__all__ = ["ModelPrice", "PriceTable"]
+
+_PER = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelPrice:
+    """USD per million tokens for one model."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+    """Price of prompt tokens read from cache; ``None`` means the plain input price."""
+
+    def __post_init__(self) -> None:
+        for name in ("input", "output", "cached_input"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} price must not be negative, got {value}")
+
+    def cost(self, usage: Usage) -> float:
+        """The cost of ``usage`` at these prices, in USD."""
+        cached = min(max(usage.cached_tokens, 0), max(usage.input_tokens, 0))
+        fresh = max(usage.input_tokens, 0) - cached
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        total = fresh * self.input + cached * cached_price + max(usage.output_tokens, 0) * self.output
+        return total / _PER
+
+
+class PriceTable(Mapping[str, ModelPrice]):
+    """Model name → :class:`ModelPrice`, matched exactly (case-sensitive).
+
+    No prefix or alias matching on purpose: ``gpt-4o`` must not price ``gpt-4o-mini``. Gateways
+    look up the model the provider says answered, then the model they asked for, so a table keyed
+    by the alias you request still prices a dated snapshot in the answer.
+
+    Args:
+        prices: ``{model: ModelPrice}``, or ``{model: {"input": .., "output": .., "cached_input": ..}}``.
+    """
+
+    def __init__(self, prices: Mapping[str, ModelPrice | Mapping[str, float]] | None = None) -> None:
+        self._prices: dict[str, ModelPrice] = {}
+        for model, price in (prices or {}).items():
+            self._prices[model] = price if isinstance(price, ModelPrice) else ModelPrice(**dict(price))
+
+    def __getitem__(self, model: str) -> ModelPrice:
+        return self._prices[model]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._prices)
+
+    def __len__(self) -> int:
+        return len(self._prices)
+
+    def price(self, *models: str | None) -> ModelPrice | None:
+        """The price of the first of ``models`` that is in the table, or ``None``."""
+        for model in models:
+            if model is not None and model in self._prices:
+                return self._prices[model]
+        return None
+
+    def cost(self, usage: Usage, *models: str | None) -> float | None:
+        """The cost of ``usage`` for the first known of ``models``; ``None`` (unpriced) if none is known."""
+        price = self.price(*models)
+        return None if price is None else price.cost(usage)

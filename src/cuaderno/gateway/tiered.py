@@ -1,0 +1,103 @@
+"""Escalate an empty cheap-tier answer to the strong tier, within the same turn.
+
+Seed 002: on the cheap tier, re-sending an empty generation to the *same* model saved 0 of 36;
+the strong tier answered all 36. So a rejected cheap answer is never re-sent to the cheap model:
+the same turn goes once to the strong tier, and the cheap call stays on record as evidence (it
+was made and maybe billed) in ``ModelResponse.escalations``.
+
+HTTP errors are *not* escalated: a :class:`~cuaderno.errors.GatewayError` from either tier
+propagates, because the loop is the only retry layer and it must see the error's class.
+Refusals are not escalated by default either (a policy decision, not a capacity one); pass
+``escalate_on`` to change that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from cuaderno.errors import UsageError
+from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
+from cuaderno.gateway.empty import Outcome, ResponseOutcome, classify_response
+
+__all__ = ["DEFAULT_ESCALATE_ON", "TieredGateway", "escalation_evidence", "strong_key"]
+
+DEFAULT_ESCALATE_ON = frozenset({Outcome.EMPTY, Outcome.NO_TOOL_CALL})
+
+
+class TieredGateway:
+    """A :class:`~cuaderno.gateway.base.ModelGateway` over a cheap and a strong gateway.
+
+    Each :meth:`complete` calls the cheap tier exactly once. If :func:`classify_response` (with the
+    request's ``require_tool``) puts the answer in ``escalate_on``, the same request goes once to
+    the strong tier with ``model=None`` (each tier answers with its own default model) and the
+    idempotency key ``f"{key}:{names[1]}"``: the strong call has another body, and reusing a key
+    for another body is a rejection, not a replay. The key is derived, so a re-send of the step
+    after a crash reuses it.
+
+    The returned response has ``tier`` set to the name of the tier that answered. An escalated one
+    carries one evidence dict per rejected answer in ``escalations`` (see
+    :func:`escalation_evidence`). Replay needs nothing else: the response, with its escalations, is
+    what gets journaled, and the counters here are only this process's metrics.
+
+    Args:
+        cheap: the first tier.
+        strong: the tier a rejected cheap answer escalates to.
+        names: the tiers' names, as written in ``tier`` and in the evidence.
+        escalate_on: the outcomes that escalate.
+
+    Attributes:
+        escalations: how many turns escalated since construction.
+        calls: calls made per tier name since construction.
+    """
+
+    def __init__(self, cheap: ModelGateway, strong: ModelGateway, *, names: tuple[str, str] = ("cheap", "strong"),
+                 escalate_on: Iterable[Outcome] = DEFAULT_ESCALATE_ON) -> None:
+        if cheap is strong:
+            raise UsageError("TieredGateway needs two different gateways: re-sending to the same model does not help")
+        cheap_model, strong_model = getattr(cheap, "model", None), getattr(strong, "model", None)
+        if cheap_model is not None and cheap_model == strong_model:
+            raise UsageError(f"both tiers use model {cheap_model!r}; escalation must reach another model")
+        if len(names) != 2 or names[0] == names[1] or not all(names):
+            raise UsageError(f"names must be two different non-empty tier names, got {names!r}")
+        self.cheap, self.strong = cheap, strong
+        self.names = names
+        self.escalate_on = frozenset(Outcome(o) for o in escalate_on)
+        self.escalations = 0
+        self.calls: dict[str, int] = {names[0]: 0, names[1]: 0}
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        """Answer from the cheap tier, or from the strong tier when the cheap answer is rejected."""
+        cheap_name, strong_name = self.names
+        self.calls[cheap_name] += 1
+        first = await self.cheap.complete(request, idempotency_key=idempotency_key)
+        verdict = classify_response(first, require_tool=request.require_tool)
+        if verdict.outcome not in self.escalate_on:
+            return dataclasses.replace(first, tier=cheap_name)
+        evidence = escalation_evidence(first, verdict, from_tier=cheap_name, to_tier=strong_name)
+        self.escalations += 1
+        self.calls[strong_name] += 1
+        second = await self.strong.complete(dataclasses.replace(request, model=None),
+                                            idempotency_key=strong_key(idempotency_key, strong_name))
+        return dataclasses.replace(second, tier=strong_name,
+                                   escalations=(*first.escalations, evidence, *second.escalations))
+
+
+def strong_key(idempotency_key: str, tier: str) -> str:
+    """The idempotency key for ``tier``: deterministic, and different from the cheap call's."""
+    return f"{idempotency_key}:{tier}"
+
+
+def escalation_evidence(response: ModelResponse, verdict: ResponseOutcome, *, from_tier: str,
+                        to_tier: str) -> dict[str, Any]:
+    """The journaled record of a rejected answer: what it cost, why it was rejected, how to find it.
+
+    Keys: ``from_tier``, ``to_tier``, ``reason`` (a :class:`~cuaderno.gateway.empty.Reason` value),
+    ``outcome``, ``detail``, ``usage``, ``cost`` (``None``: unpriced), ``finish_reason``,
+    ``body_sha256``, ``model``, ``provider_request_id``. All plain JSON.
+    """
+    return {"from_tier": from_tier, "to_tier": to_tier, "reason": verdict.reason.value,
+            "outcome": verdict.outcome.value, "detail": verdict.detail, "usage": response.usage.to_json(),
+            "cost": response.cost, "finish_reason": response.finish_reason, "body_sha256": response.body_sha256,
+            "model": response.model, "provider_request_id": response.provider_request_id}

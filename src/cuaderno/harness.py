@@ -1,0 +1,98 @@
+"""What the harness writes while no loop is running: approvals and rejections.
+
+The loop cannot write a person's decision: it was not running when the decision was taken. These
+functions append it to the run's journal, bound to the fingerprint of the exact arguments the
+person was shown; the next resume finds it and acts on it exactly once.
+
+Every check runs before anything is written, and the write itself is one append guarded by the
+journal's primary key, so a malformed or late decision changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import (
+    ApprovalMismatch,
+    JournalConflict,
+    NotWaitingForApproval,
+    RunClosed,
+    RunNotFound,
+    UsageError,
+)
+from cuaderno.events import StepEvent
+from cuaderno.journal.base import Checkpointer
+
+__all__ = ["approve", "deny", "pending_approvals"]
+
+
+def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, dict[str, Any]]:
+    """The approvals a run is waiting for, by approval step id (tool, arguments, fingerprint)."""
+    return dict(_open_run(store, run_id).pending)
+
+
+def approve(store: Checkpointer, run_id: str, step_id: str, *, fingerprint: str | None = None,
+            approver: str | None = None, reason: str | None = None) -> StepEvent:
+    """Approve the tool call waiting at ``step_id``; the next resume runs it exactly once.
+
+    Args:
+        step_id: the approval step id (``t0000.tool00.approval``) or its tool step id.
+        fingerprint: the fingerprint of the arguments the person saw. When given, it must equal
+            the pending request's, or :class:`~cuaderno.errors.ApprovalMismatch` is raised.
+        approver: who decided, for the record.
+        reason: why, for the record.
+
+    Raises:
+        RunNotFound, RunClosed, NotWaitingForApproval, ApprovalMismatch: nothing was written.
+    """
+    return _decide(store, run_id, step_id, "approved", fingerprint, approver, reason)
+
+
+def deny(store: Checkpointer, run_id: str, step_id: str, *, fingerprint: str | None = None,
+         approver: str | None = None, reason: str | None = None) -> StepEvent:
+    """Reject the tool call waiting at ``step_id``; the model is told it was rejected.
+
+    Same arguments and errors as :func:`approve`.
+    """
+    return _decide(store, run_id, step_id, "rejected", fingerprint, approver, reason)
+
+
+def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
+    if not isinstance(run_id, str) or not run_id:
+        raise UsageError("run_id must be a non-empty string")
+    cp = store.checkpoint(run_id)
+    if cp is None:
+        raise RunNotFound(run_id)
+    if not cp.is_open:
+        raise RunClosed(run_id, cp.status)
+    return cp
+
+
+def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, fingerprint: str | None,
+            approver: str | None, reason: str | None) -> StepEvent:
+    for label, value in (("step_id", step_id), ("fingerprint", fingerprint), ("approver", approver),
+                         ("reason", reason)):
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{label} must be a string, got {type(value).__name__}")
+    if not step_id:
+        raise UsageError("step_id must be a non-empty string")
+    cp = _open_run(store, run_id)
+    appr_id = step_id if step_id.endswith(".approval") else f"{step_id}.approval"
+    pending = cp.pending.get(appr_id)
+    if pending is None:
+        waiting = ", ".join(sorted(cp.pending)) or "none"
+        raise NotWaitingForApproval(f"run {run_id!r}: step {step_id!r} is not waiting for a decision "
+                                    f"(waiting: {waiting})")
+    shown = pending.get("fingerprint")
+    if fingerprint is not None and fingerprint != shown:
+        raise ApprovalMismatch(f"run {run_id!r} step {appr_id!r}: the decision names arguments {fingerprint[:12]}…, "
+                               f"but the pending call has {str(shown)[:12]}…; show the person the current "
+                               "arguments and decide again")
+    event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
+                      decision=decision, fingerprint=shown,
+                      payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
+    try:
+        return store.append([event])[0]
+    except JournalConflict as exc:
+        raise NotWaitingForApproval(f"run {run_id!r}: step {appr_id!r} was already decided otherwise") from exc

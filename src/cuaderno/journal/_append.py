@@ -1,0 +1,99 @@
+"""The append algorithm every backend shares: validate, deduplicate, stamp, fold.
+
+Backends differ in how they store rows and how they make a transaction atomic; what an append
+*means* lives here once, so the backends cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from cuaderno.checkpoint import Checkpoint, project
+from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, UsageError
+from cuaderno.events import StepEvent, decode_payload, row_hash
+from cuaderno.journal.base import validate_event
+
+__all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
+
+
+def plan_append(
+    cp: Checkpoint,
+    events: Sequence[StepEvent],
+    existing: Callable[[StepEvent], StepEvent | None],
+    epoch: int | None,
+) -> tuple[list[tuple[StepEvent, bytes]], list[StepEvent]]:
+    """Decide what an append writes, folding new events into ``cp`` (in place).
+
+    Args:
+        cp: the run's current checkpoint; updated for every new event.
+        events: the events to append, all of ``cp``'s run.
+        existing: returns the stored event under an event's key, or ``None``.
+        epoch: the writer's fencing epoch, or ``None`` for harness writes.
+
+    Returns:
+        ``(rows to insert with their encoded payloads, the stored events to return)``.
+
+    Raises:
+        FencedOut: ``epoch`` is not the run's current epoch.
+        JournalConflict: a different event already sits under one of the keys.
+    """
+    if epoch is not None and epoch != cp.epoch:
+        raise FencedOut(cp.run_id, epoch, cp.epoch)
+    now = time.time()
+    new: list[tuple[StepEvent, bytes]] = []
+    out: list[StepEvent] = []
+    seen: dict[tuple[str, str, str], StepEvent] = {}
+    for ev in events:
+        validate_event(ev)
+        if ev.run_id != cp.run_id:
+            raise UsageError("one append must hold the events of one run")
+        prior = seen.get(ev.key) or existing(ev)
+        if prior is not None:
+            if not prior.same_as(ev):
+                raise JournalConflict(*ev.key)
+            out.append(prior)
+            continue
+        payload_bytes = ev.encoded_payload()
+        stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
+                             payload_bytes=payload_bytes)
+        project(cp, stamped)
+        seen[ev.key] = stamped
+        new.append((stamped, payload_bytes))
+        out.append(stamped)
+    return new, out
+
+
+RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]
+"""(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash)"""
+
+
+def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[StepEvent]:
+    """Rebuild events from stored rows in seq order, checking the hash chain and its head.
+
+    Raises:
+        JournalCorrupt: a gap in ``seq``, a row whose hash does not chain, or a chain head that
+            is not the one the checkpoint recorded (a removed tail).
+    """
+    prev = ""
+    out: list[StepEvent] = []
+    for expected_seq, row in enumerate(rows, start=1):
+        ev = decode_row(row)
+        if ev.seq != expected_seq or ev.run_id != run_id:
+            raise JournalCorrupt(f"run {run_id!r}: journal row {expected_seq} is missing or out of order")
+        raw = row[9] if isinstance(row[9], bytes) else row[9].encode()
+        if row_hash(prev, ev, ev.seq, raw) != ev.row_hash:
+            raise JournalCorrupt(f"run {run_id!r}: journal row {ev.seq} ({ev.step_id}:{ev.phase}) was altered")
+        prev = ev.row_hash
+        out.append(ev)
+    if head is not None and prev != head:
+        raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed)")
+    return out
+
+
+def decode_row(row: RawRow) -> StepEvent:
+    """One stored row as a :class:`StepEvent` (no chain check)."""
+    run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
+    return StepEvent(run_id=run_id, step_id=step_id, phase=phase, kind=kind, name=name, decision=decision,
+                     fingerprint=fp, codec=codec, payload=decode_payload(codec, payload), seq=seq,
+                     created_at=created_at, row_hash=rhash)

@@ -1,0 +1,98 @@
+"""The journal contract: :class:`Checkpointer`.
+
+Four required operations (``append``, ``load``, ``checkpoint``, ``list_runs``) plus ``acquire``
+for fencing and ``close``. The loop calls them, and so does the harness: approvals and
+cancellations are appended while no loop is running, so the checkpointer is the run's diary, not a
+private store of the framework.
+
+The calls are synchronous on purpose. A durable step is one synced commit; doing it inline costs
+one fsync, while hopping to a thread pool costs more than the commit itself on the fast path.
+Backends: :class:`~cuaderno.journal.memory.MemoryCheckpointer` (tests) and
+:class:`~cuaderno.journal.sqlite.SqliteCheckpointer` (the embedded default). Every backend passes
+the conformance suite in ``cuaderno.testing.conformance``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.events import StepEvent
+
+__all__ = ["SCHEMA_VERSION", "Checkpointer", "validate_event"]
+
+SCHEMA_VERSION = 1
+"""The journal schema this cuaderno writes. A journal with a higher number is refused
+(:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
+
+MAX_ID_CHARS = 1024
+
+
+@runtime_checkable
+class Checkpointer(Protocol):
+    """Where a run's journal and its checkpoint live."""
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+        """Append events atomically, in order, and fold them into the run's checkpoint.
+
+        All the events and the checkpoint update commit in one transaction, or none do. An event
+        equal to the one already stored under its key is a no-op (the stored one is returned); a
+        different one raises :class:`~cuaderno.errors.JournalConflict` and nothing is written.
+
+        Args:
+            events: events of one run; ``seq``, ``created_at`` and ``row_hash`` are assigned here.
+            epoch: the caller's fencing epoch. When given, the transaction checks it against the
+                run's current epoch and raises :class:`~cuaderno.errors.FencedOut` on a mismatch.
+                The harness passes ``None`` (approvals and cancellations are not step execution).
+
+        Returns:
+            The stored events, stamped.
+        """
+        ...
+
+    def load(self, run_id: str) -> list[StepEvent]:
+        """All events of a run in ``seq`` order, with the hash chain checked.
+
+        Raises:
+            RunNotFound: no such run.
+            JournalCorrupt: a row was changed, removed or reordered.
+        """
+        ...
+
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        """The run's stored checkpoint, or ``None`` when the run does not exist."""
+        ...
+
+    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        """Checkpoints of the most recently updated runs, optionally of one status."""
+        ...
+
+    def acquire(self, run_id: str, owner: str) -> int:
+        """Take the run over: bump and return its fencing epoch.
+
+        Any process still holding an older epoch is refused at its next intent or result write.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release connections. The store must not be used afterwards."""
+        ...
+
+
+def validate_event(ev: StepEvent) -> None:
+    """Refuse events that could not be stored and read back byte-exact."""
+    from cuaderno.errors import UsageError
+
+    for name in ("run_id", "step_id", "phase", "kind"):
+        value = getattr(ev, name)
+        if not isinstance(value, str) or not value:
+            raise UsageError(f"StepEvent.{name} must be a non-empty string, got {value!r}")
+        if len(value) > MAX_ID_CHARS:
+            raise UsageError(f"StepEvent.{name} is longer than {MAX_ID_CHARS} characters")
+        if "\x00" in value:
+            raise UsageError(f"StepEvent.{name} contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UsageError(f"StepEvent.{name} is not valid Unicode (lone surrogate?)") from exc

@@ -1,0 +1,85 @@
+"""An in-memory journal for tests. It round-trips payloads through the codec, like a real store."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import RunNotFound
+from cuaderno.events import StepEvent
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
+
+__all__ = ["MemoryCheckpointer"]
+
+
+class MemoryCheckpointer:
+    """A :class:`~cuaderno.journal.base.Checkpointer` kept in this process's memory."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[tuple[str, str], RawRow]] = {}
+        self._checkpoints: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+        if not events:
+            return []
+        run_id = events[0].run_id
+        with self._lock:
+            stored = self._checkpoints.get(run_id)
+            cp = Checkpoint.from_json(_loads(stored)) if stored else Checkpoint(run_id=run_id)
+            rows = self._rows.get(run_id, {})
+
+            def existing(ev: StepEvent) -> StepEvent | None:
+                row = rows.get((ev.step_id, ev.phase))
+                return None if row is None else decode_row(row)
+
+            new, out = plan_append(cp, events, existing, epoch)
+            if new:
+                rows = self._rows.setdefault(run_id, {})
+                for ev, payload in new:
+                    rows[(ev.step_id, ev.phase)] = (ev.run_id, ev.step_id, ev.phase, ev.seq, ev.kind, ev.name,
+                                                    ev.decision, ev.fingerprint, ev.codec, payload,
+                                                    ev.created_at, ev.row_hash)
+                self._checkpoints[run_id] = cp.dumps()
+            return out
+
+    def load(self, run_id: str) -> list[StepEvent]:
+        with self._lock:
+            stored = self._checkpoints.get(run_id)
+            if stored is None:
+                raise RunNotFound(run_id)
+            rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
+            head = Checkpoint.from_json(_loads(stored)).last_hash
+        return check_chain(run_id, rows, head)
+
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        with self._lock:
+            stored = self._checkpoints.get(run_id)
+        return Checkpoint.from_json(_loads(stored)) if stored else None
+
+    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        with self._lock:
+            cps = [Checkpoint.from_json(_loads(s)) for s in self._checkpoints.values()]
+        cps = [c for c in cps if status is None or c.status == status]
+        return cps[-limit:][::-1]
+
+    def acquire(self, run_id: str, owner: str) -> int:
+        with self._lock:
+            stored = self._checkpoints.get(run_id)
+            if stored is None:
+                raise RunNotFound(run_id)
+            cp = Checkpoint.from_json(_loads(stored))
+            cp.epoch += 1
+            self._checkpoints[run_id] = cp.dumps()
+            return cp.epoch
+
+    def close(self) -> None:
+        pass
+
+
+def _loads(s: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(s)
+    return value

@@ -1,0 +1,273 @@
+"""The embedded default journal: one SQLite file.
+
+Durability settings, and why:
+
+- ``journal_mode=WAL`` so readers (the CLI, another resumer) never block the writer;
+- ``synchronous=FULL`` so every acknowledged commit survives a power cut. With WAL, NORMAL may
+  roll back the last commits after power loss, which would lose an intent that was already acted
+  on; it is only available through an explicit ``synchronous="NORMAL"`` opt-in;
+- ``BEGIN IMMEDIATE`` so the write lock is taken before reading the checkpoint: two processes
+  can never both read the same ``last_seq`` and race (the fencing check runs under that lock);
+- ``busy_timeout`` so a second process waits for the lock instead of failing at once.
+
+The events table is ``WITHOUT ROWID`` with primary key ``(run_id, step_id, phase)``: the dedup key
+*is* the storage key, and a run's rows are one contiguous range of the B-tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.events import StepEvent
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
+from cuaderno.journal.base import SCHEMA_VERSION
+from cuaderno.testing import crash
+
+__all__ = ["SqliteCheckpointer"]
+
+# Numbered, append-only: index i migrates schema i to i+1. Never edit an applied step.
+_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE cuaderno_events (
+            run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
+            seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
+            codec TEXT NOT NULL, payload BLOB NOT NULL, created_at REAL NOT NULL, row_hash TEXT NOT NULL,
+            PRIMARY KEY (run_id, step_id, phase)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE cuaderno_runs (
+            run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch INTEGER NOT NULL, owner TEXT,
+            updated_at REAL NOT NULL, checkpoint TEXT NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
+    ),
+]
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
+
+
+class SqliteCheckpointer:
+    """A :class:`~cuaderno.journal.base.Checkpointer` in one SQLite file.
+
+    Args:
+        path: the database file (created if missing) or ``":memory:"``.
+        synchronous: ``"FULL"`` (default). ``"NORMAL"`` trades the last commits before a power
+            cut for speed; it must be asked for explicitly because an intent lost that way may
+            already have been acted on.
+        busy_timeout_ms: how long to wait for another process's write lock.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
+                 busy_timeout_ms: int = 30_000) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
+        self.path = str(path)
+        if self.path != ":memory:" and Path(self.path).is_dir():
+            raise UsageError(f"{self.path!r} is a directory, not a journal file")
+        self._lock = threading.Lock()
+        # Cache of checkpoints this connection wrote last, keyed by run: valid while the stored
+        # row still has the same last_seq and epoch (checked inside every write transaction).
+        self._cache: dict[str, Checkpoint] = {}
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if self.path != ":memory:" and mode != "wal":
+                raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._close_quietly()
+            raise JournalCorrupt(f"{self.path!r} is not a readable cuaderno journal: {exc}") from exc
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self._txn() as db:
+            has_meta = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
+            if has_meta is None:
+                others = db.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'cuaderno_%'").fetchone()[0]
+                if others:
+                    raise JournalCorrupt(f"{self.path!r} has cuaderno tables but no schema record")
+                db.execute("CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
+                version = 0
+            else:
+                row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+                version = int(row[0]) if row else 0
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(version, SCHEMA_VERSION)
+            for step in _MIGRATIONS[version:]:
+                for statement in step:
+                    db.execute(statement)
+            if version < SCHEMA_VERSION:
+                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
+                           (str(SCHEMA_VERSION),))
+
+    @contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            db = self._db
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                # Disk full, I/O error, lock timeout: nothing of this transaction was committed.
+                raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
+
+    # -- Checkpointer ---------------------------------------------------------------------------
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+        if not events:
+            return []
+        run_id = events[0].run_id
+        try:
+            with self._txn() as db:
+                cp = self._current(db, run_id)
+
+                def existing(ev: StepEvent) -> StepEvent | None:
+                    row = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
+                                     "WHERE run_id=? AND step_id=? AND phase=?", ev.key).fetchone()
+                    return None if row is None else decode_row(row)
+
+                # Optimistic: insert without looking first. A key that is already stored makes the
+                # INSERT fail; then the plan is redone with per-key lookups (the rare, replay path).
+                new, out = plan_append(cp, events, _no_existing, epoch)
+                if new:
+                    db.execute("SAVEPOINT cuaderno_insert")
+                    try:
+                        self._insert(db, new)
+                    except sqlite3.IntegrityError:
+                        db.execute("ROLLBACK TO cuaderno_insert")
+                        cp = self._current(db, run_id, use_cache=False)
+                        new, out = plan_append(cp, events, existing, epoch)
+                        self._insert(db, new)
+                    db.execute("RELEASE cuaderno_insert")
+                if new:
+                    crash.in_txn("checkpoint")
+                    db.execute("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) "
+                               "VALUES (?,?,?,?,?) ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, "
+                               "updated_at=excluded.updated_at, checkpoint=excluded.checkpoint",
+                               (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
+                    crash.in_txn()
+                self._cache[run_id] = cp
+                return out
+        except BaseException:
+            self._cache.pop(run_id, None)
+            raise
+
+    def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> None:
+        db.executemany(
+            f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",  # noqa: S608 - constant
+            [(e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, e.codec, payload,
+              e.created_at, e.row_hash) for e, payload in new])
+
+    def _current(self, db: sqlite3.Connection, run_id: str, *, use_cache: bool = True) -> Checkpoint:
+        row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            return Checkpoint(run_id=run_id)
+        cached = self._cache.get(run_id) if use_cache else None
+        stored_epoch, text = row
+        if cached is not None and cached.epoch == stored_epoch and _seq_of(text) == cached.last_seq:
+            return cached
+        cp = Checkpoint.from_json(_loads(text))
+        cp.epoch = stored_epoch
+        return cp
+
+    def load(self, run_id: str) -> list[StepEvent]:
+        with self._lock:
+            head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            if head is None:
+                raise RunNotFound(run_id)
+            rows: list[RawRow] = self._db.execute(
+                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+        rows.sort(key=lambda r: r[3])
+        return check_chain(run_id, rows, Checkpoint.from_json(_loads(head[0])).last_hash)
+
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        with self._lock:
+            row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
+                                   (run_id,)).fetchone()
+        if row is None:
+            return None
+        cp = Checkpoint.from_json(_loads(row[1]))
+        cp.epoch = row[0]
+        return cp
+
+    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
+                "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
+        out = []
+        for epoch, text in rows:
+            cp = Checkpoint.from_json(_loads(text))
+            cp.epoch = epoch
+            out.append(cp)
+        return out
+
+    def acquire(self, run_id: str, owner: str) -> int:
+        with self._txn() as db:
+            row = db.execute("SELECT epoch FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            epoch = int(row[0]) + 1
+            db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", (epoch, owner, run_id))
+        return epoch
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _close_quietly(self) -> None:
+        try:
+            self._db.close()
+        except Exception:
+            pass
+
+    def __enter__(self) -> SqliteCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _no_existing(ev: StepEvent) -> StepEvent | None:
+    return None
+
+
+def _loads(text: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
+def _seq_of(text: str) -> int:
+    # The checkpoint JSON starts with run_id, status, last_seq; parse just enough to validate the
+    # cache without decoding the whole document on the hot path.
+    start = text.find('"last_seq":')
+    if start < 0:
+        return -1
+    start += len('"last_seq":')
+    end = text.find(",", start)
+    try:
+        return int(text[start:end])
+    except ValueError:
+        return -1

@@ -1,0 +1,155 @@
+"""``Agent`` (what the agent is) and ``Session`` (where and as which run it runs).
+
+An ``Agent`` is data: instructions, tools, policy, model, budgets. A ``Session`` binds one run id
+to a gateway and a journal. ``agent.run(task, session=...)`` drives the loop in
+:mod:`cuaderno.loop.runner`; calling it again with the same run id in any process resumes the run
+and only what had not happened yet happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cuaderno.errors import UsageError
+from cuaderno.fingerprint import fingerprint
+from cuaderno.gateway.base import ModelGateway
+from cuaderno.journal.base import SCHEMA_VERSION, Checkpointer
+from cuaderno.loop.steps import Step
+from cuaderno.tools.definition import Tool
+from cuaderno.tools.policy import ALLOW_ALL, Policy
+
+__all__ = ["LOOP_VERSION", "Agent", "RetryPolicy", "Session"]
+
+LOOP_VERSION = "1"
+"""Version of the rules that turn journaled results back into a conversation. Bump it when they
+change: a run started under another loop version must be resumed by an explicit choice."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetryPolicy:
+    """The one retry layer (gateways and SDKs never retry on their own).
+
+    Attributes:
+        max_retries: retries of a request that provably did not reach the provider or that the
+            provider refused (``transient``): same key, same body.
+        max_resends: re-sends after a timeout *after* sending (``ambiguous``): same key; each one
+            is journaled and counted as possibly billed twice.
+        base_delay: first backoff in seconds; doubles per attempt, with full jitter.
+        max_delay: cap for one wait, ``retry-after`` included (a longer ask fails the step).
+    """
+
+    max_retries: int = 3
+    max_resends: int = 1
+    base_delay: float = 0.5
+    max_delay: float = 30.0
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float | None:
+        """Seconds to wait before retry number ``attempt`` (1-based), or ``None`` to give up."""
+        if retry_after is not None:
+            return retry_after if retry_after <= self.max_delay else None
+        ceiling = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+        return rng.uniform(0, ceiling)
+
+
+class Session:
+    """One run of an agent: its id, the gateway to call, and the journal to write.
+
+    Args:
+        run_id: the run's identity. Reusing it resumes the run.
+        gateway: answers model requests. A resume may use another gateway object.
+        store: the journal.
+        tenant: part of every effect key, so two tenants never share an effect identity.
+        owner: names this process in the fencing record (default: host and pid).
+        on_version_mismatch: what to do when the run was started under other versions:
+            ``"refuse"`` (default) raises :class:`~cuaderno.errors.VersionMismatch`;
+            ``"resume"`` continues unchanged, on the caller's explicit responsibility.
+        retry: the retry layer's bounds.
+        sleep: how to wait between retries (injectable for tests).
+        seed: seeds the retry jitter.
+    """
+
+    def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
+                 owner: str | None = None, on_version_mismatch: Literal["refuse", "resume"] = "refuse",
+                 retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 seed: int | None = None) -> None:
+        if not isinstance(run_id, str) or not run_id:
+            raise UsageError("run_id must be a non-empty string")
+        if on_version_mismatch not in ("refuse", "resume"):
+            raise UsageError("on_version_mismatch must be 'refuse' or 'resume'")
+        self.run_id = run_id
+        self.gateway = gateway
+        self.store = store
+        self.tenant = tenant
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.on_version_mismatch = on_version_mismatch
+        self.retry = retry or RetryPolicy()
+        self.sleep = sleep
+        self.rng = random.Random(seed)
+
+
+class Agent:
+    """An agent: instructions, tools, a policy, a model, and budgets.
+
+    Args:
+        instructions: the system prompt. Part of every request fingerprint: changing it makes
+            an old run's recorded requests diverge, which resume reports instead of hiding.
+        tools: the tools the model may call.
+        policy: decides each tool call (default: allow everything).
+        model: the model name passed to the gateway.
+        name: names the agent in the journal.
+        max_turns: model calls per run before the run stops.
+        require_tool: every turn must call a tool (``tool_choice=required``).
+    """
+
+    def __init__(self, *, instructions: str, tools: Sequence[Tool] = (), policy: Policy | None = None,
+                 model: str | None = None, name: str = "agent", max_turns: int = 32, require_tool: bool = False,
+                 max_output_tokens: int | None = None, temperature: float | None = None) -> None:
+        self.instructions = instructions
+        self.tools = {t.name: t for t in tools}
+        if len(self.tools) != len(tools):
+            raise UsageError("two tools share a name")
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UsageError(f"{t!r} is not a Tool: declare it with @tool")
+        self.policy = policy or ALLOW_ALL
+        self.model = model
+        self.name = name
+        if max_turns < 1:
+            raise UsageError("max_turns must be at least 1")
+        self.max_turns = max_turns
+        self.require_tool = require_tool
+        self.max_output_tokens = max_output_tokens
+        self.temperature = temperature
+        self.tool_schemas = tuple(t.schema() for t in tools)
+
+    def config(self) -> dict[str, Any]:
+        """The parts of every request that do not depend on the conversation."""
+        config: dict[str, Any] = {"instructions": self.instructions, "tools": list(self.tool_schemas),
+                                  "model": self.model, "require_tool": self.require_tool}
+        if self.max_output_tokens is not None:
+            config["max_output_tokens"] = self.max_output_tokens
+        if self.temperature is not None:
+            config["temperature"] = self.temperature
+        return config
+
+    def versions(self) -> dict[str, Any]:
+        """Schema, loop, policy and capability versions, recorded when a run starts."""
+        return {
+            "schema": SCHEMA_VERSION,
+            "loop": LOOP_VERSION,
+            "policy": self.policy.version,
+            "capabilities": fingerprint(sorted(t.schema_fingerprint() for t in self.tools.values()))[:16],
+            "agent": fingerprint(self.config())[:16],
+        }
+
+    def run(self, task: str, *, session: Session) -> AsyncIterator[Step]:
+        """Run (or resume) ``session.run_id`` on ``task``; yield each step as it is journaled."""
+        from cuaderno.loop.runner import Runner
+
+        return Runner(self, task, session).steps()

@@ -1,0 +1,74 @@
+"""What ``Agent.run`` yields: one object per step that happened in this process.
+
+Steps are yielded only after the journal has committed them, so whatever a caller sees has
+already survived a crash. History is not re-emitted on resume: a resumed run yields only the
+steps that happen now, and a closed run yields its :class:`FinalStep` once, marked ``replayed``.
+The full timeline is :meth:`Checkpointer.load <cuaderno.journal.base.Checkpointer.load>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cuaderno.gateway.base import ModelResponse
+
+__all__ = ["ApprovalStep", "FinalStep", "ModelStep", "Step", "ToolStep"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelStep:
+    """A model call whose response is journaled."""
+
+    step_id: str
+    turn: int
+    response: ModelResponse
+    idempotency_key: str
+    attempts: int = 1
+    """How many times the request was sent (more than one after a crash or a timeout in flight)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolStep:
+    """A tool call and what became of it."""
+
+    step_id: str
+    tool: str
+    arguments: dict[str, Any]
+    decision: str
+    """``allow``, ``deny``, ``require_approval`` (policy) or ``approved``/``rejected`` (a person)."""
+    outcome: str
+    """``ok``, ``error``, ``denied`` or ``pending`` (waiting for approval)."""
+    result: Any = None
+    error: dict[str, Any] | None = None
+    effect_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ApprovalStep:
+    """A tool call waiting for a person, or the person's decision."""
+
+    step_id: str
+    tool_step_id: str
+    tool: str
+    arguments: dict[str, Any]
+    fingerprint: str
+    """The fingerprint of exactly these arguments; an approval is bound to it."""
+    status: str
+    """``pending``, ``approved`` or ``rejected``."""
+    approver: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FinalStep:
+    """The run's final answer."""
+
+    step_id: str
+    output: str
+    replayed: bool = False
+    """``True`` when the run was already closed: this is what happened, not a new answer."""
+    data: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+Step = ModelStep | ToolStep | ApprovalStep | FinalStep

@@ -1,0 +1,71 @@
+"""Policies: decide each tool call before it runs.
+
+A policy answers ``allow``, ``deny`` or ``require_approval`` for one call. The loop records the
+answer on the step with the policy's version, so replay can tell "not executed because denied or
+waiting for a person" from "nobody knows", and a later policy change is visible as a version
+change instead of silently re-deciding old steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cuaderno.errors import UsageError
+
+__all__ = ["Policy", "PolicyDecision", "Rule"]
+
+Verdict = Literal["allow", "deny", "require_approval"]
+_VERDICTS = ("allow", "deny", "require_approval")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyDecision:
+    """One decision about one tool call."""
+
+    decision: Verdict
+    reason: str = ""
+
+
+Rule = Verdict | Callable[[str, dict[str, Any]], "Verdict | PolicyDecision"]
+"""A fixed verdict, or a function of (tool name, arguments)."""
+
+
+class Policy:
+    """Per-tool rules with a default.
+
+    Example::
+
+        Policy({"transfer": "require_approval", "rm": "deny"}, default="allow", version="2026-12")
+
+    Args:
+        rules: tool name -> verdict, or a callable ``(name, arguments) -> verdict``.
+        default: the verdict for tools with no rule.
+        version: journaled with every decision; bump it when the rules change, so runs started
+            under the old rules are recognisable on resume.
+    """
+
+    def __init__(self, rules: Mapping[str, Rule] | None = None, *, default: Verdict = "allow",
+                 version: str = "1") -> None:
+        self.rules = dict(rules or {})
+        for name, rule in self.rules.items():
+            if not callable(rule) and rule not in _VERDICTS:
+                raise UsageError(f"policy rule for {name!r} must be one of {_VERDICTS} or a callable")
+        if default not in _VERDICTS:
+            raise UsageError(f"policy default must be one of {_VERDICTS}")
+        self.default: Verdict = default
+        self.version = version
+
+    def decide(self, tool: str, arguments: dict[str, Any]) -> PolicyDecision:
+        """Decide one call."""
+        rule = self.rules.get(tool, self.default)
+        verdict = rule(tool, arguments) if callable(rule) else rule
+        if isinstance(verdict, PolicyDecision):
+            return verdict
+        if verdict not in _VERDICTS:
+            raise UsageError(f"policy rule for {tool!r} returned {verdict!r}, not one of {_VERDICTS}")
+        return PolicyDecision(decision=verdict, reason=f"policy {self.version}: {verdict}")
+
+
+ALLOW_ALL = Policy(version="allow-all")
