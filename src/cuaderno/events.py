@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 __all__ = [
@@ -61,44 +60,62 @@ def approval_step_id(tool_step: str) -> str:
     return f"{tool_step}.approval"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
 class StepEvent:
     """One journaled fact about one step of a run.
 
-    Equality for deduplication ignores ``seq``, ``created_at`` and ``row_hash`` (they are
-    assigned on write): two events are "the same" when their key, kind, name, decision,
-    fingerprint and payload agree.
+    Attributes:
+        run_id: the run this event belongs to. Chosen by the caller; at most 1024 characters.
+        step_id: the deterministic position in the loop (see the module docstring). Replay asks
+            for the same ids in the same order; another kind or name at an id is a divergence.
+        phase: what this event says about the step: ``intent`` (about to act, committed before
+            acting), ``result`` (how it ended), ``decision``/``request`` (policy, approval),
+            ``uncertain``, ``error.N``, ``intent.N`` (a re-send)...
+        kind: ``run``, ``model``, ``tool``, ``approval``, ``final`` or ``cancel``. Checked on replay.
+        name: the tool name for tool and approval steps; checked on replay.
+        decision: the policy or human decision, so replay tells "not executed because denied or
+            waiting" apart from "unknown".
+        fingerprint: what was asked (the request chain for model steps, canonical arguments for
+            tool steps). Replay compares it with what the code asks now.
+        payload: the step's data as plain JSON (a response, a result, an error, an approval).
+            Decoded lazily from the stored bytes: resuming a long run only decodes what it reads.
+        codec: how the payload is encoded on disk; stored beside every blob.
+        seq: position in the run's journal (1-based), assigned by the backend on write.
+        created_at: wall-clock seconds when written. Informational only: order comes from ``seq``.
+        row_hash: chains this row to the one before it; assigned on write and checked on load, so
+            a rewritten or removed row is detected (the journal is append-only).
+
+    Treat events as immutable values. Deduplication (:meth:`same_as`) ignores ``seq``,
+    ``created_at`` and ``row_hash``, which are assigned on write.
     """
 
-    run_id: str
-    """The run this event belongs to. Chosen by the caller; any string up to 1024 characters."""
-    step_id: str
-    """The deterministic position in the loop (see the module docstring). Replay asks for the
-    same ids in the same order; a different kind or name at an id is a replay divergence."""
-    phase: str
-    """What this event says about the step: ``intent`` (about to act, committed before acting),
-    ``result`` (how it ended), ``decision``/``request`` (policy and approval), ``uncertain``..."""
-    kind: str
-    """``run``, ``model``, ``tool``, ``approval``, ``final`` or ``cancel``. Checked on replay."""
-    name: str | None = None
-    """The tool name for tool and approval steps; checked on replay."""
-    decision: str | None = None
-    """The policy decision or human decision, so replay tells "not executed because denied or
-    waiting" apart from "unknown"."""
-    fingerprint: str | None = None
-    """sha256 of what was asked (request body chain for model steps, canonical arguments for tool
-    steps). Replay compares it with what the code asks now; a mismatch is a divergence."""
-    payload: dict[str, Any] = field(default_factory=dict[str, Any])
-    """The step's data as plain JSON: a model response, a tool result or error, an approval."""
-    codec: str = CODEC_JSON
-    """How ``payload`` is encoded on disk. Stored beside every blob."""
-    seq: int = 0
-    """Position in the run's journal (1-based), assigned by the backend on write."""
-    created_at: float = 0.0
-    """Wall-clock seconds when written. Informational only: order comes from ``seq``."""
-    row_hash: str = ""
-    """sha256 chaining this row to the one before it; assigned on write, checked on load, so a
-    rewritten or removed row is detected (the journal is append-only)."""
+    __slots__ = ("_payload", "_raw", "codec", "created_at", "decision", "fingerprint", "kind", "name", "phase",
+                 "row_hash", "run_id", "seq", "step_id")
+
+    def __init__(self, *, run_id: str, step_id: str, phase: str, kind: str, name: str | None = None,
+                 decision: str | None = None, fingerprint: str | None = None,
+                 payload: dict[str, Any] | None = None, codec: str = CODEC_JSON, seq: int = 0,
+                 created_at: float = 0.0, row_hash: str = "", raw: bytes | None = None) -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        self.phase = phase
+        self.kind = kind
+        self.name = name
+        self.decision = decision
+        self.fingerprint = fingerprint
+        self._payload = payload if payload is not None or raw is not None else {}
+        self._raw = raw
+        self.codec = codec
+        self.seq = seq
+        self.created_at = created_at
+        self.row_hash = row_hash
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The step's data (decoded from the stored bytes on first access)."""
+        if self._payload is None:
+            assert self._raw is not None
+            self._payload = decode_payload(self.codec, self._raw)
+        return self._payload
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -107,7 +124,9 @@ class StepEvent:
 
     def encoded_payload(self) -> bytes:
         """The payload bytes as stored (sorted keys, compact, UTF-8)."""
-        return encode_payload(self.payload)
+        if self._raw is None:
+            self._raw = encode_payload(self.payload)
+        return self._raw
 
     def same_as(self, other: StepEvent) -> bool:
         """Whether ``other`` records the same fact (ignoring write-time fields)."""
@@ -117,8 +136,22 @@ class StepEvent:
 
     def stamped(self, *, seq: int, created_at: float, prev_hash: str, payload_bytes: bytes) -> StepEvent:
         """This event with its write-time fields assigned."""
-        return replace(self, seq=seq, created_at=created_at,
-                       row_hash=row_hash(prev_hash, self, seq, payload_bytes))
+        return StepEvent(run_id=self.run_id, step_id=self.step_id, phase=self.phase, kind=self.kind,
+                         name=self.name, decision=self.decision, fingerprint=self.fingerprint,
+                         payload=self._payload, raw=payload_bytes, codec=self.codec, seq=seq, created_at=created_at,
+                         row_hash=row_hash(prev_hash, self, seq, payload_bytes))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepEvent):
+            return NotImplemented
+        return (self.same_as(other) and self.seq == other.seq and self.created_at == other.created_at
+                and self.row_hash == other.row_hash)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StepEvent(run_id={self.run_id!r}, step_id={self.step_id!r}, phase={self.phase!r}, "
+                f"kind={self.kind!r}, name={self.name!r}, decision={self.decision!r}, seq={self.seq})")
 
 
 def encode_payload(payload: dict[str, Any]) -> bytes:
@@ -142,14 +175,13 @@ def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
 
 
 def row_hash(prev_hash: str, event: StepEvent, seq: int, payload_bytes: bytes) -> str:
-    """The hash chain link for one row (hex, 32 chars: a tamper check, not a signature)."""
-    h = hashlib.sha256()
-    h.update(prev_hash.encode())
-    h.update(b"\x00".join(
-        s.encode("utf-8", "surrogatepass")
-        for s in (event.run_id, event.step_id, event.phase, event.kind, event.name or "",
-                  event.decision or "", event.fingerprint or "", event.codec, str(seq))
-    ))
-    h.update(b"\x01")
-    h.update(payload_bytes)
-    return h.hexdigest()[:32]
+    """The hash chain link for one row (hex, 32 chars: a tamper check, not a signature).
+
+    Part of the journal format: changing what goes in, or in which order, is a schema change.
+    """
+    head = "\x00".join((prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name or "",
+                        event.decision or "", event.fingerprint or "", event.codec, str(seq), ""))
+    return _sha256(head.encode("utf-8", "surrogatepass") + b"\x01" + payload_bytes).hexdigest()[:32]
+
+
+_sha256 = hashlib.sha256

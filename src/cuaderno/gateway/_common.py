@@ -22,6 +22,7 @@ __all__ = [
     "as_int",
     "capped_http_client",
     "choose_cost",
+    "enforce_size",
     "parse_body",
     "parse_tool_call",
     "reraise",
@@ -133,6 +134,16 @@ def capped_http_client(http_client: httpx2.AsyncClient | None, *, default: type[
     client = http_client if http_client is not None else default(timeout=timeout)
     install_body_limit(client, max_body_bytes)
     return client
+
+
+def enforce_size(body: bytes, limit: int) -> None:
+    """Refuse a body already in memory that exceeds ``limit``.
+
+    The stream cap (``_limits``) normally stops reading long before this; a transport that hands
+    over pre-read bodies bypasses it, and the limit must mean the same thing either way.
+    """
+    if len(body) > limit:
+        raise _errors.ResponseTooLarge(limit, read=len(body))
 
 
 def sdk_http_client(sdk_client: object) -> httpx2.AsyncClient:

@@ -35,6 +35,7 @@ from cuaderno.gateway._common import (
     as_int,
     capped_http_client,
     choose_cost,
+    enforce_size,
     parse_body,
     parse_tool_call,
     reraise,
@@ -86,6 +87,7 @@ class AnthropicGateway:
         self.prices = prices
         self.default_max_tokens = default_max_tokens
         self.zero_cost_is_unpriced = zero_cost_is_unpriced
+        self.max_body_bytes = max_body_bytes
         self._timeout = timeout
         self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
 
@@ -125,6 +127,7 @@ class AnthropicGateway:
             raw = await self._client.messages.with_raw_response.create(
                 **kwargs, extra_headers=headers, timeout=self._timeout)
             body = await raw.http_response.aread()
+            enforce_size(body, self.max_body_bytes)
         except Exception as exc:
             raise reraise(exc, _PROVIDER) from exc
         return self._parse(body, raw.http_response.headers, request)

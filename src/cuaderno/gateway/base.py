@@ -86,10 +86,10 @@ class Usage:
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> Usage:
         """Rebuild from :meth:`to_json` output; missing fields are 0."""
-        data = data or {}
-        return cls(input_tokens=int(data.get("input_tokens", 0)), output_tokens=int(data.get("output_tokens", 0)),
-                   cached_tokens=int(data.get("cached_tokens", 0)),
-                   reasoning_tokens=int(data.get("reasoning_tokens", 0)))
+        if not data:
+            return cls()
+        return cls(input_tokens=data.get("input_tokens", 0), output_tokens=data.get("output_tokens", 0),
+                   cached_tokens=data.get("cached_tokens", 0), reasoning_tokens=data.get("reasoning_tokens", 0))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

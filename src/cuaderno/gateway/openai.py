@@ -30,6 +30,7 @@ from cuaderno.gateway._common import (
     as_int,
     capped_http_client,
     choose_cost,
+    enforce_size,
     parse_body,
     parse_tool_call,
     reraise,
@@ -79,6 +80,7 @@ class OpenAIGateway:
         self.idempotency_header = idempotency_header
         self.prices = prices
         self.zero_cost_is_unpriced = zero_cost_is_unpriced
+        self.max_body_bytes = max_body_bytes
         self._timeout = timeout
         self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
         self.max_tokens_field = max_tokens_field or _default_max_tokens_field(self._client.base_url)
@@ -116,6 +118,7 @@ class OpenAIGateway:
             raw = await self._client.chat.completions.with_raw_response.create(
                 **kwargs, extra_headers=headers, timeout=self._timeout)
             body = await raw.http_response.aread()
+            enforce_size(body, self.max_body_bytes)
         except Exception as exc:
             raise reraise(exc, _PROVIDER) from exc
         return self._parse(body, raw.http_response.headers, request)
@@ -232,7 +235,9 @@ def _tool_calls(raw: object) -> tuple[ToolCall, ...]:
     for index, item in enumerate(raw):
         if not isinstance(item, dict):
             raise impossible_shape(_PROVIDER, f"tool_calls[{index}] is a {type(item).__name__}")
-        function = item.get("function") if isinstance(item.get("function"), dict) else {}
+        function = item.get("function")
+        if not isinstance(function, dict):
+            function = {}
         # Some local servers omit ids; a positional one is deterministic and journaled with the answer.
         call_id = _str(item.get("id")) or f"call_{index}"
         calls.append(parse_tool_call(call_id, _str(function.get("name")) or "", function.get("arguments")))

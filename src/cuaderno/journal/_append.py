@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from cuaderno.checkpoint import Checkpoint, project
 from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, UsageError
-from cuaderno.events import StepEvent, decode_payload, row_hash
+from cuaderno.events import StepEvent, row_hash
 from cuaderno.journal.base import validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
@@ -81,8 +81,7 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
         ev = decode_row(row)
         if ev.seq != expected_seq or ev.run_id != run_id:
             raise JournalCorrupt(f"run {run_id!r}: journal row {expected_seq} is missing or out of order")
-        raw = row[9] if isinstance(row[9], bytes) else row[9].encode()
-        if row_hash(prev, ev, ev.seq, raw) != ev.row_hash:
+        if row_hash(prev, ev, ev.seq, ev.encoded_payload()) != ev.row_hash:
             raise JournalCorrupt(f"run {run_id!r}: journal row {ev.seq} ({ev.step_id}:{ev.phase}) was altered")
         prev = ev.row_hash
         out.append(ev)
@@ -94,6 +93,7 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
 def decode_row(row: RawRow) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check)."""
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
+    raw = payload if type(payload) is bytes else str(payload).encode()
     return StepEvent(run_id=run_id, step_id=step_id, phase=phase, kind=kind, name=name, decision=decision,
-                     fingerprint=fp, codec=codec, payload=decode_payload(codec, payload), seq=seq,
-                     created_at=created_at, row_hash=rhash)
+                     fingerprint=fp, codec=codec, payload=None, raw=raw, seq=seq, created_at=created_at,
+                     row_hash=rhash)

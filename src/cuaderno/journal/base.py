@@ -86,13 +86,11 @@ def validate_event(ev: StepEvent) -> None:
 
     for name in ("run_id", "step_id", "phase", "kind"):
         value = getattr(ev, name)
-        if not isinstance(value, str) or not value:
-            raise UsageError(f"StepEvent.{name} must be a non-empty string, got {value!r}")
-        if len(value) > MAX_ID_CHARS:
-            raise UsageError(f"StepEvent.{name} is longer than {MAX_ID_CHARS} characters")
-        if "\x00" in value:
-            raise UsageError(f"StepEvent.{name} contains a NUL character")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise UsageError(f"StepEvent.{name} is not valid Unicode (lone surrogate?)") from exc
+        if type(value) is not str or not value or len(value) > MAX_ID_CHARS or "\x00" in value:
+            raise UsageError(f"StepEvent.{name} must be a non-empty string of at most {MAX_ID_CHARS} "
+                             f"characters without NUL, got {value!r:.80}")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise UsageError(f"StepEvent.{name} is not valid Unicode (lone surrogate?)") from exc

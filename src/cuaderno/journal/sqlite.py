@@ -140,8 +140,15 @@ class SqliteCheckpointer:
             return []
         run_id = events[0].run_id
         try:
+            return self._append(run_id, events, epoch, lookups=False)
+        except _Duplicate:
+            return self._append(run_id, events, epoch, lookups=True)
+
+    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, *,
+                lookups: bool) -> list[StepEvent]:
+        try:
             with self._txn() as db:
-                cp = self._current(db, run_id)
+                cp = self._current(db, run_id, use_cache=not lookups)
 
                 def existing(ev: StepEvent) -> StepEvent | None:
                     row = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
@@ -149,18 +156,15 @@ class SqliteCheckpointer:
                     return None if row is None else decode_row(row)
 
                 # Optimistic: insert without looking first. A key that is already stored makes the
-                # INSERT fail; then the plan is redone with per-key lookups (the rare, replay path).
-                new, out = plan_append(cp, events, _no_existing, epoch)
+                # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
+                new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch)
                 if new:
-                    db.execute("SAVEPOINT cuaderno_insert")
                     try:
                         self._insert(db, new)
-                    except sqlite3.IntegrityError:
-                        db.execute("ROLLBACK TO cuaderno_insert")
-                        cp = self._current(db, run_id, use_cache=False)
-                        new, out = plan_append(cp, events, existing, epoch)
-                        self._insert(db, new)
-                    db.execute("RELEASE cuaderno_insert")
+                    except sqlite3.IntegrityError as exc:
+                        if lookups:
+                            raise
+                        raise _Duplicate from exc
                 if new:
                     crash.in_txn("checkpoint")
                     db.execute("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) "
@@ -248,6 +252,10 @@ class SqliteCheckpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Duplicate(Exception):
+    """An optimistic insert met a stored key: redo the append with lookups."""
 
 
 def _no_existing(ev: StepEvent) -> StepEvent | None:

@@ -72,12 +72,15 @@ class Session:
         retry: the retry layer's bounds.
         sleep: how to wait between retries (injectable for tests).
         seed: seeds the retry jitter.
+        verify_replay: re-derive and check the request fingerprint of every replayed turn, not
+            only of turn 0 (slower on long runs; the later turns depend only on what turn 0
+            checks and on hash-chained journal rows).
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
                  owner: str | None = None, on_version_mismatch: Literal["refuse", "resume"] = "refuse",
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, verify_replay: bool = False) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
         if on_version_mismatch not in ("refuse", "resume"):
@@ -91,6 +94,7 @@ class Session:
         self.retry = retry or RetryPolicy()
         self.sleep = sleep
         self.rng = random.Random(seed)
+        self.verify_replay = verify_replay
 
 
 class Agent:

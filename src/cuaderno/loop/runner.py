@@ -88,6 +88,7 @@ class Runner:
         self.messages: list[Message] = []
         self.config_fp = fingerprint(agent.config())
         self.chain = self.config_fp
+        self.unhashed: list[Message] = []
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -202,13 +203,28 @@ class Runner:
 
     def _add_message(self, message: Message) -> None:
         self.messages.append(message)
-        self.chain = chain(self.chain, fingerprint(message))
+        self.unhashed.append(message)
+
+    def _request_fingerprint(self) -> str:
+        """The request fingerprint for the current conversation: the chain over every message."""
+        for message in self.unhashed:
+            self.chain = chain(self.chain, fingerprint(message))
+        self.unhashed.clear()
+        return self.chain
 
     # -- model turns ------------------------------------------------------------------------------
 
     async def _model_turn(self, turn: int) -> ModelResponse:
         step_id = model_step_id(turn)
-        fp = self.chain
+        rec = self.journal.get((step_id, "result"))
+        if rec is not None and rec.fingerprint and turn > 0 and not self.s.verify_replay:
+            # Past turn 0 a recorded request is a pure function of the configuration and the task
+            # (both checked at turn 0) and of journaled results (hash-chained), so the recorded
+            # chain is adopted instead of re-hashing every message: resume stays O(rows), not
+            # O(bytes). ``Session(verify_replay=True)`` re-derives and checks every turn.
+            self.chain = rec.fingerprint
+            self.unhashed.clear()
+        fp = self._request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
         if rec is not None and rec.payload.get("response") is not None:
             response = ModelResponse.from_json(rec.payload["response"])
@@ -290,13 +306,18 @@ class Runner:
     async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
         step_id = tool_step_id(turn, index)
-        args_fp = fingerprint({"name": call.name, "arguments": call.arguments})
+        # The call comes from a journaled response; past turn 0 its fingerprint is checked only
+        # with verify_replay (see _model_turn), which keeps resume O(rows).
+        trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal
+        args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
         rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
         if rec is not None:
             self._add_message(tool_message(call.id, call.name, rec.payload))
             return False
+        assert args_fp is not None
         tool = self.agent.tools.get(call.name)
         problem = None
+        kwargs: dict[str, Any] = {}
         if tool is None:
             problem = ToolError(f"unknown tool {call.name!r}; available: {sorted(self.agent.tools)}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
@@ -305,7 +326,7 @@ class Runner:
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         else:
             try:
-                tool.validate(call.arguments)
+                kwargs = tool.validate(call.arguments)
             except ToolError as exc:
                 problem = exc
         if problem is not None or tool is None:
@@ -318,10 +339,10 @@ class Runner:
         if intent is not None:
             if not tool.idempotent:
                 self._uncertain(step_id, call, ekey, intent)
-            return await self._execute(step_id, call, args_fp, ekey, str(intent.decision), staged=True)
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), staged=True)
         decision = self._decide(step_id, call, args_fp)
         if decision in ("allow", "approved"):
-            return await self._execute(step_id, call, args_fp, ekey, decision, staged=False)
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, staged=False)
         return decision == "pending"
 
     def _decide(self, step_id: str, call: ToolCall, args_fp: str) -> str:
@@ -365,8 +386,8 @@ class Runner:
         return ApprovalStep(step_id=appr_id, tool_step_id=step_id, tool=call.name, arguments=call.arguments,
                             fingerprint=args_fp, status=status)
 
-    async def _execute(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str,
-                       *, staged: bool) -> bool:
+    async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+                       decision: str, *, staged: bool) -> bool:
         tool = self.agent.tools[call.name]
         attempt = 1
         if staged:
@@ -381,7 +402,7 @@ class Runner:
         ctx = ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
                           tenant=self.s.tenant)
         try:
-            value = await tool.call(call.arguments, ctx)
+            value = await tool.invoke(kwargs, ctx)
         except ToolError as err:
             crash.point("tool.K5")
             self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),

@@ -93,12 +93,16 @@ class Tool:
         return {k: getattr(model, k) for k in type(model).model_fields}
 
     async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        """Validate and run the tool; return its JSON-able result.
+        """Validate and run the tool; return its JSON-able result."""
+        return await self.invoke(self.validate(arguments), ctx)
+
+    async def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool on arguments already returned by :meth:`validate`.
 
         Sync tools run inline on the event loop (no thread hop: a thread costs more than most
         tools); a tool that blocks for long should be ``async``.
         """
-        kwargs = self.validate(arguments)
+        kwargs = dict(kwargs)
         if self._ctx_param is not None:
             kwargs[self._ctx_param] = ctx
         if self.is_async:

@@ -1,0 +1,197 @@
+"""Durable-step overhead, journal size and resume time, side by side in one run.
+
+Usage: ``python benchmarks/bench_journal.py [--repeats 5] [--sizes 10,100,1000] [--json out.json]``
+
+What is compared, for N turns of a scripted model with one tool call per turn (2 journaled steps
+per turn: the model call and the tool call):
+
+- ``floor``: raw ``sqlite3`` in WAL with ``synchronous=FULL``, one INSERT per commit, as many
+  commits as the durable run makes, with the same payload bytes. The cost of durability itself.
+- ``memory``: the same agent on :class:`MemoryCheckpointer` (the loop without disk).
+- ``sqlite``: the same agent on :class:`SqliteCheckpointer` (the real thing).
+
+Reported as medians over ``--repeats`` runs, with ratios computed within the same repeat:
+per-step time, ``sqlite / floor`` per commit, flatness ``N=max / N=min``, journal bytes per step
+against the payload bytes, and the time a 1000-turn run takes to resume up to its first new model
+call (load + hash-chain check + replay), in a fresh store object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cuaderno import Agent, MemoryCheckpointer, ModelRequest, ModelResponse, Session, SqliteCheckpointer, tool
+from cuaderno.errors import ErrorClass, GatewayError
+from cuaderno.gateway.base import ToolCall, Usage
+
+PAYLOAD = "x" * 400  # tool result text, and roughly the model response size
+
+
+@tool(idempotent=False)
+def work(i: int) -> str:
+    """A tool with a fixed-size result."""
+    return PAYLOAD
+
+
+class LoopModel:
+    """Asks for one tool call per turn, then answers after ``turns`` turns. Counts calls."""
+
+    def __init__(self, turns: int, fail_at: int | None = None) -> None:
+        self.turns = turns
+        self.fail_at = fail_at
+        self.turn = 0
+        self.calls = 0
+        self.first_call_at: float | None = None
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        if self.first_call_at is None:
+            self.first_call_at = time.perf_counter()
+        self.calls += 1
+        # The turn is the number of assistant messages; counting from the end keeps this O(1).
+        turn = (len(request.messages) - 1) // 2
+        if self.fail_at is not None and turn >= self.fail_at:
+            raise GatewayError("stop here", error_class=ErrorClass.PERMANENT, sent=False)
+        if turn >= self.turns:
+            return ModelResponse(text="done", finish_reason="stop", usage=Usage(input_tokens=1, output_tokens=1),
+                                 cost=0.0)
+        return ModelResponse(text=PAYLOAD[:200], tool_calls=(ToolCall(id=f"c{turn}", name="work",
+                                                                      arguments={"i": turn}),),
+                             finish_reason="tool_calls", usage=Usage(input_tokens=1, output_tokens=1), cost=0.0)
+
+
+async def run_agent(store: Any, n: int, run_id: str = "bench") -> float:
+    agent = Agent(instructions="benchmark", tools=[work], max_turns=n + 2)
+    gw = LoopModel(n)
+    t0 = time.perf_counter()
+    async for _ in agent.run("go", session=Session(run_id, gw, store)):
+        pass
+    return time.perf_counter() - t0
+
+
+def journal_commits(path: str) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("SELECT max(seq) FROM cuaderno_events").fetchone()[0])
+    finally:
+        db.close()
+
+
+def floor(path: str, commits: int, payload: bytes) -> float:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
+    t0 = time.perf_counter()
+    for i in range(commits):
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i:08d}", payload))
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    db.close()
+    return elapsed
+
+
+def file_bytes(path: str) -> int:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+
+
+def payload_bytes(path: str) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("SELECT sum(length(payload)) FROM cuaderno_events").fetchone()[0])
+    finally:
+        db.close()
+
+
+async def one_size(n: int, tmp: Path, rep: int) -> dict[str, float]:
+    path = str(tmp / f"run-{n}-{rep}.db")
+    store = SqliteCheckpointer(path)
+    t_sqlite = await run_agent(store, n)
+    store.close()
+    commits = journal_commits(path)  # upper bound: events; commits are fewer (batched)
+    steps = 2 * n + 1
+    t_mem = await run_agent(MemoryCheckpointer(), n)
+    # Commits actually made: 1 (start) + 1 (acquire) + per step one commit.
+    real_commits = 2 + steps
+    t_floor = floor(str(tmp / f"floor-{n}-{rep}.db"), real_commits, b"y" * (len(PAYLOAD) + 60))
+    size = file_bytes(path)
+    pay = payload_bytes(path)
+    return {"n": n, "steps": steps, "events": commits, "sqlite_step_ms": t_sqlite / steps * 1e3,
+            "memory_step_ms": t_mem / steps * 1e3, "floor_commit_ms": t_floor / real_commits * 1e3,
+            "ratio_vs_floor": (t_sqlite / steps) / (t_floor / real_commits),
+            "bytes_per_step": size / steps, "payload_per_step": pay / steps, "bytes_ratio": size / pay}
+
+
+async def resume_time(tmp: Path, turns: int, rep: int) -> float:
+    path = str(tmp / f"resume-{rep}.db")
+    store = SqliteCheckpointer(path)
+    agent = Agent(instructions="benchmark", tools=[work], max_turns=turns + 5)
+    try:
+        async for _ in agent.run("go", session=Session("r", LoopModel(turns + 5, fail_at=turns), store)):
+            pass
+    except GatewayError:
+        pass
+    store.close()
+    gw = LoopModel(turns + 5, fail_at=turns)
+    t0 = time.perf_counter()
+    fresh = SqliteCheckpointer(path)
+    try:
+        async for _ in agent.run("go", session=Session("r", gw, fresh)):
+            pass
+    except GatewayError:
+        pass
+    fresh.close()
+    assert gw.calls == 1 and gw.first_call_at is not None, "resume must make exactly one new call"
+    return gw.first_call_at - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sizes", default="10,100,1000")
+    ap.add_argument("--resume-turns", type=int, default=1000)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
+    resumes: list[float] = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as d:
+        tmp = Path(d)
+        for rep in range(args.repeats):
+            for n in sizes:
+                rows[n].append(asyncio.run(one_size(n, tmp, rep)))
+            resumes.append(asyncio.run(resume_time(tmp, args.resume_turns, rep)))
+    med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in rows[n][0]} for n in sizes}
+    print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {args.repeats} repeats, medians")
+    print(f"{'N':>6} {'sqlite ms/step':>15} {'memory ms/step':>15} {'floor ms/commit':>16} {'x floor':>8} "
+          f"{'bytes/step':>11} {'payload/step':>13} {'bytes x':>8}")
+    for n in sizes:
+        m = med[n]
+        print(f"{n:>6} {m['sqlite_step_ms']:>15.3f} {m['memory_step_ms']:>15.3f} {m['floor_commit_ms']:>16.3f} "
+              f"{m['ratio_vs_floor']:>8.2f} {m['bytes_per_step']:>11.0f} {m['payload_per_step']:>13.0f} "
+              f"{m['bytes_ratio']:>8.2f}")
+    flat = statistics.median(rows[sizes[-1]][i]["sqlite_step_ms"] / rows[sizes[0]][i]["sqlite_step_ms"]
+                             for i in range(args.repeats))
+    print(f"flatness: per-step N={sizes[-1]} / N={sizes[0]} = {flat:.2f} (median of per-repeat ratios)")
+    print(f"resume of a {args.resume_turns}-turn run to its first new model call: "
+          f"{statistics.median(resumes) * 1e3:.1f} ms (min {min(resumes) * 1e3:.1f}, max {max(resumes) * 1e3:.1f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"medians": med, "flatness": flat, "resume_s": resumes}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
