@@ -32,7 +32,10 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, ToolCall, Usage
+from cuaderno.gateway.empty import classify_response
+from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.gateway.tiered import TieredGateway
 from cuaderno.harness import approve, deny, pending_approvals
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
@@ -40,8 +43,18 @@ from cuaderno.tools import Policy, PolicyDecision, Tool, ToolContext, tool
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # The real-provider gateways import their SDKs: load them only when asked for.
+    if name in ("OpenAIGateway", "AnthropicGateway"):
+        from cuaderno import gateway
+
+        return getattr(gateway, name)
+    raise AttributeError(f"module 'cuaderno' has no attribute {name!r}")
+
 __all__ = [
     "Agent",
+    "AnthropicGateway",
     "ApprovalError",
     "ApprovalMismatch",
     "ApprovalStep",
@@ -63,6 +76,7 @@ __all__ = [
     "ModelResponse",
     "ModelStep",
     "NotWaitingForApproval",
+    "OpenAIGateway",
     "Policy",
     "PolicyDecision",
     "ReplayDivergence",
@@ -70,11 +84,13 @@ __all__ = [
     "RunClosed",
     "RunNotFound",
     "SchemaTooNew",
+    "PriceTable",
     "ScriptedGateway",
     "Session",
     "SqliteCheckpointer",
     "Step",
     "StepEvent",
+    "TieredGateway",
     "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",
@@ -87,6 +103,7 @@ __all__ = [
     "VersionMismatch",
     "__version__",
     "approve",
+    "classify_response",
     "deny",
     "pending_approvals",
     "tool",

@@ -117,6 +117,14 @@ class AnthropicGateway:
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
         """Send one Messages request and parse it.
 
+        Returns:
+            The parsed response, to be journaled whole. Replay rebuilds the next context from
+            ``text`` and ``tool_calls`` (in order; a call with ``arguments_error`` must never run)
+            and re-derives the empty/refusal verdict from ``text``, ``tool_calls``,
+            ``finish_reason`` (native, unmapped), ``reasoning`` and ``refusal``. ``usage`` and
+            ``cost`` are the accounting (``cost=None`` is unpriced, never free);
+            ``provider_request_id`` and ``body_sha256`` are evidence only, never compared.
+
         Raises:
             GatewayError: every failure, classified by :mod:`cuaderno.gateway._errors`.
             UsageError: the request cannot be expressed (unknown role, ``require_tool`` without tools).

@@ -71,7 +71,10 @@ class ToolCall:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Usage:
-    """Tokens a call consumed, as the provider reported them (0 when it did not say)."""
+    """Tokens a call consumed, as the provider reported them (0 when it did not say).
+
+    ``input_tokens`` includes cached tokens; ``cached_tokens`` says how many of them were read
+    from the provider's prompt cache."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -164,8 +167,16 @@ class ModelResponse:
         """The neutral assistant message this response adds to the conversation."""
         msg: Message = {"role": "assistant", "content": self.text}
         if self.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+            msg["tool_calls"] = [_call_message(c) for c in self.tool_calls]
         return msg
+
+
+def _call_message(call: ToolCall) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if call.raw_arguments is not None:
+        # Show the model the malformed text it wrote, not an empty object, so it can repair it.
+        out["raw_arguments"] = call.raw_arguments
+    return out
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
