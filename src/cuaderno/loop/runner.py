@@ -83,7 +83,8 @@ class Runner:
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []
         self.points: list[str] = []
-        self.ready: list[Step] = []
+        self.ready: list[tuple[Step, int]] = []
+        self.flushes = 0
         self.epoch = 0
         self.messages: list[Message] = []
         self.config_fp = fingerprint(agent.config())
@@ -93,6 +94,7 @@ class Runner:
     # -- opening ----------------------------------------------------------------------------------
 
     def _open(self) -> FinalStep | None:
+        crash.point("recovery.R0")
         task_fp = fingerprint({"task": self.task})
         versions = self.agent.versions()
         cp = self.store.checkpoint(self.run_id)
@@ -156,6 +158,8 @@ class Runner:
                 if suspended:
                     return
         self._flush()
+        for s in self._drain():
+            yield s
         self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
                                      payload={"status": "failed", "reason": "max_turns",
                                               "limit": self.agent.max_turns})], epoch=self.epoch)
@@ -163,8 +167,14 @@ class Runner:
 
         raise BudgetExceeded(self.run_id, "max_turns", self.agent.max_turns)
 
+    def _show(self, step: Step) -> None:
+        # A step is shown only once its events are committed: if any are pending, it waits for
+        # the next flush (the one that commits the next intent).
+        self.ready.append((step, self.flushes + (1 if self.pending else 0)))
+
     def _drain(self) -> list[Step]:
-        out, self.ready = self.ready, []
+        out = [step for step, needs in self.ready if needs <= self.flushes]
+        self.ready = [(step, needs) for step, needs in self.ready if needs > self.flushes]
         return out
 
     # -- journal helpers --------------------------------------------------------------------------
@@ -196,6 +206,11 @@ class Runner:
             return
         crash.set_txn_points(*self.points)
         self.store.append(self.pending, epoch=self.epoch)
+        self.flushes += 1
+        if crash.armed():
+            for name in self.points:  # K7: after the commit that holds a step's result
+                if name.endswith(".K6"):
+                    crash.point(name[:-1] + "7")
         self.pending, self.points = [], []
 
     def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
@@ -272,7 +287,7 @@ class Runner:
                                 payload={"response": response.to_json(), "key": key, "sends": sends,
                                          "counters": {"retries": retries} if retries else {}}),
                     "model.K6")
-        self.ready.append(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key,
+        self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key,
                                     attempts=sends))
         return response
 
@@ -299,7 +314,7 @@ class Runner:
             crash.point("final.K0")
             self._flush()
             crash.point("final.K7")
-        self.ready.append(FinalStep(step_id="final", output=response.text))
+        self._show(FinalStep(step_id="final", output=response.text))
 
     # -- tool calls -------------------------------------------------------------------------------
 
@@ -353,7 +368,7 @@ class Runner:
         if request is not None:
             decided = self._recorded(appr_id, "decision", "approval", None, args_fp)
             if decided is None:
-                self.ready.append(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
+                self._show(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
                 return "pending"
             if decided.decision == "approved":
                 return "approved"
@@ -376,9 +391,9 @@ class Runner:
             crash.point("approval.K0")
             self._flush()
             crash.point("approval.K7")
-            self.ready.append(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
+            self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
                                        decision="require_approval", outcome="pending"))
-            self.ready.append(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
+            self._show(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
             return "pending"
         return "allow"
 
@@ -429,7 +444,7 @@ class Runner:
         self._stage(self._event(step_id, "result", "tool", name=call.name, decision=decision, fingerprint=args_fp,
                                 payload=payload), "tool.K6")
         self._add_message(tool_message(call.id, call.name, payload))
-        self.ready.append(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
+        self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
                                    decision=decision or "allow", outcome=outcome, result=value, error=error,
                                    effect_key=effect_key))
 
