@@ -143,7 +143,9 @@ def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
 def _on_model(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase.startswith("intent"):
         cp._bump("model_sends")
-        if ev.phase != "intent":  # "intent.2", "intent.3": a re-send after a crash in flight
+        # "intent.2", "intent.3": a re-send. It may double a bill only when the previous send's
+        # fate is unknown (a crash in flight, or a timeout after sending).
+        if ev.phase != "intent" and ev.payload.get("after") in ("crash", "ambiguous"):
             cp._bump("possibly_billed_twice")
         for name, n in (ev.payload.get("counters") or {}).items():
             cp._bump(name, int(n))

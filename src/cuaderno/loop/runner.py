@@ -252,9 +252,14 @@ class Runner:
     async def _call_model(self, turn: int, step_id: str, fp: str) -> ModelResponse:
         key = idempotency_key(self.run_id, step_id, fp)
         sends = sum(1 for (sid, ph) in self.journal if sid == step_id and ph.startswith("intent"))
-        failed_cleanly = self.journal.get((step_id, f"error.{sends}")) is not None
+        last_error = self.journal.get((step_id, f"error.{sends}"))
         sends += 1
-        after = None if sends == 1 else ("error" if failed_cleanly else "crash")
+        after = None if sends == 1 else "crash"
+        if last_error is not None:
+            # The last send ended in a journaled, classified failure: only an ambiguous one may
+            # have been billed; a refused or unsent request was not.
+            ambiguous = last_error.payload.get("error", {}).get("error_class") == ErrorClass.AMBIGUOUS
+            after = "ambiguous" if ambiguous else "error"
         self._stage(self._intent(step_id, sends, key, turn, after), "model.K1")
         request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self.messages),
                                tools=self.agent.tool_schemas, model=self.agent.model,

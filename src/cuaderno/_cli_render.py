@@ -1,0 +1,270 @@
+"""What the ``cuaderno`` command line shows: plain data for ``--json`` and rich renderings for people.
+
+Everything shown here comes from a journal, and a journal holds text a model wrote (tool
+arguments, answers, error messages). So nothing from it is ever parsed as rich markup or emoji
+codes, and control, format and bidirectional characters (terminal escapes, ``\\r``, right-to-left
+overrides, invisible tag characters) are shown as ``\\uXXXX`` escapes: a person approving a call
+must see exactly what will run, not what a crafted string makes the terminal draw.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import unicodedata
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cuaderno.checkpoint import COUNTERS, Checkpoint
+from cuaderno.events import StepEvent
+
+__all__ = [
+    "approval_step",
+    "clean",
+    "cost_summary",
+    "dumps",
+    "render_decision",
+    "render_pending_call",
+    "render_runs",
+    "render_show",
+    "run_detail",
+    "run_summary",
+]
+
+_UNSAFE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+# How the counters are grouped for people; every name in COUNTERS appears exactly once.
+_GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
+    ("model", (("model_calls", "calls"), ("model_sends", "sends"),
+               ("possibly_billed_twice", "possibly billed twice"), ("rejected_responses", "rejected responses"))),
+    ("billing", (("calls_paid", "calls paid"), ("unpriced_calls", "unpriced"))),
+    ("tokens", (("input_tokens", "input"), ("output_tokens", "output"), ("cached_tokens", "cached"),
+                ("reasoning_tokens", "reasoning"))),
+    ("tools", (("tool_calls", "calls"), ("tool_denied", "denied"), ("tool_errors", "errors"),
+               ("approvals_requested", "approvals requested"))),
+    ("recovery", (("retries", "retries"), ("repairs", "repairs"), ("replans", "replans"),
+                  ("reflects", "reflects"), ("escalations", "escalations"))),
+    ("uncertain", (("uncertain", "effects ever uncertain"),)),
+)
+assert sorted(name for _, group in _GROUPS for name, _ in group) == sorted(COUNTERS)
+
+
+# -- text safety -------------------------------------------------------------------------------------
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, so escaped JSON stays valid JSON
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def clean(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control, format, bidi, separator, private or unassigned character escaped."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(ch if (keep_newlines and ch == "\n") or unicodedata.category(ch) not in _UNSAFE_CATEGORIES
+                   else _escape_char(ch) for ch in text)
+
+
+def dumps(value: Any, *, indent: int | None = None) -> str:
+    """``value`` as JSON for people: readable Unicode, unsafe characters escaped, still valid JSON."""
+    text = json.dumps(value, indent=indent, ensure_ascii=False, separators=None if indent else (", ", ": "))
+    return clean(text, keep_newlines=indent is not None)
+
+
+def _line(console: Console, *parts: str | Text) -> None:
+    text = Text()
+    for part in parts:
+        text.append(part)
+    console.print(text, soft_wrap=True)
+
+
+def _heading(console: Console, title: str) -> None:
+    console.print()
+    console.print(Text(title, style="bold"), soft_wrap=True)
+
+
+# -- plain data (also the --json shapes) --------------------------------------------------------------
+
+
+def cost_summary(cp: Checkpoint) -> dict[str, Any]:
+    """What the run cost, never hiding unpriced calls: ``usd`` is the sum of priced calls only."""
+    unpriced = cp.count("unpriced_calls")
+    return {"usd": cp.cost_usd, "calls_paid": cp.count("calls_paid"), "unpriced_calls": unpriced,
+            "complete": unpriced == 0}
+
+
+def _counters(cp: Checkpoint) -> dict[str, int]:
+    out = {name: cp.count(name) for name in COUNTERS}
+    out.update({name: n for name, n in sorted(cp.counters.items()) if name not in out})
+    return out
+
+
+def _pending_list(cp: Checkpoint) -> list[dict[str, Any]]:
+    return [{"step_id": step_id, **entry} for step_id, entry in sorted(cp.pending.items())]
+
+
+def run_summary(cp: Checkpoint) -> dict[str, Any]:
+    """One row of ``cuaderno list --json``."""
+    return {"run_id": cp.run_id, "status": cp.status, "next_step": cp.next_step,
+            "model_calls": cp.count("model_calls"), "tool_calls": cp.count("tool_calls"),
+            "cost": cost_summary(cp), "pending_approvals": len(cp.pending), "uncertain": len(cp.uncertain)}
+
+
+def _event_json(ev: StepEvent) -> dict[str, Any]:
+    return {"seq": ev.seq, "step_id": ev.step_id, "phase": ev.phase, "kind": ev.kind, "name": ev.name,
+            "decision": ev.decision, "fingerprint": ev.fingerprint, "created_at": ev.created_at}
+
+
+def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None) -> dict[str, Any]:
+    """``cuaderno show --json``: the checkpoint, every counter, and the timeline unless ``events`` is None."""
+    out: dict[str, Any] = {
+        "run_id": cp.run_id, "status": cp.status, "open": cp.is_open, "next_step": cp.next_step,
+        "last_seq": cp.last_seq, "epoch": cp.epoch, "versions": cp.versions,
+        "task_fingerprint": cp.task_fingerprint, "counters": _counters(cp), "cost": cost_summary(cp),
+        "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
+    }
+    if events is not None:
+        out["timeline"] = [_event_json(ev) for ev in events]
+    return out
+
+
+def approval_step(step: str) -> str:
+    """The approval step id named by ``step`` (an approval step id or its tool step id)."""
+    return step if step.endswith(".approval") else f"{step}.approval"
+
+
+# -- renderings ---------------------------------------------------------------------------------------
+
+
+def _money(usd: float) -> str:
+    if usd == 0 or abs(usd) >= 0.000001:
+        return f"${usd:.6f}"
+    return f"${usd:.3g}"
+
+
+def _cost_text(cp: Checkpoint, *, short: bool) -> str:
+    cost = cost_summary(cp)
+    paid, unpriced = cost["calls_paid"], cost["unpriced_calls"]
+    if unpriced and not paid:
+        return f"unpriced: {unpriced}" if short else \
+            f"unknown, unpriced: {unpriced} call(s) carried no price (this is not $0)"
+    if unpriced:
+        return f">= {_money(cp.cost_usd)}, unpriced: {unpriced}" if short else \
+            f"at least {_money(cp.cost_usd)} for {paid} priced call(s), unpriced: {unpriced} call(s) not included"
+    return _money(cp.cost_usd) if short else f"{_money(cp.cost_usd)} for {paid} priced call(s)"
+
+
+def render_runs(console: Console, runs: Iterable[Checkpoint]) -> None:
+    """``cuaderno list``."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("RUN", overflow="fold")
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("MODEL CALLS", justify="right", no_wrap=True)
+    table.add_column("TOOL CALLS", justify="right", no_wrap=True)
+    table.add_column("COST", overflow="fold")
+    table.add_column("PENDING", justify="right", no_wrap=True)
+    for cp in runs:
+        status = Text(clean(cp.status), style=_status_style(cp.status))
+        table.add_row(Text(clean(cp.run_id)), status, str(cp.count("model_calls")), str(cp.count("tool_calls")),
+                      Text(_cost_text(cp, short=True)), str(len(cp.pending)))
+    console.print(table)
+
+
+def _status_style(status: str) -> str:
+    return {"completed": "green", "suspended": "yellow", "needs_human": "bold red", "failed": "red",
+            "cancelled": "magenta"}.get(status, "")
+
+
+def _kv(console: Console, key: str, value: str | Text) -> None:
+    _line(console, Text(f"{key:<11}", style="dim"), value)
+
+
+def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None) -> None:
+    """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline."""
+    _kv(console, "run", clean(cp.run_id))
+    _kv(console, "status", Text(clean(cp.status), style=_status_style(cp.status)))
+    _kv(console, "next step", clean(cp.next_step))
+    _kv(console, "last seq", f"{cp.last_seq} (epoch {cp.epoch})")
+    _kv(console, "task", clean(cp.task_fingerprint or "-"))
+    versions = ", ".join(f"{k}={v if isinstance(v, str) else dumps(v)}" for k, v in cp.versions.items())
+    _kv(console, "versions", clean(versions) or "-")
+
+    _heading(console, "Counters")
+    for group, names in _GROUPS:
+        _kv(console, f"  {group}", ", ".join(f"{label} {cp.count(name)}" for name, label in names))
+    others = {name: n for name, n in sorted(cp.counters.items()) if name not in COUNTERS}
+    if others:
+        _kv(console, "  other", ", ".join(f"{clean(name)} {n}" for name, n in others.items()))
+    _kv(console, "  cost", _cost_text(cp, short=False))
+
+    _heading(console, f"Pending approvals: {len(cp.pending)}")
+    for entry in _pending_list(cp):
+        _render_pending_entry(console, cp.run_id, entry)
+
+    _heading(console, f"Uncertain effects: {len(cp.uncertain)}")
+    for step_id, evidence in sorted(cp.uncertain.items()):
+        tool = evidence.get("tool")
+        _line(console, "  ", clean(step_id), f"  tool {clean(str(tool))}" if tool is not None else "")
+        _line(console, "    evidence  ", dumps(evidence))
+
+    _heading(console, "Outcome")
+    outcome = dumps(cp.outcome, indent=2).replace("\n", "\n  ") if cp.outcome is not None else "- (not ended)"
+    _line(console, "  ", outcome)
+
+    if events is not None:
+        _heading(console, f"Timeline: {len(events)} event(s)")
+        _render_timeline(console, events)
+
+
+def _render_pending_entry(console: Console, run_id: str, entry: dict[str, Any]) -> None:
+    step_id = str(entry.get("step_id"))
+    fingerprint = entry.get("fingerprint")
+    _line(console, "  ", Text(clean(step_id), style="bold"), f"  tool {clean(str(entry.get('tool')))}",
+          f"  (tool step {clean(str(entry.get('tool_step')))})")
+    _line(console, "    fingerprint  ", clean(str(fingerprint)))
+    _line(console, "    arguments    ", dumps(entry.get("arguments")))
+    extra = {k: v for k, v in entry.items() if k not in ("step_id", "tool", "fingerprint", "tool_step", "arguments")}
+    if extra:
+        _line(console, "    request      ", dumps(extra))
+    fp = f" --fingerprint {shlex.quote(str(fingerprint))}" if fingerprint is not None else ""
+    _line(console, "    decide with  ", clean(f"cuaderno approve|deny {shlex.quote(run_id)} {shlex.quote(step_id)}{fp}"))
+
+
+def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("SEQ", justify="right", no_wrap=True)
+    for title in ("STEP", "PHASE", "KIND", "NAME", "DECISION"):
+        table.add_column(title, overflow="fold")
+    for ev in events:
+        table.add_row(str(ev.seq), Text(clean(ev.step_id)), Text(clean(ev.phase)), Text(clean(ev.kind)),
+                      Text(clean(ev.name or "")), Text(clean(ev.decision or "")))
+    console.print(table)
+
+
+def render_pending_call(console: Console, run_id: str, step_id: str, entry: dict[str, Any], verb: str) -> None:
+    """What a decision is about to be written for: the tool, its exact arguments and their fingerprint."""
+    _line(console, Text(f"{verb} ", style="bold"), f"run {clean(run_id)}, step {clean(step_id)}",
+          f" (tool step {clean(str(entry.get('tool_step')))})")
+    _line(console, "  tool         ", clean(str(entry.get("tool"))))
+    arguments = entry.get("arguments")
+    text = dumps(arguments, indent=2)
+    _line(console, "  arguments    ", text.replace("\n", "\n               "))
+    if not text.isascii():
+        _line(console, "  (ASCII)      ", json.dumps(arguments, ensure_ascii=True))
+    _line(console, "  fingerprint  ", clean(str(entry.get("fingerprint"))))
+
+
+def render_decision(console: Console, event: StepEvent) -> None:
+    """The decision that was journaled."""
+    who = f" by {clean(str(event.payload.get('approver')))}" if event.payload.get("approver") else ""
+    _line(console, Text(clean(event.decision or "?"), style="bold"), who,
+          f": journaled at seq {event.seq} ({clean(event.step_id)}:{clean(event.phase)}). "
+          "The next resume of the run acts on it.")

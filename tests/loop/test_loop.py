@@ -1,0 +1,334 @@
+"""The loop and its replay rules, in one process (the crash tests in tests/crash kill real ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuaderno import (
+    Agent,
+    ApprovalMismatch,
+    ApprovalStep,
+    ErrorClass,
+    FencedOut,
+    FinalStep,
+    GatewayError,
+    IdempotencyKeyReuse,
+    MemoryCheckpointer,
+    ModelRequest,
+    ModelResponse,
+    ModelStep,
+    NotWaitingForApproval,
+    Policy,
+    ReplayDivergence,
+    RetryPolicy,
+    RunClosed,
+    RunNotFound,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    StepEvent,
+    ToolContext,
+    ToolStep,
+    UncertainEffect,
+    VersionMismatch,
+    approve,
+    deny,
+    tool,
+)
+from cuaderno.fingerprint import idempotency_key
+
+
+class World:
+    """Counts what the tools did, independently of the journal."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+        self.transfers: list[dict[str, Any]] = []
+
+    def tools(self) -> list[Any]:
+        @tool(idempotent=True)
+        def read_file(path: str) -> str:
+            """Read a file."""
+            self.reads.append(path)
+            return f"contents of {path}"
+
+        @tool
+        def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+            """Move money."""
+            self.transfers.append({"to": to, "amount": amount, "key": ctx.effect_key})
+            return {"ok": True, "receipt": len(self.transfers)}
+
+        return [read_file, transfer]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "memory":
+        yield MemoryCheckpointer()
+    else:
+        s = SqliteCheckpointer(tmp_path / "runs.db")
+        yield s
+        s.close()
+
+
+async def collect(agent: Agent, task: str, session: Session) -> list[Any]:
+    return [step async for step in agent.run(task, session=session)]
+
+
+async def test_run_then_closed_run_returns_without_calls(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    gw = ScriptedGateway([ScriptedGateway.call("read_file", path="/x"), ScriptedGateway.text("42")])
+    steps = await collect(agent, "lee /x", Session("r1", gw, store))
+    assert [type(s) for s in steps] == [ModelStep, ToolStep, ModelStep, FinalStep]
+    assert gw.calls == 2 and world.reads == ["/x"]
+    gw2 = ScriptedGateway([ScriptedGateway.text("other")])
+    again = await collect(agent, "lee /x", Session("r1", gw2, store))
+    assert len(again) == 1 and isinstance(again[0], FinalStep) and again[0].replayed and again[0].output == "42"
+    assert gw2.calls == 0 and world.reads == ["/x"]
+    cp = store.checkpoint("r1")
+    assert cp.status == "completed" and cp.count("model_calls") == 2 and cp.count("tool_calls") == 1
+
+
+async def test_keys_are_stable_and_derived_from_run_step_and_body(store: Any) -> None:
+    agent = Agent(instructions="i")
+    gw = ScriptedGateway([ScriptedGateway.text("hi")])
+    steps = await collect(agent, "t", Session("r-key", gw, store))
+    model = steps[0]
+    assert isinstance(model, ModelStep)
+    intent = next(e for e in store.load("r-key") if e.phase == "intent")
+    assert model.idempotency_key == idempotency_key("r-key", "t0000.model", intent.fingerprint)
+    assert gw.keys == [model.idempotency_key]
+
+
+async def test_interrupted_model_call_is_resent_with_same_key_and_counted(store: Any) -> None:
+    agent = Agent(instructions="i")
+    gw = ScriptedGateway([ScriptedGateway.text("hi")])
+    await collect(agent, "t", Session("r2", gw, store))
+    # Rebuild the state "intent committed, process died before the result" in another run.
+    events = store.load("r2")
+    for ev in events[:2]:  # run start + model intent
+        store.append([StepEvent(run_id="r3", step_id=ev.step_id, phase=ev.phase, kind=ev.kind, name=ev.name,
+                                fingerprint=ev.fingerprint, payload=ev.payload)])
+    gw3 = ScriptedGateway([ScriptedGateway.text("hi")])
+    steps = await collect(agent, "t", Session("r3", gw3, store))
+    assert isinstance(steps[-1], FinalStep)
+    assert gw3.calls == 1
+    cp = store.checkpoint("r3")
+    assert cp.count("possibly_billed_twice") == 1 and cp.count("model_sends") == 2 and cp.count("model_calls") == 1
+    phases = [e.phase for e in store.load("r3") if e.step_id == "t0000.model"]
+    assert phases == ["intent", "intent.2", "result"]
+
+
+def _copy_prefix(store: Any, src: str, dst: str, upto: int) -> None:
+    for ev in store.load(src)[:upto]:
+        store.append([StepEvent(run_id=dst, step_id=ev.step_id, phase=ev.phase, kind=ev.kind, name=ev.name,
+                                decision=ev.decision, fingerprint=ev.fingerprint, payload=ev.payload)])
+
+
+async def test_intent_without_result_non_idempotent_is_uncertain_and_not_rerun(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
+    _copy_prefix(store, "full", "cut", cut)
+    world.transfers.clear()
+    gw = ScriptedGateway(script)
+    with pytest.raises(UncertainEffect) as info:
+        await collect(agent, "pay", Session("cut", gw, store))
+    assert world.transfers == [] and gw.calls == 0
+    assert info.value.evidence["tool"] == "transfer" and info.value.evidence["effect_key"].startswith("eff-")
+    cp = store.checkpoint("cut")
+    assert cp.status == "needs_human" and "t0000.tool00" in cp.uncertain
+    rows = len(store.load("cut"))
+    with pytest.raises(UncertainEffect):  # asking again changes nothing
+        await collect(agent, "pay", Session("cut", gw, store))
+    assert len(store.load("cut")) == rows and world.transfers == []
+
+
+async def test_intent_without_result_idempotent_is_executed_again(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("read_file", path="/y"), ScriptedGateway.text("done")]
+    await collect(agent, "read", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
+    _copy_prefix(store, "full", "cut", cut)
+    world.reads.clear()
+    gw = ScriptedGateway(script)
+    steps = await collect(agent, "read", Session("cut", gw, store))
+    assert world.reads == ["/y"] and gw.calls == 1 and isinstance(steps[-1], FinalStep)
+
+
+async def test_policy_deny_is_a_known_outcome_told_to_the_model(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools(), policy=Policy({"transfer": "deny"}, version="p1"))
+    gw = ScriptedGateway([ScriptedGateway.call("transfer", to="eve", amount=9), ScriptedGateway.text("ok")])
+    steps = await collect(agent, "pay", Session("d", gw, store))
+    tool_step = next(s for s in steps if isinstance(s, ToolStep))
+    assert tool_step.decision == "deny" and tool_step.outcome == "denied" and world.transfers == []
+    told = gw.requests[1].messages[-1]
+    assert told["role"] == "tool" and told["content"].startswith("denied") and told["is_error"]
+    result = next(e for e in store.load("d") if e.step_id == "t0000.tool00")
+    assert result.phase == "result" and result.decision == "deny"
+    assert store.checkpoint("d").count("tool_denied") == 1
+
+
+async def test_approval_suspends_on_disk_and_runs_exactly_once(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="bob", amount=100), ScriptedGateway.text("paid")]
+    steps = await collect(agent, "pay", Session("a", ScriptedGateway(script), store))
+    assert [type(s) for s in steps] == [ModelStep, ToolStep, ApprovalStep]
+    pending = steps[-1]
+    assert isinstance(pending, ApprovalStep) and pending.status == "pending"
+    assert store.checkpoint("a").status == "suspended" and world.transfers == []
+    # resuming while still waiting does nothing
+    gw = ScriptedGateway(script)
+    again = await collect(agent, "pay", Session("a", gw, store))
+    assert [type(s) for s in again] == [ApprovalStep] and gw.calls == 0 and world.transfers == []
+    with pytest.raises(ApprovalMismatch):
+        approve(store, "a", pending.step_id, fingerprint="0" * 64)
+    approve(store, "a", pending.tool_step_id, fingerprint=pending.fingerprint, approver="ana")
+    with pytest.raises(NotWaitingForApproval):
+        approve(store, "a", pending.step_id)
+    gw2 = ScriptedGateway(script)
+    done = await collect(agent, "pay", Session("a", gw2, store))
+    assert isinstance(done[-1], FinalStep) and gw2.calls == 1
+    assert len(world.transfers) == 1
+    await collect(agent, "pay", Session("a", ScriptedGateway(script), store))
+    assert len(world.transfers) == 1
+    with pytest.raises(RunClosed):
+        approve(store, "a", pending.step_id)
+
+
+async def test_rejection_is_told_to_the_model(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="bob", amount=100), ScriptedGateway.text("not paid")]
+    steps = await collect(agent, "pay", Session("rj", ScriptedGateway(script), store))
+    deny(store, "rj", steps[-1].step_id, reason="too much")
+    gw = ScriptedGateway(script)
+    done = await collect(agent, "pay", Session("rj", gw, store))
+    tool_step = next(s for s in done if isinstance(s, ToolStep))
+    assert tool_step.decision == "rejected" and world.transfers == []
+    assert "too much" in gw.requests[0].messages[-1]["content"]
+
+
+async def test_bad_approvals_are_typed_errors_and_write_nothing(store: Any) -> None:
+    with pytest.raises(RunNotFound):
+        approve(store, "nope", "t0000.tool00")
+    agent = Agent(instructions="i")
+    await collect(agent, "t", Session("closed", ScriptedGateway([ScriptedGateway.text("x")]), store))
+    n = len(store.load("closed"))
+    with pytest.raises(RunClosed):
+        approve(store, "closed", "t0000.tool00")
+    assert len(store.load("closed")) == n
+
+
+async def test_invalid_arguments_and_unknown_tools_never_run(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    gw = ScriptedGateway([ScriptedGateway.parallel(("transfer", {"to": "bob", "amount": "lots"}),
+                                                   ("rm_rf", {"path": "/"})),
+                          ScriptedGateway.text("sorry")])
+    steps = await collect(agent, "pay", Session("bad", gw, store))
+    tool_steps = [s for s in steps if isinstance(s, ToolStep)]
+    assert [s.outcome for s in tool_steps] == ["error", "error"]
+    assert all(s.error and s.error["error_class"] == ErrorClass.INVALID_INPUT for s in tool_steps)
+    assert world.transfers == []
+    assert store.checkpoint("bad").count("repairs") == 2
+
+
+async def test_changed_instructions_or_task_diverge(store: Any) -> None:
+    agent = Agent(instructions="v1", tools=World().tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="bob", amount=1), ScriptedGateway.text("x")]
+    await collect(agent, "pay", Session("v", ScriptedGateway(script), store))
+    other = Agent(instructions="v2", tools=World().tools(), policy=Policy({"transfer": "require_approval"}))
+    with pytest.raises(VersionMismatch):
+        await collect(other, "pay", Session("v", ScriptedGateway(script), store))
+    with pytest.raises(ReplayDivergence):
+        await collect(other, "pay", Session("v", ScriptedGateway(script), store, on_version_mismatch="resume"))
+    with pytest.raises(ReplayDivergence):
+        await collect(agent, "another task", Session("v", ScriptedGateway(script), store))
+
+
+async def test_stripe_semantics_of_the_scripted_gateway() -> None:
+    gw = ScriptedGateway([ScriptedGateway.text("a")], stripe=True)
+    req = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},))
+    first = await gw.complete(req, idempotency_key="k")
+    again = await gw.complete(req, idempotency_key="k")
+    assert first == again and gw.billed == 1 and gw.replayed == 1
+    other = ModelRequest(instructions="changed", messages=req.messages)
+    with pytest.raises(IdempotencyKeyReuse):
+        await gw.complete(other, idempotency_key="k")
+
+
+async def test_fencing_stops_the_older_owner(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("read_file", path="/a"), ScriptedGateway.text("done")]
+    first = agent.run("t", session=Session("f", ScriptedGateway(script), store))
+    step = await first.__anext__()  # owner 1 is mid-run
+    assert isinstance(step, ModelStep)
+    store.acquire("f", "someone-else")  # another process takes the run over
+    with pytest.raises(FencedOut):
+        async for _ in first:
+            pass
+
+
+class Flaky:
+    """Fails with the given errors first, then answers."""
+
+    def __init__(self, errors: list[GatewayError]) -> None:
+        self.errors = errors
+        self.calls = 0
+        self.keys: list[str] = []
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        self.calls += 1
+        self.keys.append(idempotency_key)
+        if self.errors:
+            raise self.errors.pop(0)
+        return ScriptedGateway.text("ok", cost=0.01)
+
+
+async def test_transient_errors_retry_with_the_same_key_and_are_counted(store: Any) -> None:
+    waits: list[float] = []
+
+    async def sleep(s: float) -> None:
+        waits.append(s)
+
+    gw = Flaky([GatewayError("429", error_class=ErrorClass.TRANSIENT, sent=True, retry_after=2.0),
+                GatewayError("refused", error_class=ErrorClass.TRANSIENT, sent=False)])
+    steps = await collect(Agent(instructions="i"), "t", Session("tr", gw, store, sleep=sleep, seed=1))
+    assert isinstance(steps[-1], FinalStep) and gw.calls == 3 and len(set(gw.keys)) == 1
+    assert waits[0] == 2.0 and 0 <= waits[1] <= 1.0
+    cp = store.checkpoint("tr")
+    assert cp.count("retries") == 2 and cp.count("possibly_billed_twice") == 0
+
+
+async def test_ambiguous_errors_resend_once_and_count_possibly_billed_twice(store: Any) -> None:
+    async def sleep(s: float) -> None:
+        pass
+
+    gw = Flaky([GatewayError("timeout after send", error_class=ErrorClass.AMBIGUOUS, sent=True)])
+    await collect(Agent(instructions="i"), "t", Session("amb", gw, store, sleep=sleep))
+    cp = store.checkpoint("amb")
+    assert gw.calls == 2 and len(set(gw.keys)) == 1 and cp.count("possibly_billed_twice") == 1
+
+
+async def test_permanent_errors_stop_without_retry_and_leave_the_run_resumable(store: Any) -> None:
+    gw = Flaky([GatewayError("bad key", error_class=ErrorClass.PERMANENT, sent=True, status=401)])
+    with pytest.raises(GatewayError):
+        await collect(Agent(instructions="i"), "t", Session("perm", gw, store, retry=RetryPolicy(max_retries=5)))
+    assert gw.calls == 1
+    assert store.checkpoint("perm").status == "running"
+    steps = await collect(Agent(instructions="i"), "t", Session("perm", gw, store))
+    assert isinstance(steps[-1], FinalStep)
+    assert store.checkpoint("perm").count("possibly_billed_twice") == 0  # the failure was journaled as known
