@@ -19,6 +19,7 @@ from cuaderno.errors import (
     JournalConflict,
     JournalCorrupt,
     JournalError,
+    NotUncertain,
     NotWaitingForApproval,
     ReplayDivergence,
     RunClosed,
@@ -36,7 +37,7 @@ from cuaderno.gateway.empty import classify_response
 from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
-from cuaderno.harness import approve, deny, pending_approvals
+from cuaderno.harness import approve, deny, pending_approvals, resolve
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
 from cuaderno.tools import Policy, PolicyDecision, Tool, ToolContext, tool
@@ -75,6 +76,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelStep",
+    "NotUncertain",
     "NotWaitingForApproval",
     "OpenAIGateway",
     "Policy",
@@ -106,5 +108,6 @@ __all__ = [
     "classify_response",
     "deny",
     "pending_approvals",
+    "resolve",
     "tool",
 ]

@@ -49,9 +49,9 @@ _GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
                ("approvals_requested", "approvals requested"))),
     ("recovery", (("retries", "retries"), ("repairs", "repairs"), ("replans", "replans"),
                   ("reflects", "reflects"), ("escalations", "escalations"))),
-    ("uncertain", (("uncertain", "effects ever uncertain"),)),
+    ("uncertain", (("uncertain", "effects ever uncertain"), ("reconciled", "settled by a lookup"))),
 )
-assert sorted(name for _, group in _GROUPS for name, _ in group) == sorted(COUNTERS)
+_GROUPED: Final = frozenset(name for _, names in _GROUPS for name, _ in names)
 
 
 # -- text safety -------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _status_style(status: str) -> str:
 
 
 def _kv(console: Console, key: str, value: str | Text) -> None:
-    _line(console, Text(f"{key:<11}", style="dim"), value)
+    _line(console, Text(f"{key:<11} ", style="dim"), value)
 
 
 def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None) -> None:
@@ -200,7 +200,8 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     _heading(console, "Counters")
     for group, names in _GROUPS:
         _kv(console, f"  {group}", ", ".join(f"{label} {cp.count(name)}" for name, label in names))
-    others = {name: n for name, n in sorted(cp.counters.items()) if name not in COUNTERS}
+    # Counters added after this file was written are still shown, never dropped.
+    others = {name: n for name, n in _counters(cp).items() if name not in _GROUPED}
     if others:
         _kv(console, "  other", ", ".join(f"{clean(name)} {n}" for name, n in others.items()))
     _kv(console, "  cost", _cost_text(cp, short=False))

@@ -29,6 +29,7 @@ COUNTERS: Final = (
     "tool_errors",            # tool calls that ended in a classified error
     "approvals_requested",
     "retries",                # same intent, same arguments, same effect identity
+    "reconciled",             # effects of unknown fate settled by a lookup
     "repairs",                # invalid input sent back to the model to fix
     "replans",                # conflicts: fresh state, new plan
     "reflects",
@@ -196,6 +197,10 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
             del cp.uncertain[ev.step_id]
             if cp.status == "needs_human" and not cp.uncertain:
                 cp.status = "running"
+    elif ev.phase == "resolution":
+        cp.uncertain.pop(ev.step_id, None)
+        if cp.status == "needs_human" and not cp.uncertain:
+            cp.status = "running"
     elif ev.phase == "uncertain":
         cp._bump("uncertain")
         cp.uncertain[ev.step_id] = ev.payload

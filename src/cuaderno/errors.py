@@ -13,6 +13,7 @@ The tree::
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── ReplayDivergence           the code asked for another step than the one recorded there
     ├── UncertainEffect            an effect may or may not have happened; nobody can know
+    ├── NotUncertain               a resolution names a step that is not uncertain
     ├── VersionMismatch            the run was started under other versions; the caller must choose
     ├── ApprovalError              an approval or rejection cannot be written
     │   ├── NotWaitingForApproval  the step is not waiting for a decision
@@ -44,6 +45,7 @@ __all__ = [
     "JournalConflict",
     "JournalCorrupt",
     "JournalError",
+    "NotUncertain",
     "NotWaitingForApproval",
     "ReplayDivergence",
     "RunClosed",
@@ -203,6 +205,10 @@ class UncertainEffect(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.step_id, self.evidence))
+
+
+class NotUncertain(CuadernoError):
+    """A resolution names a step whose effect is not uncertain (or was already settled)."""
 
 
 class VersionMismatch(CuadernoError):

@@ -16,6 +16,7 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ApprovalMismatch,
     JournalConflict,
+    NotUncertain,
     NotWaitingForApproval,
     RunClosed,
     RunNotFound,
@@ -24,7 +25,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 
-__all__ = ["approve", "deny", "pending_approvals"]
+__all__ = ["approve", "deny", "pending_approvals", "resolve"]
 
 
 def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, dict[str, Any]]:
@@ -96,3 +97,41 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
         return store.append([event])[0]
     except JournalConflict as exc:
         raise NotWaitingForApproval(f"run {run_id!r}: step {appr_id!r} was already decided otherwise") from exc
+
+
+def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, result: Any = None,
+            by: str | None = None, note: str | None = None) -> StepEvent:
+    """Settle an uncertain effect by hand, after a person checked the receiving system.
+
+    Args:
+        step_id: the tool step that is uncertain (``cuaderno show`` lists them).
+        happened: ``True`` if the effect exists; ``result`` is then recorded as the tool's
+            result (for example the receipt found). ``False`` if its absence was established:
+            the next resume sends it again, with the same effect key.
+
+    Raises:
+        RunNotFound, NotUncertain: nothing was written.
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise UsageError("run_id must be a non-empty string")
+    cp = store.checkpoint(run_id)
+    if cp is None:
+        raise RunNotFound(run_id)
+    evidence = cp.uncertain.get(step_id)
+    if evidence is None:
+        raise NotUncertain(f"run {run_id!r}: step {step_id!r} is not uncertain "
+                                    f"(uncertain: {', '.join(sorted(cp.uncertain)) or 'none'})")
+    record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
+    uncertain = next(ev for ev in store.load(run_id) if ev.step_id == step_id and ev.phase == "uncertain")
+    if happened:
+        event = StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="tool", name=uncertain.name,
+                          decision="resolved", fingerprint=uncertain.fingerprint,
+                          payload={"outcome": "ok", "value": result, "resolved": record,
+                                   "effect_key": evidence.get("effect_key"), "counters": {"escalations": 1}})
+    else:
+        event = StepEvent(run_id=run_id, step_id=step_id, phase="resolution", kind="tool", name=uncertain.name,
+                          decision="not_happened", fingerprint=uncertain.fingerprint, payload=record)
+    try:
+        return store.append([event])[0]
+    except JournalConflict as exc:
+        raise NotUncertain(f"run {run_id!r}: step {step_id!r} was already settled otherwise") from exc

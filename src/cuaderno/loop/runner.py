@@ -23,9 +23,13 @@ body) before everything it depends on is durable. Steps are yielded only after t
 
 from __future__ import annotations
 
+import inspect
 import json
+import traceback
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
+
+from pydantic_core import to_jsonable_python
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
@@ -357,12 +361,17 @@ class Runner:
         ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
         if intent is not None:
-            if not tool.idempotent:
-                self._uncertain(step_id, call, ekey, intent)
-            return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), staged=True)
+            resolution = self._recorded(step_id, "resolution", "tool", call.name, None)
+            if resolution is not None and resolution.decision == "not_happened":
+                # A person established that the effect did not happen: send it, same key.
+                return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,
+                                           counters={"retries": 1})
+            # Started before and never recorded how it ended: nobody knows if it took effect.
+            return await self._reconcile(step_id, call, kwargs, args_fp, ekey, str(intent.decision), 1,
+                                         {"intent_seq": intent.seq, "intent_at": intent.created_at})
         decision = self._decide(step_id, call, args_fp)
         if decision in ("allow", "approved"):
-            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, staged=False)
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=1)
         return decision == "pending"
 
     def _decide(self, step_id: str, call: ToolCall, args_fp: str) -> str:
@@ -406,31 +415,95 @@ class Runner:
         return ApprovalStep(step_id=appr_id, tool_step_id=step_id, tool=call.name, arguments=call.arguments,
                             fingerprint=args_fp, status=status)
 
-    async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
-                       decision: str, *, staged: bool) -> bool:
+    def _context(self, step_id: str, call: ToolCall, ekey: str, attempt: int) -> ToolContext:
         tool = self.agent.tools[call.name]
-        attempt = 1
-        if staged:
-            attempt = 2  # an idempotent tool whose earlier run left no result: run it again
-        else:
+        data = {"business_id": tool.business_id(call.arguments)} if tool.business_id else {}
+        return ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
+                           tenant=self.s.tenant, data=data)
+
+    async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+                       decision: str, *, attempt: int, counters: dict[str, int] | None = None) -> bool:
+        """Run the tool body once its intent is durable; classify how it ended."""
+        tool = self.agent.tools[call.name]
+        counters = dict(counters or {})
+        if attempt == 1:
             self._stage(self._event(step_id, "intent", "tool", name=call.name, decision=decision, fingerprint=args_fp,
                                     payload={"effect_key": ekey, "policy_version": self.agent.policy.version,
                                              "idempotent": tool.idempotent}), "tool.K1")
-        crash.point("tool.K0")
-        self._flush()
-        crash.point("tool.K2")
-        ctx = ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
-                          tenant=self.s.tenant)
-        try:
-            value = await tool.invoke(kwargs, ctx)
-        except ToolError as err:
-            crash.point("tool.K5")
-            self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),
-                              effect_key=ekey)
-            return False
+        retries = 0
+        while True:
+            crash.point("tool.K0")
+            self._flush()
+            crash.point("tool.K2")
+            try:
+                value = await tool.invoke(kwargs, self._context(step_id, call, ekey, attempt))
+                break
+            except ToolError as err:
+                crash.point("tool.K5")
+                if err.error_class is ErrorClass.AMBIGUOUS:
+                    # Sent, and the reply is lost: the same question as a crash in flight.
+                    return await self._reconcile(step_id, call, kwargs, args_fp, ekey, decision, attempt,
+                                                 {"last_error": err.to_json()}, counters)
+                wait = None
+                if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
+                    wait = self.s.retry.delay(retries + 1, None, self.s.rng)
+                if wait is None:
+                    self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),
+                                      effect_key=ekey, counters=_plus(counters, "retries", retries))
+                    return False
+                retries += 1
+                await self.s.sleep(wait)
+            except Exception as exc:
+                self._bug(step_id, call, args_fp, ekey, decision, exc)
         crash.point("tool.K5")
-        self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey)
+        self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
+                          counters=_plus(counters, "retries", retries))
         return False
+
+    async def _reconcile(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+                         decision: str, attempt: int, evidence: dict[str, Any],
+                         counters: dict[str, int] | None = None) -> bool:
+        """An effect may or may not have happened: ask before acting, never guess.
+
+        Idempotent tools (the receiver deduplicates by ``effect_key``, or repeating is harmless)
+        run again with the same key. Others ask the tool's lookup: found -> its receipt becomes
+        the result; absence proven -> re-send with the same key; no lookup, or no proof either
+        way -> the run stops ``needs_human`` with the evidence (:class:`UncertainEffect`).
+        """
+        tool = self.agent.tools[call.name]
+        counters = dict(counters or {})
+        if attempt > self.s.retry.max_resends:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
+        if tool.idempotent:
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+                                       counters=_plus(counters, "retries", 1))
+        if tool.lookup is None:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "no lookup for this tool"})
+        assert tool.lookup is not None
+        crash.point("recovery.R1")
+        try:
+            found = tool.lookup(self._context(step_id, call, ekey, attempt + 1), call.arguments)
+            if inspect.isawaitable(found):
+                found = await found
+        except Exception as exc:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
+        if found is None:  # absence proven: the only case where sending again is safe
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+                                       counters=_plus(counters, "retries", 1))
+        self._tool_result(step_id, call, args_fp, "ok", to_jsonable_python(found), decision=decision,
+                          effect_key=ekey, counters=_plus(counters, "reconciled", 1))
+        return False
+
+    def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
+        """An unclassified exception is a bug: journal the evidence, end the run failed, re-raise."""
+        error = {"error_class": ErrorClass.BUG.value, "message": f"{type(exc).__name__}: {exc}",
+                 "type": type(exc).__name__, "sent": None,
+                 "traceback": traceback.format_exception(exc)[-6:]}
+        self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=error, effect_key=ekey)
+        self._stage(self._event("run", "end", "run", payload={"status": "failed", "reason": "bug", "step": step_id,
+                                                              "error": error}))
+        self._flush()
+        raise exc
 
     def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, value: Any, *,
                      decision: str | None, error: dict[str, Any] | None = None, reason: str | None = None,
@@ -453,10 +526,17 @@ class Runner:
                                    decision=decision or "allow", outcome=outcome, result=value, error=error,
                                    effect_key=effect_key))
 
-    def _uncertain(self, step_id: str, call: ToolCall, ekey: str, intent: StepEvent) -> None:
-        evidence = {"tool": call.name, "arguments": call.arguments, "effect_key": ekey,
-                    "intent_seq": intent.seq, "intent_at": intent.created_at, "last_receipt": None}
-        self._stage(self._event(step_id, "uncertain", "tool", name=call.name, fingerprint=intent.fingerprint,
+    def _uncertain(self, step_id: str, call: ToolCall, ekey: str, evidence: dict[str, Any]) -> NoReturn:
+        evidence = {"tool": call.name, "arguments": call.arguments, "effect_key": ekey, "last_receipt": None,
+                    **evidence}
+        self._stage(self._event(step_id, "uncertain", "tool", name=call.name,
+                                fingerprint=fingerprint({"name": call.name, "arguments": call.arguments}),
                                 payload=evidence))
         self._flush()
         raise UncertainEffect(self.run_id, step_id, evidence)
+
+
+def _plus(counters: dict[str, int], name: str, n: int) -> dict[str, int]:
+    if n:
+        counters = {**counters, name: counters.get(name, 0) + n}
+    return counters

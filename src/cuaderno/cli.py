@@ -1,0 +1,229 @@
+"""The ``cuaderno`` command line: look at runs and decide pending approvals.
+
+::
+
+    cuaderno [--db runs.db] list [--status S] [--limit N] [--json]
+    cuaderno [--db runs.db] show RUN [--json] [--no-timeline]
+    cuaderno [--db runs.db] approve RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
+    cuaderno [--db runs.db] deny RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
+
+The command line is a client of the public API only: it reads through the
+:class:`~cuaderno.journal.base.Checkpointer` (``list_runs``, ``checkpoint``, ``load``) and writes
+nothing but what :func:`cuaderno.harness.approve` and :func:`cuaderno.harness.deny` append.
+
+A journal that does not exist is never created: every command needs an existing file. Every
+cuaderno error prints one ``error: ...`` line on stderr and exits with status 2, as do usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, NoReturn
+
+import typer
+from rich.console import Console
+
+import cuaderno.harness as harness
+from cuaderno import _cli_render as render
+from cuaderno.errors import CuadernoError
+from cuaderno.journal.sqlite import SqliteCheckpointer
+
+__all__ = ["ERROR_EXIT", "app", "main"]
+
+ERROR_EXIT: Final = 2
+"""Exit status of every refused command (a cuaderno error, a missing journal, a usage error)."""
+
+DEFAULT_DB: Final = "runs.db"
+
+app = typer.Typer(
+    name="cuaderno",
+    help="Inspect durable agent runs and decide their pending approvals.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    db: Path
+
+
+class _Refused(Exception):
+    """A command refused before touching the journal (missing file and the like)."""
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    db: Annotated[Path, typer.Option("--db", envvar="CUADERNO_DB", metavar="PATH",
+                                     help="The run journal (an existing SQLite file); never created by this command.")]
+    = Path(DEFAULT_DB),
+) -> None:
+    ctx.obj = _Options(db=db)
+
+
+# -- plumbing -----------------------------------------------------------------------------------------
+
+
+def _stdout() -> Console:
+    # Built per command so it binds to the current sys.stdout (test runners swap it). No markup,
+    # emoji codes or highlighting: journal text is shown as the characters it is.
+    return Console(markup=False, emoji=False, highlight=False)
+
+
+def _fail(message: str) -> NoReturn:
+    line = render.clean(" ".join(message.split()))
+    Console(stderr=True, markup=False, emoji=False, highlight=False).print(f"error: {line}", soft_wrap=True)
+    raise typer.Exit(ERROR_EXIT)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Turn every expected failure into one ``error:`` line and exit status 2 (never a traceback)."""
+    try:
+        yield
+    except CuadernoError as exc:
+        _fail(str(exc) or type(exc).__name__)
+    except _Refused as exc:
+        _fail(str(exc))
+    except sqlite3.Error as exc:
+        _fail(f"the journal could not be read: {exc}")
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+
+@contextmanager
+def _store(ctx: typer.Context) -> Iterator[SqliteCheckpointer]:
+    """The journal, opened only if it already exists: opening a missing path would create one."""
+    options: _Options = ctx.obj
+    path = options.db
+    if not path.exists():
+        raise _Refused(f"no journal at {str(path)!r}: the file does not exist "
+                       "(pass --db PATH or set CUADERNO_DB); nothing was created")
+    if path.is_dir():
+        raise _Refused(f"{str(path)!r} is a directory, not a journal file")
+    if path.stat().st_size == 0:
+        raise _Refused(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
+    store = SqliteCheckpointer(path)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=True))
+
+
+# -- commands -----------------------------------------------------------------------------------------
+
+
+@app.command("list")
+def list_runs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option("--status", metavar="STATUS",
+                                               help="Only runs in this status (running, suspended, completed, "
+                                                    "failed, cancelled, needs_human).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List runs, most recently updated first: status, model and tool calls, cost, pending approvals."""
+    with _refusals(), _store(ctx) as store:
+        runs = store.list_runs(status=status, limit=limit)
+    if as_json:
+        _print_json([render.run_summary(cp) for cp in runs])
+        return
+    console = _stdout()
+    if not runs:
+        console.print("no runs" + (f" with status {render.clean(status)!r}" if status else ""), soft_wrap=True)
+        return
+    render.render_runs(console, runs)
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    timeline: Annotated[bool, typer.Option("--timeline/--no-timeline",
+                                           help="Show the journal's events in order.")] = True,
+) -> None:
+    """Show one run: status, versions, counters, cost, pending approvals, uncertain effects, outcome, timeline."""
+    with _refusals(), _store(ctx) as store:
+        cp = store.checkpoint(run)
+        if cp is None:
+            raise _Refused(f"no run {run!r} in {str(ctx.obj.db)!r}")
+        # Read (and hash-check) the whole journal before printing anything: no half output.
+        events = store.load(run) if timeline else None
+    if as_json:
+        _print_json(render.run_detail(cp, events))
+    else:
+        render.render_show(_stdout(), cp, events)
+
+
+_FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cuaderno show`). The decision is "
+                     "refused if the pending call has other arguments. Without it, the call printed here is bound.")
+
+
+def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by: str | None, reason: str | None,
+            *, approved: bool) -> None:
+    verb = "approving" if approved else "denying"
+    console = _stdout()
+    with _refusals(), _store(ctx) as store:
+        pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
+        step_id = render.approval_step(step)
+        entry = pending.get(step_id)
+        if entry is not None:
+            render.render_pending_call(console, run, step_id, entry, verb)
+            if fingerprint is None:
+                # Bind the decision to exactly what was just printed.
+                fingerprint = entry.get("fingerprint")
+        decide = harness.approve if approved else harness.deny
+        event = decide(store, run, step, fingerprint=fingerprint, approver=by, reason=reason)
+    render.render_decision(console, event)
+
+
+@app.command()
+def approve(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
+                                                             "or its tool step id (t0000.tool00).")],
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+) -> None:
+    """Approve a pending tool call; the next resume runs it exactly once."""
+    _decide(ctx, run, step, fingerprint, by, reason, approved=True)
+
+
+@app.command()
+def deny(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
+                                                             "or its tool step id (t0000.tool00).")],
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+) -> None:
+    """Reject a pending tool call; the next resume tells the model it was rejected."""
+    _decide(ctx, run, step, fingerprint, by, reason, approved=False)
+
+
+def main() -> None:
+    """The ``cuaderno`` console script."""
+    app(prog_name="cuaderno")
+
+
+if __name__ == "__main__":
+    main()
