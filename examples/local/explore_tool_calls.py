@@ -4,7 +4,7 @@ Runs a fixed prompt set with ``tool_choice`` "auto" and "required", with and wit
 prompt, counts real tool calls / plain text / empty 200s / HTTP errors, checks what happens after
 a tool result, and prints latencies. The numbers behind ``tests/local_model/FINDINGS.md``.
 
-    .venv/bin/python examples/local/explore_tool_calls.py [--json out.json]
+    .venv/bin/python examples/local/explore_tool_calls.py [--json out.json] [--threads 1]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import openai
 
 from cuaderno.testing.llama_server import LlamaServer
 
-WEATHER_TOOL: dict[str, Any] = {
+WEATHER_TOOL: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -61,12 +61,14 @@ NAMED: dict[str, Any] = {"type": "function", "function": {"name": "get_weather"}
 
 async def call(client: openai.AsyncOpenAI, messages: list[dict[str, Any]], tool_choice: str,
                seed: int) -> tuple[str, float, dict[str, Any] | str]:
-    """One chat completion; ``tool_choice`` "named" forces get_weather by name."""
+    """One chat completion; ``tool_choice`` "named" forces get_weather by name, "omitted" sends none."""
     start = time.monotonic()
+    choice: Any = {"named": NAMED, "omitted": openai.omit}.get(tool_choice, tool_choice)
+    wire: Any = messages
     try:
         raw = await client.chat.completions.with_raw_response.create(
-            model="smollm2-135m-instruct", messages=messages, tools=[WEATHER_TOOL],  # type: ignore[list-item]
-            tool_choice=NAMED if tool_choice == "named" else tool_choice, temperature=0, seed=seed, max_tokens=128)  # type: ignore[arg-type]
+            model="smollm2-135m-instruct", messages=wire, tools=[WEATHER_TOOL], tool_choice=choice, temperature=0,
+            seed=seed, max_tokens=128)
         body = json.loads(await raw.http_response.aread())
         return shape(body), time.monotonic() - start, body
     except openai.APIStatusError as exc:
@@ -75,13 +77,13 @@ async def call(client: openai.AsyncOpenAI, messages: list[dict[str, Any]], tool_
         return f"error_{type(exc).__name__}", time.monotonic() - start, str(exc)[:300]
 
 
-async def main(out: str | None) -> None:
+async def main(out: str | None, threads: int) -> None:
     records: list[dict[str, Any]] = []
-    with LlamaServer() as server:
+    with LlamaServer(n_threads=threads) as server:
         print(f"server up in {server.startup_seconds:.2f} s at {server.base_url} (pid {server.pid})")
         async with openai.AsyncOpenAI(base_url=server.base_url, api_key="local", max_retries=0) as client:
             for system in (True, False):
-                for choice in ("auto", "required", "named"):
+                for choice in ("omitted", "auto", "required", "named"):
                     for kind, prompts in (("weather", WEATHER_PROMPTS), ("other", OTHER_PROMPTS)):
                         for prompt in prompts:
                             messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
@@ -134,5 +136,7 @@ def summary(body: dict[str, Any] | str) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json")
-    asyncio.run(main(parser.parse_args().json))
+    parser.add_argument("--json", help="write every request's record (and raw body) here")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads (1 is faster on a busy 2-core box)")
+    args = parser.parse_args()
+    asyncio.run(main(args.json, args.threads))

@@ -49,7 +49,7 @@ _GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
                ("approvals_requested", "approvals requested"))),
     ("recovery", (("retries", "retries"), ("repairs", "repairs"), ("replans", "replans"),
                   ("reflects", "reflects"), ("escalations", "escalations"))),
-    ("uncertain", (("uncertain", "effects ever uncertain"), ("reconciled", "settled by a lookup"))),
+    ("effects", (("uncertain", "ever uncertain"), ("reconciled", "reconciled by a lookup"))),
 )
 _GROUPED: Final = frozenset(name for _, names in _GROUPS for name, _ in names)
 
@@ -165,17 +165,33 @@ def _cost_text(cp: Checkpoint, *, short: bool) -> str:
 def render_runs(console: Console, runs: Iterable[Checkpoint]) -> None:
     """``cuaderno list``."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("RUN", overflow="fold")
-    table.add_column("STATUS", no_wrap=True)
-    table.add_column("MODEL CALLS", justify="right", no_wrap=True)
-    table.add_column("TOOL CALLS", justify="right", no_wrap=True)
-    table.add_column("COST", overflow="fold")
-    table.add_column("PENDING", justify="right", no_wrap=True)
+    # Narrow terminals fold the run id and the cost rather than drop a column.
+    table.add_column("RUN", overflow="fold", min_width=12)
+    table.add_column("STATUS", overflow="fold", min_width=9)
+    table.add_column("MODEL CALLS", justify="right")
+    table.add_column("TOOL CALLS", justify="right")
+    table.add_column("COST", overflow="fold", min_width=10)
+    table.add_column("PENDING", justify="right")
     for cp in runs:
         status = Text(clean(cp.status), style=_status_style(cp.status))
         table.add_row(Text(clean(cp.run_id)), status, str(cp.count("model_calls")), str(cp.count("tool_calls")),
                       Text(_cost_text(cp, short=True)), str(len(cp.pending)))
-    console.print(table)
+    _print_table(console, table)
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """The table, or one line per row when the terminal is too narrow for it (rich would crop cells)."""
+    if console.measure(table, options=console.options.update_width(1_000_000)).minimum <= console.width:
+        console.print(table)
+        return
+    titles = [str(column.header).lower().replace(" ", "_") for column in table.columns]
+    for row in zip(*(column.cells for column in table.columns), strict=True):
+        line = Text()
+        for title, cell in zip(titles, row, strict=True):
+            value = cell if isinstance(cell, Text) else Text(str(cell))
+            if value.plain:
+                line.append(" " if line else "").append(f"{title}=", style="dim").append(value)
+        console.print(line, soft_wrap=True)
 
 
 def _status_style(status: str) -> str:
@@ -243,11 +259,11 @@ def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("SEQ", justify="right", no_wrap=True)
     for title in ("STEP", "PHASE", "KIND", "NAME", "DECISION"):
-        table.add_column(title, overflow="fold")
+        table.add_column(title, overflow="fold", min_width=4)
     for ev in events:
         table.add_row(str(ev.seq), Text(clean(ev.step_id)), Text(clean(ev.phase)), Text(clean(ev.kind)),
                       Text(clean(ev.name or "")), Text(clean(ev.decision or "")))
-    console.print(table)
+    _print_table(console, table)
 
 
 def render_pending_call(console: Console, run_id: str, step_id: str, entry: dict[str, Any], verb: str) -> None:

@@ -94,7 +94,7 @@ def _refusals() -> Iterator[None]:
     except _Refused as exc:
         _fail(str(exc))
     except sqlite3.Error as exc:
-        _fail(f"the journal could not be read: {exc}")
+        _fail(f"the journal refused the operation: {exc}")
     except BrokenPipeError:
         raise
     except OSError as exc:

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 
-__all__ = ["ENV_VAR", "armed", "in_txn", "point", "set_txn_points"]
+__all__ = ["ENV_VAR", "arm", "armed", "in_txn", "point", "set_txn_points"]
 
 ENV_VAR = "CUADERNO_CRASH_AT"
 
@@ -41,6 +41,13 @@ def _parse(spec: str | None) -> tuple[str, int] | None:
 _TARGET = _parse(os.environ.get(ENV_VAR))
 _hits: dict[str, int] = {}
 _txn_points: tuple[str, ...] = ()
+
+
+def arm(spec: str | None) -> None:
+    """Arm a point (``"tool.K4:1"``) or disarm (``None``) at run time, e.g. in a forked child."""
+    global _TARGET
+    _TARGET = _parse(spec)
+    _hits.clear()
 
 
 def armed() -> bool:

@@ -294,7 +294,7 @@ class LlamaServer:
                 last_error = f"{type(exc).__name__}: {exc}"
             if time.monotonic() >= deadline:
                 raise LlamaServerError(f"the llama.cpp server did not answer {probe} within "
-                                       f"{self.startup_timeout:.0f} s (last: {last_error})")
+                                       f"{self.startup_timeout:g} s (last: {last_error})")
             time.sleep(0.2)
 
     def _kill_and_reap(self) -> None:

@@ -1,0 +1,283 @@
+"""Supervisor for the crash tests: kill a child at a named point, resume, check the world.
+
+The invariants (RELIABILITY.md H5) are checked against records cuaderno did not write: the ledger
+service's receipts, the fake provider's billing log and the idempotent tool's receipt file. The
+journal is used only for what it alone can say (the prefix rule I5, integrity I7).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuaderno import SqliteCheckpointer, approve
+from cuaderno.testing.ledger import read_receipts
+
+WORKLOAD = str(Path(__file__).resolve().parent / "workload.py")
+POINTS = tuple(f"K{i}" for i in range(9))
+KINDS_ALL = ("model", "model_dedup", "tool_idem", "tool_dedup", "tool_lookup", "tool_nodedup", "approval", "final")
+PREFIX = {"model": "model", "model_dedup": "model", "tool_idem": "tool", "tool_dedup": "tool",
+          "tool_lookup": "tool", "tool_nodedup": "tool", "approval": "approval", "final": "final"}
+
+
+@dataclass
+class Case:
+    kind: str
+    point: str
+    seed: int
+    turns: int
+    hit: int
+    second: str | None = None  # a second crash point armed in the first recovery (double fault)
+
+    @property
+    def crash_at(self) -> str:
+        return f"{PREFIX[self.kind]}.{self.point}:{self.hit}"
+
+    @property
+    def run_id(self) -> str:
+        tail = f"-{self.second}" if self.second else ""
+        return f"{self.kind}-{self.point}-s{self.seed}{tail}"
+
+    def replay_command(self) -> str:
+        second = f" --second {self.second}" if self.second else ""
+        return (f"python tests/crash/_sweep.py --kind {self.kind} --point {self.point} --seed {self.seed}{second}")
+
+
+def case_for(kind: str, point: str, seed: int, second: str | None = None) -> Case:
+    """The seed chooses the program (how many tool turns) and which occurrence of the point dies."""
+    import random
+
+    rng = random.Random(f"{kind}:{point}:{seed}")
+    turns = 1 if seed == 0 else rng.randint(1, 3)
+    hit = 1 if seed == 0 else rng.randint(1, turns)
+    return Case(kind=kind, point=point, seed=seed, turns=turns, hit=hit, second=second)
+
+
+@dataclass
+class Outcome:
+    case: Case
+    crashed: bool
+    second_crashed: bool = False
+    status: str = ""
+    passes: int = 0
+    ledger_receipts: int = 0
+    ledger_keys: int = 0
+    tool_calls: int = 0
+    billed: Counter[str] = field(default_factory=Counter)
+    rebilled_journaled: int = 0
+    rebilled_unjournaled: int = 0
+    approvals_written: int = 0
+    evidence: dict[str, Any] | None = None
+    violations: list[str] = field(default_factory=list)
+
+
+def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None) -> tuple[int, int, dict[str, Any]]:
+    """Run the workload in a forked child (a real process: SIGKILL really kills it).
+
+    Forking an already-imported interpreter costs milliseconds where a fresh ``python`` costs
+    half a second, which is what keeps hundreds of kills inside the default test run.
+    ``CUADERNO_CRASH_SUBPROCESS=1`` runs fresh interpreters instead.
+    """
+    argv = ["--db", str(work / "runs.db"), "--run", case.run_id, "--kind", case.kind, "--turns", str(case.turns),
+            "--work", str(work)]
+    if ledger:
+        argv += ["--ledger", ledger]
+    if os.environ.get("CUADERNO_CRASH_SUBPROCESS"):
+        return _subprocess_child(case, argv, crash_at)
+    import multiprocessing
+
+    import workload
+
+    result_path = work / "result.json"
+    result_path.unlink(missing_ok=True)
+    proc = multiprocessing.get_context("fork").Process(target=workload.run_forked,
+                                                       args=(argv, crash_at, str(result_path)))
+    proc.start()
+    proc.join(60)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"child hung for {case}")
+    rc = proc.exitcode
+    if rc == 0:
+        result = json.loads(result_path.read_text())
+        return 0, int(result["pid"]), result
+    if rc == -9:
+        return -9, int(proc.pid or -1), {}
+    raise AssertionError(f"child failed (rc={rc}) for {case}")
+
+
+def _subprocess_child(case: Case, argv: list[str], crash_at: str | None) -> tuple[int, int, dict[str, Any]]:
+    env = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
+    if crash_at:
+        env["CUADERNO_CRASH_AT"] = crash_at
+    proc = subprocess.run([sys.executable, WORKLOAD, *argv], env=env, capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    pid = int(lines[0].split("=")[1]) if lines and lines[0].startswith("pid=") else -1
+    result: dict[str, Any] = {}
+    if proc.returncode == 0:
+        result = json.loads(lines[-1])
+    elif proc.returncode != -9:
+        raise AssertionError(f"child failed (rc={proc.returncode}) for {case}:\n{proc.stdout}\n{proc.stderr}")
+    return proc.returncode, pid, result
+
+
+def _journal_rows(db: Path, run_id: str) -> list[tuple[str, str, str]]:
+    if not db.exists():
+        return []
+    con = sqlite3.connect(db)
+    try:
+        has = con.execute("SELECT 1 FROM sqlite_master WHERE name='cuaderno_events'").fetchone()
+        if not has:
+            return []
+        rows = con.execute("SELECT step_id, phase, row_hash FROM cuaderno_events WHERE run_id=? ORDER BY seq",
+                           (run_id,)).fetchall()
+    finally:
+        con.close()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def _journaled_keys(db: Path, run_id: str) -> set[str]:
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT payload FROM cuaderno_events WHERE run_id=? AND kind='model' AND phase='result'",
+                           (run_id,)).fetchall()
+    finally:
+        con.close()
+    return {json.loads(r[0])["key"] for r in rows}
+
+
+def _integrity(db: Path) -> str:
+    con = sqlite3.connect(db)
+    try:
+        return str(con.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        con.close()
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
+    """Kill, recover (approving when asked), then check every invariant."""
+    work.mkdir(parents=True, exist_ok=True)
+    db = work / "runs.db"
+    ledger = ledgers.get({"tool_dedup": "dedup", "approval": "dedup", "tool_lookup": "nodedup",
+                          "tool_nodedup": "nodedup"}.get(case.kind, ""), None)
+    url = ledger.url if ledger is not None else None
+    rc, pid1, result = _child(case, work, url, case.crash_at)
+    out = Outcome(case=case, crashed=rc == -9)
+    before = _journal_rows(db, case.run_id)
+    keys_before = _journaled_keys(db, case.run_id) if before else set()
+    recovery_pids: list[int] = []
+    second = case.second
+    for attempt in range(8):
+        status = result.get("status")
+        if status in ("completed", "needs_human"):
+            break
+        if status == "suspended":
+            with SqliteCheckpointer(db) as store:
+                for step_id in list((store.checkpoint(case.run_id) or _never()).pending):
+                    approve(store, case.run_id, step_id, approver="crash-test")
+                    out.approvals_written += 1
+        crash_at = None
+        if second and attempt == 0:
+            crash_at = f"{PREFIX[case.kind]}.{second}:1" if second.startswith("K") else f"recovery.{second}:1"
+        rc, pid, result = _child(case, work, url, crash_at)
+        recovery_pids.append(pid)
+        if crash_at and rc == -9:
+            out.second_crashed = True
+        out.passes += 1
+    out.status = str(result.get("status"))
+    out.evidence = result.get("evidence")
+    after = _journal_rows(db, case.run_id)
+
+    # I5: what was on disk after the crash is a prefix of the final journal, row for row.
+    if after[: len(before)] != before:
+        out.violations.append("I5: the journal after recovery does not extend the journal before it")
+    # I7
+    if (check := _integrity(db)) != "ok":
+        out.violations.append(f"I7: integrity_check: {check}")
+    # I1 / I3: effects, from the ledger's own receipts.
+    if ledger is not None:
+        receipts = read_receipts(ledger.db_path, business_id=case.run_id)
+        out.ledger_receipts = len(receipts)
+        per_key = Counter(r["key"] for r in receipts)
+        out.ledger_keys = len(per_key)
+        if any(n > 1 for n in per_key.values()):
+            out.violations.append(f"I1: an effect was applied twice: {dict(per_key)}")
+        if out.status == "completed" and len(per_key) != case.turns:
+            out.violations.append(f"completed with {len(per_key)} effects for {case.turns} intents")
+        if out.status == "needs_human":
+            if case.kind != "tool_nodedup":
+                out.violations.append("I3: uncertain although the service deduplicates or offers a lookup")
+            if not (out.evidence and out.evidence.get("effect_key")):
+                out.violations.append("I3: uncertain without evidence")
+    elif out.status != "completed":
+        out.violations.append(f"run ended {out.status}")
+    # Idempotent local tool: repeats allowed only for a call whose result was not journaled.
+    notes = [r for r in _read_lines(work / "tool.jsonl") if r.get("run") == case.run_id]
+    out.tool_calls = len(notes)
+    if case.kind in ("model", "model_dedup", "tool_idem") and len(notes) > case.turns + 1:
+        out.violations.append(f"idempotent tool ran {len(notes)} times for {case.turns} calls")
+    # I2 / I4: billing from the provider's log.
+    billing = _read_lines(work / "billing.jsonl")
+    out.billed = Counter(r["key"] for r in billing)
+    for r in billing:
+        if r["pid"] in recovery_pids and r["key"] in keys_before:
+            out.rebilled_journaled += 1
+    out.rebilled_unjournaled = sum(n - 1 for n in out.billed.values() if n > 1)
+    if out.rebilled_journaled:
+        out.violations.append(f"I2: {out.rebilled_journaled} model calls with a journaled response were billed again")
+    if case.kind == "model_dedup" and out.rebilled_unjournaled:
+        out.violations.append("I4: a deduplicating provider billed a key twice")
+    if case.kind == "approval" and out.approvals_written > case.turns:
+        out.violations.append("an approval was asked for twice")
+    if out.status not in ("completed", "needs_human"):
+        out.violations.append(f"did not finish after {out.passes} recoveries: {out.status}")
+    return out
+
+
+def _never() -> Any:
+    raise AssertionError("the run vanished")
+
+
+def summarize(outcomes: list[Outcome]) -> str:
+    crashes = sum(o.crashed for o in outcomes) + sum(o.second_crashed for o in outcomes)
+    dup = sum(1 for o in outcomes if any("I1" in v for v in o.violations))
+    uncertain = [o for o in outcomes if o.status == "needs_human"]
+    at = Counter(o.case.point for o in uncertain)
+    rebilled = sum(o.rebilled_unjournaled for o in outcomes)
+    return (f"{len(outcomes)} cases, {crashes} SIGKILLs: {dup} duplicated effects, "
+            f"{sum(o.rebilled_journaled for o in outcomes)} re-billed journaled calls, "
+            f"{rebilled} re-billed unjournaled (in-flight) calls, {len(uncertain)} uncertain "
+            f"(at {dict(sorted(at.items()))}, kinds {sorted({o.case.kind for o in uncertain})}), "
+            f"{sum(1 for o in outcomes if o.violations)} cases with violations")
+
+
+if __name__ == "__main__":  # replay one case from its seed
+    import argparse
+    import tempfile
+
+    from cuaderno.testing.ledger import LedgerProcess
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", required=True)
+    ap.add_argument("--point", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--second", default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d, LedgerProcess(Path(d) / "dedup.db", mode="dedup") as ld, \
+            LedgerProcess(Path(d) / "nodedup.db", mode="nodedup") as ln:
+        o = run_case(case_for(a.kind, a.point, a.seed, a.second), Path(d) / "w", {"dedup": ld, "nodedup": ln})
+        print(o)

@@ -1,0 +1,47 @@
+"""Collects the crash tests' figures from every xdist worker and prints them at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPORT = Path(os.environ.get("CUADERNO_REPORT_DIR", Path(__file__).resolve().parents[2] / ".pytest_cache")) / \
+    "cuaderno-crash-report.jsonl"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        REPORT.parent.mkdir(parents=True, exist_ok=True)
+        REPORT.unlink(missing_ok=True)
+
+
+def record(figures: dict[str, Any]) -> None:
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    with REPORT.open("a") as f:
+        f.write(json.dumps(figures) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not REPORT.exists():
+        return
+    rows = [json.loads(line) for line in REPORT.read_text().splitlines() if line.strip()]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["test"], []).append(r)
+    terminalreporter.section("cuaderno crash figures")
+    for test, rs in sorted(by.items()):
+        kills = sum(r["kills"] for r in rs)
+        uncertain = [r for r in rs if r["status"] == "needs_human"]
+        points = sorted({r["point"] for r in uncertain})
+        kinds = sorted({r["kind"] for r in uncertain})
+        terminalreporter.write_line(
+            f"{test}: {len(rs)} cases, {kills} SIGKILLs, {sum(r['duplicated'] for r in rs)} duplicated effects, "
+            f"{sum(r['rebilled_journaled'] for r in rs)} re-billed journaled calls, "
+            f"{sum(r['rebilled_in_flight'] for r in rs)} re-billed in-flight calls, "
+            f"{len(uncertain)} uncertain (points {points}, kinds {kinds}), "
+            f"{sum(r['not_reached'] for r in rs)} points not on this kind's path, "
+            f"{sum(r['violations'] for r in rs)} violations")

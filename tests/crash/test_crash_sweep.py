@@ -1,0 +1,67 @@
+"""R1 (SQLite half) and R3: SIGKILL at every named point of every step kind, then recover.
+
+Default: every kind x K0-K8 with seed 0 (the PR tier), plus double faults on three kinds.
+``CUADERNO_SOAK=1`` runs 20 seeds per case (the seed picks the program and which occurrence of
+the point dies); ``CUADERNO_SOAK_SEEDS=N`` sets another count. Each failure names its seed and a
+command that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _sweep import KINDS_ALL, POINTS, Outcome, case_for, run_case
+from conftest import record
+
+from cuaderno.testing.ledger import LedgerProcess
+
+SEEDS = range(int(os.environ.get("CUADERNO_SOAK_SEEDS", "20")) if os.environ.get("CUADERNO_SOAK") else 1)
+
+
+def report(test: str, o: Outcome) -> None:
+    record({"test": test, "kind": o.case.kind, "point": o.case.point, "status": o.status,
+            "kills": int(o.crashed) + int(o.second_crashed), "not_reached": int(not o.crashed),
+            "duplicated": int(any("I1" in v for v in o.violations)), "rebilled_journaled": o.rebilled_journaled,
+            "rebilled_in_flight": o.rebilled_unjournaled, "violations": len(o.violations)})
+
+
+@pytest.fixture(scope="module")
+def ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("ledgers")
+    with LedgerProcess(d / "dedup.db", mode="dedup") as dedup, LedgerProcess(d / "nodedup.db", mode="nodedup") as nd:
+        yield {"dedup": dedup, "nodedup": nd}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("kind", KINDS_ALL)
+def test_kill_at_every_point(kind: str, point: str, seed: int, ledgers: dict[str, Any], tmp_path: Path) -> None:
+    case = case_for(kind, point, seed)
+    outcome = run_case(case, tmp_path, ledgers)
+    report("R1 kill at every point (SQLite)", outcome)
+    assert not outcome.violations, f"{outcome.violations}\nreplay: {case.replay_command()}"
+    if kind == "tool_nodedup" and outcome.status == "needs_human":
+        assert outcome.ledger_receipts <= 1
+    if kind != "tool_nodedup":
+        assert outcome.status == "completed", f"replay: {case.replay_command()}"
+
+
+DOUBLE = [(k, p, s) for k in ("model", "tool_lookup", "tool_dedup") for p in ("K2", "K4", "K5")
+          for s in ("R0", "R1", "R2", "R3", p)]
+
+
+@pytest.mark.parametrize(("kind", "point", "second"), DOUBLE)
+def test_double_fault_during_recovery(kind: str, point: str, second: str, ledgers: dict[str, Any],
+                                      tmp_path: Path) -> None:
+    case = case_for(kind, point, 0, second)
+    outcome = run_case(case, tmp_path, ledgers)
+    report("R3 double fault during recovery (SQLite)", outcome)
+    assert outcome.crashed
+    assert not outcome.violations, f"{outcome.violations}\nreplay: {case.replay_command()}"
+    assert outcome.status == "completed"
+
+
