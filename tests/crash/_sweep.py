@@ -175,77 +175,83 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     ledger = ledgers.get({"tool_dedup": "dedup", "approval": "dedup", "tool_lookup": "nodedup",
                           "tool_nodedup": "nodedup"}.get(case.kind, ""), None)
     url = ledger.url if ledger is not None else None
-    rc, pid1, result = _child(case, work, url, case.crash_at)
+    rc, _, result = _child(case, work, url, case.crash_at)
     out = Outcome(case=case, crashed=rc == -9)
     before = _journal_rows(db, case.run_id)
     keys_before = _journaled_keys(db, case.run_id) if before else set()
-    recovery_pids: list[int] = []
-    second = case.second
-    for attempt in range(8):
-        status = result.get("status")
-        if status in ("completed", "needs_human"):
-            break
-        if status == "suspended":
-            with SqliteCheckpointer(db) as store:
-                for step_id in list((store.checkpoint(case.run_id) or _never()).pending):
-                    approve(store, case.run_id, step_id, approver="crash-test")
-                    out.approvals_written += 1
-        crash_at = None
-        if second and attempt == 0:
-            crash_at = f"{PREFIX[case.kind]}.{second}:1" if second.startswith("K") else f"recovery.{second}:1"
-        rc, pid, result = _child(case, work, url, crash_at)
-        recovery_pids.append(pid)
-        if crash_at and rc == -9:
-            out.second_crashed = True
-        out.passes += 1
-    out.status = str(result.get("status"))
-    out.evidence = result.get("evidence")
+    recovery_pids = _recover(case, work, url, db, result, out)
     after = _journal_rows(db, case.run_id)
-
-    # I5: what was on disk after the crash is a prefix of the final journal, row for row.
-    if after[: len(before)] != before:
+    if after[: len(before)] != before:  # I5: the journal only grows
         out.violations.append("I5: the journal after recovery does not extend the journal before it")
-    # I7
-    if (check := _integrity(db)) != "ok":
+    if (check := _integrity(db)) != "ok":  # I7
         out.violations.append(f"I7: integrity_check: {check}")
-    # I1 / I3: effects, from the ledger's own receipts.
     if ledger is not None:
-        receipts = read_receipts(ledger.db_path, business_id=case.run_id)
-        out.ledger_receipts = len(receipts)
-        per_key = Counter(r["key"] for r in receipts)
-        out.ledger_keys = len(per_key)
-        if any(n > 1 for n in per_key.values()):
-            out.violations.append(f"I1: an effect was applied twice: {dict(per_key)}")
-        if out.status == "completed" and len(per_key) != case.turns:
-            out.violations.append(f"completed with {len(per_key)} effects for {case.turns} intents")
-        if out.status == "needs_human":
-            if case.kind != "tool_nodedup":
-                out.violations.append("I3: uncertain although the service deduplicates or offers a lookup")
-            if not (out.evidence and out.evidence.get("effect_key")):
-                out.violations.append("I3: uncertain without evidence")
+        _check_effects(case, ledger.db_path, out)
     elif out.status != "completed":
         out.violations.append(f"run ended {out.status}")
-    # Idempotent local tool: repeats allowed only for a call whose result was not journaled.
     notes = [r for r in _read_lines(work / "tool.jsonl") if r.get("run") == case.run_id]
     out.tool_calls = len(notes)
     if case.kind in ("model", "model_dedup", "tool_idem") and len(notes) > case.turns + 1:
         out.violations.append(f"idempotent tool ran {len(notes)} times for {case.turns} calls")
-    # I2 / I4: billing from the provider's log.
-    billing = _read_lines(work / "billing.jsonl")
-    out.billed = Counter(r["key"] for r in billing)
-    for r in billing:
-        if r["pid"] in recovery_pids and r["key"] in keys_before:
-            out.rebilled_journaled += 1
-    out.rebilled_unjournaled = sum(n - 1 for n in out.billed.values() if n > 1)
-    if out.rebilled_journaled:
-        out.violations.append(f"I2: {out.rebilled_journaled} model calls with a journaled response were billed again")
-    if case.kind == "model_dedup" and out.rebilled_unjournaled:
-        out.violations.append("I4: a deduplicating provider billed a key twice")
+    _check_billing(case, work, keys_before, recovery_pids, out)
     if case.kind == "approval" and out.approvals_written > case.turns:
         out.violations.append("an approval was asked for twice")
     if out.status not in ("completed", "needs_human"):
         out.violations.append(f"did not finish after {out.passes} recoveries: {out.status}")
     return out
+
+
+def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str, Any], out: Outcome) -> list[int]:
+    """Resume until the run ends, approving pending steps like a person would."""
+    pids: list[int] = []
+    for attempt in range(8):
+        if result.get("status") in ("completed", "needs_human"):
+            break
+        if result.get("status") == "suspended":
+            with SqliteCheckpointer(db) as store:
+                for step_id in list((store.checkpoint(case.run_id) or _never()).pending):
+                    approve(store, case.run_id, step_id, approver="crash-test")
+                    out.approvals_written += 1
+        crash_at = None
+        if case.second and attempt == 0:
+            prefix = PREFIX[case.kind] if case.second.startswith("K") else "recovery"
+            crash_at = f"{prefix}.{case.second}:1"
+        rc, pid, result = _child(case, work, url, crash_at)
+        pids.append(pid)
+        out.second_crashed = out.second_crashed or (crash_at is not None and rc == -9)
+        out.passes += 1
+    out.status = str(result.get("status"))
+    out.evidence = result.get("evidence")
+    return pids
+
+
+def _check_effects(case: Case, ledger_db: Path, out: Outcome) -> None:
+    """I1 and I3, from the ledger's own receipts."""
+    receipts = read_receipts(ledger_db, business_id=case.run_id)
+    out.ledger_receipts = len(receipts)
+    per_key = Counter(r["key"] for r in receipts)
+    out.ledger_keys = len(per_key)
+    if any(n > 1 for n in per_key.values()):
+        out.violations.append(f"I1: an effect was applied twice: {dict(per_key)}")
+    if out.status == "completed" and len(per_key) != case.turns:
+        out.violations.append(f"completed with {len(per_key)} effects for {case.turns} intents")
+    if out.status == "needs_human":
+        if case.kind != "tool_nodedup":
+            out.violations.append("I3: uncertain although the service deduplicates or offers a lookup")
+        if not (out.evidence and out.evidence.get("effect_key")):
+            out.violations.append("I3: uncertain without evidence")
+
+
+def _check_billing(case: Case, work: Path, keys_before: set[str], recovery_pids: list[int], out: Outcome) -> None:
+    """I2 and I4, from the provider's billing log."""
+    billing = _read_lines(work / "billing.jsonl")
+    out.billed = Counter(r["key"] for r in billing)
+    out.rebilled_journaled = sum(1 for r in billing if r["pid"] in recovery_pids and r["key"] in keys_before)
+    out.rebilled_unjournaled = sum(n - 1 for n in out.billed.values() if n > 1)
+    if out.rebilled_journaled:
+        out.violations.append(f"I2: {out.rebilled_journaled} model calls with a journaled response were billed again")
+    if case.kind == "model_dedup" and out.rebilled_unjournaled:
+        out.violations.append("I4: a deduplicating provider billed a key twice")
 
 
 def _never() -> Any:

@@ -1,0 +1,392 @@
+"""The ``cuaderno`` command line, on journals built event by event in a temporary SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from cuaderno.checkpoint import COUNTERS, Checkpoint
+from cuaderno.cli import app
+from cuaderno.events import StepEvent
+from cuaderno.journal.sqlite import SqliteCheckpointer
+
+FP = "fp-3f9a0c1d2e4b5a6c"
+ARGS = {"amount": 100, "to": "acct-9", "memo": "rent"}
+APPROVAL = "t0000.tool00.approval"
+VERSIONS = {"schema": 1, "loop": "loop-2", "policy": "policy-7"}
+
+
+# -- building journals ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "runs.db"
+
+
+@pytest.fixture
+def store(db: Path) -> Iterator[SqliteCheckpointer]:
+    s = SqliteCheckpointer(db)
+    yield s
+    s.close()
+
+
+def start(run_id: str, versions: dict[str, Any] | None = None) -> StepEvent:
+    return StepEvent(run_id=run_id, step_id="run", phase="start", kind="run", fingerprint="f",
+                     payload={"task": "t", "versions": VERSIONS if versions is None else versions})
+
+
+def model_result(run_id: str, turn: int, *, cost: float | None, counters: dict[str, int] | None = None) -> StepEvent:
+    payload: dict[str, Any] = {"response": {"usage": {"input_tokens": 11, "output_tokens": 7}, "cost": cost}}
+    if counters:
+        payload["counters"] = counters
+    return StepEvent(run_id=run_id, step_id=f"t{turn:04d}.model", phase="result", kind="model",
+                     fingerprint=f"m{turn}", payload=payload)
+
+
+def approval_request(run_id: str, *, step: str = APPROVAL, fingerprint: str = FP,
+                     arguments: dict[str, Any] | None = None, tool: str = "transfer") -> StepEvent:
+    return StepEvent(run_id=run_id, step_id=step, phase="request", kind="approval", name=tool,
+                     decision="require_approval", fingerprint=fingerprint,
+                     payload={"tool_step": step.removesuffix(".approval"),
+                              "arguments": ARGS if arguments is None else arguments})
+
+
+def final(run_id: str) -> StepEvent:
+    return StepEvent(run_id=run_id, step_id="final", phase="result", kind="final", payload={"answer": "paid"})
+
+
+def suspended_run(store: SqliteCheckpointer, run_id: str = "r-pay") -> str:
+    """A run with one unpriced and one priced model call, recovery counters, and one pending approval."""
+    store.append([start(run_id)])
+    store.append([model_result(run_id, 0, cost=None,
+                               counters={"retries": 1, "repairs": 2, "replans": 3, "reflects": 4})])
+    store.append([model_result(run_id, 1, cost=0.0042)])
+    store.append([StepEvent(run_id=run_id, step_id="run", phase="counters", kind="run",
+                            payload={"counters": {"escalations": 5}})])
+    store.append([approval_request(run_id)])
+    return run_id
+
+
+def journal(db: Path, run_id: str) -> tuple[list[StepEvent], Checkpoint]:
+    """The run's events and checkpoint, read through a fresh connection."""
+    with SqliteCheckpointer(db) as s:
+        events = s.load(run_id)
+        cp = s.checkpoint(run_id)
+    assert cp is not None
+    return events, cp
+
+
+# -- running the command line -----------------------------------------------------------------------
+
+
+def cli(db: Path | None, *args: str, env: dict[str, str] | None = None) -> Result:
+    argv = (["--db", str(db)] if db is not None else []) + list(args)
+    result = CliRunner(env={"COLUMNS": "160", **(env or {})}).invoke(app, argv, prog_name="cuaderno")
+    # Every outcome is a clean exit: no exception escapes, never a traceback.
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    return result
+
+
+def refused(result: Result, *needles: str) -> None:
+    """Exit status 2 with exactly one ``error:`` line on stderr."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# -- list ---------------------------------------------------------------------------------------------
+
+
+def test_list_shows_runs_newest_first(db: Path, store: SqliteCheckpointer) -> None:
+    suspended_run(store, "r-old")
+    store.append([start("r-new"), model_result("r-new", 0, cost=0.25), final("r-new")])
+
+    result = cli(db, "list")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.startswith("r-")]
+    assert [line.split()[0] for line in lines] == ["r-new", "r-old"]
+    new, old = (line.split() for line in lines)
+    assert new[1:4] == ["completed", "1", "0"] and "$0.250000" in lines[0] and new[-1] == "0"
+    assert old[1:4] == ["suspended", "2", "0"] and old[-1] == "1"
+    # One call had no price: the cost says so instead of showing only the priced part.
+    assert ">= $0.004200, unpriced: 1" in lines[1]
+
+
+def test_list_json_shape_status_and_limit(db: Path, store: SqliteCheckpointer) -> None:
+    suspended_run(store, "r-a")
+    store.append([start("r-b"), model_result("r-b", 0, cost=None), final("r-b")])
+
+    rows = json.loads(cli(db, "list", "--json").stdout)
+    assert [r["run_id"] for r in rows] == ["r-b", "r-a"]
+    assert set(rows[0]) == {"run_id", "status", "next_step", "model_calls", "tool_calls", "cost",
+                            "pending_approvals", "uncertain"}
+    assert rows[0]["cost"] == {"usd": 0.0, "calls_paid": 0, "unpriced_calls": 1, "complete": False}
+    assert rows[1]["pending_approvals"] == 1 and rows[1]["status"] == "suspended"
+    assert rows[1]["cost"] == {"usd": 0.0042, "calls_paid": 1, "unpriced_calls": 1, "complete": False}
+
+    only = json.loads(cli(db, "list", "--status", "suspended", "--json").stdout)
+    assert [r["run_id"] for r in only] == ["r-a"]
+    assert len(json.loads(cli(db, "list", "--limit", "1", "--json").stdout)) == 1
+    assert json.loads(cli(db, "list", "--status", "failed", "--json").stdout) == []
+    assert "no runs with status 'failed'" in cli(db, "list", "--status", "failed").stdout
+
+
+def test_unpriced_only_is_never_shown_as_zero_cost(db: Path, store: SqliteCheckpointer) -> None:
+    store.append([start("r-free"), model_result("r-free", 0, cost=None)])
+    listed = cli(db, "list").stdout
+    assert "unpriced: 1" in listed and "$0.000000" not in listed
+    shown = cli(db, "show", "r-free").stdout
+    cost_line = next(line for line in shown.splitlines() if line.strip().startswith("cost"))
+    assert "unpriced: 1" in cost_line and "$0" in cost_line and "not $0" in cost_line
+
+
+def test_narrow_terminal_never_crops(db: Path, store: SqliteCheckpointer) -> None:
+    run = "run-" + "x" * 60
+    store.append([start(run), model_result(run, 0, cost=0.123456), approval_request(run)])
+    for args in (("list",), ("show", run)):
+        out = cli(db, *args, env={"COLUMNS": "40"}).stdout
+        assert run in out and "$0.123456" in out
+    assert f"seq=3 step={APPROVAL} phase=request kind=approval name=transfer decision=require_approval" in out
+
+
+# -- show ---------------------------------------------------------------------------------------------
+
+
+def test_show_human(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    result = cli(db, "show", run)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "suspended" in out
+    assert "schema=1, loop=loop-2, policy=policy-7" in out
+    # Each recovery counter on its own, never lumped together.
+    for label in ("retries 1", "repairs 2", "replans 3", "reflects 4", "escalations 5"):
+        assert label in out
+    for label in ("calls 2", "possibly billed twice 0", "calls paid 1", "unpriced 1", "input 22", "output 14"):
+        assert label in out
+    assert "at least $0.004200 for 1 priced call(s), unpriced: 1 call(s) not included" in out
+    # The pending approval: tool, exact arguments and the fingerprint they are bound to.
+    assert APPROVAL in out and "tool transfer" in out
+    assert json.dumps(ARGS) in out and FP in out
+    assert f"cuaderno approve|deny {run} {APPROVAL} --fingerprint {FP}" in out
+    # The timeline: seq, step, phase, kind, name, decision.
+    assert "Timeline: 5 event(s)" in out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["5"])
+    assert row.split() == ["5", APPROVAL, "request", "approval", "transfer", "require_approval"]
+
+    hidden = cli(db, "show", run, "--no-timeline").stdout
+    assert "Timeline" not in hidden and "require_approval" not in hidden and FP in hidden
+
+
+def test_show_json_shape(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    data = json.loads(cli(db, "show", run, "--json").stdout)
+    assert set(data) == {"run_id", "status", "open", "next_step", "last_seq", "epoch", "versions",
+                         "task_fingerprint", "counters", "cost", "pending_approvals", "uncertain", "outcome",
+                         "timeline"}
+    assert data["status"] == "suspended" and data["open"] is True and data["versions"] == VERSIONS
+    assert set(COUNTERS) <= set(data["counters"])
+    assert {k: data["counters"][k] for k in ("retries", "repairs", "replans", "reflects", "escalations")} == \
+        {"retries": 1, "repairs": 2, "replans": 3, "reflects": 4, "escalations": 5}
+    assert data["cost"] == {"usd": 0.0042, "calls_paid": 1, "unpriced_calls": 1, "complete": False}
+    assert data["pending_approvals"] == [{"step_id": APPROVAL, "tool": "transfer", "fingerprint": FP,
+                                          "tool_step": "t0000.tool00", "arguments": ARGS}]
+    assert [e["seq"] for e in data["timeline"]] == [1, 2, 3, 4, 5]
+    assert data["timeline"][-1] | {"created_at": 0} == {
+        "seq": 5, "step_id": APPROVAL, "phase": "request", "kind": "approval", "name": "transfer",
+        "decision": "require_approval", "fingerprint": FP, "created_at": 0}
+
+    assert "timeline" not in json.loads(cli(db, "show", run, "--json", "--no-timeline").stdout)
+
+
+def test_show_uncertain_evidence_and_outcome(db: Path, store: SqliteCheckpointer) -> None:
+    evidence = {"tool": "transfer", "effect_key": "ek-77", "last_receipt": None}
+    store.append([start("r-u"), StepEvent(run_id="r-u", step_id="t0000.tool00", phase="uncertain", kind="tool",
+                                          name="transfer", payload=evidence)])
+    out = cli(db, "show", "r-u").stdout
+    assert "needs_human" in out and "Uncertain effects: 1" in out
+    assert "t0000.tool00  tool transfer" in out and json.dumps(evidence) in out
+    assert json.loads(cli(db, "show", "r-u", "--json").stdout)["uncertain"] == {"t0000.tool00": evidence}
+
+    store.append([start("r-done"), final("r-done")])
+    done = cli(db, "show", "r-done").stdout
+    assert "completed" in done and '"answer": "paid"' in done
+
+
+def test_journal_text_cannot_drive_the_terminal(db: Path, store: SqliteCheckpointer) -> None:
+    hostile = {"to": "acct\u202e9", "memo": "[bold red]ok[/] :warning: \x1b[2J\rdone", "who": "José"}
+    store.append([start("r-h"), approval_request("r-h", arguments=hostile)])
+    for args in (("show", "r-h"), ("approve", "r-h", APPROVAL)):
+        out = cli(db, *args).stdout
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+        assert "\\u001b[2J\\rdone" in out and "acct\\u202e9" in out
+        assert "[bold red]ok[/] :warning:" in out and "José" in out
+    # Non-ASCII arguments are also shown escaped, so look-alike letters cannot pass for others.
+    assert "Jos\\u00e9" in out
+
+
+def test_show_corrupt_journal_and_newer_schema(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    store.close()
+    with closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute("UPDATE cuaderno_events SET payload=? WHERE run_id=? AND seq=2", (b'{"response":null}', run))
+    refused(cli(db, "show", run), "altered")
+    assert cli(db, "show", run, "--no-timeline").exit_code == 0  # the checkpoint is still readable
+
+    with closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute("UPDATE cuaderno_meta SET value='99' WHERE key='schema_version'")
+    refused(cli(db, "list"), "schema version 99")
+
+
+# -- approve / deny -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", [APPROVAL, "t0000.tool00"])
+def test_approve_writes_one_decision(db: Path, store: SqliteCheckpointer, step: str) -> None:
+    run = suspended_run(store)
+    before, _ = journal(db, run)
+
+    result = cli(db, "approve", run, step, "--by", "alice", "--reason", "invoice 12")
+    assert result.exit_code == 0, result.output
+    # What is approved is printed first: the tool, its exact arguments and their fingerprint.
+    out = result.stdout
+    assert out.index("transfer") < out.index('"amount": 100') < out.index(FP) < out.index("approved by alice")
+
+    after, cp = journal(db, run)
+    assert len(after) == len(before) + 1
+    ev = after[-1]
+    assert (ev.step_id, ev.phase, ev.kind, ev.name, ev.decision, ev.fingerprint) == \
+        (APPROVAL, "decision", "approval", "transfer", "approved", FP)
+    assert ev.payload == {"approver": "alice", "reason": "invoice 12", "tool_step": "t0000.tool00"}
+    assert cp.pending == {} and cp.status == "running"
+    assert json.loads(cli(db, "show", run, "--json").stdout)["pending_approvals"] == []
+
+    # Deciding again is refused and writes nothing.
+    refused(cli(db, "approve", run, step), "not waiting")
+    assert len(journal(db, run)[0]) == len(after)
+
+
+def test_approve_with_matching_fingerprint(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    assert cli(db, "approve", run, APPROVAL, "--fingerprint", FP).exit_code == 0
+    assert journal(db, run)[0][-1].decision == "approved"
+
+
+def test_deny_writes_rejected(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    result = cli(db, "deny", run, APPROVAL, "--by", "bob", "--reason", "wrong account")
+    assert result.exit_code == 0, result.output
+    assert "denying" in result.stdout and "rejected by bob" in result.stdout
+    events, cp = journal(db, run)
+    assert events[-1].decision == "rejected" and events[-1].phase == "decision"
+    assert events[-1].payload["reason"] == "wrong account"
+    assert cp.pending == {}
+
+
+def test_wrong_fingerprint_writes_nothing(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    before, _ = journal(db, run)
+    for verb in ("approve", "deny"):
+        refused(cli(db, verb, run, APPROVAL, "--fingerprint", "fp-other"), "fp-other")
+    after, cp = journal(db, run)
+    assert len(after) == len(before) and APPROVAL in cp.pending and cp.status == "suspended"
+
+
+def test_refusals_write_nothing(db: Path, store: SqliteCheckpointer) -> None:
+    run = suspended_run(store)
+    store.append([start("r-closed"), approval_request("r-closed"), final("r-closed")])
+    counts = {r: len(journal(db, r)[0]) for r in (run, "r-closed")}
+
+    refused(cli(db, "approve", run, "t0001.tool00"), "not waiting", APPROVAL)  # a step not waiting
+    refused(cli(db, "deny", run, "t0000.model"), "not waiting")
+    refused(cli(db, "approve", "r-nope", APPROVAL), "no run 'r-nope'")  # an unknown run
+    refused(cli(db, "show", "r-nope"), "no run 'r-nope'")
+    refused(cli(db, "approve", "r-closed", APPROVAL), "already ended (completed)")  # a closed run
+    refused(cli(db, "deny", "r-closed", APPROVAL), "already ended")
+
+    assert {r: len(journal(db, r)[0]) for r in counts} == counts
+    with SqliteCheckpointer(db) as s:
+        assert [cp.run_id for cp in s.list_runs()] == ["r-closed", run]
+
+
+# -- the journal file ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("list",), ("show", "r"), ("approve", "r", APPROVAL), ("deny", "r", APPROVAL)])
+def test_missing_journal_is_not_created(tmp_path: Path, args: tuple[str, ...]) -> None:
+    missing = tmp_path / "nope.db"
+    refused(cli(missing, *args), "does not exist", "nope.db")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_and_env_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    refused(cli(None, "list"), "'runs.db'")  # the default path, relative to the working directory
+    assert list(tmp_path.iterdir()) == []
+
+    other = tmp_path / "other.db"
+    with SqliteCheckpointer(other) as s:
+        suspended_run(s, "r-env")
+    rows = json.loads(cli(None, "list", "--json", env={"CUADERNO_DB": str(other)}).stdout)
+    assert [r["run_id"] for r in rows] == ["r-env"]
+
+
+def test_files_that_are_not_journals(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    refused(cli(empty, "list"), "empty")
+    assert empty.stat().st_size == 0
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database, not at all\n" * 100)
+    refused(cli(text, "list"), "not a readable cuaderno journal")
+    refused(cli(tmp_path, "list"), "directory")
+
+
+# -- a real process -----------------------------------------------------------------------------------
+
+
+def run_process(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CUADERNO_DB"}
+    return subprocess.run([sys.executable, "-m", "cuaderno.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+
+
+def test_subprocess_show_approve_and_errors(db: Path, store: SqliteCheckpointer, tmp_path: Path) -> None:
+    run = suspended_run(store)
+    store.close()
+
+    shown = run_process("--db", str(db), "show", run, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["pending_approvals"][0]["fingerprint"] == FP
+
+    wrong = run_process("--db", str(db), "approve", run, APPROVAL, "--fingerprint", "nope")
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.stderr.count("\n") == 1 and wrong.stderr.startswith("error: ")
+    assert len(journal(db, run)[0]) == 5
+
+    ok = run_process("--db", str(db), "approve", run, APPROVAL, "--by", "carol")
+    assert ok.returncode == 0, ok.stderr
+    assert FP in ok.stdout and "approved by carol" in ok.stdout
+    events, cp = journal(db, run)
+    assert len(events) == 6 and events[-1].decision == "approved" and cp.pending == {}
+
+    missing = run_process("--db", str(tmp_path / "absent.db"), "list")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+    assert not (tmp_path / "absent.db").exists()
+
+    unknown = run_process("--db", str(db), "deny", "r-missing", APPROVAL)
+    assert unknown.returncode == 2 and "no run 'r-missing'" in unknown.stderr
