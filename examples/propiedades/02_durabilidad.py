@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import append_receipt, check, died, per_pid, pid_of, read_lines, run_pass  # noqa: E402
+from _comun import append_receipt, check, died, per_pid, pid_of, read_lines, run_pass
 
-from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool  # noqa: E402
+from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool
 
 RUN_ID = "run-1"
 

@@ -1,0 +1,118 @@
+"""Aprobación humana across processes: suspended on disk, decided by a person, run exactly once.
+
+1. pass 1: the model asks for a transfer; the policy says ``require_approval``; the run is
+   suspended on disk and the process exits;
+2. a person approves from the command line (``cuaderno approve RUN STEP``), in another process,
+   bound to the fingerprint of the exact arguments shown;
+3. pass 2: the transfer happens exactly once (the ledger's receipts say so);
+4. pass 3: the run is closed: nothing happens.
+
+Then the hard case: approved, and the process is SIGKILLed while the non-idempotent transfer is
+in flight (``tool.K4``): the resume does not run it again, it stops ``needs_human``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _comun import check, died, run_pass
+
+from cuaderno import (
+    Agent,
+    ApprovalStep,
+    Policy,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    ToolContext,
+    UncertainEffect,
+    tool,
+)
+from cuaderno.testing.ledger import LedgerClient, LedgerProcess
+
+
+def build(url: str) -> Agent:
+    client = LedgerClient(url)
+
+    @tool
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money (not idempotent, no lookup: the strictest case)."""
+        return client.post_effect(ctx.effect_key, "transfer", {"to": to, "amount": amount}, business_id=ctx.run_id)
+
+    return Agent(instructions="Paga lo que se pide.", tools=[transfer],
+                 policy=Policy({"transfer": "require_approval"}, version="aprobacion-1"))
+
+
+async def child(workdir: Path, run_id: str, url: str) -> None:
+    print(f"pid={os.getpid()}", flush=True)
+    gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=250), ScriptedGateway.text("pagado")])
+    store = SqliteCheckpointer(workdir / "runs.db")
+    try:
+        async for step in build(url).run("paga 250 a ana", session=Session(run_id, gateway, store)):
+            extra = f" status={step.status} fingerprint={step.fingerprint[:12]}" if isinstance(step, ApprovalStep) else ""
+            print(f"  {type(step).__name__} {step.step_id}{extra}", flush=True)
+        print(f"status={store.checkpoint(run_id).status}", flush=True)  # type: ignore[union-attr]
+    except UncertainEffect:
+        print("status=needs_human", flush=True)
+    finally:
+        store.close()
+
+
+def cli(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(workdir / "runs.db"), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def status(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
+
+
+def main() -> int:
+    script = str(Path(__file__).resolve())
+    print("cuaderno: aprobación humana (seed 000)\n")
+    with tempfile.TemporaryDirectory(prefix="cuaderno-approval-") as d:
+        workdir = Path(d)
+        with LedgerProcess(workdir / "ledger.db", mode="nodedup") as ledger:
+            p1 = run_pass(script, workdir, "pago-1", ledger.url)
+            print(f"pass 1 -> {status(p1)}; ledger receipts: {len(ledger.receipts(business_id='pago-1'))}")
+            print(p1.stdout.rstrip())
+            decided = cli(workdir, "approve", "pago-1", "t0000.tool00", "--by", "ana")
+            print(f"\n$ cuaderno approve pago-1 t0000.tool00 --by ana   (exit {decided.returncode})")
+            print(decided.stdout.rstrip())
+            p2 = run_pass(script, workdir, "pago-1", ledger.url)
+            n2 = len(ledger.receipts(business_id="pago-1"))
+            p3 = run_pass(script, workdir, "pago-1", ledger.url)
+            n3 = len(ledger.receipts(business_id="pago-1"))
+            print(f"\npass 2 -> {status(p2)}; ledger receipts: {n2}")
+            print(f"pass 3 -> {status(p3)}; ledger receipts: {n3}")
+            check(status(p1) == "suspended" and decided.returncode == 0, "the run must wait for the person")
+            check(status(p2) == "completed" and n2 == 1 and n3 == 1, "the approved effect must happen exactly once")
+            again = cli(workdir, "approve", "pago-1", "t0000.tool00")
+            print(f"approving again: exit {again.returncode}: {again.stderr.strip()}")
+            check(again.returncode == 2, "a second decision must be refused")
+
+            print("\nhard case: approved, then killed while the transfer is in flight")
+            q1 = run_pass(script, workdir, "pago-2", ledger.url)
+            cli(workdir, "approve", "pago-2", "t0000.tool00", "--by", "ana")
+            q2 = run_pass(script, workdir, "pago-2", ledger.url, crash_at="tool.K4:1")
+            q3 = run_pass(script, workdir, "pago-2", ledger.url)
+            n = len(ledger.receipts(business_id="pago-2"))
+            print(f"pass 1 -> {status(q1)}; approved; pass 2 {died(q2)}; pass 3 -> {status(q3)}; ledger receipts: {n}")
+            check(q2.returncode == -9 and status(q3) == "needs_human" and n == 1,
+                  "an approved effect interrupted in flight must be uncertain, never re-sent")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "--child":
+        asyncio.run(child(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
+        raise SystemExit(0)
+    raise SystemExit(main())
