@@ -1,0 +1,113 @@
+"""Model turns: replay a recorded response, or send the request once its intent is durable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuaderno.errors import ErrorClass, GatewayError
+from cuaderno.events import StepEvent, model_step_id
+from cuaderno.fingerprint import idempotency_key
+from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.loop._state import RunState
+from cuaderno.loop.steps import FinalStep, ModelStep
+from cuaderno.testing import crash
+
+__all__ = ["ModelSteps"]
+
+
+class ModelSteps(RunState):
+    """The model half of the loop."""
+
+    async def _model_turn(self, turn: int) -> ModelResponse:
+        step_id = model_step_id(turn)
+        rec = self.journal.get((step_id, "result"))
+        if rec is not None and rec.fingerprint and turn > 0 and not self.s.verify_replay:
+            # Past turn 0 a recorded request is a pure function of the configuration and the task
+            # (both checked at turn 0) and of journaled results (hash-chained), so the recorded
+            # chain is adopted instead of re-hashing every message: resume stays O(rows), not
+            # O(bytes). ``Session(verify_replay=True)`` re-derives and checks every turn.
+            self.chain = rec.fingerprint
+            self.unhashed.clear()
+        fp = self._request_fingerprint()
+        rec = self._recorded(step_id, "result", "model", None, fp)
+        if rec is not None and rec.payload.get("response") is not None:
+            response = ModelResponse.from_json(rec.payload["response"])
+        else:
+            self._recorded(step_id, "intent", "model", None, fp)
+            response = await self._call_model(turn, step_id, fp)
+        self._add_message(response.assistant_message())
+        return response
+
+    async def _call_model(self, turn: int, step_id: str, fp: str) -> ModelResponse:
+        key = idempotency_key(self.run_id, step_id, fp)
+        sends = sum(1 for (sid, ph) in self.journal if sid == step_id and ph.startswith("intent"))
+        last_error = self.journal.get((step_id, f"error.{sends}"))
+        sends += 1
+        after = None if sends == 1 else "crash"
+        if last_error is not None:
+            # The last send ended in a journaled, classified failure: only an ambiguous one may
+            # have been billed; a refused or unsent request was not.
+            ambiguous = last_error.payload.get("error", {}).get("error_class") == ErrorClass.AMBIGUOUS
+            after = "ambiguous" if ambiguous else "error"
+        self._stage(self._intent(step_id, sends, key, turn, after), "model.K1")
+        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self.messages),
+                               tools=self.agent.tool_schemas, model=self.agent.model,
+                               require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
+                               temperature=self.agent.temperature)
+        retries = resends = 0
+        while True:
+            crash.point("model.K0")
+            self._flush()
+            crash.point("model.K2")
+            try:
+                response = await self.s.gateway.complete(request, idempotency_key=key)
+                break
+            except GatewayError as err:
+                wait = self._retry_wait(err, retries, resends)
+                if wait is None:
+                    self._stage(self._event(step_id, f"error.{sends}", "model", fingerprint=fp,
+                                            payload={"error": err.to_json(), "key": key}))
+                    self._flush()
+                    raise
+                if err.error_class is ErrorClass.AMBIGUOUS:
+                    resends += 1
+                    sends += 1
+                    self._stage(self._intent(step_id, sends, key, turn, "ambiguous"), "model.K1")
+                else:
+                    retries += 1
+                await self.s.sleep(wait)
+        crash.point("model.K5")
+        self._stage(self._event(step_id, "result", "model", fingerprint=fp,
+                                payload={"response": response.to_json(), "key": key, "sends": sends,
+                                         "counters": {"retries": retries} if retries else {}}),
+                    "model.K6")
+        self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key,
+                                    attempts=sends))
+        return response
+
+    def _intent(self, step_id: str, send: int, key: str, turn: int, after: str | None) -> StepEvent:
+        payload: dict[str, Any] = {"key": key, "turn": turn}
+        if after is not None:
+            payload["after"] = after
+        return self._event(step_id, "intent" if send == 1 else f"intent.{send}", "model", fingerprint=self.chain,
+                           payload=payload)
+
+    def _retry_wait(self, err: GatewayError, retries: int, resends: int) -> float | None:
+        policy = self.s.retry
+        if err.error_class is ErrorClass.TRANSIENT and retries < policy.max_retries:
+            return policy.delay(retries + 1, err.retry_after, self.s.rng)
+        if err.error_class is ErrorClass.AMBIGUOUS and resends < policy.max_resends:
+            return policy.delay(resends + 1, err.retry_after, self.s.rng)
+        return None
+
+    def _finish(self, turn: int, response: ModelResponse) -> None:
+        rec = self._recorded("final", "result", "final", None, None)
+        if rec is None:
+            self._stage(self._event("final", "result", "final", payload={"output": response.text, "turn": turn}),
+                        "final.K1", "model.K6")
+            crash.point("final.K0")
+            self._flush()
+            crash.point("final.K7")
+        self._show(FinalStep(step_id="final", output=response.text))
+
+    # -- tool calls -------------------------------------------------------------------------------

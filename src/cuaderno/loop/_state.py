@@ -1,0 +1,127 @@
+"""State and journal helpers shared by the model and tool halves of the loop."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cuaderno.errors import ReplayDivergence
+from cuaderno.events import StepEvent
+from cuaderno.fingerprint import chain, fingerprint
+from cuaderno.gateway.base import Message
+from cuaderno.loop.agent import Agent, Session
+from cuaderno.loop.steps import Step
+from cuaderno.testing import crash
+
+__all__ = ["RunState", "effect_key", "tool_message"]
+
+
+def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:
+    """``hash(tenant, task_id, effect_type, canonical_arguments, policy_version)``.
+
+    Derived from the intent, never from the attempt: retries and resumes of one intent share it.
+    """
+    return "eff-" + fingerprint([tenant, task_id, effect_type, arguments, policy_version])[:40]
+
+
+def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
+    """The tool message the model sees for a journaled tool result (same text on every replay)."""
+    outcome = payload.get("outcome")
+    if outcome == "ok":
+        content = json.dumps(payload.get("value"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": False}
+    if outcome == "denied":
+        content = f"denied: {payload.get('reason') or 'not allowed'}. The tool did not run."
+    else:
+        err = payload.get("error") or {}
+        content = f"error [{err.get('error_class', 'bug')}]: {err.get('message', '')}"
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": True}
+
+class RunState:
+    """What one run of one agent knows while it runs: the journal index, the conversation, and
+    the events waiting for the next commit."""
+
+    def __init__(self, agent: Agent, task: str, session: Session) -> None:
+        self.agent = agent
+        self.task = task
+        self.s = session
+        self.run_id = session.run_id
+        self.store = session.store
+        self.journal: dict[tuple[str, str], StepEvent] = {}
+        self.unvisited: dict[str, int] = {}
+        self.pending: list[StepEvent] = []
+        self.points: list[str] = []
+        self.ready: list[tuple[Step, int]] = []
+        self.flushes = 0
+        self.epoch = 0
+        self.messages: list[Message] = []
+        self.config_fp = fingerprint(agent.config())
+        self.chain = self.config_fp
+        self.unhashed: list[Message] = []
+
+    def _show(self, step: Step) -> None:
+        # A step is shown only once its events are committed: if any are pending, it waits for
+        # the next flush (the one that commits the next intent).
+        self.ready.append((step, self.flushes + (1 if self.pending else 0)))
+
+    def _drain(self) -> list[Step]:
+        out = [step for step, needs in self.ready if needs <= self.flushes]
+        self.ready = [(step, needs) for step, needs in self.ready if needs > self.flushes]
+        return out
+
+    # -- journal helpers --------------------------------------------------------------------------
+
+    def _recorded(self, step_id: str, phase: str, kind: str, name: str | None, fp: str | None) -> StepEvent | None:
+        ev = self.journal.get((step_id, phase))
+        if ev is None:
+            return None
+        if ev.kind != kind or (name is not None and ev.name != name):
+            raise ReplayDivergence(self.run_id, step_id, f"a {ev.kind} step {ev.name or ''}".strip(),
+                                   f"a {kind} step {name or ''}".strip())
+        if fp is not None and ev.fingerprint is not None and ev.fingerprint != fp:
+            raise ReplayDivergence(self.run_id, step_id, f"{kind} request {ev.fingerprint[:12]}",
+                                   f"{kind} request {fp[:12]}")
+        self.unvisited.pop(step_id, None)
+        return ev
+
+    def _stage(self, event: StepEvent, *points: str) -> None:
+        if self.unvisited:
+            # About to write something new while recorded steps were never reached: the code
+            # took another path than the journal (a step was removed or reordered).
+            first = min(self.unvisited, key=self.unvisited.__getitem__)
+            raise ReplayDivergence(self.run_id, first, f"step {first}", f"step {event.step_id} first")
+        self.pending.append(event)
+        self.points.extend(points)
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        crash.set_txn_points(*self.points)
+        self.store.append(self.pending, epoch=self.epoch)
+        self.flushes += 1
+        if crash.armed():
+            for name in self.points:  # K7: after the commit that holds a step's result
+                if name.endswith(".K6"):
+                    crash.point(name[:-1] + "7")
+        self.pending, self.points = [], []
+
+    def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
+        return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind=kind, **fields)
+
+    def _add_message(self, message: Message) -> None:
+        self.messages.append(message)
+        self.unhashed.append(message)
+
+    def _request_fingerprint(self) -> str:
+        """The request fingerprint for the current conversation: the chain over every message."""
+        for message in self.unhashed:
+            self.chain = chain(self.chain, fingerprint(message))
+        self.unhashed.clear()
+        return self.chain
+
+    # -- model turns ------------------------------------------------------------------------------
+
+def plus(counters: dict[str, int], name: str, n: int) -> dict[str, int]:
+    if n:
+        counters = {**counters, name: counters.get(name, 0) + n}
+    return counters

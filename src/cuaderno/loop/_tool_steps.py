@@ -1,0 +1,233 @@
+"""Tool calls: policy, approval, write-ahead intent, execution, reconciliation."""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from typing import Any, NoReturn
+
+from pydantic_core import to_jsonable_python
+
+from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
+from cuaderno.events import approval_step_id, tool_step_id
+from cuaderno.fingerprint import fingerprint
+from cuaderno.gateway.base import ToolCall
+from cuaderno.loop._state import RunState, effect_key, plus, tool_message
+from cuaderno.loop.steps import ApprovalStep, ToolStep
+from cuaderno.testing import crash
+from cuaderno.tools.definition import ToolContext
+
+__all__ = ["ToolSteps"]
+
+
+class ToolSteps(RunState):
+    """The tool half of the loop."""
+
+    async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
+        """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
+        step_id = tool_step_id(turn, index)
+        # The call comes from a journaled response; past turn 0 its fingerprint is checked only
+        # with verify_replay (see _model_turn), which keeps resume O(rows).
+        trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal
+        args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
+        rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
+        if rec is not None:
+            self._add_message(tool_message(call.id, call.name, rec.payload))
+            return False
+        assert args_fp is not None
+        tool = self.agent.tools.get(call.name)
+        problem = None
+        kwargs: dict[str, Any] = {}
+        if tool is None:
+            problem = ToolError(f"unknown tool {call.name!r}; available: {sorted(self.agent.tools)}",
+                                error_class=ErrorClass.INVALID_INPUT, sent=False)
+        elif call.arguments_error is not None:
+            problem = ToolError(f"arguments are not a JSON object: {call.arguments_error}",
+                                error_class=ErrorClass.INVALID_INPUT, sent=False)
+        else:
+            try:
+                kwargs = tool.validate(call.arguments)
+            except ToolError as exc:
+                problem = exc
+        if problem is not None or tool is None:
+            assert problem is not None
+            self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json(),
+                              counters={"repairs": 1})
+            return False
+        ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
+        intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
+        if intent is not None:
+            resolution = self._recorded(step_id, "resolution", "tool", call.name, None)
+            if resolution is not None and resolution.decision == "not_happened":
+                # A person established that the effect did not happen: send it, same key.
+                return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,
+                                           counters={"retries": 1})
+            # Started before and never recorded how it ended: nobody knows if it took effect.
+            return await self._reconcile(step_id, call, kwargs, args_fp, ekey, str(intent.decision), 1,
+                                         {"intent_seq": intent.seq, "intent_at": intent.created_at})
+        decision = self._decide(step_id, call, args_fp)
+        if decision in ("allow", "approved"):
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=1)
+        return decision == "pending"
+
+    def _decide(self, step_id: str, call: ToolCall, args_fp: str) -> str:
+        """The decision for a call not yet executed: allow, approved, pending, or a journaled denial."""
+        appr_id = approval_step_id(step_id)
+        request = self._recorded(appr_id, "request", "approval", call.name, args_fp)
+        self._recorded(step_id, "decision", "tool", call.name, args_fp)
+        if request is not None:
+            decided = self._recorded(appr_id, "decision", "approval", None, args_fp)
+            if decided is None:
+                self._show(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
+                return "pending"
+            if decided.decision == "approved":
+                return "approved"
+            self._tool_result(step_id, call, args_fp, "denied", None, decision="rejected",
+                              reason=str(decided.payload.get("reason") or "rejected by a person"))
+            return "rejected"
+        policy = self.agent.policy
+        verdict = policy.decide(call.name, call.arguments)
+        if verdict.decision == "deny":
+            self._tool_result(step_id, call, args_fp, "denied", None, decision="deny", reason=verdict.reason)
+            return "deny"
+        if verdict.decision == "require_approval":
+            shown = {"tool_step": step_id, "arguments": call.arguments, "reason": verdict.reason,
+                     "policy_version": policy.version}
+            self._stage(self._event(step_id, "decision", "tool", name=call.name, decision="require_approval",
+                                    fingerprint=args_fp, payload={"policy_version": policy.version,
+                                                                  "reason": verdict.reason}), "approval.K1")
+            self._stage(self._event(appr_id, "request", "approval", name=call.name, decision="require_approval",
+                                    fingerprint=args_fp, payload=shown))
+            crash.point("approval.K0")
+            self._flush()
+            crash.point("approval.K7")
+            self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
+                                       decision="require_approval", outcome="pending"))
+            self._show(self._approval_step(appr_id, step_id, call, args_fp, "pending"))
+            return "pending"
+        return "allow"
+
+    def _approval_step(self, appr_id: str, step_id: str, call: ToolCall, args_fp: str, status: str) -> ApprovalStep:
+        return ApprovalStep(step_id=appr_id, tool_step_id=step_id, tool=call.name, arguments=call.arguments,
+                            fingerprint=args_fp, status=status)
+
+    def _context(self, step_id: str, call: ToolCall, ekey: str, attempt: int) -> ToolContext:
+        tool = self.agent.tools[call.name]
+        data = {"business_id": tool.business_id(call.arguments)} if tool.business_id else {}
+        return ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
+                           tenant=self.s.tenant, data=data)
+
+    async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+                       decision: str, *, attempt: int, counters: dict[str, int] | None = None) -> bool:
+        """Run the tool body once its intent is durable; classify how it ended."""
+        tool = self.agent.tools[call.name]
+        counters = dict(counters or {})
+        if attempt == 1:
+            self._stage(self._event(step_id, "intent", "tool", name=call.name, decision=decision, fingerprint=args_fp,
+                                    payload={"effect_key": ekey, "policy_version": self.agent.policy.version,
+                                             "idempotent": tool.idempotent}), "tool.K1")
+        retries = 0
+        while True:
+            crash.point("tool.K0")
+            self._flush()
+            crash.point("tool.K2")
+            try:
+                value = await tool.invoke(kwargs, self._context(step_id, call, ekey, attempt))
+                break
+            except ToolError as err:
+                crash.point("tool.K5")
+                if err.error_class is ErrorClass.AMBIGUOUS:
+                    # Sent, and the reply is lost: the same question as a crash in flight.
+                    return await self._reconcile(step_id, call, kwargs, args_fp, ekey, decision, attempt,
+                                                 {"last_error": err.to_json()}, counters)
+                wait = None
+                if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
+                    wait = self.s.retry.delay(retries + 1, None, self.s.rng)
+                if wait is None:
+                    self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),
+                                      effect_key=ekey, counters=plus(counters, "retries", retries))
+                    return False
+                retries += 1
+                await self.s.sleep(wait)
+            except Exception as exc:
+                self._bug(step_id, call, args_fp, ekey, decision, exc)
+        crash.point("tool.K5")
+        self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
+                          counters=plus(counters, "retries", retries))
+        return False
+
+    async def _reconcile(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+                         decision: str, attempt: int, evidence: dict[str, Any],
+                         counters: dict[str, int] | None = None) -> bool:
+        """An effect may or may not have happened: ask before acting, never guess.
+
+        Idempotent tools (the receiver deduplicates by ``effect_key``, or repeating is harmless)
+        run again with the same key. Others ask the tool's lookup: found -> its receipt becomes
+        the result; absence proven -> re-send with the same key; no lookup, or no proof either
+        way -> the run stops ``needs_human`` with the evidence (:class:`UncertainEffect`).
+        """
+        tool = self.agent.tools[call.name]
+        counters = dict(counters or {})
+        if attempt > self.s.retry.max_resends:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
+        if tool.idempotent:
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+                                       counters=plus(counters, "retries", 1))
+        if tool.lookup is None:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "no lookup for this tool"})
+        assert tool.lookup is not None
+        crash.point("recovery.R1")
+        try:
+            found = tool.lookup(self._context(step_id, call, ekey, attempt + 1), call.arguments)
+            if inspect.isawaitable(found):
+                found = await found
+        except Exception as exc:
+            self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
+        if found is None:  # absence proven: the only case where sending again is safe
+            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+                                       counters=plus(counters, "retries", 1))
+        self._tool_result(step_id, call, args_fp, "ok", to_jsonable_python(found), decision=decision,
+                          effect_key=ekey, counters=plus(counters, "reconciled", 1))
+        return False
+
+    def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
+        """An unclassified exception is a bug: journal the evidence, end the run failed, re-raise."""
+        error = {"error_class": ErrorClass.BUG.value, "message": f"{type(exc).__name__}: {exc}",
+                 "type": type(exc).__name__, "sent": None,
+                 "traceback": traceback.format_exception(exc)[-6:]}
+        self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=error, effect_key=ekey)
+        self._stage(self._event("run", "end", "run", payload={"status": "failed", "reason": "bug", "step": step_id,
+                                                              "error": error}))
+        self._flush()
+        raise exc
+
+    def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, value: Any, *,
+                     decision: str | None, error: dict[str, Any] | None = None, reason: str | None = None,
+                     effect_key: str | None = None, counters: dict[str, int] | None = None) -> None:
+        payload: dict[str, Any] = {"outcome": outcome}
+        if outcome == "ok":
+            payload["value"] = value
+        if error is not None:
+            payload["error"] = error
+        if reason is not None:
+            payload["reason"] = reason
+        if effect_key is not None:
+            payload["effect_key"] = effect_key
+        if counters:
+            payload["counters"] = counters
+        self._stage(self._event(step_id, "result", "tool", name=call.name, decision=decision, fingerprint=args_fp,
+                                payload=payload), "tool.K6")
+        self._add_message(tool_message(call.id, call.name, payload))
+        self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
+                                   decision=decision or "allow", outcome=outcome, result=value, error=error,
+                                   effect_key=effect_key))
+
+    def _uncertain(self, step_id: str, call: ToolCall, ekey: str, evidence: dict[str, Any]) -> NoReturn:
+        evidence = {"tool": call.name, "arguments": call.arguments, "effect_key": ekey, "last_receipt": None,
+                    **evidence}
+        self._stage(self._event(step_id, "uncertain", "tool", name=call.name,
+                                fingerprint=fingerprint({"name": call.name, "arguments": call.arguments}),
+                                payload=evidence))
+        self._flush()
+        raise UncertainEffect(self.run_id, step_id, evidence)
+
