@@ -135,10 +135,16 @@ class OpenAIGateway:
         kwargs: dict[str, Any] = {"model": request.model or self.model, "messages": to_openai_messages(request)}
         if request.tools:
             kwargs["tools"] = [_tool_schema(t) for t in request.tools]
+            # Sent explicitly: OpenAI defaults to "auto", but some compatible servers (llama.cpp)
+            # read a missing tool_choice as "none" and ignore the tools.
+            kwargs["tool_choice"] = "auto"
         if request.require_tool:
             if not request.tools:
                 raise UsageError("require_tool=True needs at least one tool")
-            kwargs["tool_choice"] = "required"
+            # With one tool, naming it is the same obligation and the form every compatible
+            # server implements; llama.cpp's "required" fails with a 500.
+            only = request.tools[0]["name"] if len(request.tools) == 1 else None
+            kwargs["tool_choice"] = {"type": "function", "function": {"name": only}} if only else "required"
         if request.max_output_tokens is not None:
             kwargs[self.max_tokens_field] = request.max_output_tokens
         if request.temperature is not None:
@@ -191,7 +197,8 @@ def _to_openai_message(message: Message) -> dict[str, Any]:
                 "content": _content_text(message.get("content"))}
     if role == "assistant":
         calls = message.get("tool_calls") or []
-        out: dict[str, Any] = {"role": "assistant", "content": _content_text(message.get("content")) or None}
+        # "" rather than null: some compatible servers reject a null content beside tool calls.
+        out: dict[str, Any] = {"role": "assistant", "content": _content_text(message.get("content"))}
         if calls:
             out["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": _arguments_text(c)}} for c in calls]
