@@ -6,12 +6,15 @@ and without running any side effect twice; where nobody can know whether an effe
 stops and says so (:class:`UncertainEffect`).
 """
 
+from cuaderno.budgets import Budgets
+from cuaderno.cancellation import cancel
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ApprovalError,
     ApprovalMismatch,
     BudgetExceeded,
     CuadernoError,
+    DrainOnOldWorker,
     ErrorClass,
     FencedOut,
     GatewayError,
@@ -19,9 +22,11 @@ from cuaderno.errors import (
     JournalConflict,
     JournalCorrupt,
     JournalError,
+    MigrationFailed,
     NotUncertain,
     NotWaitingForApproval,
     ReplayDivergence,
+    RunCancelled,
     RunClosed,
     RunNotFound,
     SchemaTooNew,
@@ -40,7 +45,9 @@ from cuaderno.gateway.tiered import TieredGateway
 from cuaderno.harness import approve, deny, pending_approvals, resolve
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
-from cuaderno.tools import Policy, PolicyDecision, Tool, ToolContext, tool
+from cuaderno.loop.cleanup import compensate
+from cuaderno.loop.versions import Migration
+from cuaderno.tools import Compensation, Policy, PolicyDecision, Tool, ToolContext, tool
 
 __version__ = "0.1.0"
 
@@ -60,9 +67,12 @@ __all__ = [
     "ApprovalMismatch",
     "ApprovalStep",
     "BudgetExceeded",
+    "Budgets",
     "Checkpoint",
     "Checkpointer",
+    "Compensation",
     "CuadernoError",
+    "DrainOnOldWorker",
     "ErrorClass",
     "FencedOut",
     "FinalStep",
@@ -72,6 +82,8 @@ __all__ = [
     "JournalCorrupt",
     "JournalError",
     "MemoryCheckpointer",
+    "Migration",
+    "MigrationFailed",
     "ModelGateway",
     "ModelRequest",
     "ModelResponse",
@@ -81,12 +93,13 @@ __all__ = [
     "OpenAIGateway",
     "Policy",
     "PolicyDecision",
+    "PriceTable",
     "ReplayDivergence",
     "RetryPolicy",
+    "RunCancelled",
     "RunClosed",
     "RunNotFound",
     "SchemaTooNew",
-    "PriceTable",
     "ScriptedGateway",
     "Session",
     "SqliteCheckpointer",
@@ -105,7 +118,9 @@ __all__ = [
     "VersionMismatch",
     "__version__",
     "approve",
+    "cancel",
     "classify_response",
+    "compensate",
     "deny",
     "pending_approvals",
     "resolve",

@@ -74,6 +74,9 @@ class Checkpoint:
     """Evidence for each step whose effect nobody can know happened, by step id."""
     outcome: dict[str, Any] | None = None
     """The final answer, failure or cancellation record once the run ended."""
+    cancel_requested: dict[str, Any] | None = None
+    """Set when someone asked to cancel: from then on no intent is admitted (results still are,
+    so an effect in flight is journaled)."""
 
     @property
     def is_open(self) -> bool:
@@ -90,7 +93,7 @@ class Checkpoint:
                 "last_hash": self.last_hash, "next_step": self.next_step, "epoch": self.epoch,
                 "versions": self.versions, "task_fingerprint": self.task_fingerprint,
                 "counters": self.counters, "cost_usd": self.cost_usd, "pending": self.pending,
-                "uncertain": self.uncertain, "outcome": self.outcome}
+                "uncertain": self.uncertain, "outcome": self.outcome, "cancel_requested": self.cancel_requested}
 
     def dumps(self) -> str:
         """The stored form, encoded."""
@@ -104,7 +107,7 @@ class Checkpoint:
                    versions=data.get("versions") or {}, task_fingerprint=data.get("task_fingerprint"),
                    counters=data.get("counters") or {}, cost_usd=data.get("cost_usd", 0.0),
                    pending=data.get("pending") or {}, uncertain=data.get("uncertain") or {},
-                   outcome=data.get("outcome"))
+                   outcome=data.get("outcome"), cancel_requested=data.get("cancel_requested"))
 
     def _bump(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -136,6 +139,8 @@ def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
     elif ev.phase == "end":
         cp.status = str(ev.payload.get("status", "failed"))
         cp.outcome = ev.payload
+    elif ev.phase.startswith("migrate"):
+        cp.versions = dict(ev.payload.get("to") or {})
     elif ev.phase == "counters":
         for name, n in (ev.payload.get("counters") or {}).items():
             cp._bump(name, int(n))
@@ -225,8 +230,8 @@ def _on_final(cp: Checkpoint, ev: StepEvent) -> None:
 
 
 def _on_cancel(cp: Checkpoint, ev: StepEvent) -> None:
-    if ev.phase == "request" and cp.is_open:
-        cp.outcome = {"cancel_requested": ev.payload}
+    if ev.phase == "request":
+        cp.cancel_requested = ev.payload
 
 
 _HANDLERS = {"run": _on_run, "model": _on_model, "tool": _on_tool, "approval": _on_approval,

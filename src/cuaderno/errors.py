@@ -11,10 +11,13 @@ The tree::
     │   └── FencedOut              another process took the run over; this one must stop
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
+    ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
     ├── ReplayDivergence           the code asked for another step than the one recorded there
     ├── UncertainEffect            an effect may or may not have happened; nobody can know
     ├── NotUncertain               a resolution names a step that is not uncertain
     ├── VersionMismatch            the run was started under other versions; the caller must choose
+    │   ├── DrainOnOldWorker       the caller chose to leave the run to a worker of its versions
+    │   └── MigrationFailed        the migration function refused; nothing was written
     ├── ApprovalError              an approval or rejection cannot be written
     │   ├── NotWaitingForApproval  the step is not waiting for a decision
     │   └── ApprovalMismatch       the decision names other arguments than the ones shown
@@ -38,6 +41,7 @@ __all__ = [
     "ApprovalMismatch",
     "BudgetExceeded",
     "CuadernoError",
+    "DrainOnOldWorker",
     "ErrorClass",
     "FencedOut",
     "GatewayError",
@@ -45,9 +49,11 @@ __all__ = [
     "JournalConflict",
     "JournalCorrupt",
     "JournalError",
+    "MigrationFailed",
     "NotUncertain",
     "NotWaitingForApproval",
     "ReplayDivergence",
+    "RunCancelled",
     "RunClosed",
     "RunNotFound",
     "SchemaTooNew",
@@ -169,6 +175,23 @@ class RunClosed(CuadernoError):
         return (type(self), (self.run_id, self.status))
 
 
+class RunCancelled(CuadernoError):
+    """The run was cancelled: no new step is admitted after the cancellation committed.
+
+    ``record`` says what completed, what is still uncertain and what cleanup was scheduled.
+    """
+
+    def __init__(self, run_id: str, record: dict[str, Any]) -> None:
+        self.run_id, self.record = run_id, record
+        super().__init__(f"run {run_id!r} was cancelled ({record.get('reason') or 'no reason given'}): "
+                         f"{len(record.get('completed') or [])} effects completed, "
+                         f"{len(record.get('uncertain') or [])} uncertain, "
+                         f"{len(record.get('cleanup') or [])} cleanup actions scheduled")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.record))
+
+
 class ReplayDivergence(CuadernoError):
     """The step the code asks for is not the step recorded at that position.
 
@@ -228,6 +251,14 @@ class VersionMismatch(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.recorded, self.current))
+
+
+class DrainOnOldWorker(VersionMismatch):
+    """This worker leaves the run untouched for a worker that runs the versions it started with."""
+
+
+class MigrationFailed(VersionMismatch):
+    """The migration function raised: the run was not migrated and the journal was not changed."""
 
 
 class ApprovalError(CuadernoError):

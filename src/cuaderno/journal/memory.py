@@ -43,6 +43,8 @@ class MemoryCheckpointer:
                     rows[(ev.step_id, ev.phase)] = (ev.run_id, ev.step_id, ev.phase, ev.seq, ev.kind, ev.name,
                                                     ev.decision, ev.fingerprint, ev.codec, payload,
                                                     ev.created_at, ev.row_hash)
+                # Re-insert so that dict order is update order: list_runs() is newest first.
+                self._checkpoints.pop(run_id, None)
                 self._checkpoints[run_id] = cp.dumps()
             return out
 
@@ -64,7 +66,7 @@ class MemoryCheckpointer:
         with self._lock:
             cps = [Checkpoint.from_json(_loads(s)) for s in self._checkpoints.values()]
         cps = [c for c in cps if status is None or c.status == status]
-        return cps[-limit:][::-1]
+        return cps[::-1][:max(int(limit), 0)]
 
     def acquire(self, run_id: str, owner: str) -> int:
         with self._lock:

@@ -29,7 +29,7 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
-from cuaderno.journal.base import SCHEMA_VERSION
+from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
 
 __all__ = ["SqliteCheckpointer"]
@@ -78,12 +78,13 @@ class SqliteCheckpointer:
         # row still has the same last_seq and epoch (checked inside every write transaction).
         self._cache: dict[str, Checkpoint] = {}
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
+            self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
+                                       check_same_thread=False)
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if self.path != ":memory:" and mode != "wal":
                 raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
@@ -138,6 +139,7 @@ class SqliteCheckpointer:
     def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
         if not events:
             return []
+        validate_event(events[0])  # before its run_id reaches SQL: a lone surrogate is a UsageError
         run_id = events[0].run_id
         try:
             return self._append(run_id, events, epoch, lookups=False)

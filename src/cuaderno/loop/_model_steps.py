@@ -8,6 +8,7 @@ from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.loop._state import RunState
 from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
@@ -18,27 +19,38 @@ __all__ = ["ModelSteps"]
 class ModelSteps(RunState):
     """The model half of the loop."""
 
-    async def _model_turn(self, turn: int) -> ModelResponse:
+    async def _model_turn(self, turn: int) -> ModelResponse | None:
+        """Replay or make turn ``turn``'s model call. ``None`` means the response was rejected
+        (empty or refused): it is journaled and counted, and the turn is asked again."""
         step_id = model_step_id(turn)
         rec = self.journal.get((step_id, "result"))
-        if rec is not None and rec.fingerprint and turn > 0 and not self.s.verify_replay:
+        if rec is not None and rec.fingerprint and (turn > 0 or self.migrated) and not self.s.verify_replay:
             # Past turn 0 a recorded request is a pure function of the configuration and the task
             # (both checked at turn 0) and of journaled results (hash-chained), so the recorded
             # chain is adopted instead of re-hashing every message: resume stays O(rows), not
             # O(bytes). ``Session(verify_replay=True)`` re-derives and checks every turn.
             self.chain = rec.fingerprint
             self.unhashed.clear()
+            self.rebased = self.rebased or (self.rebase_turn is not None and turn >= self.rebase_turn)
+        elif self.migrated and not self.rebased and (turn == self.rebase_turn or self.rebase_turn is None):
+            # The first request after a migration has the new configuration in its body, so its
+            # fingerprint (and provider key) says so, the same way in every process.
+            self.rebased = True
+            self.unhashed.append({"migrated_to": self.config_fp})
         fp = self._request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
         if rec is not None and rec.payload.get("response") is not None:
             response = ModelResponse.from_json(rec.payload["response"])
+            verdict = rec.payload.get("verdict")
         else:
             self._recorded(step_id, "intent", "model", None, fp)
-            response = await self._call_model(turn, step_id, fp)
+            response, verdict = await self._call_model(turn, step_id, fp)
+        if verdict is not None and verdict.get("outcome") != Outcome.OK:
+            return None  # not part of the conversation: the same request is asked again
         self._add_message(response.assistant_message())
         return response
 
-    async def _call_model(self, turn: int, step_id: str, fp: str) -> ModelResponse:
+    async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, str] | None]:
         key = idempotency_key(self.run_id, step_id, fp)
         sends = sum(1 for (sid, ph) in self.journal if sid == step_id and ph.startswith("intent"))
         last_error = self.journal.get((step_id, f"error.{sends}"))
@@ -77,13 +89,18 @@ class ModelSteps(RunState):
                     retries += 1
                 await self.s.sleep(wait)
         crash.point("model.K5")
+        verdict = classify_response(response, require_tool=self.agent.require_tool)
+        counters = {"retries": retries} if retries else {}
+        if verdict.rejected:
+            counters["rejected_responses"] = 1
+        self.charge(counters)
+        self.charge({"escalations": len(response.escalations)})  # the projection counts them from the response
         self._stage(self._event(step_id, "result", "model", fingerprint=fp,
                                 payload={"response": response.to_json(), "key": key, "sends": sends,
-                                         "counters": {"retries": retries} if retries else {}}),
+                                         "verdict": verdict.to_json(), "counters": counters}),
                     "model.K6")
-        self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key,
-                                    attempts=sends))
-        return response
+        self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key, attempts=sends))
+        return response, verdict.to_json()
 
     def _intent(self, step_id: str, send: int, key: str, turn: int, after: str | None) -> StepEvent:
         payload: dict[str, Any] = {"key": key, "turn": turn}

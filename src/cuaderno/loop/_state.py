@@ -13,7 +13,7 @@ from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import Step
 from cuaderno.testing import crash
 
-__all__ = ["RunState", "effect_key", "tool_message"]
+__all__ = ["RunState", "effect_key", "plus", "tool_message"]
 
 
 def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:
@@ -37,6 +37,7 @@ def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
         content = f"error [{err.get('error_class', 'bug')}]: {err.get('message', '')}"
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": True}
 
+
 class RunState:
     """What one run of one agent knows while it runs: the journal index, the conversation, and
     the events waiting for the next commit."""
@@ -58,6 +59,22 @@ class RunState:
         self.config_fp = fingerprint(agent.config())
         self.chain = self.config_fp
         self.unhashed: list[Message] = []
+        self.spent: dict[str, int] = {}
+        """What this run has spent of each budget: the checkpoint's counters plus this process's."""
+        self.over_budget: tuple[str, int] | None = None
+        self.migrated = False
+        """The run was migrated to this agent's versions: recorded turns are adopted as they are."""
+        self.rebase_turn: int | None = None
+        """The first model turn after the migration (its request carries a migration marker)."""
+        self.rebased = False
+
+    def charge(self, counters: dict[str, int]) -> None:
+        """Count second attempts against the agent's budgets; note the first bound exceeded."""
+        for name, n in counters.items():
+            self.spent[name] = self.spent.get(name, 0) + n
+            limit = self.agent.budgets.limit(name)
+            if limit is not None and self.spent[name] > limit and self.over_budget is None:
+                self.over_budget = (name, limit)
 
     def _show(self, step: Step) -> None:
         # A step is shown only once its events are committed: if any are pending, it waits for

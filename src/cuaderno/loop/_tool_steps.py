@@ -15,9 +15,26 @@ from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, plus, tool_message
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.testing import crash
-from cuaderno.tools.definition import ToolContext
+from cuaderno.tools.definition import Tool, ToolContext
 
 __all__ = ["ToolSteps"]
+
+def _compensation(tool: Tool, call: ToolCall, value: Any) -> dict[str, Any] | None:
+    """The compensation to schedule if the run is cancelled, decided now and journaled with the
+    result, so a cancellation can list it from the journal alone."""
+    if tool.compensation is None:
+        return None
+    try:
+        arguments = to_jsonable_python(tool.compensation.arguments(call.arguments, value))
+    except Exception as exc:
+        return {"tool": tool.compensation.tool, "arguments": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"tool": tool.compensation.tool, "arguments": arguments}
+
+
+_AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.value: "replans",
+                ErrorClass.PERMANENT.value: "reflects", ErrorClass.TRANSIENT.value: "reflects"}
+"""What the model is asked to do next after a tool error of each class: repair its input,
+replan on fresh state, or reflect on a refusal. Ambiguous errors are reconciled, bugs stop."""
 
 
 class ToolSteps(RunState):
@@ -51,8 +68,7 @@ class ToolSteps(RunState):
                 problem = exc
         if problem is not None or tool is None:
             assert problem is not None
-            self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json(),
-                              counters={"repairs": 1})
+            self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json())
             return False
         ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
@@ -153,7 +169,7 @@ class ToolSteps(RunState):
                 self._bug(step_id, call, args_fp, ekey, decision, exc)
         crash.point("tool.K5")
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
-                          counters=plus(counters, "retries", retries))
+                          counters=plus(counters, "retries", retries), compensation=_compensation(tool, call, value))
         return False
 
     async def _reconcile(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
@@ -203,7 +219,14 @@ class ToolSteps(RunState):
 
     def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, value: Any, *,
                      decision: str | None, error: dict[str, Any] | None = None, reason: str | None = None,
-                     effect_key: str | None = None, counters: dict[str, int] | None = None) -> None:
+                     effect_key: str | None = None, counters: dict[str, int] | None = None,
+                     compensation: dict[str, Any] | None = None) -> None:
+        # Each outcome the model is told about is a second attempt of a named kind (seed 001 §2).
+        kind = "reflects" if outcome == "denied" else _AFTER_ERROR.get(str((error or {}).get("error_class")))
+        if outcome != "ok" and kind is not None:
+            counters = plus(dict(counters or {}), kind, 1)
+        if counters:
+            self.charge(counters)
         payload: dict[str, Any] = {"outcome": outcome}
         if outcome == "ok":
             payload["value"] = value
@@ -215,6 +238,8 @@ class ToolSteps(RunState):
             payload["effect_key"] = effect_key
         if counters:
             payload["counters"] = counters
+        if compensation:
+            payload["compensation"] = compensation
         self._stage(self._event(step_id, "result", "tool", name=call.name, decision=decision, fingerprint=args_fp,
                                 payload=payload), "tool.K6")
         self._add_message(tool_message(call.id, call.name, payload))

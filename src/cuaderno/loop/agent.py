@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cuaderno.budgets import Budgets
 from cuaderno.errors import UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal.base import SCHEMA_VERSION, Checkpointer
 from cuaderno.loop.steps import Step
+from cuaderno.loop.versions import Migration
 from cuaderno.tools.definition import Tool
 from cuaderno.tools.policy import ALLOW_ALL, Policy
 
@@ -66,9 +68,9 @@ class Session:
         store: the journal.
         tenant: part of every effect key, so two tenants never share an effect identity.
         owner: names this process in the fencing record (default: host and pid).
-        on_version_mismatch: what to do when the run was started under other versions:
-            ``"refuse"`` (default) raises :class:`~cuaderno.errors.VersionMismatch`;
-            ``"resume"`` continues unchanged, on the caller's explicit responsibility.
+        on_version_mismatch: what to do when the run was started under other versions (see
+            :mod:`cuaderno.loop.versions`): ``"refuse"`` (default), ``"resume"``, ``"drain"``,
+            ``"cancel"`` or a :class:`~cuaderno.loop.versions.Migration`.
         retry: the retry layer's bounds.
         sleep: how to wait between retries (injectable for tests).
         seed: seeds the retry jitter.
@@ -78,13 +80,15 @@ class Session:
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
-                 owner: str | None = None, on_version_mismatch: Literal["refuse", "resume"] = "refuse",
+                 owner: str | None = None,
+                 on_version_mismatch: Literal["refuse", "resume", "drain", "cancel"] | Migration = "refuse",
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  seed: int | None = None, verify_replay: bool = False) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
-        if on_version_mismatch not in ("refuse", "resume"):
-            raise UsageError("on_version_mismatch must be 'refuse' or 'resume'")
+        if not isinstance(on_version_mismatch, Migration) and on_version_mismatch not in (
+                "refuse", "resume", "drain", "cancel"):
+            raise UsageError("on_version_mismatch must be 'refuse', 'resume', 'drain', 'cancel' or a Migration")
         self.run_id = run_id
         self.gateway = gateway
         self.store = store
@@ -109,11 +113,14 @@ class Agent:
         name: names the agent in the journal.
         max_turns: model calls per run before the run stops.
         require_tool: every turn must call a tool (``tool_choice=required``).
+        budgets: per-run bounds on retries, repairs, replans, reflects, escalations and
+            rejected responses (see :class:`~cuaderno.budgets.Budgets`).
     """
 
     def __init__(self, *, instructions: str, tools: Sequence[Tool] = (), policy: Policy | None = None,
                  model: str | None = None, name: str = "agent", max_turns: int = 32, require_tool: bool = False,
-                 max_output_tokens: int | None = None, temperature: float | None = None) -> None:
+                 max_output_tokens: int | None = None, temperature: float | None = None,
+                 budgets: Budgets | None = None) -> None:
         self.instructions = instructions
         self.tools = {t.name: t for t in tools}
         if len(self.tools) != len(tools):
@@ -131,6 +138,7 @@ class Agent:
         self.max_output_tokens = max_output_tokens
         self.temperature = temperature
         self.tool_schemas = tuple(t.schema() for t in tools)
+        self.budgets = budgets or Budgets()
 
     def config(self) -> dict[str, Any]:
         """The parts of every request that do not depend on the conversation."""

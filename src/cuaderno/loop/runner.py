@@ -24,16 +24,27 @@ body) before everything it depends on is durable. Steps are yielded only after t
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
+from cuaderno.cancellation import cancel, cancellation_record, end_event
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import BudgetExceeded, ReplayDivergence, RunClosed, UncertainEffect, VersionMismatch
+from cuaderno.errors import (
+    BudgetExceeded,
+    DrainOnOldWorker,
+    MigrationFailed,
+    ReplayDivergence,
+    RunCancelled,
+    RunClosed,
+    UncertainEffect,
+    VersionMismatch,
+)
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
 from cuaderno.loop.steps import FinalStep, Step
+from cuaderno.loop.versions import Migration
 from cuaderno.testing import crash
 
 __all__ = ["Runner", "effect_key", "tool_message"]
@@ -55,22 +66,31 @@ class Runner(ModelSteps, ToolSteps):
                                          payload={"task": self.task, "versions": versions})])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
-            closed = self._check_resumable(cp, task_fp, versions)
+            closed = self._check_resumable(cp, task_fp)
             if closed is not None:
                 return closed
+            if cp.versions != versions and cp.cancel_requested is None:
+                self._version_choice(cp, versions)
         crash.point("recovery.R2")
         # Take the run over *before* reading it: anything the previous owner committed is then
         # visible, and anything it tries to commit afterwards is refused.
         self.epoch = self.store.acquire(self.run_id, self.s.owner)
         crash.point("recovery.R3")
-        for ev in self.store.load(self.run_id):
+        events = self.store.load(self.run_id)
+        migrate_seq = 0
+        for ev in events:
             self.journal[(ev.step_id, ev.phase)] = ev
             if ev.kind in ("model", "tool", "final"):
                 self.unvisited.setdefault(ev.step_id, ev.seq)
+            elif ev.kind == "run" and ev.phase.startswith("migrate"):
+                migrate_seq = ev.seq
+        if migrate_seq:
+            self._after_migration(events, migrate_seq)
+        self.spent = dict((self.store.checkpoint(self.run_id) or cp).counters)
         self._add_message({"role": "user", "content": self.task})
         return None
 
-    def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
+    def _check_resumable(self, cp: Checkpoint, task_fp: str) -> FinalStep | None:
         if cp.task_fingerprint != task_fp:
             raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
         if cp.status == "completed":
@@ -78,12 +98,39 @@ class Runner(ModelSteps, ToolSteps):
             return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome)
         if cp.status in ("failed", "cancelled"):
             raise RunClosed(self.run_id, cp.status)
-        if cp.status == "needs_human" and cp.uncertain:
+        if cp.status == "needs_human" and cp.uncertain and cp.cancel_requested is None:
             step_id, evidence = next(iter(cp.uncertain.items()))
             raise UncertainEffect(self.run_id, step_id, evidence)
-        if cp.versions != versions and self.s.on_version_mismatch == "refuse":
-            raise VersionMismatch(self.run_id, cp.versions, versions)
         return None
+
+    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any]) -> None:
+        choice = self.s.on_version_mismatch
+        if choice == "resume":
+            return
+        if choice == "drain":
+            raise DrainOnOldWorker(self.run_id, cp.versions, versions)
+        if choice == "cancel":
+            cancel(self.store, self.run_id, f"version mismatch: {cp.versions} -> {versions}; start a new run",
+                   by=self.s.owner)
+            return  # finalized below, like any cancellation found on opening
+        if isinstance(choice, Migration):
+            events = self.store.load(self.run_id)
+            try:
+                record = choice.migrate(dict(cp.versions), dict(versions), events)
+            except Exception as exc:
+                raise MigrationFailed(self.run_id, cp.versions, versions) from exc
+            n = sum(1 for e in events if e.kind == "run" and e.phase.startswith("migrate")) + 1
+            self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase=f"migrate.{n}", kind="run",
+                                         name=choice.name, payload={"from": cp.versions, "to": versions,
+                                                                    "name": choice.name, "record": record})])
+            return
+        raise VersionMismatch(self.run_id, cp.versions, versions)
+
+    def _after_migration(self, events: list[StepEvent], migrate_seq: int) -> None:
+        """Recorded turns stand as decided; the first turn after the migration carries a marker."""
+        self.migrated = True
+        after = [e for e in events if e.kind == "model" and e.phase == "intent" and e.seq > migrate_seq]
+        self.rebase_turn = min((int(e.payload.get("turn", 0)) for e in after), default=None)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -93,25 +140,62 @@ class Runner(ModelSteps, ToolSteps):
         if closed is not None:
             yield closed
             return
-        for turn in range(self.agent.max_turns):
-            response = await self._model_turn(turn)
+        try:
+            if self.store_cancel_requested():
+                self._finalize_cancel()
+            for turn in range(self.agent.max_turns):
+                response = await self._model_turn(turn)
+                for s in self._drain():
+                    yield s
+                self._enforce_budgets()
+                if response is None:
+                    continue  # rejected (empty or refused): counted, and the turn is asked again
+                if not response.tool_calls:
+                    self._finish(turn, response)
+                    for s in self._drain():
+                        yield s
+                    return
+                for index, call in enumerate(response.tool_calls):
+                    suspended = await self._tool_call(turn, index, call)
+                    for s in self._drain():
+                        yield s
+                    self._enforce_budgets()
+                    if suspended:
+                        return
+            self._flush()
             for s in self._drain():
                 yield s
-            if not response.tool_calls:
-                self._finish(turn, response)
-                for s in self._drain():
-                    yield s
-                return
-            for index, call in enumerate(response.tool_calls):
-                suspended = await self._tool_call(turn, index, call)
-                for s in self._drain():
-                    yield s
-                if suspended:
-                    return
-        self._flush()
-        for s in self._drain():
-            yield s
+            self._end_failed("max_turns", self.agent.max_turns)
+        except RunCancelled:
+            self._finalize_cancel()
+
+    def store_cancel_requested(self) -> bool:
+        cp = self.store.checkpoint(self.run_id)
+        return cp is not None and cp.cancel_requested is not None
+
+    def _enforce_budgets(self) -> None:
+        if self.over_budget is not None:
+            self._flush()
+            self._end_failed(*self.over_budget)
+
+    def _end_failed(self, budget: str, limit: int) -> None:
         self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
-                                     payload={"status": "failed", "reason": "max_turns",
-                                              "limit": self.agent.max_turns})], epoch=self.epoch)
-        raise BudgetExceeded(self.run_id, "max_turns", self.agent.max_turns)
+                                     payload={"status": "failed", "reason": "budget", "budget": budget,
+                                              "limit": limit, "spent": self.spent.get(budget)})], epoch=self.epoch)
+        raise BudgetExceeded(self.run_id, budget, limit)
+
+    def _finalize_cancel(self) -> NoReturn:
+        """Stop for good: journal what was in flight, reconcile what can be, write the record."""
+        admitted = [e for e in self.pending if not (e.phase.startswith("intent") or e.kind == "final"
+                                                   or (e.kind == "approval" and e.phase == "request"))]
+        self.pending, self.points = admitted, []
+        self._flush()  # results of effects that completed before the cancellation still land
+        events = self.store.load(self.run_id)
+        cp = self.store.checkpoint(self.run_id)
+        assert cp is not None
+        if cp.status == "cancelled":
+            raise RunCancelled(self.run_id, cp.outcome or {})
+        request = cp.cancel_requested or {}
+        record = cancellation_record(events, request)
+        self.store.append([end_event(self.run_id, record)], epoch=self.epoch)
+        raise RunCancelled(self.run_id, record)

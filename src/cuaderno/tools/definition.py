@@ -22,7 +22,7 @@ from pydantic_core import to_jsonable_python
 from cuaderno.errors import ToolArgumentsInvalid, UsageError
 from cuaderno.fingerprint import fingerprint
 
-__all__ = ["Lookup", "Tool", "ToolContext", "tool"]
+__all__ = ["Compensation", "Lookup", "Tool", "ToolContext", "tool"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,13 +48,32 @@ Lookup = Callable[[ToolContext, dict[str, Any]], Any]
 recorded result if the effect exists, ``None`` if its absence is proven, or raise if unknown."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Compensation:
+    """How to undo a completed effect if its run is cancelled: another tool, other arguments.
+
+    The compensation is a separate action: it gets its own effect key, its own policy decision,
+    and it can fail on its own. It is scheduled when the run is cancelled and runs only through
+    :func:`cuaderno.compensate`.
+
+    Attributes:
+        tool: the name of the compensating tool (one of the agent's tools).
+        arguments: ``(original_arguments, original_result) -> compensating tool's arguments``.
+    """
+
+    tool: str
+    arguments: Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
 class Tool:
     """A callable the model may ask for, with its schema and its side-effect class."""
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
-                 business_id: Callable[[dict[str, Any]], str] | None = None) -> None:
+                 business_id: Callable[[dict[str, Any]], str] | None = None,
+                 compensation: Compensation | None = None) -> None:
         self.fn = fn
+        self.compensation = compensation
         self.name = name or fn.__name__
         if not self.name.replace("_", "").replace("-", "").isalnum() or len(self.name) > 64:
             raise UsageError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
@@ -148,12 +167,14 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(*, name: str | None = None, description: str | None = None, idempotent: bool = False,
          effect_type: str | None = None, lookup: Lookup | None = None,
-         business_id: Callable[[dict[str, Any]], str] | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+         business_id: Callable[[dict[str, Any]], str] | None = None,
+         compensation: Compensation | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
-         business_id: Callable[[dict[str, Any]], str] | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         business_id: Callable[[dict[str, Any]], str] | None = None,
+         compensation: Compensation | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function: ``@tool`` or ``@tool(idempotent=True)``.
 
     Args:
@@ -163,10 +184,11 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         effect_type: names the effect in its effect key (default: the tool name).
         lookup: reconciliation: find an effect by its key when nobody knows if it happened.
         business_id: derive a business identifier from the arguments, for lookups.
+        compensation: how to undo the effect if the run is cancelled (a separate action).
     """
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, name=name, description=description, idempotent=idempotent, effect_type=effect_type,
-                    lookup=lookup, business_id=business_id)
+                    lookup=lookup, business_id=business_id, compensation=compensation)
 
     if fn is not None:
         return wrap(fn)

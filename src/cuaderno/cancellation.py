@@ -1,0 +1,94 @@
+"""Cancelling a run from any process, and the record a cancelled run keeps (seed 001 §7).
+
+Cancelling stops admitting new steps; it does not undo an effect in flight. ``cancel`` writes a
+request; from that commit on, the journal refuses every new intent of the run (checked in the
+intent's own transaction), while results are still admitted so an effect already in flight ends
+journaled. Whoever finalizes the run — the loop at its next step, the next resume, or ``cancel``
+itself when the run is waiting for a person — writes one ``cancelled`` record:
+
+- ``completed``: tool steps whose effect happened, with their effect keys;
+- ``uncertain``: tool steps started and never recorded (their evidence), to reconcile by hand;
+- ``not_started``: calls that were waiting for approval and will not run;
+- ``cleanup``: compensations scheduled for completed effects. A compensation is another action,
+  with its own identity (effect key), its own policy decision and its own failures; it runs only
+  when someone calls :func:`cuaderno.compensate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import JournalConflict, RunClosed, RunNotFound, UsageError
+from cuaderno.events import StepEvent
+from cuaderno.journal.base import Checkpointer
+
+__all__ = ["cancel", "cancellation_record"]
+
+
+def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
+    """Ask the run to stop. Idempotent; safe from any process, while the run runs or not.
+
+    Returns:
+        The run's checkpoint after the request. Its status is ``cancelled`` at once when no loop
+        can be running it (it was waiting for a person); otherwise ``cancel_requested`` is set
+        and the run's own loop (or its next resume) finalizes it.
+
+    Raises:
+        RunNotFound: no such run.
+        RunClosed: the run already completed or failed (a cancelled run is returned as is).
+    """
+    if not isinstance(run_id, str) or not run_id:
+        raise UsageError("run_id must be a non-empty string")
+    if not isinstance(reason, str):
+        raise UsageError("reason must be a string")
+    cp = store.checkpoint(run_id)
+    if cp is None:
+        raise RunNotFound(run_id)
+    if cp.status == "cancelled" or cp.cancel_requested is not None:
+        return cp
+    if cp.status in ("completed", "failed"):
+        raise RunClosed(run_id, cp.status)
+    request = StepEvent(run_id=run_id, step_id="cancel", phase="request", kind="cancel",
+                        payload={"reason": reason, "by": by})
+    events = [request]
+    if cp.status in ("suspended", "needs_human"):
+        # Nobody runs a run that waits for a person: finalize now, in the same transaction.
+        events.append(end_event(run_id, cancellation_record(store.load(run_id), request.payload)))
+    try:
+        store.append(events)
+    except JournalConflict:
+        pass  # another process cancelled first: its request stands
+    cp = store.checkpoint(run_id)
+    assert cp is not None
+    return cp
+
+
+def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:
+    """The event that closes a cancelled run."""
+    return StepEvent(run_id=run_id, step_id="run", phase="end", kind="run", payload=record)
+
+
+def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dict[str, Any]:
+    """What a cancelled run keeps, derived from its journal alone."""
+    by_key = {(e.step_id, e.phase): e for e in events}
+    completed: list[dict[str, Any]] = []
+    uncertain: list[dict[str, Any]] = []
+    not_started: list[str] = []
+    cleanup: list[dict[str, Any]] = []
+    for ev in events:
+        if ev.kind == "tool" and ev.phase == "intent":
+            result = by_key.get((ev.step_id, "result"))
+            if result is None:
+                uncertain.append({"step_id": ev.step_id, "tool": ev.name,
+                                  "effect_key": ev.payload.get("effect_key"),
+                                  "evidence": (by_key.get((ev.step_id, "uncertain")) or ev).payload})
+            elif result.payload.get("outcome") == "ok":
+                completed.append({"step_id": ev.step_id, "tool": ev.name, "effect_key": ev.payload.get("effect_key")})
+                if result.payload.get("compensation"):
+                    cleanup.append({"for_step": ev.step_id, **result.payload["compensation"],
+                                    "status": "scheduled"})
+        elif ev.kind == "approval" and ev.phase == "request" and (ev.step_id, "decision") not in by_key:
+            not_started.append(ev.step_id)
+    return {"status": "cancelled", "reason": request.get("reason"), "by": request.get("by"),
+            "completed": completed, "uncertain": uncertain, "not_started": not_started, "cleanup": cleanup}
