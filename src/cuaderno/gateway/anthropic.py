@@ -75,6 +75,9 @@ class AnthropicGateway:
         zero_cost_is_unpriced: do not believe a *reported* cost of 0 for a call that used tokens.
     """
 
+    provider_name = _PROVIDER
+    """``gen_ai.provider.name`` for telemetry."""
+
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  client: anthropic.AsyncAnthropic | None = None, http_client: httpx2.AsyncClient | None = None,
                  idempotency_header: str | None = "Idempotency-Key", prices: PriceTable | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuaderno import telemetry
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import idempotency_key
@@ -72,7 +73,10 @@ class ModelSteps(RunState):
             self._flush()
             crash.point("model.K2")
             try:
-                response = await self.s.gateway.complete(request, idempotency_key=key)
+                with telemetry.model_call(request, run_id=self.run_id, step_id=step_id,
+                                          provider=getattr(self.s.gateway, "provider_name", None)) as span:
+                    response = await self.s.gateway.complete(request, idempotency_key=key)
+                    span.response(response)
                 break
             except GatewayError as err:
                 wait = self._retry_wait(err, retries, resends)

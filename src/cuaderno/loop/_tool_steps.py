@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 from pydantic_core import to_jsonable_python
 
+from cuaderno import telemetry
 from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, tool_step_id
 from cuaderno.fingerprint import fingerprint
@@ -148,7 +149,9 @@ class ToolSteps(RunState):
             self._flush()
             crash.point("tool.K2")
             try:
-                value = await tool.invoke(kwargs, self._context(step_id, call, ekey, attempt))
+                with telemetry.tool_call(call.name, run_id=self.run_id, step_id=step_id, call_id=call.id) as span:
+                    value = await tool.invoke(kwargs, self._context(step_id, call, ekey, attempt))
+                    span.ok()
                 break
             except ToolError as err:
                 crash.point("tool.K5")

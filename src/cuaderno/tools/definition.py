@@ -48,7 +48,7 @@ Lookup = Callable[[ToolContext, dict[str, Any]], Any]
 recorded result if the effect exists, ``None`` if its absence is proven, or raise if unknown."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, slots=True)
 class Compensation:
     """How to undo a completed effect if its run is cancelled: another tool, other arguments.
 

@@ -1,0 +1,129 @@
+"""Every conformance case against every embedded backend.
+
+A new backend joins by adding a factory to ``BACKENDS`` here, or with its own small module that
+parametrizes over ``CASES`` the same way (the Postgres backend will). Cases that fail on a backend
+because of a known, reported bug are marked ``xfail(strict=True)``: the day the bug is fixed the
+mark turns into a failure, so it cannot outlive the bug.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuaderno.events import StepEvent
+from cuaderno.journal import MemoryCheckpointer, SqliteCheckpointer
+from cuaderno.journal.base import Checkpointer
+from cuaderno.testing.conformance import CASES, Case, Factory, conformance_cases, run_conformance
+
+BACKENDS = ("memory", "sqlite")
+
+KNOWN_BUGS: dict[tuple[str, str], str] = {
+    ("memory", "invalid_names_refused"):
+        "validate_event() checks run_id/step_id/phase/kind only: a name that is empty, holds NUL, a lone surrogate "
+        "or 1 MB is stored (and name=''/None hash alike in row_hash)",
+    ("sqlite", "invalid_names_refused"):
+        "validate_event() does not check name/decision/fingerprint: '', NUL and 1 MB names are stored; a lone "
+        "surrogate escapes as UnicodeEncodeError from the sqlite3 driver (memory stores it)",
+    ("memory", "unreadable_rows_refused"):
+        "a non-object payload or an unknown codec tag is stored; load() then raises JournalCorrupt on .payload",
+    ("sqlite", "unreadable_rows_refused"):
+        "a non-object payload or an unknown codec tag is stored; load() then raises JournalCorrupt on .payload",
+    ("sqlite", "reads_with_invalid_ids"):
+        "load/checkpoint/acquire('\\ud800') raise UnicodeEncodeError from the sqlite3 driver "
+        "(memory: RunNotFound / None)",
+}
+
+
+def _factory(backend: str, tmp_path: Path) -> Factory:
+    if backend == "memory":
+        return MemoryCheckpointer
+    # A fresh directory per factory: the factory must hand out new, empty stores.
+    base = Path(tempfile.mkdtemp(dir=tmp_path))
+    names = (base / f"journal{i}.db" for i in itertools.count())
+    return lambda: SqliteCheckpointer(next(names))
+
+
+def _params() -> Iterator[object]:
+    for backend in BACKENDS:
+        for case in CASES:
+            reason = KNOWN_BUGS.get((backend, case.name))
+            marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)] if reason else []
+            yield pytest.param(backend, case, id=f"{backend}-{case.name}", marks=marks)
+
+
+@pytest.mark.parametrize(("backend", "case"), list(_params()))
+def test_conformance(backend: str, case: Case, tmp_path: Path) -> None:
+    case.check(_factory(backend, tmp_path))
+
+
+def test_known_bugs_name_real_cases() -> None:
+    names = {c.name for c in CASES}
+    assert {name for _, name in KNOWN_BUGS} <= names
+    assert {backend for backend, _ in KNOWN_BUGS} <= set(BACKENDS)
+
+
+def test_cases_are_unique_documented_and_yielded() -> None:
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names)) == 18
+    assert list(conformance_cases()) == list(CASES)
+    for name, check in conformance_cases():  # the (name, fn) form
+        assert callable(check)
+        assert check.__doc__, f"case {name} has no docstring"
+        assert check.__name__ == f"check_{name}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_run_conformance_reports_exactly_the_known_failures(backend: str, tmp_path: Path) -> None:
+    failures = run_conformance(_factory(backend, tmp_path))
+    failed = sorted(f.split(":", 1)[0] for f in failures)
+    assert failed == sorted(name for b, name in KNOWN_BUGS if b == backend)
+    assert run_conformance(_factory(backend, tmp_path), skip=failed) == []
+
+
+def test_run_conformance_rejects_unknown_skip() -> None:
+    from cuaderno.errors import UsageError
+
+    with pytest.raises(UsageError):
+        run_conformance(MemoryCheckpointer, skip=["no_such_case"])
+
+
+# The conformance case accepts UsageError, ValueError or TypeError for a payload that is not plain
+# JSON. This pins what the backends raise today: the json module's own errors, unwrapped.
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("payload", "error", "message"), [
+    ({"x": math.nan}, ValueError, "Out of range float values are not JSON compliant"),
+    ({"x": math.inf}, ValueError, "Out of range float values are not JSON compliant"),
+    ({"x": {1, 2}}, TypeError, "Object of type set is not JSON serializable"),
+    ({"x": b"raw"}, TypeError, "Object of type bytes is not JSON serializable"),
+    ({("a", "b"): 1}, TypeError, "keys must be str, int, float, bool or None"),
+    ({"x": "\ud800"}, UnicodeEncodeError, "surrogates not allowed"),
+], ids=["nan", "inf", "set", "bytes", "tuple-key", "lone-surrogate"])
+def test_payload_error_types(backend: str, payload: dict[Any, Any], error: type[Exception], message: str,
+                             tmp_path: Path) -> None:
+    store: Checkpointer = _factory(backend, tmp_path)()
+    try:
+        with pytest.raises(error, match=message) as info:
+            store.append([StepEvent(run_id="r", step_id="s", phase="p", kind="tool", payload=payload)])
+        assert type(info.value) is error  # exactly the json/codec error, not a cuaderno error
+        assert store.list_runs() == []
+    finally:
+        store.close()
+
+
+def test_int_keys_are_silently_converted(tmp_path: Path) -> None:
+    """Not an error today: {1: 'a'} is stored as {"1": "a"}, so what load() returns differs from what was sent."""
+    store = SqliteCheckpointer(tmp_path / "j.db")
+    try:
+        payload: dict[Any, Any] = {1: "a"}
+        store.append([StepEvent(run_id="r", step_id="s", phase="p", kind="tool", payload=payload)])
+        assert store.load("r")[0].payload == {"1": "a"}
+    finally:
+        store.close()
+

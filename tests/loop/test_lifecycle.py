@@ -1,0 +1,297 @@
+"""Budgets, rejected generations, cancellation, compensation and version choices (seed 001)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuaderno import (
+    Agent,
+    BudgetExceeded,
+    Budgets,
+    Compensation,
+    DrainOnOldWorker,
+    ErrorClass,
+    FinalStep,
+    Migration,
+    MigrationFailed,
+    ModelResponse,
+    Policy,
+    ReplayDivergence,
+    RunCancelled,
+    RunClosed,
+    RunNotFound,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    ToolContext,
+    ToolError,
+    VersionMismatch,
+    cancel,
+    compensate,
+    tool,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = SqliteCheckpointer(tmp_path / "runs.db")
+    yield s
+    s.close()
+
+
+async def collect(agent: Agent, task: str, session: Session) -> list[Any]:
+    return [step async for step in agent.run(task, session=session)]
+
+
+class Bank:
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, int]] = []
+
+    def tools(self) -> list[Any]:
+        @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+        def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+            """Move money."""
+            self.moves.append((to, amount))
+            return {"ok": True}
+
+        @tool
+        def refund(to: str, amount: int) -> dict[str, Any]:
+            """Give money back."""
+            self.moves.append((to, -amount))
+            return {"refunded": amount}
+
+        @tool
+        def update(version: int) -> str:
+            """Update a record (may conflict)."""
+            raise ToolError("stale version", error_class=ErrorClass.CONFLICT)
+
+        return [transfer, refund, update]
+
+
+# -- budgets -------------------------------------------------------------------------------------
+
+
+async def test_each_kind_has_its_own_bound_and_the_run_fails_when_one_is_spent(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(replans=2))
+    gw = ScriptedGateway([ScriptedGateway.call("update", version=1)] * 5)
+    with pytest.raises(BudgetExceeded) as info:
+        await collect(agent, "t", Session("b", gw, store))
+    assert info.value.budget == "replans" and info.value.limit == 2
+    cp = store.checkpoint("b")
+    assert cp.status == "failed" and cp.count("replans") == 3 and cp.count("repairs") == 0
+    assert gw.calls == 3  # stopped at the third conflict, not at max_turns
+    with pytest.raises(RunClosed):
+        await collect(agent, "t", Session("b", gw, store))
+
+
+async def test_budgets_survive_a_resume(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(repairs=1),
+                  policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="x", amount="many"), ScriptedGateway.call("transfer", to="x", amount=1),
+              ScriptedGateway.call("transfer", to="x", amount="again")]
+    await collect(agent, "t", Session("bs", ScriptedGateway(script), store))  # one repair, then waits
+    assert store.checkpoint("bs").count("repairs") == 1
+    from cuaderno import approve
+
+    approve(store, "bs", "t0001.tool00")
+    with pytest.raises(BudgetExceeded):  # the second repair, in another session, exceeds the bound of 1
+        await collect(agent, "t", Session("bs", ScriptedGateway(script), store))
+
+
+# -- empty generations ---------------------------------------------------------------------------
+
+
+async def test_empty_turns_are_rejected_counted_and_capped_per_episode(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), require_tool=True, budgets=Budgets(rejected_responses=2))
+    calls: list[int] = []
+
+    def script(request: Any) -> ModelResponse:
+        calls.append(len(request.messages))
+        return ScriptedGateway.empty()
+
+    with pytest.raises(BudgetExceeded) as info:
+        await collect(agent, "t", Session("e", ScriptedGateway(script), store))
+    assert info.value.budget == "rejected_responses"
+    assert calls == [1, 1, 1]  # the same conversation asked again: an empty turn adds nothing to it
+    cp = store.checkpoint("e")
+    assert cp.count("rejected_responses") == 3 and cp.count("unpriced_calls") == 3
+
+
+async def test_an_empty_turn_then_an_answer_completes(store: Any) -> None:
+    gw = ScriptedGateway(lambda r: ScriptedGateway.empty() if not gw.calls or gw.calls == 1 else ScriptedGateway.text("ok"))
+    steps = await collect(Agent(instructions="i"), "t", Session("e2", gw, store))
+    assert isinstance(steps[-1], FinalStep) and steps[-1].output == "ok"
+    assert store.checkpoint("e2").count("rejected_responses") == 1
+    # replay: the rejected turn is not re-asked and not part of the context
+    gw2 = ScriptedGateway([ScriptedGateway.text("never")])
+    again = await collect(Agent(instructions="i"), "t", Session("e2", gw2, store))
+    assert again[-1].replayed and gw2.calls == 0
+
+
+# -- cancellation --------------------------------------------------------------------------------
+
+
+async def test_cancel_a_waiting_run_closes_it_at_once_with_its_record(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="a", amount=1), ScriptedGateway.text("x")]
+    await collect(agent, "t", Session("c1", ScriptedGateway(script), store))
+    cp = cancel(store, "c1", "changed my mind", by="ana")
+    assert cp.status == "cancelled" and cp.outcome is not None
+    assert cp.outcome["not_started"] == ["t0000.tool00.approval"] and cp.outcome["completed"] == []
+    assert cancel(store, "c1", "again").status == "cancelled"  # idempotent
+    gw = ScriptedGateway(script)
+    with pytest.raises(RunClosed):
+        await collect(agent, "t", Session("c1", gw, store))
+    assert gw.calls == 0 and bank.moves == []
+
+
+async def test_cancel_while_running_admits_no_new_step_and_keeps_the_effect_in_flight(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools())
+
+    @tool
+    def slow_transfer(to: str, amount: int) -> str:
+        """A transfer during which someone cancels the run."""
+        cancel(store, "c2", "stop", by="ops")  # the cancellation commits while the effect is in flight
+        bank.moves.append((to, amount))
+        return "sent"
+
+    agent = Agent(instructions="i", tools=[*bank.tools(), slow_transfer])
+    gw = ScriptedGateway([ScriptedGateway.call("slow_transfer", to="b", amount=7), ScriptedGateway.text("never")])
+    with pytest.raises(RunCancelled) as info:
+        await collect(agent, "t", Session("c2", gw, store))
+    record = info.value.record
+    assert bank.moves == [("b", 7)] and gw.calls == 1  # the next model call was never sent
+    assert [c["step_id"] for c in record["completed"]] == ["t0000.tool00"] and record["uncertain"] == []
+    cp = store.checkpoint("c2")
+    assert cp.status == "cancelled"
+    result = next(e for e in store.load("c2") if e.step_id == "t0000.tool00" and e.phase == "result")
+    assert result.payload["value"] == "sent"  # the effect in flight was journaled, not lost
+    assert not any(e.step_id == "t0001.model" for e in store.load("c2"))
+
+
+async def test_cancel_errors(store: Any) -> None:
+    with pytest.raises(RunNotFound):
+        cancel(store, "nope", "x")
+    await collect(Agent(instructions="i"), "t", Session("done", ScriptedGateway([ScriptedGateway.text("x")]), store))
+    n = len(store.load("done"))
+    with pytest.raises(RunClosed):
+        cancel(store, "done", "too late")
+    assert len(store.load("done")) == n
+
+
+async def test_compensation_is_scheduled_on_cancel_and_runs_once_with_its_own_identity(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), policy=Policy({"refund": "allow", "transfer": "allow"}))
+
+    script = [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.call("transfer", to="d", amount=6)]
+    steps = agent.run("t", session=Session("c3", ScriptedGateway(script), store))
+    with pytest.raises(RunCancelled):
+        async for step in steps:
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, "c3", "abort")
+    cp = store.checkpoint("c3")
+    assert cp.status == "cancelled" and [c["step_id"] for c in cp.outcome["completed"]] == ["t0000.tool00"]
+    assert cp.outcome["cleanup"] == [{"for_step": "t0000.tool00", "tool": "refund",
+                                      "arguments": {"to": "c", "amount": 5}, "status": "scheduled"}]
+    results = await compensate(agent, store, "c3")
+    assert bank.moves == [("c", 5), ("c", -5)] and results[0]["outcome"] == "ok"
+    assert results[0]["effect_key"] != cp.outcome["completed"][0]["effect_key"]
+    await compensate(agent, store, "c3")
+    assert bank.moves == [("c", 5), ("c", -5)]
+
+
+async def test_a_compensation_needs_its_own_permission(store: Any) -> None:
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), policy=Policy({"refund": "deny"}))
+    steps = agent.run("t", session=Session("c4", ScriptedGateway([ScriptedGateway.call("transfer", to="e", amount=1),
+                                                                  ScriptedGateway.text("x")]), store))
+    with pytest.raises(RunCancelled):
+        async for step in steps:
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, "c4", "abort")
+    results = await compensate(agent, store, "c4")
+    assert results[0]["outcome"] == "denied" and bank.moves == [("e", 1)]
+
+
+# -- versions ------------------------------------------------------------------------------------
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+async def _suspended_run(store: Any, instructions: str) -> tuple[Bank, list[ModelResponse]]:
+    bank = Bank()
+    agent = Agent(instructions=instructions, tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="f", amount=3), ScriptedGateway.text("done")]
+    await collect(agent, "t", Session("v", ScriptedGateway(script), store))
+    return bank, script
+
+
+async def test_version_mismatch_choices(store: Any, tmp_path: Path) -> None:
+    bank, script = await _suspended_run(store, "v1")
+    v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    rows = len(store.load("v"))
+    with pytest.raises(VersionMismatch) as info:
+        await collect(v2, "t", Session("v", ScriptedGateway(script), store))
+    assert info.value.recorded["agent"] != info.value.current["agent"]
+    with pytest.raises(DrainOnOldWorker):
+        await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="drain"))
+    assert len(store.load("v")) == rows
+    with pytest.raises(ReplayDivergence):  # "resume unchanged" still refuses another request at turn 0
+        await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="resume"))
+    with pytest.raises(RunCancelled):
+        await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="cancel"))
+    assert store.checkpoint("v").status == "cancelled"
+
+
+async def test_a_failing_migration_leaves_the_journal_as_it_was(store: Any, tmp_path: Path) -> None:
+    bank, script = await _suspended_run(store, "v1")
+    v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    store.close()
+    before = _file_digest(tmp_path / "runs.db")
+
+    def refuse(old: dict[str, Any], new: dict[str, Any], events: list[Any]) -> dict[str, Any]:
+        raise ValueError("cannot migrate runs with pending transfers")
+
+    s2 = SqliteCheckpointer(tmp_path / "runs.db")
+    with pytest.raises(MigrationFailed):
+        await collect(v2, "t", Session("v", ScriptedGateway(script), s2, on_version_mismatch=Migration(name="m",
+                                                                                                       migrate=refuse)))
+    s2.close()
+    assert _file_digest(tmp_path / "runs.db") == before
+
+
+async def test_a_migration_moves_the_run_and_new_steps_use_the_new_agent(store: Any) -> None:
+    bank, script = await _suspended_run(store, "v1")
+    from cuaderno import approve
+
+    approve(store, "v", "t0000.tool00")
+    v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    seen: list[Any] = []
+
+    def migrate(old: dict[str, Any], new: dict[str, Any], events: list[Any]) -> dict[str, Any]:
+        seen.append((old["agent"], new["agent"], len(events)))
+        return {"note": "instructions reworded; recorded steps stand"}
+
+    gw = ScriptedGateway(script)
+    steps = await collect(v2, "t", Session("v", gw, store, on_version_mismatch=Migration(name="reword", migrate=migrate)))
+    assert isinstance(steps[-1], FinalStep) and bank.moves == [("f", 3)] and gw.calls == 1
+    assert gw.requests[0].instructions == "v2"
+    cp = store.checkpoint("v")
+    assert cp.versions["agent"] == v2.versions()["agent"] and len(seen) == 1
+    migrate_ev = next(e for e in store.load("v") if e.phase.startswith("migrate"))
+    assert migrate_ev.payload["record"]["note"].startswith("instructions")
+    # the migrated run replays under v2 with no call and no divergence
+    gw2 = ScriptedGateway(script)
+    again = await collect(v2, "t", Session("v", gw2, store))
+    assert again[-1].replayed and gw2.calls == 0
