@@ -33,9 +33,16 @@ def canonical(value: Any) -> bytes:
     to RFC 8785 for exactly that subset (a property test checks it against ``rfc8785``).
     Anything else (floats, big integers, astral-plane keys) goes through ``rfc8785`` itself.
     """
-    if _fast_ok(value):
-        return _compact(value).encode()
-    return rfc8785.dumps(value)
+    try:
+        if _fast_ok(value):
+            return _compact(value).encode()
+        return rfc8785.dumps(value)
+    except (UnicodeEncodeError, rfc8785.CanonicalizationError):
+        # RFC 8785 has no form for a lone surrogate, and a model can emit one ("\\ud800"). Such a
+        # value still needs a stable identity: the same compact sorted form, surrogates passed
+        # through. Valid Unicode never reaches this branch, so every other fingerprint is RFC 8785.
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8", "surrogatepass")
 
 
 def _fast_ok(value: Any) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import os
 import random
 import re
@@ -432,39 +431,27 @@ def test_seeded_bit_flips_are_never_silent(tmp_path: Path) -> None:
     assert detected > 50
 
 
-# Known bugs (R7): load() lets driver and decoder errors escape instead of raising JournalCorrupt.
-# Each test pins the exact wrong exception with xfail(strict=True, raises=...).
+# R7: damage found while reading (driver, decoder and type errors) is JournalCorrupt.
 
 
-@pytest.mark.xfail(strict=True, raises=json.JSONDecodeError,
-                   reason="bug: a damaged checkpoint row makes load() raise json.JSONDecodeError, not JournalCorrupt")
 def test_damaged_checkpoint_row_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_runs SET checkpoint='{\"run_id\":\"r\",\"sta' WHERE run_id='r'")
     with _store(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
-@pytest.mark.xfail(strict=True, raises=sqlite3.OperationalError,
-                   reason="bug: a TEXT column holding invalid UTF-8 makes load() raise sqlite3.OperationalError "
-                          "('Could not decode to UTF-8 column ...'), not JournalCorrupt")
 def test_invalid_utf8_in_a_row_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_events SET step_id=CAST(x'ff' AS TEXT) WHERE run_id='r' AND seq=3")
     with _store(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="bug: a seq column of the wrong type makes load() raise TypeError while sorting, "
-                          "not JournalCorrupt")
 def test_wrong_column_type_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_events SET seq='three' WHERE run_id='r' AND seq=3")
     with _store(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
-@pytest.mark.xfail(strict=True, raises=sqlite3.DatabaseError,
-                   reason="bug: a damaged b-tree page of cuaderno_events makes load() raise sqlite3.DatabaseError "
-                          "('database disk image is malformed'), not JournalCorrupt")
 def test_damaged_events_page_is_journal_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     _build(path)

@@ -332,3 +332,16 @@ async def test_permanent_errors_stop_without_retry_and_leave_the_run_resumable(s
     steps = await collect(Agent(instructions="i"), "t", Session("perm", gw, store))
     assert isinstance(steps[-1], FinalStep)
     assert store.checkpoint("perm").count("possibly_billed_twice") == 0  # the failure was journaled as known
+
+
+async def test_a_tool_name_the_journal_cannot_hold_is_refused_not_crashed(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    gw = ScriptedGateway([ScriptedGateway.parallel(("x" * 5000, {}), ("a\x00b", {}), ("\ud800", {})),
+                          ScriptedGateway.text("ok")])
+    steps = await collect(agent, "t", Session("names", gw, store))
+    tool_steps = [s for s in steps if isinstance(s, ToolStep)]
+    assert [s.outcome for s in tool_steps] == ["error"] * 3
+    assert all(s.tool.startswith("invalid-name-") for s in tool_steps)
+    again = await collect(agent, "t", Session("names", ScriptedGateway([]), store))
+    assert again[-1].replayed

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.events import StepEvent
+from cuaderno.events import CODEC_JSON, StepEvent
 
 __all__ = ["SCHEMA_VERSION", "Checkpointer", "validate_event"]
 
@@ -81,16 +81,43 @@ class Checkpointer(Protocol):
 
 
 def validate_event(ev: StepEvent) -> None:
-    """Refuse events that could not be stored and read back byte-exact."""
+    """Refuse events that could not be stored and read back byte-exact.
+
+    Raises:
+        UsageError: naming the field and the event's key; nothing is written.
+    """
     from cuaderno.errors import UsageError
 
     for name in ("run_id", "step_id", "phase", "kind"):
         value = getattr(ev, name)
-        if type(value) is not str or not value or len(value) > MAX_ID_CHARS or "\x00" in value:
-            raise UsageError(f"StepEvent.{name} must be a non-empty string of at most {MAX_ID_CHARS} "
-                             f"characters without NUL, got {value!r:.80}")
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise UsageError(f"StepEvent.{name} is not valid Unicode (lone surrogate?)") from exc
+        if type(value) is not str or not value:
+            raise UsageError(f"StepEvent.{name} must be a non-empty string, got {value!r:.80}")
+        _check_text(name, value, MAX_ID_CHARS)
+    for name, limit in (("name", MAX_ID_CHARS), ("decision", 64), ("fingerprint", 128)):
+        value = getattr(ev, name)
+        if value is None:
+            continue
+        if type(value) is not str or not value:
+            raise UsageError(f"StepEvent.{name} must be None or a non-empty string, got {value!r:.80}")
+        _check_text(name, value, limit)
+    if ev.codec != CODEC_JSON:
+        raise UsageError(f"StepEvent.codec {ev.codec!r} is not one this cuaderno can write (only {CODEC_JSON!r})")
+    if not isinstance(ev.payload, dict):
+        raise UsageError(f"StepEvent.payload at {ev.step_id}:{ev.phase} must be a JSON object, "
+                         f"got {type(ev.payload).__name__}")
+    try:
+        ev.encoded_payload()
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"StepEvent.payload at {ev.step_id}:{ev.phase} is not plain JSON: {exc}") from exc
+
+
+def _check_text(name: str, value: str, limit: int) -> None:
+    from cuaderno.errors import UsageError
+
+    if len(value) > limit or "\x00" in value:
+        raise UsageError(f"StepEvent.{name} must be at most {limit} characters without NUL, got {value!r:.80}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UsageError(f"StepEvent.{name} is not valid Unicode (lone surrogate?)") from exc

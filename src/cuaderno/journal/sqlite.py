@@ -199,38 +199,64 @@ class SqliteCheckpointer:
         return cp
 
     def load(self, run_id: str) -> list[StepEvent]:
-        with self._lock:
-            head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
-            if head is None:
-                raise RunNotFound(run_id)
-            rows: list[RawRow] = self._db.execute(
-                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
-        rows.sort(key=lambda r: r[3])
-        return check_chain(run_id, rows, Checkpoint.from_json(_loads(head[0])).last_hash)
+        if not _storable(run_id):
+            raise RunNotFound(run_id)
+        with self._reading(run_id):
+            with self._lock:
+                head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+                if head is None:
+                    raise RunNotFound(run_id)
+                rows: list[RawRow] = self._db.execute(
+                    f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+            rows.sort(key=lambda r: r[3])
+            events = check_chain(run_id, rows, Checkpoint.from_json(_loads(head[0])).last_hash)
+            for ev in events:
+                if ev.kind != "model" and ev.kind != "tool":
+                    ev.payload  # noqa: B018 - small payloads: decode now so damage shows here, not later
+            return events
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
-        with self._lock:
-            row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
-                                   (run_id,)).fetchone()
-        if row is None:
+        if not _storable(run_id):
             return None
-        cp = Checkpoint.from_json(_loads(row[1]))
-        cp.epoch = row[0]
-        return cp
+        with self._reading(run_id):
+            with self._lock:
+                row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
+                                       (run_id,)).fetchone()
+            if row is None:
+                return None
+            cp = Checkpoint.from_json(_loads(row[1]))
+            cp.epoch = int(row[0])
+            return cp
 
     def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
-                "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
-        out = []
-        for epoch, text in rows:
-            cp = Checkpoint.from_json(_loads(text))
-            cp.epoch = epoch
-            out.append(cp)
-        return out
+        if limit <= 0:
+            return []
+        with self._reading("*"):
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
+                    "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
+            out = []
+            for epoch, text in rows:
+                cp = Checkpoint.from_json(_loads(text))
+                cp.epoch = int(epoch)
+                out.append(cp)
+            return out
+
+    @contextmanager
+    def _reading(self, run_id: str) -> Iterator[None]:
+        """Turn damage found while reading into JournalCorrupt (the file is never touched)."""
+        try:
+            yield
+        except (JournalCorrupt, RunNotFound):
+            raise
+        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
+            raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
+                                 "the file was not changed") from exc
 
     def acquire(self, run_id: str, owner: str) -> int:
+        if not _storable(run_id):
+            raise RunNotFound(run_id)
         with self._txn() as db:
             row = db.execute("SELECT epoch FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
@@ -258,6 +284,17 @@ class SqliteCheckpointer:
 
 class _Duplicate(Exception):
     """An optimistic insert met a stored key: redo the append with lookups."""
+
+
+def _storable(run_id: str) -> bool:
+    """Whether ``run_id`` could ever have been stored (appends refuse the rest)."""
+    if type(run_id) is not str:
+        return False
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_existing(ev: StepEvent) -> StepEvent | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import inspect
 import traceback
 from typing import Any, NoReturn
@@ -19,6 +21,23 @@ from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool, ToolContext
 
 __all__ = ["ToolSteps"]
+
+def _journalable(call: ToolCall) -> ToolCall:
+    """The call with a name the journal can hold. The model may write anything as a tool name
+    (a megabyte, a NUL, a lone surrogate); such a call never runs, and is journaled under a
+    stable stand-in (the raw name stays in the journaled response)."""
+    name = call.name
+    ok = 0 < len(name) <= 256 and "\x00" not in name
+    if ok and not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            ok = False
+    if ok:
+        return call
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return dataclasses.replace(call, name=f"invalid-name-{digest}")
+
 
 def _compensation(tool: Tool, call: ToolCall, value: Any) -> dict[str, Any] | None:
     """The compensation to schedule if the run is cancelled, decided now and journaled with the
@@ -44,6 +63,7 @@ class ToolSteps(RunState):
     async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
         step_id = tool_step_id(turn, index)
+        call = _journalable(call)
         # The call comes from a journaled response; past turn 0 its fingerprint is checked only
         # with verify_replay (see _model_turn), which keeps resume O(rows).
         trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal

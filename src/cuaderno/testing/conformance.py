@@ -658,8 +658,7 @@ def check_reads_with_invalid_ids(factory: Factory) -> None:
 def _unserializable() -> list[tuple[str, dict[Any, Any]]]:
     return [("NaN", {"x": float("nan")}), ("Infinity", {"x": float("inf")}), ("-Infinity", {"x": float("-inf")}),
             ("nested NaN", {"deep": [{"y": [1, float("nan")]}]}), ("a set", {"x": {1, 2}}),
-            ("an object", {"x": object()}), ("bytes", {"x": b"raw"}), ("a tuple key", {("a", "b"): 1}),
-            ("a lone surrogate", {"x": "\ud800"})]
+            ("an object", {"x": object()}), ("bytes", {"x": b"raw"}), ("a tuple key", {("a", "b"): 1})]
 
 
 def check_unserializable_payload_refused(factory: Factory) -> None:
