@@ -206,7 +206,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
         cp.uncertain.pop(ev.step_id, None)
         if cp.status == "needs_human" and not cp.uncertain:
             cp.status = "running"
-    elif ev.phase == "uncertain":
+    elif ev.phase.startswith("uncertain"):
         cp._bump("uncertain")
         cp.uncertain[ev.step_id] = ev.payload
         cp.status = "needs_human"

@@ -183,6 +183,11 @@ class ToolSteps(RunState):
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
                     wait = self.s.retry.delay(retries + 1, None, self.s.rng)
                 if wait is None:
+                    if attempt > 1:
+                        # A re-send after an unknown outcome failed: that says nothing about the
+                        # first send, which may have taken effect. Recording an error would be a guess.
+                        self._uncertain(step_id, call, ekey, {"reason": "re-send after an unknown outcome failed",
+                                                              "last_error": err.to_json()})
                     self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),
                                       effect_key=ekey, counters=plus(counters, "retries", retries))
                     return False
@@ -273,7 +278,11 @@ class ToolSteps(RunState):
     def _uncertain(self, step_id: str, call: ToolCall, ekey: str, evidence: dict[str, Any]) -> NoReturn:
         evidence = {"tool": call.name, "arguments": call.arguments, "effect_key": ekey, "last_receipt": None,
                     **evidence}
-        self._stage(self._event(step_id, "uncertain", "tool", name=call.name,
+        # A later resume may try again (a lookup that was unreachable may answer now): each try
+        # that stays uncertain is its own event, so the evidence of every attempt is kept.
+        tries = sum(1 for (sid, phase) in self.journal if sid == step_id and phase.startswith("uncertain"))
+        phase = "uncertain" if tries == 0 else f"uncertain.{tries + 1}"
+        self._stage(self._event(step_id, phase, "tool", name=call.name,
                                 fingerprint=fingerprint({"name": call.name, "arguments": call.arguments}),
                                 payload=evidence))
         self._flush()

@@ -99,8 +99,12 @@ class Runner(ModelSteps, ToolSteps):
         if cp.status in ("failed", "cancelled"):
             raise RunClosed(self.run_id, cp.status)
         if cp.status == "needs_human" and cp.uncertain and cp.cancel_requested is None:
-            step_id, evidence = next(iter(cp.uncertain.items()))
-            raise UncertainEffect(self.run_id, step_id, evidence)
+            # Resume only if something can settle an uncertain step now (a lookup, or a receiver
+            # that deduplicates); otherwise say so again without touching the journal.
+            for step_id, evidence in cp.uncertain.items():
+                tool = self.agent.tools.get(str(evidence.get("tool")))
+                if tool is None or (tool.lookup is None and not tool.idempotent):
+                    raise UncertainEffect(self.run_id, step_id, evidence)
         return None
 
     def _version_choice(self, cp: Checkpoint, versions: dict[str, Any]) -> None:
