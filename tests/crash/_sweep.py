@@ -78,7 +78,8 @@ class Outcome:
     violations: list[str] = field(default_factory=list)
 
 
-def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None) -> tuple[int, int, dict[str, Any]]:
+def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None,
+           cancel_at: str | None = None) -> tuple[int, int, dict[str, Any]]:
     """Run the workload in a forked child (a real process: SIGKILL really kills it).
 
     Forking an already-imported interpreter costs milliseconds where a fresh ``python`` costs
@@ -98,7 +99,7 @@ def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None) -> 
     result_path = work / "result.json"
     result_path.unlink(missing_ok=True)
     proc = multiprocessing.get_context("fork").Process(target=workload.run_forked,
-                                                       args=(argv, crash_at, str(result_path)))
+                                                       args=(argv, crash_at, str(result_path), cancel_at))
     proc.start()
     proc.join(60)
     if proc.exitcode is None:
@@ -287,3 +288,57 @@ if __name__ == "__main__":  # replay one case from its seed
             LedgerProcess(Path(d) / "nodedup.db", mode="nodedup") as ln:
         o = run_case(case_for(a.kind, a.point, a.seed, a.second), Path(d) / "w", {"dedup": ld, "nodedup": ln})
         print(o)
+
+
+def run_cancel_case(kind: str, point: str, work: Path, ledgers: dict[str, Any]) -> dict[str, Any]:
+    """R16: another connection commits a cancellation at the named point; check what followed."""
+    work.mkdir(parents=True, exist_ok=True)
+    case = Case(kind=kind, point=point, seed=0, turns=2, hit=1)
+    db = work / "runs.db"
+    ledger = ledgers.get({"tool_dedup": "dedup", "approval": "dedup", "tool_lookup": "nodedup",
+                          "tool_nodedup": "nodedup"}.get(kind, ""), None)
+    rc, _, result = _child(case, work, ledger.url if ledger else None, None, cancel_at=f"{PREFIX[kind]}.{point}")
+    assert rc == 0, f"child died: {case}"
+    violations: list[str] = []
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute("SELECT seq, step_id, phase, kind, payload FROM cuaderno_events WHERE run_id=? ORDER BY seq",
+                           (case.run_id,)).fetchall()
+    finally:
+        con.close()
+    cancel_seq = next((r[0] for r in rows if r[1] == "cancel"), None)
+    with SqliteCheckpointer(db) as store:
+        status = (store.checkpoint(case.run_id) or _never()).status  # the cancellation may land after the child's view
+    if cancel_seq is None:
+        if status not in ("completed", "suspended"):
+            violations.append(f"no cancellation recorded and the run ended {status}")
+        return {"case": case, "status": status, "cancelled": False, "violations": violations, "sent_after": 0}
+    intents_after = [r for r in rows if r[0] > cancel_seq and r[2].startswith("intent")]
+    if intents_after:
+        violations.append(f"steps admitted after the cancellation: {[(r[1], r[2]) for r in intents_after]}")
+    model_intents_before = sum(1 for r in rows if r[0] < cancel_seq and r[3] == "model" and r[2].startswith("intent"))
+    billed = len([line for line in _read_lines(work / "billing.jsonl")])
+    sent_after = max(0, billed - model_intents_before)
+    if sent_after:
+        violations.append(f"{sent_after} model calls billed beyond the intents committed before the cancellation")
+    tool_intents = {r[1] for r in rows if r[3] == "tool" and r[2] == "intent" and r[0] < cancel_seq}
+    tool_results = {r[1] for r in rows if r[3] == "tool" and r[2] == "result"}
+    if ledger is not None:
+        receipts = read_receipts(ledger.db_path, business_id=case.run_id)
+        if len(receipts) > len(tool_intents):
+            violations.append("an effect was applied after the cancellation committed")
+    record = result.get("record") or {}
+    unsettled = tool_intents - tool_results - {u["step_id"] for u in record.get("uncertain", [])}
+    if status == "cancelled" and unsettled:
+        violations.append(f"in-flight effects neither journaled nor uncertain: {sorted(unsettled)}")
+    if status not in ("cancelled", "completed"):
+        violations.append(f"run ended {status}")
+    with SqliteCheckpointer(db) as store:
+        from cuaderno import cancel
+
+        before = len(store.load(case.run_id))
+        if status == "cancelled":
+            again = cancel(store, case.run_id, "again")
+            if again.status != "cancelled" or len(store.load(case.run_id)) != before:
+                violations.append("cancel is not idempotent")
+    return {"case": case, "status": status, "cancelled": True, "violations": violations, "sent_after": sent_after}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _sweep import KINDS_ALL, POINTS, Outcome, case_for, run_case
+from _sweep import KINDS_ALL, POINTS, Outcome, case_for, run_cancel_case, run_case
 from conftest import record
 
 from cuaderno.testing.ledger import LedgerProcess
@@ -65,3 +65,15 @@ def test_double_fault_during_recovery(kind: str, point: str, second: str, ledger
     assert outcome.status == "completed"
 
 
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("kind", ("model", "tool_dedup", "tool_nodedup", "approval", "final"))
+def test_cancel_at_every_point(kind: str, point: str, ledgers: dict[str, Any], tmp_path: Path) -> None:
+    """R16: a cancellation committed at K0-K8 admits no new step; in-flight effects end journaled
+    or uncertain; cancelling again changes nothing."""
+    out = run_cancel_case(kind, point, tmp_path, ledgers)
+    record({"test": "R16 cancel at every point (SQLite)", "kind": kind, "point": point, "status": out["status"],
+            "kills": 0, "not_reached": int(not out["cancelled"]), "duplicated": 0, "rebilled_journaled": 0,
+            "rebilled_in_flight": out["sent_after"], "violations": len(out["violations"])})
+    assert not out["violations"], out

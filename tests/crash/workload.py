@@ -23,6 +23,8 @@ from cuaderno import (
     Agent,
     ErrorClass,
     Policy,
+    RunCancelled,
+    RunClosed,
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
@@ -106,17 +108,49 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"status": cp.status, "last": type(last).__name__ if last else None}
     except UncertainEffect as exc:
         return {"status": "needs_human", "evidence": exc.evidence}
+    except RunCancelled as exc:
+        return {"status": "cancelled", "record": exc.record}
+    except RunClosed as exc:
+        return {"status": exc.status}
     finally:
         store.close()
 
 
-def run_forked(argv: list[str], crash_at: str | None, result_path: str) -> None:
+def cancel_from_another_connection(db: str, run_id: str, *, wait: bool) -> None:
+    """Commit a cancellation through another connection, as another process would.
+
+    Inside a journal transaction the write lock is held, so the cancellation waits for it in a
+    thread and commits right after; elsewhere it commits before the loop goes on.
+    """
+    import threading
+
+    from cuaderno import cancel
+
+    def go() -> None:
+        with SqliteCheckpointer(db) as other:
+            cancel(other, run_id, "R16", by="test")
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    if wait:
+        thread.join()
+
+
+def run_forked(argv: list[str], crash_at: str | None, result_path: str, cancel_at: str | None = None) -> None:
     """Entry point of a forked child: arm the crash point, run, write the result, exit."""
     from cuaderno.testing import crash
 
     crash.arm(crash_at)
     args = parser().parse_args(argv)
+    if cancel_at:
+        in_txn = cancel_at.endswith(("K1", "K6", "K8"))
+        crash.on(cancel_at, lambda: cancel_from_another_connection(args.db, args.run, wait=not in_txn))
     result = asyncio.run(run(args))
+    import threading
+
+    for thread in threading.enumerate():  # a cancellation waiting for the write lock must land
+        if thread is not threading.main_thread():
+            thread.join(30)
     Path(result_path).write_text(json.dumps({"pid": os.getpid(), **result}))
     os._exit(0)
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 
-__all__ = ["ENV_VAR", "arm", "armed", "in_txn", "point", "set_txn_points"]
+__all__ = ["ENV_VAR", "arm", "armed", "in_txn", "on", "point", "set_txn_points"]
 
 ENV_VAR = "CUADERNO_CRASH_AT"
 
@@ -41,22 +42,44 @@ def _parse(spec: str | None) -> tuple[str, int] | None:
 _TARGET = _parse(os.environ.get(ENV_VAR))
 _hits: dict[str, int] = {}
 _txn_points: tuple[str, ...] = ()
+_hooks: dict[str, Callable[[], None]] = {}
+_ACTIVE = _TARGET is not None
+
+
+def on(name: str, hook: Callable[[], None] | None) -> None:
+    """Run ``hook`` (instead of a kill) the first time the named point is passed; ``None`` removes it.
+
+    For fault injection other than death, e.g. a cancellation committed by "another process" at
+    exactly that point.
+    """
+    global _ACTIVE
+    if hook is None:
+        _hooks.pop(name, None)
+    else:
+        _hooks[name] = hook
+    _ACTIVE = _TARGET is not None or bool(_hooks)
 
 
 def arm(spec: str | None) -> None:
     """Arm a point (``"tool.K4:1"``) or disarm (``None``) at run time, e.g. in a forked child."""
-    global _TARGET
+    global _TARGET, _ACTIVE
     _TARGET = _parse(spec)
     _hits.clear()
+    _ACTIVE = _TARGET is not None or bool(_hooks)
 
 
 def armed() -> bool:
-    """Whether a crash point is armed in this process."""
-    return _TARGET is not None
+    """Whether a crash point (or a hook) is armed in this process."""
+    return _ACTIVE
 
 
 def point(name: str) -> None:
     """Pass the named point; SIGKILL this process if it is the armed one at the armed hit."""
+    if not _ACTIVE:
+        return
+    hook = _hooks.pop(name, None)
+    if hook is not None:
+        hook()
     if _TARGET is None or _TARGET[0] != name:
         return
     count = _hits.get(name, 0) + 1
@@ -70,7 +93,7 @@ def point(name: str) -> None:
 def set_txn_points(*names: str) -> None:
     """Name the points that the next journal transaction passes (called by the loop)."""
     global _txn_points
-    if _TARGET is not None:
+    if _ACTIVE:
         _txn_points = names
 
 
@@ -80,7 +103,7 @@ def in_txn(stage: str = "") -> None:
     ``stage`` is ``""`` after the events are written and ``"checkpoint"`` between the events and
     the checkpoint projection (the K8 point).
     """
-    if _TARGET is None:
+    if not _ACTIVE:
         return
     for name in _txn_points:
         kind, _, k = name.partition(".")
