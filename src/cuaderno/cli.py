@@ -220,6 +220,53 @@ def deny(
     _decide(ctx, run, step, fingerprint, by, reason, approved=False)
 
 
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = "",
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who cancels, for the record.")] = None,
+) -> None:
+    """Cancel a run: no new step is admitted; what completed and what is uncertain are kept."""
+    from cuaderno.cancellation import cancel as cancel_run
+
+    with _refusals(), _store(ctx) as store:
+        cp = cancel_run(store, run, reason, by=by)
+    if cp.status == "cancelled":
+        record = cp.outcome or {}
+        typer.echo(f"run {run} cancelled: {len(record.get('completed') or [])} effects completed, "
+                   f"{len(record.get('uncertain') or [])} uncertain, {len(record.get('cleanup') or [])} cleanup "
+                   "actions scheduled")
+    else:
+        typer.echo(f"run {run}: cancellation requested; the process running it stops before its next step "
+                   "(or its next resume finalizes it)")
+
+
+@app.command()
+def resolve(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The uncertain tool step (see `cuaderno show`).")],
+    happened: Annotated[bool, typer.Option("--happened/--not-happened",
+                                           help="What a person established in the receiving system.")],
+    result: Annotated[str | None, typer.Option("--result", metavar="JSON",
+                                               help="With --happened: the receipt found, as JSON.")] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who checked, for the record.")] = None,
+    note: Annotated[str | None, typer.Option("--note", metavar="TEXT", help="What was checked.")] = None,
+) -> None:
+    """Settle an uncertain effect after checking the receiving system; the next resume goes on."""
+    value: Any = None
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except json.JSONDecodeError as exc:
+            _fail(f"--result is not JSON: {exc}")
+    with _refusals(), _store(ctx) as store:
+        event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
+    typer.echo(f"run {run} step {step}: recorded as {'happened' if happened else 'not happened'} "
+               f"(seq {event.seq}); the next resume " + ("goes on" if happened else "sends it again, same effect key"))
+
+
 def main() -> None:
     """The ``cuaderno`` console script."""
     app(prog_name="cuaderno")

@@ -30,6 +30,7 @@ from cuaderno import (
     FinalStep,
     GatewayError,
     Migration,
+    ModelGateway,
     ModelRequest,
     ModelResponse,
     Policy,
@@ -55,8 +56,11 @@ __all__ = [
     "Mutation",
     "Program",
     "World",
+    "checkpoint_json",
     "drive",
+    "model_calls_made",
     "resume_choice",
+    "tool_steps_executed",
 ]
 
 OWNER: Final = "golden"
@@ -294,7 +298,7 @@ class Program:
 
         return ScriptedGateway(answer)
 
-    def session(self, store: Checkpointer, gateway: ScriptedGateway, **kwargs: Any) -> Session:
+    def session(self, store: Checkpointer, gateway: ModelGateway, **kwargs: Any) -> Session:
         return Session(self.run_id, gateway, store, owner=OWNER, sleep=_no_sleep, seed=0, **kwargs)
 
 
@@ -379,7 +383,7 @@ PROGRAM_BY_RUN_ID: Final[dict[str, Program]] = {p.run_id: p for p in PROGRAMS}
 # -- driving a run ----------------------------------------------------------------------------------
 
 
-async def drive(program: Program, agent: Agent, store: Checkpointer, gateway: ScriptedGateway,
+async def drive(program: Program, agent: Agent, store: Checkpointer, gateway: ModelGateway,
                 **session: Any) -> list[Step]:
     """Run (or resume) the program's run until it ends, approving what it waits for.
 
