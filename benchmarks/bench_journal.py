@@ -170,6 +170,7 @@ def main() -> int:
     resumes: list[float] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as d:
         tmp = Path(d)
+        asyncio.run(one_size(10, tmp, -1))  # warm-up: imports and first-call costs out of the figures
         for rep in range(args.repeats):
             for n in sizes:
                 rows[n].append(asyncio.run(one_size(n, tmp, rep)))

@@ -10,7 +10,7 @@ checkpoint, so a resumed run continues from what it had already spent.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 __all__ = ["Budgets"]
 
@@ -32,5 +32,8 @@ class Budgets:
 
     def limit(self, name: str) -> int | None:
         """The bound for one counter, or ``None`` when it has none."""
-        value: int | None = asdict(self).get(name)
+        value: int | None = getattr(self, name, None) if name in _NAMES else None
         return value
+
+
+_NAMES = frozenset(f.name for f in fields(Budgets))

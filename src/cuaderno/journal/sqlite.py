@@ -139,7 +139,8 @@ class SqliteCheckpointer:
     def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
         if not events:
             return []
-        validate_event(events[0])  # before its run_id reaches SQL: a lone surrogate is a UsageError
+        if not _storable(events[0].run_id):
+            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         run_id = events[0].run_id
         try:
             return self._append(run_id, events, epoch, lookups=False)
