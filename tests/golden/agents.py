@@ -125,7 +125,8 @@ def travel_tools(world: World) -> list[Tool]:
     def weather(city: str, ctx: ToolContext) -> dict[str, Any]:
         """Today's weather in a city."""
         world.ran(ctx)
-        return {"city": city, "sky": "sunny" if city == "Lisbon" else "cloudy", "celsius": 24 if city == "Lisbon" else 19}
+        sunny = city == "Lisbon"
+        return {"city": city, "sky": "sunny" if sunny else "cloudy", "celsius": 24 if sunny else 19}
 
     @tool(idempotent=True)
     def local_time(city: str, ctx: ToolContext) -> str:

@@ -164,3 +164,29 @@ def sdk_http_client(sdk_client: object) -> httpx2.AsyncClient:
 def reraise(exc: BaseException, provider: str) -> GatewayError:
     """The :class:`GatewayError` for an SDK failure (callers ``raise ... from exc``)."""
     return _errors.from_exception(exc, provider=provider)
+
+
+async def preflight_reachable(url: Any, provider: str, timeout: float = 3.0) -> None:
+    """Fail before a run writes anything when the endpoint cannot even be connected to.
+
+    Opens (and closes) one TCP connection to the endpoint's host and port: no HTTP request, no
+    cost, nothing billed. A failure is a :class:`GatewayError` (``transient``, not sent) naming
+    the endpoint.
+    """
+    import asyncio
+
+    from cuaderno.errors import ErrorClass, GatewayError
+
+    host = str(url.host)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError) as exc:
+        raise GatewayError(f"{provider} endpoint {url} is unreachable ({type(exc).__name__}: {exc}); "
+                           "nothing was sent and nothing was journaled", error_class=ErrorClass.TRANSIENT,
+                           sent=False) from exc
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass

@@ -33,6 +33,7 @@ from cuaderno.gateway._common import (
     enforce_size,
     parse_body,
     parse_tool_call,
+    preflight_reachable,
     reraise,
     sdk_http_client,
     sha256_hex,
@@ -107,6 +108,11 @@ class OpenAIGateway:
     async def aclose(self) -> None:
         """Close the underlying HTTP client."""
         await self._client.close()
+
+    async def preflight(self) -> None:
+        """Check that the endpoint accepts connections (one TCP connect, no request), so a run on
+        an unreachable endpoint fails before its first journal write."""
+        await preflight_reachable(self._client.base_url, _PROVIDER)
 
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
         """Send one chat completion and parse it.

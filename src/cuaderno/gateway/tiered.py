@@ -67,6 +67,13 @@ class TieredGateway:
         self.escalations = 0
         self.calls: dict[str, int] = {names[0]: 0, names[1]: 0}
 
+    async def preflight(self) -> None:
+        """Check both tiers' endpoints where they can be checked."""
+        for tier in (self.cheap, self.strong):
+            check = getattr(tier, "preflight", None)
+            if check is not None:
+                await check()
+
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
         """Answer from the cheap tier, or from the strong tier when the cheap answer is rejected."""
         cheap_name, strong_name = self.names

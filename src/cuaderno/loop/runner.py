@@ -140,6 +140,9 @@ class Runner(ModelSteps, ToolSteps):
 
     async def steps(self) -> AsyncIterator[Step]:
         """The async iterator behind :meth:`Agent.run`."""
+        preflight = getattr(self.s.gateway, "preflight", None)
+        if preflight is not None and self.store.checkpoint(self.run_id) is None:
+            await preflight()  # an unreachable endpoint fails a new run before its first journal write
         closed = self._open()
         if closed is not None:
             yield closed
