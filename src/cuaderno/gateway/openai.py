@@ -30,16 +30,14 @@ from cuaderno.gateway._common import (
     as_int,
     capped_http_client,
     choose_cost,
-    enforce_size,
     parse_body,
     parse_tool_call,
-    preflight_reachable,
-    reraise,
     sdk_http_client,
     sha256_hex,
 )
 from cuaderno.gateway._errors import impossible_shape
 from cuaderno.gateway._limits import install_body_limit
+from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.pricing import PriceTable
 
@@ -51,7 +49,7 @@ DEFAULT_TIMEOUT = httpx2.Timeout(240.0, connect=10.0)
 """The model-call activity profile (seed 002): 180-240 s, one attempt. Connecting gets 10 s."""
 
 
-class OpenAIGateway:
+class OpenAIGateway(SdkGateway):
     """Chat completions through the official SDK, one HTTP request per :meth:`complete`.
 
     Args:
@@ -105,40 +103,8 @@ class OpenAIGateway:
                                 max_body_bytes=max_body_bytes)
         return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=hc, max_retries=0, timeout=timeout)
 
-    async def aclose(self) -> None:
-        """Close the underlying HTTP client."""
-        await self._client.close()
-
-    async def preflight(self) -> None:
-        """Check that the endpoint accepts connections (one TCP connect, no request), so a run on
-        an unreachable endpoint fails before its first journal write."""
-        await preflight_reachable(self._client.base_url, _PROVIDER)
-
-    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
-        """Send one chat completion and parse it.
-
-        Returns:
-            The parsed response, to be journaled whole. Replay rebuilds the next context from
-            ``text`` and ``tool_calls`` (in order; a call with ``arguments_error`` must never run)
-            and re-derives the empty/refusal verdict from ``text``, ``tool_calls``,
-            ``finish_reason`` (native, unmapped), ``reasoning`` and ``refusal``. ``usage`` and
-            ``cost`` are the accounting (``cost=None`` is unpriced, never free);
-            ``provider_request_id`` and ``body_sha256`` are evidence only, never compared.
-
-        Raises:
-            GatewayError: every failure, classified by :mod:`cuaderno.gateway._errors`.
-            UsageError: the request cannot be expressed (unknown role, ``require_tool`` without tools).
-        """
-        kwargs = self._request_kwargs(request)
-        headers = {self.idempotency_header: idempotency_key} if self.idempotency_header else {}
-        try:
-            raw = await self._client.chat.completions.with_raw_response.create(
-                **kwargs, extra_headers=headers, timeout=self._timeout)
-            body = await raw.http_response.aread()
-            enforce_size(body, self.max_body_bytes)
-        except Exception as exc:
-            raise reraise(exc, _PROVIDER) from exc
-        return self._parse(body, raw.http_response.headers, request)
+    async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
+        return await self._client.chat.completions.with_raw_response.create(**kwargs, extra_headers=headers, timeout=self._timeout)
 
     def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": request.model or self.model, "messages": to_openai_messages(request)}
