@@ -81,6 +81,7 @@ class SqliteCheckpointer:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                                        check_same_thread=False)
+            self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if self.path != ":memory:" and mode != "wal":
                 raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
@@ -94,6 +95,15 @@ class SqliteCheckpointer:
             raise
 
     # -- schema -------------------------------------------------------------------------------
+
+    def _refuse_newer_schema(self) -> None:
+        has_meta = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
+        if has_meta is None:
+            return
+        row = self._db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
+            raise SchemaTooNew(int(row[0]), SCHEMA_VERSION)
 
     def _migrate(self) -> None:
         with self._txn() as db:
