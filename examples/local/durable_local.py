@@ -90,6 +90,12 @@ class ForcedToolChoice:
         return await self.inner.complete(dataclasses.replace(request, require_tool=True),
                                          idempotency_key=idempotency_key)
 
+    async def preflight(self) -> None:
+        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
+        check = getattr(self.inner, "preflight", None)
+        if check is not None:
+            await check()
+
 
 def request_logger(path: Path, tier: str) -> Any:
     """An httpx event hook: one fsynced line per chat request this process sends, with its pid."""

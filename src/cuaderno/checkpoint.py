@@ -156,6 +156,11 @@ def _on_model(cp: Checkpoint, ev: StepEvent) -> None:
         for name, n in (ev.payload.get("counters") or {}).items():
             cp._bump(name, int(n))
         return
+    if ev.phase.startswith("error"):  # a classified failure: count what it spent
+        for name, n in (ev.payload.get("counters") or {}).items():
+            cp._bump(name, int(n))
+        _escalated(cp, (ev.payload.get("error") or {}).get("escalations") or ())
+        return
     if ev.phase != "result":
         return
     response = ev.payload.get("response")
@@ -168,15 +173,20 @@ def _on_model(cp: Checkpoint, ev: StepEvent) -> None:
     for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
         cp._bump(name, int(usage.get(name, 0)))
     _price(cp, response.get("cost"))
-    for esc in response.get("escalations") or ():
+    _escalated(cp, response.get("escalations") or ())
+    for name, n in (ev.payload.get("counters") or {}).items():
+        cp._bump(name, int(n))
+
+
+def _escalated(cp: Checkpoint, escalations: Any) -> None:
+    """Count lower-tier calls that were made and rejected within one step."""
+    for esc in escalations:
         cp._bump("escalations")
         cp._bump("model_sends")
         eu = esc.get("usage") or {}
         for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
             cp._bump(name, int(eu.get(name, 0)))
         _price(cp, esc.get("cost"))
-    for name, n in (ev.payload.get("counters") or {}).items():
-        cp._bump(name, int(n))
 
 
 def _price(cp: Checkpoint, cost: Any) -> None:

@@ -334,12 +334,17 @@ class GatewayError(CuadernoError):
         self.sent = sent
         self.retry_after = retry_after
         self.status = status
+        self.escalations: tuple[dict[str, Any], ...] = ()
+        """Evidence of lower-tier calls made (and maybe billed) for this step before it failed."""
         super().__init__(message)
 
     def to_json(self) -> dict[str, Any]:
         """The journaled form of the failure."""
-        return {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
-                "retry_after": self.retry_after, "status": self.status, "type": type(self).__name__}
+        out: dict[str, Any] = {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
+                               "retry_after": self.retry_after, "status": self.status, "type": type(self).__name__}
+        if self.escalations:
+            out["escalations"] = list(self.escalations)
+        return out
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_gateway_error, (type(self), str(self), self.error_class.value, self.sent,

@@ -82,6 +82,12 @@ class ForcedToolChoice:
         return await self.inner.complete(dataclasses.replace(request, require_tool=True),
                                          idempotency_key=idempotency_key)
 
+    async def preflight(self) -> None:
+        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
+        check = getattr(self.inner, "preflight", None)
+        if check is not None:
+            await check()
+
 
 class CheapProbe:
     """Passes calls through and classifies every answer the way the tiered gateway does."""
@@ -94,6 +100,12 @@ class CheapProbe:
         response = await self.inner.complete(request, idempotency_key=idempotency_key)
         self.outcomes.append(classify_response(response, require_tool=request.require_tool).outcome)
         return response
+
+    async def preflight(self) -> None:
+        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
+        check = getattr(self.inner, "preflight", None)
+        if check is not None:
+            await check()
 
     @property
     def empty(self) -> int:

@@ -345,3 +345,41 @@ async def test_a_tool_name_the_journal_cannot_hold_is_refused_not_crashed(store:
     assert all(s.tool.startswith("invalid-name-") for s in tool_steps)
     again = await collect(agent, "t", Session("names", ScriptedGateway([]), store))
     assert again[-1].replayed
+
+
+async def test_stopping_iteration_keeps_the_results_of_steps_that_happened(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("transfer", to="bob", amount=3), ScriptedGateway.text("done")]
+    gen = agent.run("pay", session=Session("stop", ScriptedGateway(script), store))
+    async for step in gen:
+        if isinstance(step, ModelStep):
+            break  # the transfer already ran; its result waits for the next commit
+    await gen.aclose()
+    assert len(world.transfers) == 1
+    gw = ScriptedGateway(script)
+    steps = await collect(agent, "pay", Session("stop", gw, store))  # no UncertainEffect: the result was kept
+    assert isinstance(steps[-1], FinalStep) and len(world.transfers) == 1 and gw.calls == 1
+
+
+async def test_a_failed_strong_tier_keeps_the_cheap_call_in_the_accounting(store: Any) -> None:
+    from cuaderno import TieredGateway
+
+    class Down:
+        calls = 0
+
+        async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+            Down.calls += 1
+            raise GatewayError("503", error_class=ErrorClass.TRANSIENT, sent=True)
+
+    async def sleep(s: float) -> None:
+        pass
+
+    cheap = ScriptedGateway([ScriptedGateway.empty()])
+    tiered = TieredGateway(cheap, Down())
+    with pytest.raises(GatewayError):
+        await collect(Agent(instructions="i"), "t", Session("tier", tiered, store, sleep=sleep,
+                                                               retry=RetryPolicy(max_retries=2)))
+    cp = store.checkpoint("tier")
+    assert cheap.calls == 1 and Down.calls == 3  # retries go to the strong tier, never back to the cheap one
+    assert cp.count("escalations") == 1 and cp.count("unpriced_calls") == 1 and cp.count("retries") == 2

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from cuaderno.errors import UsageError
+from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.gateway.empty import Outcome, ResponseOutcome, classify_response
 
@@ -66,6 +66,8 @@ class TieredGateway:
         self.escalate_on = frozenset(Outcome(o) for o in escalate_on)
         self.escalations = 0
         self.calls: dict[str, int] = {names[0]: 0, names[1]: 0}
+        self._rejected: dict[str, dict[str, Any]] = {}
+        """Rejected cheap answers by key, until the strong tier answers for that key."""
 
     async def preflight(self) -> None:
         """Check both tiers' endpoints where they can be checked."""
@@ -75,20 +77,36 @@ class TieredGateway:
                 await check()
 
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
-        """Answer from the cheap tier, or from the strong tier when the cheap answer is rejected."""
+        """Answer from the cheap tier, or from the strong tier when the cheap answer is rejected.
+
+        A retry of the same step (same key) after the strong tier failed goes straight to the
+        strong tier: the cheap answer was already rejected and is not asked for again. When the
+        strong tier fails, the rejected cheap call's evidence rides on the error
+        (``GatewayError.escalations``), so the loop can journal and count it.
+        """
         cheap_name, strong_name = self.names
-        self.calls[cheap_name] += 1
-        first = await self.cheap.complete(request, idempotency_key=idempotency_key)
-        verdict = classify_response(first, require_tool=request.require_tool)
-        if verdict.outcome not in self.escalate_on:
-            return dataclasses.replace(first, tier=cheap_name)
-        evidence = escalation_evidence(first, verdict, from_tier=cheap_name, to_tier=strong_name)
-        self.escalations += 1
+        evidence = self._rejected.get(idempotency_key)
+        prior: tuple[dict[str, Any], ...] = ()
+        if evidence is None:
+            self.calls[cheap_name] += 1
+            first = await self.cheap.complete(request, idempotency_key=idempotency_key)
+            verdict = classify_response(first, require_tool=request.require_tool)
+            if verdict.outcome not in self.escalate_on:
+                return dataclasses.replace(first, tier=cheap_name)
+            evidence = escalation_evidence(first, verdict, from_tier=cheap_name, to_tier=strong_name)
+            prior = first.escalations
+            self.escalations += 1
+            self._rejected[idempotency_key] = evidence
         self.calls[strong_name] += 1
-        second = await self.strong.complete(dataclasses.replace(request, model=None),
-                                            idempotency_key=strong_key(idempotency_key, strong_name))
-        return dataclasses.replace(second, tier=strong_name,
-                                   escalations=(*first.escalations, evidence, *second.escalations))
+        try:
+            second = await self.strong.complete(dataclasses.replace(request, model=None),
+                                                idempotency_key=strong_key(idempotency_key, strong_name))
+        except GatewayError as err:
+            if prior or idempotency_key in self._rejected:
+                err.escalations = (*prior, evidence) if not getattr(err, "escalations", ()) else err.escalations
+            raise
+        self._rejected.pop(idempotency_key, None)
+        return dataclasses.replace(second, tier=strong_name, escalations=(*prior, evidence, *second.escalations))
 
 
 def strong_key(idempotency_key: str, tier: str) -> str:

@@ -81,8 +81,12 @@ class ModelSteps(RunState):
             except GatewayError as err:
                 wait = self._retry_wait(err, retries, resends)
                 if wait is None:
+                    # Journal the failure as known evidence, with what the step spent before it
+                    # failed (retries, rejected lower-tier calls), so the accounting stays whole.
+                    counters = {"retries": retries} if retries else {}
+                    self.charge(counters)
                     self._stage(self._event(step_id, f"error.{sends}", "model", fingerprint=fp,
-                                            payload={"error": err.to_json(), "key": key}))
+                                            payload={"error": err.to_json(), "key": key, "counters": counters}))
                     self._flush()
                     raise
                 if err.error_class is ErrorClass.AMBIGUOUS:

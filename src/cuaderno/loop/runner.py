@@ -23,6 +23,7 @@ body) before everything it depends on is durable. Steps are yielded only after t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
@@ -172,9 +173,23 @@ class Runner(ModelSteps, ToolSteps):
             self._flush()
             for s in self._drain():
                 yield s
+            self.spent["max_turns"] = self.agent.max_turns
             self._end_failed("max_turns", self.agent.max_turns)
         except RunCancelled:
             self._finalize_cancel()
+        except (GeneratorExit, asyncio.CancelledError):
+            # The caller stopped iterating (or the task was cancelled) while results of steps
+            # that already happened wait for the next commit: commit them now, or a tool that
+            # ran would look unfinished on resume. Only results: nothing new is started.
+            self._flush_results()
+            raise
+
+    def _flush_results(self) -> None:
+        self.pending = [e for e in self.pending if not (e.phase.startswith("intent") or e.kind == "final"
+                                                        or (e.kind == "approval" and e.phase == "request"))]
+        self.points = []
+        if self.pending:
+            self._flush()
 
     def store_cancel_requested(self) -> bool:
         cp = self.store.checkpoint(self.run_id)

@@ -25,7 +25,8 @@ class ModelStep:
     response: ModelResponse
     idempotency_key: str
     attempts: int = 1
-    """How many times the request was sent (more than one after a crash or a timeout in flight)."""
+    """How many sends were journaled for this request (more than one after a crash or a timeout in
+    flight; a send journaled just before a crash may never have left the process)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
