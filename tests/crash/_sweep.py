@@ -35,6 +35,7 @@ class Case:
     turns: int
     hit: int
     second: str | None = None  # a second crash point armed in the first recovery (double fault)
+    tag: str = ""  # keeps run ids (and the ledgers' business ids) apart between test families
 
     @property
     def crash_at(self) -> str:
@@ -43,7 +44,7 @@ class Case:
     @property
     def run_id(self) -> str:
         tail = f"-{self.second}" if self.second else ""
-        return f"{self.kind}-{self.point}-s{self.seed}{tail}"
+        return f"{self.tag}{self.kind}-{self.point}-s{self.seed}{tail}"
 
     def replay_command(self) -> str:
         second = f" --second {self.second}" if self.second else ""
@@ -293,7 +294,7 @@ if __name__ == "__main__":  # replay one case from its seed
 def run_cancel_case(kind: str, point: str, work: Path, ledgers: dict[str, Any]) -> dict[str, Any]:
     """R16: another connection commits a cancellation at the named point; check what followed."""
     work.mkdir(parents=True, exist_ok=True)
-    case = Case(kind=kind, point=point, seed=0, turns=2, hit=1)
+    case = Case(kind=kind, point=point, seed=0, turns=2, hit=1, tag="cancel-")
     db = work / "runs.db"
     ledger = ledgers.get({"tool_dedup": "dedup", "approval": "dedup", "tool_lookup": "nodedup",
                           "tool_nodedup": "nodedup"}.get(kind, ""), None)

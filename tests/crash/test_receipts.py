@@ -59,6 +59,7 @@ def _report(variant: str, status: str, receipts: int, duplicates: int, resent_no
 def test_killed_after_the_service_applied(kind: str, expected: str, trial: int, ledgers: dict[str, Any],
                                           tmp_path: Path) -> None:
     case = case_for(kind, "K4", trial)
+    case.tag = "r2-"
     outcome = run_case(case, tmp_path, ledgers)
     assert outcome.crashed and not outcome.violations, outcome.violations
     assert outcome.status == expected
@@ -82,6 +83,7 @@ def test_reply_lost_in_transit(kind: str, mode: str, expected: str, trial: int, 
     with LedgerProcess(tmp_path / "ledger.db", mode=mode, drop_after_apply=1) as ledger:
         case = case_for(kind, "K0", trial)  # no crash point: armed on a point this kind never passes
         case.point = "none"
+        case.tag = "r2-lost-"
         outcome = run_case(case, tmp_path / "w", {mode: ledger})
         receipts = read_receipts(ledger.db_path, business_id=case.run_id)
     keys = {r["key"] for r in receipts}
