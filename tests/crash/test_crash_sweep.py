@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _report import record
 from _sweep import KINDS_ALL, POINTS, Outcome, case_for, run_cancel_case, run_case
-from conftest import record
 
 from cuaderno.testing.ledger import LedgerProcess
 

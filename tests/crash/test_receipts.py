@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _report import record
 from _sweep import case_for, run_case
-from conftest import record
 
 from cuaderno.testing.ledger import LedgerProcess, read_receipts
 

@@ -1,28 +1,23 @@
-"""Collects the crash tests' figures from every xdist worker and prints them at the end."""
+"""Root test configuration: the end-of-run summary of the crash tests' figures."""
 
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPORT = Path(os.environ.get("CUADERNO_REPORT_DIR", Path(__file__).resolve().parents[2] / ".pytest_cache")) / \
-    "cuaderno-crash-report.jsonl"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "crash"))
+
+from _report import REPORT
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
         REPORT.parent.mkdir(parents=True, exist_ok=True)
         REPORT.unlink(missing_ok=True)
-
-
-def record(figures: dict[str, Any]) -> None:
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    with REPORT.open("a") as f:
-        f.write(json.dumps(figures) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -34,14 +29,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         by.setdefault(r["test"], []).append(r)
     terminalreporter.section("cuaderno crash figures")
     for test, rs in sorted(by.items()):
-        kills = sum(r["kills"] for r in rs)
         uncertain = [r for r in rs if r["status"] == "needs_human"]
-        points = sorted({r["point"] for r in uncertain})
-        kinds = sorted({r["kind"] for r in uncertain})
         terminalreporter.write_line(
-            f"{test}: {len(rs)} cases, {kills} SIGKILLs, {sum(r['duplicated'] for r in rs)} duplicated effects, "
+            f"{test}: {len(rs)} cases, {sum(r['kills'] for r in rs)} SIGKILLs, "
+            f"{sum(r['duplicated'] for r in rs)} duplicated effects, "
             f"{sum(r['rebilled_journaled'] for r in rs)} re-billed journaled calls, "
             f"{sum(r['rebilled_in_flight'] for r in rs)} re-billed in-flight calls, "
-            f"{len(uncertain)} uncertain (points {points}, kinds {kinds}), "
+            f"{len(uncertain)} uncertain (points {sorted({r['point'] for r in uncertain})}, "
+            f"kinds {sorted({r['kind'] for r in uncertain})}), "
             f"{sum(r['not_reached'] for r in rs)} points not on this kind's path, "
             f"{sum(r['violations'] for r in rs)} violations")
