@@ -62,6 +62,7 @@ class RunState:
         self.spent: dict[str, int] = {}
         """What this run has spent of each budget: the checkpoint's counters plus this process's."""
         self.over_budget: tuple[str, int] | None = None
+        self.cancel_found = False
         self.migrated = False
         """The run was migrated to this agent's versions: recorded turns are adopted as they are."""
         self.rebase_turn: int | None = None

@@ -87,7 +87,11 @@ class Runner(ModelSteps, ToolSteps):
                 migrate_seq = ev.seq
         if migrate_seq:
             self._after_migration(events, migrate_seq)
-        self.spent = dict((self.store.checkpoint(self.run_id) or cp).counters)
+        # Read once more after the takeover: the counters (budgets already spent) and a
+        # cancellation that may have committed while this process was opening the run.
+        latest = self.store.checkpoint(self.run_id) or cp
+        self.spent = dict(latest.counters)
+        self.cancel_found = latest.cancel_requested is not None
         self._add_message({"role": "user", "content": self.task})
         return None
 
@@ -149,7 +153,7 @@ class Runner(ModelSteps, ToolSteps):
             yield closed
             return
         try:
-            if self.store_cancel_requested():
+            if self.cancel_found:
                 self._finalize_cancel()
             for turn in range(self.agent.max_turns):
                 response = await self._model_turn(turn)
@@ -190,10 +194,6 @@ class Runner(ModelSteps, ToolSteps):
         self.points = []
         if self.pending:
             self._flush()
-
-    def store_cancel_requested(self) -> bool:
-        cp = self.store.checkpoint(self.run_id)
-        return cp is not None and cp.cancel_requested is not None
 
     def _enforce_budgets(self) -> None:
         if self.over_budget is not None:
