@@ -42,6 +42,8 @@ COUNTERS: Final = (
     "reasoning_tokens",
 )
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
+
 OPEN_STATUSES: Final = frozenset({"running", "suspended"})
 """Statuses a run can be resumed from without a decision by a person."""
 
@@ -97,7 +99,7 @@ class Checkpoint:
 
     def dumps(self) -> str:
         """The stored form, encoded."""
-        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+        return _ENCODE(self.to_json())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:

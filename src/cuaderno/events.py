@@ -154,17 +154,21 @@ class StepEvent:
                 f"kind={self.kind!r}, name={self.name!r}, decision={self.decision!r}, seq={self.seq})")
 
 
+_ENCODE_UTF8 = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ENCODE_ASCII = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
+
+
 def encode_payload(payload: dict[str, Any]) -> bytes:
     """Encode a payload for storage. Deterministic for equal payloads; rejects NaN and non-JSON.
 
     UTF-8 as is, except when a string holds a lone surrogate (a model can emit ``"\\ud800"``):
     then the whole payload is written with ASCII escapes, which JSON reads back exactly.
     """
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _ENCODE_UTF8(payload)
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+        return _ENCODE_ASCII(payload).encode()
 
 
 def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
