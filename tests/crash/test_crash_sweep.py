@@ -45,7 +45,8 @@ def test_kill_at_every_point(kind: str, point: str, seed: int, ledgers: dict[str
     report("R1 kill at every point (SQLite)", outcome)
     assert not outcome.violations, f"{outcome.violations}\nreplay: {case.replay_command()}"
     if kind == "tool_nodedup" and outcome.status == "needs_human":
-        assert outcome.ledger_receipts <= 1
+        # At most one receipt per intent (I1 checks per key); the uncertain one may or may not exist.
+        assert outcome.ledger_receipts <= case.turns
     if kind != "tool_nodedup":
         assert outcome.status == "completed", f"replay: {case.replay_command()}"
 
