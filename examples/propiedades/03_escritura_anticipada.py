@@ -13,7 +13,6 @@ Three tools, three answers on resume:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, run_pass
+from _comun import check, died, entry, run_pass
 
 from cuaderno import (
     Agent,
@@ -103,7 +102,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 5 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

@@ -13,7 +13,6 @@ in flight (``tool.K4``): the resume does not run it again, it stops ``needs_huma
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, run_pass
+from _comun import check, died, entry, run_pass
 
 from cuaderno import (
     Agent,
@@ -112,7 +111,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 5 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, read_lines, run_pass
+from _comun import check, died, entry, read_lines, run_pass
 
 from cuaderno import (
     Agent,
@@ -83,7 +83,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 5 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

@@ -8,7 +8,6 @@ the history is not re-emitted as if it were happening. Whoever wants the timelin
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import append_receipt, check, per_pid, pid_of, read_lines, run_pass
+from _comun import append_receipt, check, entry, per_pid, pid_of, read_lines, run_pass
 
 from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool
 
@@ -65,7 +64,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2])))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

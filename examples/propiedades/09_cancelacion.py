@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check
+from _comun import check, entry
 
 from cuaderno import (
     Agent,
@@ -117,7 +117,4 @@ def _intents(workdir: Path) -> list[Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "--child":
-        asyncio.run(child(Path(sys.argv[2]), sys.argv[3]))
-        raise SystemExit(0)
-    raise SystemExit(main())
+    entry(main, child)

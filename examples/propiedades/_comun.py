@@ -8,15 +8,29 @@ are the world's.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+from cuaderno.testing.records import append_synced as append_receipt
+from cuaderno.testing.records import read_records as read_lines
+
+__all__ = ["append_receipt", "check", "died", "entry", "per_pid", "pid_of", "read_lines", "run_pass"]
 
 HERE = Path(__file__).resolve().parent
+
+
+def entry(main: Callable[[], int], child: Callable[..., Awaitable[None]]) -> NoReturn:
+    """``script`` runs ``main()``; ``script --child WORKDIR ARGS...`` runs one pass of it (a child)."""
+    if len(sys.argv) >= 3 and sys.argv[1] == "--child":
+        asyncio.run(child(Path(sys.argv[2]), *sys.argv[3:]))
+        raise SystemExit(0)
+    raise SystemExit(main())
 
 
 def run_pass(script: str, workdir: Path, *args: str, crash_at: str | None = None,
@@ -28,24 +42,6 @@ def run_pass(script: str, workdir: Path, *args: str, crash_at: str | None = None
     env.update(extra_env or {})
     return subprocess.run([sys.executable, script, "--child", str(workdir), *args], env=env, text=True,
                           capture_output=True, timeout=120)
-
-
-def append_receipt(path: Path, record: dict[str, Any]) -> None:
-    """Append one receipt line and fsync it before returning (the tool's own ground truth)."""
-    line = (json.dumps({**record, "pid": os.getpid()}, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """Every JSON line of a receipt or billing file (none if it does not exist)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def per_pid(records: list[dict[str, Any]]) -> Counter[int]:

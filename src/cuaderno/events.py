@@ -32,6 +32,7 @@ __all__ = [
     "Phase",
     "StepEvent",
     "approval_step_id",
+    "starts_a_step",
     "model_step_id",
     "tool_step_id",
 ]
@@ -53,6 +54,13 @@ def model_step_id(turn: int) -> str:
 def tool_step_id(turn: int, index: int) -> str:
     """The step id of the ``index``-th tool call asked for in turn ``turn``."""
     return f"t{turn:04d}.tool{index:02d}"
+
+
+def starts_a_step(ev: StepEvent) -> bool:
+    """Whether the event admits new work: an intent (a send, a tool body), asking a person, or the
+    final answer. A cancellation refuses exactly these; results are always admitted, so an effect
+    already in flight ends journaled."""
+    return ev.phase.startswith("intent") or ev.kind == "final" or (ev.kind == "approval" and ev.phase == "request")
 
 
 def approval_step_id(tool_step: str) -> str:

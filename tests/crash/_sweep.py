@@ -19,6 +19,7 @@ from typing import Any
 
 from cuaderno import SqliteCheckpointer, approve
 from cuaderno.testing.ledger import read_receipts
+from cuaderno.testing.records import read_records
 
 WORKLOAD = str(Path(__file__).resolve().parent / "workload.py")
 POINTS = tuple(f"K{i}" for i in range(9))
@@ -164,12 +165,6 @@ def _integrity(db: Path) -> str:
         con.close()
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     """Kill, recover (approving when asked), then check every invariant."""
     work.mkdir(parents=True, exist_ok=True)
@@ -191,7 +186,7 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
         _check_effects(case, ledger.db_path, out)
     elif out.status != "completed":
         out.violations.append(f"run ended {out.status}")
-    notes = [r for r in _read_lines(work / "tool.jsonl") if r.get("run") == case.run_id]
+    notes = [r for r in read_records(work / "tool.jsonl") if r.get("run") == case.run_id]
     out.tool_calls = len(notes)
     if case.kind in ("model", "model_dedup", "tool_idem") and len(notes) > case.turns + 1:
         out.violations.append(f"idempotent tool ran {len(notes)} times for {case.turns} calls")
@@ -246,7 +241,7 @@ def _check_effects(case: Case, ledger_db: Path, out: Outcome) -> None:
 
 def _check_billing(case: Case, work: Path, keys_before: set[str], recovery_pids: list[int], out: Outcome) -> None:
     """I2 and I4, from the provider's billing log."""
-    billing = _read_lines(work / "billing.jsonl")
+    billing = read_records(work / "billing.jsonl")
     out.billed = Counter(r["key"] for r in billing)
     out.rebilled_journaled = sum(1 for r in billing if r["pid"] in recovery_pids and r["key"] in keys_before)
     out.rebilled_unjournaled = sum(n - 1 for n in out.billed.values() if n > 1)
@@ -318,7 +313,7 @@ def run_cancel_case(kind: str, point: str, work: Path, ledgers: dict[str, Any]) 
     if intents_after:
         violations.append(f"steps admitted after the cancellation: {[(r[1], r[2]) for r in intents_after]}")
     model_intents_before = sum(1 for r in rows if r[0] < cancel_seq and r[3] == "model" and r[2].startswith("intent"))
-    billed = len([line for line in _read_lines(work / "billing.jsonl")])
+    billed = len(read_records(work / "billing.jsonl"))
     sent_after = max(0, billed - model_intents_before)
     if sent_after:
         violations.append(f"{sent_after} model calls billed beyond the intents committed before the cancellation")

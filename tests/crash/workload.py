@@ -34,17 +34,9 @@ from cuaderno import (
     tool,
 )
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
+from cuaderno.testing.records import append_synced
 
 KINDS = ("model", "model_dedup", "tool_idem", "tool_dedup", "tool_lookup", "tool_nodedup", "approval", "final")
-
-
-def append_synced(path: Path, record: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps({**record, "pid": os.getpid()}) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def transfer_tool(url: str | None, run_id: str, *, idempotent: bool, with_lookup: bool) -> Any:

@@ -17,7 +17,6 @@ figures are printed (``pytest -s`` or not: they go straight to the terminal) and
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -48,7 +47,7 @@ from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.openai import OpenAIGateway
 from cuaderno.gateway.tiered import DEFAULT_ESCALATE_ON, strong_key
-from cuaderno.testing.llama_server import LlamaServer
+from cuaderno.testing.llama_server import ForcedToolChoice, LlamaServer
 
 pytestmark = pytest.mark.local_model
 
@@ -66,27 +65,6 @@ BUDGETS = Budgets(rejected_responses=2)
 
 
 # -- the pieces ----------------------------------------------------------------------------------
-
-
-class ForcedToolChoice:
-    """The strong tier: the wrapped gateway, every request with ``require_tool=True``.
-
-    No ``model`` attribute on purpose: ``TieredGateway`` refuses two tiers that name the same
-    model (re-sending to the same model does not help); here the request differs, not the model.
-    """
-
-    def __init__(self, inner: ModelGateway) -> None:
-        self.inner = inner
-
-    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
-        return await self.inner.complete(dataclasses.replace(request, require_tool=True),
-                                         idempotency_key=idempotency_key)
-
-    async def preflight(self) -> None:
-        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
-        check = getattr(self.inner, "preflight", None)
-        if check is not None:
-            await check()
 
 
 class CheapProbe:

@@ -14,7 +14,6 @@ provider's idempotency store across processes.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from cuaderno.errors import IdempotencyKeyReuse
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.testing import crash
+from cuaderno.testing.records import append_synced, read_records
 
 __all__ = ["ScriptedGateway"]
 
@@ -61,11 +61,8 @@ class ScriptedGateway:
         self.requests: list[ModelRequest] = []
         self._store: dict[str, tuple[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
-        if self.billing_log is not None and self.billing_log.exists():
-            for line in self.billing_log.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    self._store.setdefault(rec["key"], (rec["fingerprint"], rec["response"]))
+        for rec in read_records(self.billing_log) if self.billing_log is not None else ():
+            self._store.setdefault(rec["key"], (rec["fingerprint"], rec["response"]))
 
     # -- building responses ------------------------------------------------------------------------
 
@@ -118,8 +115,8 @@ class ScriptedGateway:
             self.billed += 1
             self._store[idempotency_key] = (body_fp, response.to_json())
             if self.billing_log is not None:
-                _append_synced(self.billing_log, {"key": idempotency_key, "fingerprint": body_fp,
-                                                  "response": response.to_json(), "pid": os.getpid()})
+                append_synced(self.billing_log, {"key": idempotency_key, "fingerprint": body_fp,
+                                                 "response": response.to_json()})
         crash.point("model.K4")  # accepted and billed, answer not yet read by the caller
         return response
 
@@ -134,23 +131,10 @@ class ScriptedGateway:
     @staticmethod
     def read_billing(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         """The billing records in a ``billing_log`` file (for assertions)."""
-        p = Path(path)
-        if not p.exists():
-            return []
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return read_records(path)
 
 
 def _with_cost(response: ModelResponse, cost: float) -> ModelResponse:
     from dataclasses import replace
 
     return replace(response, cost=cost)
-
-
-def _append_synced(path: Path, record: dict[str, Any]) -> None:
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)

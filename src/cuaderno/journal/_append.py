@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from cuaderno.checkpoint import Checkpoint, project
 from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, RunCancelled, UsageError
-from cuaderno.events import StepEvent, row_hash
+from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal.base import validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
@@ -41,7 +41,7 @@ def plan_append(
     if epoch is not None and epoch != cp.epoch:
         raise FencedOut(cp.run_id, epoch, cp.epoch)
     if epoch is not None and (cp.cancel_requested is not None or cp.status == "cancelled") and any(
-            _starts_something(ev) for ev in events):
+            starts_a_step(ev) for ev in events):
         # Checked in the same transaction as the intent: once a cancellation has committed, no
         # new step is admitted. Results are still admitted, so an effect in flight is journaled.
         raise RunCancelled(cp.run_id, cp.outcome or {"reason": (cp.cancel_requested or {}).get("reason")})
@@ -67,10 +67,6 @@ def plan_append(
         new.append((stamped, payload_bytes))
         out.append(stamped)
     return new, out
-
-
-def _starts_something(ev: StepEvent) -> bool:
-    return ev.phase.startswith("intent") or ev.kind == "final" or (ev.kind == "approval" and ev.phase == "request")
 
 
 RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]

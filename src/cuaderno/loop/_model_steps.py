@@ -53,7 +53,7 @@ class ModelSteps(RunState):
 
     async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, str] | None]:
         key = idempotency_key(self.run_id, step_id, fp)
-        sends = sum(1 for (sid, ph) in self.journal if sid == step_id and ph.startswith("intent"))
+        sends = self._recorded_count(step_id, "intent")
         last_error = self.journal.get((step_id, f"error.{sends}"))
         sends += 1
         after = None if sends == 1 else "crash"

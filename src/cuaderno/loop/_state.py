@@ -123,6 +123,17 @@ class RunState:
                     crash.point(name[:-1] + "7")
         self.pending, self.points = [], []
 
+    def _recorded_count(self, step_id: str, phase: str) -> int:
+        """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a
+        step. Probes keys instead of scanning the journal: a resumed run of thousands of events
+        must not pay O(journal) per new step."""
+        if (step_id, phase) not in self.journal:
+            return 0
+        n = 1
+        while (step_id, f"{phase}.{n + 1}") in self.journal:
+            n += 1
+        return n
+
     def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
         return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind=kind, **fields)
 

@@ -280,7 +280,7 @@ class ToolSteps(RunState):
                     **evidence}
         # A later resume may try again (a lookup that was unreachable may answer now): each try
         # that stays uncertain is its own event, so the evidence of every attempt is kept.
-        tries = sum(1 for (sid, phase) in self.journal if sid == step_id and phase.startswith("uncertain"))
+        tries = self._recorded_count(step_id, "uncertain")
         phase = "uncertain" if tries == 0 else f"uncertain.{tries + 1}"
         self._stage(self._event(step_id, phase, "tool", name=call.name,
                                 fingerprint=fingerprint({"name": call.name, "arguments": call.arguments}),

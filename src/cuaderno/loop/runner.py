@@ -39,7 +39,7 @@ from cuaderno.errors import (
     UncertainEffect,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, starts_a_step
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
@@ -56,11 +56,10 @@ class Runner(ModelSteps, ToolSteps):
 
     # -- opening ----------------------------------------------------------------------------------
 
-    def _open(self) -> FinalStep | None:
+    def _open(self, cp: Checkpoint | None) -> FinalStep | None:
         crash.point("recovery.R0")
         task_fp = fingerprint({"task": self.task})
         versions = self.agent.versions()
-        cp = self.store.checkpoint(self.run_id)
         if cp is None:
             self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
                                          name=self.agent.name, fingerprint=task_fp,
@@ -145,10 +144,11 @@ class Runner(ModelSteps, ToolSteps):
 
     async def steps(self) -> AsyncIterator[Step]:
         """The async iterator behind :meth:`Agent.run`."""
+        cp = self.store.checkpoint(self.run_id)
         preflight = getattr(self.s.gateway, "preflight", None)
-        if preflight is not None and self.store.checkpoint(self.run_id) is None:
+        if preflight is not None and cp is None:
             await preflight()  # an unreachable endpoint fails a new run before its first journal write
-        closed = self._open()
+        closed = self._open(cp)
         if closed is not None:
             yield closed
             return
@@ -189,11 +189,10 @@ class Runner(ModelSteps, ToolSteps):
             raise
 
     def _flush_results(self) -> None:
-        self.pending = [e for e in self.pending if not (e.phase.startswith("intent") or e.kind == "final"
-                                                        or (e.kind == "approval" and e.phase == "request"))]
+        """Commit what is pending except anything that would start new work."""
+        self.pending = [e for e in self.pending if not starts_a_step(e)]
         self.points = []
-        if self.pending:
-            self._flush()
+        self._flush()
 
     def _enforce_budgets(self) -> None:
         if self.over_budget is not None:
@@ -208,10 +207,7 @@ class Runner(ModelSteps, ToolSteps):
 
     def _finalize_cancel(self) -> NoReturn:
         """Stop for good: journal what was in flight, reconcile what can be, write the record."""
-        admitted = [e for e in self.pending if not (e.phase.startswith("intent") or e.kind == "final"
-                                                   or (e.kind == "approval" and e.phase == "request"))]
-        self.pending, self.points = admitted, []
-        self._flush()  # results of effects that completed before the cancellation still land
+        self._flush_results()  # results of effects that completed before the cancellation still land
         events = self.store.load(self.run_id)
         cp = self.store.checkpoint(self.run_id)
         assert cp is not None

