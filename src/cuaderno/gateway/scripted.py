@@ -6,14 +6,16 @@ same key with the same body replays the stored answer (not billed again); the sa
 different body is rejected.
 
 With ``billing_log=PATH`` every billed generation is appended (and fsynced) to a JSON-lines file
-before the answer is returned. That file is the fake provider's own billing record: independent
-of cuaderno's journal, shared by every process that uses the same path, so a crash test can prove
-what was paid from a record cuaderno did not write. With ``stripe=True`` the log is also the
+before the answer is returned (read it with ``cuaderno.testing.records.read_records``). That file
+is the fake provider's own billing record: independent of cuaderno's journal, shared by every
+process that uses the same path, so a crash test can prove what was paid from a record cuaderno
+did not write. With ``stripe=True`` the log is also the
 provider's idempotency store across processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -128,13 +130,6 @@ class ScriptedGateway:
             return self._script[-1]
         return self._script[turn]
 
-    @staticmethod
-    def read_billing(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-        """The billing records in a ``billing_log`` file (for assertions)."""
-        return read_records(path)
-
 
 def _with_cost(response: ModelResponse, cost: float) -> ModelResponse:
-    from dataclasses import replace
-
-    return replace(response, cost=cost)
+    return dataclasses.replace(response, cost=cost)
