@@ -9,11 +9,11 @@ is a pure function of the journal, a checkpoint can always be rebuilt from the e
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from cuaderno._json import compact
 from cuaderno.events import StepEvent
 
 __all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "project", "rebuild"]
@@ -42,7 +42,7 @@ COUNTERS: Final = (
     "reasoning_tokens",
 )
 
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False).encode
+_ENCODE = compact
 
 OPEN_STATUSES: Final = frozenset({"running", "suspended"})
 """Statuses a run can be resumed from without a decision by a person."""

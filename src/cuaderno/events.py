@@ -22,8 +22,9 @@ sequential and the journal file dense.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Final, Literal
+
+from cuaderno._json import loads, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_JSON",
@@ -162,8 +163,8 @@ class StepEvent:
                 f"kind={self.kind!r}, name={self.name!r}, decision={self.decision!r}, seq={self.seq})")
 
 
-_ENCODE_UTF8 = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-_ENCODE_ASCII = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
+_ENCODE_UTF8 = sorted_compact
+_ENCODE_ASCII = sorted_compact_ascii
 
 
 def encode_payload(payload: dict[str, Any]) -> bytes:
@@ -185,7 +186,7 @@ def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
         from cuaderno.errors import JournalCorrupt
 
         raise JournalCorrupt(f"unknown payload codec {codec!r}; this journal needs a newer cuaderno")
-    value = json.loads(data)
+    value = loads(data)
     if not isinstance(value, dict):
         from cuaderno.errors import JournalCorrupt
 

@@ -18,11 +18,13 @@ from typing import Any
 
 import rfc8785
 
+from cuaderno._json import sorted_compact
+
 __all__ = ["canonical", "chain", "fingerprint", "idempotency_key"]
 
 
 _MAX_SAFE_INT = 2**53 - 1
-_compact = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_compact = sorted_compact
 
 
 def canonical(value: Any) -> bytes:

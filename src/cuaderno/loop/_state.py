@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from cuaderno._json import sorted_compact_nan
 from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import chain, fingerprint
@@ -28,7 +28,7 @@ def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
     """The tool message the model sees for a journaled tool result (same text on every replay)."""
     outcome = payload.get("outcome")
     if outcome == "ok":
-        content = json.dumps(payload.get("value"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        content = sorted_compact_nan(payload.get("value"))
         return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": False}
     if outcome == "denied":
         content = f"denied: {payload.get('reason') or 'not allowed'}. The tool did not run."

@@ -1,0 +1,65 @@
+"""JSON for the per-step hot path: encoders built once, and a fast decoder.
+
+``json.JSONEncoder.encode`` builds a new C encoder object on every call; on the loop's path (a
+few payloads, fingerprints and one checkpoint per commit) that set-up costs more than encoding a
+small dict. These encoders are built once and produce byte-identical output to the equivalent
+``json.dumps`` call, which matters: stored payload bytes are compared on deduplication and
+hashed into the journal's chain, so the encoding must never drift between versions.
+
+Decoding stays with ``json.loads`` too. orjson decodes three times faster, but it turns an
+integer outside 64 bits into a float without an error. A guard that finds such integers first (a
+run of 19 digits) cost as much as the time it saved, and a journal must give back a 25-digit
+account number exactly.
+
+Circular-reference tracking is off (a reused marker table keeps stale entries after an error);
+a circular value ends in ``RecursionError`` inside the C encoder, reported here as ``ValueError``
+like every other value JSON cannot hold.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from json import encoder as _encoder
+from typing import Any, NoReturn
+
+__all__ = ["compact", "loads", "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
+
+
+def _default(value: object) -> NoReturn:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _build(*, sort_keys: bool, ensure_ascii: bool, allow_nan: bool) -> Callable[[Any], str]:
+    fallback = json.JSONEncoder(sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=ensure_ascii,
+                                allow_nan=allow_nan, check_circular=False).encode
+    make = getattr(_encoder, "c_make_encoder", None)
+    if make is None:  # no C accelerator (another interpreter): the pure-Python encoder, same bytes
+        return fallback
+    strings = _encoder.encode_basestring_ascii if ensure_ascii else _encoder.encode_basestring
+    encode = make(None, _default, strings, None, ":", ",", sort_keys, False, allow_nan)
+
+    def run(value: Any) -> str:
+        if type(value) is str:
+            return str(strings(value))
+        try:
+            return "".join(encode(value, 0))
+        except RecursionError as exc:
+            raise ValueError("value is circular or nested too deeply for JSON") from exc
+
+    return run
+
+
+sorted_compact = _build(sort_keys=True, ensure_ascii=False, allow_nan=False)
+"""``json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``"""
+sorted_compact_ascii = _build(sort_keys=True, ensure_ascii=True, allow_nan=False)
+"""The same with ASCII escapes (for text holding lone surrogates)."""
+sorted_compact_nan = _build(sort_keys=True, ensure_ascii=False, allow_nan=True)
+"""``json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` (NaN allowed)."""
+compact = _build(sort_keys=False, ensure_ascii=False, allow_nan=True)
+"""``json.dumps(v, separators=(",", ":"), ensure_ascii=False)``"""
+
+
+def loads(data: bytes | str) -> Any:
+    """``json.loads(data)``: the one place journal JSON is decoded."""
+    return json.loads(data)
