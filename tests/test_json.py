@@ -90,3 +90,18 @@ def test_integers_beyond_64_bits_stay_exact(n: int) -> None:
     for text in (f'{{"v":{n}}}', f'{{"v":{n}}}'.encode()):
         value = _json.loads(text)["v"]
         assert value == n and type(value) is int
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_text, _values, max_size=5))
+def test_loads_object_agrees_with_json_loads_on_stored_payloads(value: dict[str, Any]) -> None:
+    from cuaderno.events import encode_payload
+
+    raw = encode_payload(value)
+    assert _json.loads_object(raw) == json.loads(raw)
+
+
+@pytest.mark.parametrize("raw", [b" {}", b"{} ", b"[]", b"1", b'{"a":1}{}', b"{", b"", b'{"a":"\xff"}', b"\xef\xbb\xbf{}",
+                                 b'{\x00"\x00}\x00'])
+def test_loads_object_leaves_everything_unusual_to_json_loads(raw: bytes) -> None:
+    assert _json.loads_object(raw) is None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final, Literal
 
-from cuaderno._json import loads, sorted_compact, sorted_compact_ascii
+from cuaderno._json import loads, loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_JSON",
@@ -33,6 +33,7 @@ __all__ = [
     "Phase",
     "StepEvent",
     "approval_step_id",
+    "chain_link",
     "starts_a_step",
     "model_step_id",
     "tool_step_id",
@@ -181,11 +182,20 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 
 
 def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
-    """Decode a stored payload; unknown codecs are an error, never a guess."""
+    """Decode a stored payload; unknown codecs are an error, never a guess.
+
+    Payloads in the exact form the journal writes take :func:`~cuaderno._json.loads_object`,
+    which skips ``json.loads``'s per-call set-up (it costs more than parsing a small payload, and
+    resuming a long run decodes thousands); anything else goes through ``json.loads`` itself.
+    """
     if codec != CODEC_JSON:
         from cuaderno.errors import JournalCorrupt
 
         raise JournalCorrupt(f"unknown payload codec {codec!r}; this journal needs a newer cuaderno")
+    if type(data) is bytes:
+        fast = loads_object(data)
+        if fast is not None:
+            return fast
     value = loads(data)
     if not isinstance(value, dict):
         from cuaderno.errors import JournalCorrupt
@@ -199,8 +209,16 @@ def row_hash(prev_hash: str, event: StepEvent, seq: int, payload_bytes: bytes) -
 
     Part of the journal format: changing what goes in, or in which order, is a schema change.
     """
-    head = "\x00".join((prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name or "",
-                        event.decision or "", event.fingerprint or "", event.codec, str(seq), ""))
+    return chain_link(prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name, event.decision,
+                      event.fingerprint, event.codec, seq, payload_bytes)
+
+
+def chain_link(prev_hash: str, run_id: str, step_id: str, phase: str, kind: str, name: str | None,
+               decision: str | None, fingerprint: str | None, codec: str, seq: int, payload_bytes: bytes) -> str:
+    """:func:`row_hash` from a row's fields: loading checks the chain from stored rows without
+    building an event first. The one definition of the link."""
+    head = "\x00".join((prev_hash, run_id, step_id, phase, kind, name or "", decision or "", fingerprint or "",
+                        codec, str(seq), ""))
     return _sha256(head.encode("utf-8", "surrogatepass") + b"\x01" + payload_bytes).hexdigest()[:32]
 
 

@@ -83,6 +83,8 @@ class RunState:
         self.ready.append((step, self.flushes + (1 if self.pending else 0)))
 
     def _drain(self) -> list[Step]:
+        if not self.ready:
+            return []  # the common case on replay: nothing was shown since the last drain
         out = [step for step, needs in self.ready if needs <= self.flushes]
         self.ready = [(step, needs) for step, needs in self.ready if needs > self.flushes]
         return out

@@ -1,0 +1,64 @@
+"""check_chain and the payload fast path: these rows prove that a
+payload which is not exactly one JSON object is reported on its own row, never decoded
+with (or into) a neighbour."""
+
+from __future__ import annotations
+
+import pytest
+
+from cuaderno.errors import JournalCorrupt
+from cuaderno.events import chain_link
+from cuaderno.journal._append import RawRow, check_chain
+
+
+def _rows(payloads: list[bytes], codec: str = "json") -> list[RawRow]:
+    """Rows whose hash chain is valid for these payload bytes (as if written by a buggy or
+    hostile writer that also recomputed the hashes)."""
+    rows: list[RawRow] = []
+    prev = ""
+    for seq, raw in enumerate(payloads, start=1):
+        link = chain_link(prev, "r", f"s{seq}", "result", "tool", "t", None, None, codec, seq, raw)
+        rows.append(("r", f"s{seq}", "result", seq, "tool", "t", None, None, codec, raw, 1.0, link))
+        prev = link
+    return rows
+
+
+def test_plain_payloads_come_back_decoded() -> None:
+    events = check_chain("r", _rows([b'{"a":1}', b'{"b":[2,3]}', b'{"c":"\\ud800"}']), None)
+    assert [e.payload for e in events] == [{"a": 1}, {"b": [2, 3]}, {"c": "\ud800"}]
+    assert [e.encoded_payload() for e in events] == [b'{"a":1}', b'{"b":[2,3]}', b'{"c":"\\ud800"}']
+
+
+@pytest.mark.parametrize(
+    ("payloads", "bad"),
+    [
+        # One payload holds two objects and two others merge through a string: the count still
+        # matches, so only the one-object-per-payload rule keeps bytes with their rows.
+        ([b'{"x":"', b'"}', b"{},{}", b'{"ok":1}'], [0, 1, 2]),
+        ([b"[1]", b'{"ok":1}'], [0]),
+        ([b"not json", b'{"ok":1}'], [0]),
+        ([b'{"ok":1}', b'{"a":1}]'], [1]),
+    ],
+)
+def test_a_payload_that_is_not_one_object_is_reported_on_its_own_row(payloads: list[bytes], bad: list[int]) -> None:
+    events = check_chain("r", _rows(payloads), None)
+    assert [e.encoded_payload() for e in events] == payloads
+    for i, event in enumerate(events):
+        if i in bad:
+            with pytest.raises((JournalCorrupt, ValueError)):
+                event.payload  # noqa: B018
+        else:
+            assert event.payload == {"ok": 1}
+
+
+def test_an_unknown_codec_is_never_decoded_as_json() -> None:
+    events = check_chain("r", _rows([b'{"a":1}'], codec="msgpack"), None)
+    with pytest.raises(JournalCorrupt, match="unknown payload codec"):
+        events[0].payload  # noqa: B018
+
+
+def test_an_altered_payload_is_refused_before_anything_is_decoded() -> None:
+    rows = _rows([b'{"a":1}', b'{"b":2}'])
+    rows[1] = (*rows[1][:9], b'{"b":3}', *rows[1][10:])
+    with pytest.raises(JournalCorrupt, match="row 2 .* was altered"):
+        check_chain("r", rows, None)
