@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
 __all__ = ["SCHEMA_VERSION", "Checkpointer", "validate_event"]
@@ -86,22 +87,21 @@ def validate_event(ev: StepEvent) -> None:
     Raises:
         UsageError: naming the field and the event's key; nothing is written.
     """
-    from cuaderno.errors import UsageError
-
-    for name, value, limit, optional in (("run_id", ev.run_id, MAX_ID_CHARS, False),
-                                         ("step_id", ev.step_id, MAX_ID_CHARS, False),
-                                         ("phase", ev.phase, MAX_ID_CHARS, False), ("kind", ev.kind, MAX_ID_CHARS, False),
-                                         ("name", ev.name, MAX_ID_CHARS, True), ("decision", ev.decision, 64, True),
-                                         ("fingerprint", ev.fingerprint, 128, True)):
-        # The common case (short ASCII ids) costs three cheap checks; the rest takes the long road.
-        if type(value) is str and 0 < len(value) <= limit and value.isascii() and "\x00" not in value:
-            continue
-        if value is None and optional:
-            continue
-        if type(value) is not str or not value:
-            raise UsageError(f"StepEvent.{name} must be a non-empty string{' or None' if optional else ''}, "
-                             f"got {value!r:.80}")
-        _check_text(name, value, limit)
+    run_id, step_id, phase, kind = ev.run_id, ev.step_id, ev.phase, ev.kind
+    name, decision, fp = ev.name, ev.decision, ev.fingerprint
+    # The common case (short ASCII ids, as the loop writes them) in one expression; it runs for
+    # every event of every step. Anything else takes the field-by-field road, which names the
+    # first bad field.
+    if not (type(run_id) is str and type(step_id) is str and type(phase) is str and type(kind) is str
+            and (name is None or type(name) is str) and (decision is None or type(decision) is str)
+            and (fp is None or type(fp) is str)
+            and 0 < len(run_id) <= MAX_ID_CHARS and 0 < len(step_id) <= MAX_ID_CHARS
+            and 0 < len(phase) <= MAX_ID_CHARS and 0 < len(kind) <= MAX_ID_CHARS
+            and (name is None or 0 < len(name) <= MAX_ID_CHARS) and (decision is None or 0 < len(decision) <= 64)
+            and (fp is None or 0 < len(fp) <= 128)
+            and (ids := f"{run_id}{step_id}{phase}{kind}{name or ''}{decision or ''}{fp or ''}").isascii()
+            and "\x00" not in ids):
+        _check_fields(ev)
     if ev.codec != CODEC_JSON:
         raise UsageError(f"StepEvent.codec {ev.codec!r} is not one this cuaderno can write (only {CODEC_JSON!r})")
     if not isinstance(ev.payload, dict):
@@ -113,9 +113,21 @@ def validate_event(ev: StepEvent) -> None:
         raise UsageError(f"StepEvent.payload at {ev.step_id}:{ev.phase} is not plain JSON: {exc}") from exc
 
 
-def _check_text(name: str, value: str, limit: int) -> None:
-    from cuaderno.errors import UsageError
+def _check_fields(ev: StepEvent) -> None:
+    for name, value, limit, optional in (("run_id", ev.run_id, MAX_ID_CHARS, False),
+                                         ("step_id", ev.step_id, MAX_ID_CHARS, False),
+                                         ("phase", ev.phase, MAX_ID_CHARS, False), ("kind", ev.kind, MAX_ID_CHARS, False),
+                                         ("name", ev.name, MAX_ID_CHARS, True), ("decision", ev.decision, 64, True),
+                                         ("fingerprint", ev.fingerprint, 128, True)):
+        if value is None and optional:
+            continue
+        if type(value) is not str or not value:
+            raise UsageError(f"StepEvent.{name} must be a non-empty string{' or None' if optional else ''}, "
+                             f"got {value!r:.80}")
+        _check_text(name, value, limit)
 
+
+def _check_text(name: str, value: str, limit: int) -> None:
     if len(value) > limit or "\x00" in value:
         raise UsageError(f"StepEvent.{name} must be at most {limit} characters without NUL, got {value!r:.80}")
     if not value.isascii():
