@@ -262,6 +262,19 @@ def test_cached_checkpoint_is_revalidated_after_another_connection_appends(tmp_p
         assert cp is not None and cp.epoch == epoch and cp.last_hash == b.load("r")[-1].row_hash
 
 
+def test_a_commit_by_another_connection_invalidates_every_cached_run(tmp_path: Path) -> None:
+    """The cache is trusted only while no other connection has committed (SQLite's data_version).
+    Noticing another writer while appending to one run must not leave another run's entry trusted."""
+    path = tmp_path / "j.db"
+    with _store(path) as a, _store(path) as b:
+        a.append([_ev("x", "run", "start", "run")])
+        a.append([_ev("y", "run", "start", "run")])  # a caches x and y at seq 1
+        b.append([_ev("y", "b1")])  # y's seq 2, written by b
+        assert a.append([_ev("x", "a1")])[0].seq == 2  # a notices another writer here
+        assert a.append([_ev("y", "a2")])[0].seq == 3, "a stale cache of y would reuse seq 2"
+        assert [(e.step_id, e.seq) for e in a.load("y")] == [("run", 1), ("b1", 2), ("a2", 3)]
+
+
 def test_reopen_continues_the_chain(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     with _store(path) as store:

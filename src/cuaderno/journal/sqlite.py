@@ -78,9 +78,12 @@ class SqliteCheckpointer:
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
         self._lock = threading.Lock()
-        # Cache of checkpoints this connection wrote last, keyed by run: valid while the stored
-        # row still has the same last_seq and epoch (checked inside every write transaction).
+        # Checkpoints this connection wrote last, keyed by run, so an append does not read back and
+        # decode the row it wrote itself. Inside every write transaction (under the write lock) the
+        # cache is dropped if any other connection has committed since this one last wrote:
+        # SQLite's data_version changes exactly then, without reading any row.
         self._cache: dict[str, Checkpoint] = {}
+        self._data_version: int | None = None
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
@@ -165,6 +168,9 @@ class SqliteCheckpointer:
                 lookups: bool) -> list[StepEvent]:
         try:
             with self._txn() as db:
+                version = db.execute("PRAGMA data_version").fetchone()[0]
+                if version != self._data_version:
+                    self._cache.clear()  # another connection committed: any cached row may be stale
                 cp = self._current(db, run_id, use_cache=not lookups)
 
                 def existing(ev: StepEvent) -> StepEvent | None:
@@ -190,6 +196,7 @@ class SqliteCheckpointer:
                                (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
                     crash.in_txn()
                 self._cache[run_id] = cp
+                self._data_version = version
                 return out
         except BaseException:
             self._cache.pop(run_id, None)
@@ -202,15 +209,14 @@ class SqliteCheckpointer:
               e.created_at, e.row_hash) for e, payload in new])
 
     def _current(self, db: sqlite3.Connection, run_id: str, *, use_cache: bool = True) -> Checkpoint:
+        cached = self._cache.get(run_id) if use_cache else None
+        if cached is not None:
+            return cached  # the stored row is still the one this connection wrote with it
         row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
         if row is None:
             return Checkpoint(run_id=run_id)
-        cached = self._cache.get(run_id) if use_cache else None
-        stored_epoch, text = row
-        if cached is not None and cached.epoch == stored_epoch and _seq_of(text) == cached.last_seq:
-            return cached
-        cp = Checkpoint.from_json(_loads(text))
-        cp.epoch = stored_epoch
+        cp = Checkpoint.from_json(_loads(row[1]))
+        cp.epoch = row[0]
         return cp
 
     def load(self, run_id: str) -> list[StepEvent]:
@@ -278,6 +284,7 @@ class SqliteCheckpointer:
                 raise RunNotFound(run_id)
             epoch = int(row[0]) + 1
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", (epoch, owner, run_id))
+            self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
         return epoch
 
     def close(self) -> None:
@@ -319,17 +326,3 @@ def _no_existing(ev: StepEvent) -> StepEvent | None:
 def _loads(text: str) -> dict[str, Any]:
     value: dict[str, Any] = loads(text)
     return value
-
-
-def _seq_of(text: str) -> int:
-    # The checkpoint JSON starts with run_id, status, last_seq; parse just enough to validate the
-    # cache without decoding the whole document on the hot path.
-    start = text.find('"last_seq":')
-    if start < 0:
-        return -1
-    start += len('"last_seq":')
-    end = text.find(",", start)
-    try:
-        return int(text[start:end])
-    except ValueError:
-        return -1
