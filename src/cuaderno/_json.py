@@ -1,4 +1,4 @@
-"""JSON for the per-step hot path: encoders built once, and a fast decoder.
+"""JSON for the per-step hot path: encoders built once, and a decoder for the journal's own form.
 
 ``json.JSONEncoder.encode`` builds a new C encoder object on every call; on the loop's path (a
 few payloads, fingerprints and one checkpoint per commit) that set-up costs more than encoding a
@@ -6,10 +6,10 @@ small dict. These encoders are built once and produce byte-identical output to t
 ``json.dumps`` call, which matters: stored payload bytes are compared on deduplication and
 hashed into the journal's chain, so the encoding must never drift between versions.
 
-Decoding stays with ``json.loads`` too. orjson decodes three times faster, but it turns an
-integer outside 64 bits into a float without an error. A guard that finds such integers first (a
-run of 19 digits) cost as much as the time it saved, and a journal must give back a 25-digit
-account number exactly.
+Decoding stays with the standard library too (:func:`loads_object` calls its scanner directly).
+orjson decodes three times faster, but it turns an integer outside 64 bits into a float without
+an error. A guard that finds such integers first (a run of 19 digits) cost as much as the time
+it saved, and a journal must give back a 25-digit account number exactly.
 
 Circular-reference tracking is off (a reused marker table keeps stale entries after an error);
 a circular value ends in ``RecursionError`` inside the C encoder, reported here as ``ValueError``
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from json import encoder as _encoder
 from typing import Any, NoReturn
 
-__all__ = ["compact", "loads", "loads_object", "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
+__all__ = ["compact", "loads_object", "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
 
 
 def _default(value: object) -> NoReturn:
@@ -31,11 +31,10 @@ def _default(value: object) -> NoReturn:
 
 
 def _build(*, sort_keys: bool, ensure_ascii: bool, allow_nan: bool) -> Callable[[Any], str]:
-    fallback = json.JSONEncoder(sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=ensure_ascii,
-                                allow_nan=allow_nan, check_circular=False).encode
     make = getattr(_encoder, "c_make_encoder", None)
     if make is None:  # no C accelerator (another interpreter): the pure-Python encoder, same bytes
-        return fallback
+        return json.JSONEncoder(sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=ensure_ascii,
+                                allow_nan=allow_nan, check_circular=False).encode
     strings = _encoder.encode_basestring_ascii if ensure_ascii else _encoder.encode_basestring
     encode = make(None, _default, strings, None, ":", ",", sort_keys, False, allow_nan)
 
@@ -60,11 +59,6 @@ compact = _build(sort_keys=False, ensure_ascii=False, allow_nan=True)
 """``json.dumps(v, separators=(",", ":"), ensure_ascii=False)``"""
 
 
-def loads(data: bytes | str) -> Any:
-    """``json.loads(data)``: the one place journal JSON is decoded."""
-    return json.loads(data)
-
-
 # The scanner behind json.loads (C when available), called without json.loads's per-call set-up.
 # Typeshed does not declare the attribute (it has been on every JSONDecoder since Python 2.6).
 _scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -77,7 +71,7 @@ def loads_object(data: bytes) -> dict[str, Any] | None:
     the journal writes). For it the value is the one ``json.loads`` returns, at a fraction of
     the per-call cost, which dominates for the small payloads of a long run's replay. For any
     other input (whitespace around the value, another encoding, another type, an error) the
-    caller decodes with :func:`loads`, which gives the standard value or error.
+    caller decodes with ``json.loads``, which gives the standard value or error.
     """
     try:
         text = data.decode("utf-8", "surrogatepass")

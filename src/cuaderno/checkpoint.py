@@ -42,8 +42,6 @@ COUNTERS: Final = (
     "reasoning_tokens",
 )
 
-_ENCODE = compact
-
 OPEN_STATUSES: Final = frozenset({"running", "suspended"})
 """Statuses a run can be resumed from without a decision by a person."""
 
@@ -99,7 +97,7 @@ class Checkpoint:
 
     def dumps(self) -> str:
         """The stored form, encoded."""
-        return _ENCODE(self.to_json())
+        return compact(self.to_json())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:

@@ -22,9 +22,10 @@ sequential and the journal file dense.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any, Final, Literal
 
-from cuaderno._json import loads, loads_object, sorted_compact, sorted_compact_ascii
+from cuaderno._json import loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_JSON",
@@ -33,7 +34,6 @@ __all__ = [
     "Phase",
     "StepEvent",
     "approval_step_id",
-    "chain_link",
     "starts_a_step",
     "model_step_id",
     "tool_step_id",
@@ -164,21 +164,17 @@ class StepEvent:
                 f"kind={self.kind!r}, name={self.name!r}, decision={self.decision!r}, seq={self.seq})")
 
 
-_ENCODE_UTF8 = sorted_compact
-_ENCODE_ASCII = sorted_compact_ascii
-
-
 def encode_payload(payload: dict[str, Any]) -> bytes:
     """Encode a payload for storage. Deterministic for equal payloads; rejects NaN and non-JSON.
 
     UTF-8 as is, except when a string holds a lone surrogate (a model can emit ``"\\ud800"``):
     then the whole payload is written with ASCII escapes, which JSON reads back exactly.
     """
-    text = _ENCODE_UTF8(payload)
+    text = sorted_compact(payload)
     try:
         return text.encode()
     except UnicodeEncodeError:
-        return _ENCODE_ASCII(payload).encode()
+        return sorted_compact_ascii(payload).encode()
 
 
 def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
@@ -196,7 +192,7 @@ def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
         fast = loads_object(data)
         if fast is not None:
             return fast
-    value = loads(data)
+    value = json.loads(data)
     if not isinstance(value, dict):
         from cuaderno.errors import JournalCorrupt
 
@@ -209,16 +205,8 @@ def row_hash(prev_hash: str, event: StepEvent, seq: int, payload_bytes: bytes) -
 
     Part of the journal format: changing what goes in, or in which order, is a schema change.
     """
-    return chain_link(prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name, event.decision,
-                      event.fingerprint, event.codec, seq, payload_bytes)
-
-
-def chain_link(prev_hash: str, run_id: str, step_id: str, phase: str, kind: str, name: str | None,
-               decision: str | None, fingerprint: str | None, codec: str, seq: int, payload_bytes: bytes) -> str:
-    """:func:`row_hash` from a row's fields: loading checks the chain from stored rows without
-    building an event first. The one definition of the link."""
-    head = "\x00".join((prev_hash, run_id, step_id, phase, kind, name or "", decision or "", fingerprint or "",
-                        codec, str(seq), ""))
+    head = "\x00".join((prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name or "",
+                        event.decision or "", event.fingerprint or "", event.codec, str(seq), ""))
     return _sha256(head.encode("utf-8", "surrogatepass") + b"\x01" + payload_bytes).hexdigest()[:32]
 
 

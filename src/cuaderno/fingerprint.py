@@ -24,7 +24,6 @@ __all__ = ["canonical", "chain", "fingerprint", "idempotency_key"]
 
 
 _MAX_SAFE_INT = 2**53 - 1
-_compact = sorted_compact
 
 
 def canonical(value: Any) -> bytes:
@@ -37,7 +36,7 @@ def canonical(value: Any) -> bytes:
     """
     try:
         if _fast_ok(value):
-            return _compact(value).encode()
+            return sorted_compact(value).encode()
         return rfc8785.dumps(value)
     except (UnicodeEncodeError, rfc8785.CanonicalizationError):
         # RFC 8785 has no form for a lone surrogate, and a model can emit one ("\\ud800"). Such a

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cuaderno.errors import JournalCorrupt
-from cuaderno.events import chain_link
+from cuaderno.events import StepEvent, row_hash
 from cuaderno.journal._append import RawRow, check_chain
 
 
@@ -17,7 +17,8 @@ def _rows(payloads: list[bytes], codec: str = "json") -> list[RawRow]:
     rows: list[RawRow] = []
     prev = ""
     for seq, raw in enumerate(payloads, start=1):
-        link = chain_link(prev, "r", f"s{seq}", "result", "tool", "t", None, None, codec, seq, raw)
+        ev = StepEvent(run_id="r", step_id=f"s{seq}", phase="result", kind="tool", name="t", codec=codec, raw=raw)
+        link = row_hash(prev, ev, seq, raw)
         rows.append(("r", f"s{seq}", "result", seq, "tool", "t", None, None, codec, raw, 1.0, link))
         prev = link
     return rows

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from cuaderno.checkpoint import Checkpoint, project
 from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, RunCancelled, UsageError
-from cuaderno.events import StepEvent, chain_link, starts_a_step
+from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal.base import validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
@@ -76,8 +76,7 @@ RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None"
 def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[StepEvent]:
     """Rebuild events from stored rows in seq order, checking the hash chain and its head.
 
-    Each link is checked from the row's fields (:func:`~cuaderno.events.chain_link`) before its
-    event is built; payloads decode on first use.
+    Payloads decode on first use.
 
     Raises:
         JournalCorrupt: a gap in ``seq``, a row whose hash does not chain, or a chain head that
@@ -86,16 +85,13 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
     prev = ""
     out: list[StepEvent] = []
     for expected_seq, row in enumerate(rows, start=1):
-        rid, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
-        if seq != expected_seq or rid != run_id:
+        ev = decode_row(row)
+        if ev.seq != expected_seq or ev.run_id != run_id:
             raise JournalCorrupt(f"run {run_id!r}: journal row {expected_seq} is missing or out of order")
-        raw = payload if type(payload) is bytes else str(payload).encode()
-        if chain_link(prev, rid, step_id, phase, kind, name, decision, fp, codec, seq, raw) != rhash:
-            raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}) was altered")
-        prev = rhash
-        out.append(StepEvent(run_id=rid, step_id=step_id, phase=phase, kind=kind, name=name, decision=decision,
-                             fingerprint=fp, codec=codec, payload=None, raw=raw, seq=seq, created_at=created_at,
-                             row_hash=rhash))
+        if row_hash(prev, ev, ev.seq, ev.encoded_payload()) != ev.row_hash:
+            raise JournalCorrupt(f"run {run_id!r}: journal row {ev.seq} ({ev.step_id}:{ev.phase}) was altered")
+        prev = ev.row_hash
+        out.append(ev)
     if head is not None and prev != head:
         raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed)")
     return out

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cuaderno._json import loads
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import RunNotFound
 from cuaderno.events import StepEvent
@@ -83,5 +83,5 @@ class MemoryCheckpointer:
 
 
 def _loads(s: str) -> dict[str, Any]:
-    value: dict[str, Any] = loads(s)
+    value: dict[str, Any] = json.loads(s)
     return value

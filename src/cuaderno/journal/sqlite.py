@@ -20,6 +20,7 @@ bytes with ``WITHOUT ROWID`` and 1.4x without.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -28,7 +29,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from cuaderno._json import loads
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import StepEvent
@@ -324,5 +324,5 @@ def _no_existing(ev: StepEvent) -> StepEvent | None:
 
 
 def _loads(text: str) -> dict[str, Any]:
-    value: dict[str, Any] = loads(text)
+    value: dict[str, Any] = json.loads(text)
     return value
