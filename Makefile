@@ -43,6 +43,7 @@ test: lint install-local
 
 bench: install
 	$(BIN)/python benchmarks/bench_journal.py
+	$(BIN)/python benchmarks/bench_step_parts.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,153 @@
+"""Where a durable step's time goes beyond the raw commit, measured side by side in one run.
+
+Usage: ``python benchmarks/bench_step_parts.py [--repeats 7] [--turns 500]``
+
+``bench_journal.py`` compares a durable step with a raw FULL-synced commit. This script splits
+the difference into parts, each measured per commit, as medians over ``--repeats``:
+
+- ``floor``: a raw ``sqlite3`` commit (as in ``bench_journal.py``).
+- ``sql``: the exact statements of a durable step (``BEGIN IMMEDIATE``, ``PRAGMA data_version``,
+  two event rows, the checkpoint upsert, ``COMMIT``), replayed from the rows a real run wrote,
+  with no Python work between commits. This is the storage cost of the schema.
+- ``loop cpu``: the durable loop on ``SqliteCheckpointer(":memory:")``, so no sync and no
+  file: the CPU one step costs, SQLite included.
+- ``cpu alone`` / ``cpu between commits``: a fixed amount of pure-Python work, timed alone and
+  then added between raw commits. On a virtual machine the same work can take longer right after
+  a commit's sync (cold caches, a rescheduled vCPU). Their ratio shows how much this machine
+  inflates any work done between commits.
+- ``sqlite``: the real durable step, ``(T(N) - T(1)) / (2N - 2)`` as in ``bench_journal.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_journal import PAYLOAD, floor, run_agent
+
+from cuaderno import SqliteCheckpointer
+from cuaderno.journal.sqlite import _COLUMNS
+
+_UPSERT = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
+           "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+           "checkpoint=excluded.checkpoint")
+
+
+def captured_commits(tmp: Path, turns: int) -> tuple[list[list[tuple[object, ...]]], str]:
+    """The event rows of a real run, paired the way the loop commits them, and its checkpoint."""
+    path = str(tmp / "source.db")
+    store = SqliteCheckpointer(path)
+    asyncio.run(run_agent(store, turns, "x"))
+    store.close()
+    db = sqlite3.connect(path)
+    rows = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events ORDER BY seq").fetchall()  # noqa: S608
+    checkpoint = db.execute("SELECT checkpoint FROM cuaderno_runs").fetchone()[0]
+    db.close()
+    return [rows[i:i + 2] for i in range(1, len(rows) - 1, 2)], checkpoint
+
+
+def sql_only(path: str, commits: list[list[tuple[object, ...]]], checkpoint: str) -> float:
+    store = SqliteCheckpointer(path)  # the real schema and settings
+    db = store._db
+    insert = f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"  # noqa: S608
+    t0 = time.perf_counter()
+    for rows in commits:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("PRAGMA data_version").fetchone()
+        db.executemany(insert, rows)
+        db.execute(_UPSERT, ("x", "running", 1, rows[-1][10], checkpoint))
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return elapsed / len(commits)
+
+
+def busy(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def commits_with_work(path: str, commits: int, work: int) -> float:
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
+    payload = b"y" * (len(PAYLOAD) + 60)
+    t0 = time.perf_counter()
+    for i in range(commits):
+        busy(work)
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i:08d}", payload))
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    db.close()
+    return elapsed / commits
+
+
+def cpu_alone(work: int, times: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(times):
+        busy(work)
+    return (time.perf_counter() - t0) / times
+
+
+def durable_step(tmp: Path, tag: str, turns: int, path: str | None = None) -> float:
+    """Marginal seconds per durable step; ``path=":memory:"`` takes the sync out."""
+    def once(n: int, name: str) -> float:
+        store = SqliteCheckpointer(path or str(tmp / f"{tag}-{name}.db"))
+        try:
+            return asyncio.run(run_agent(store, n, name))
+        finally:
+            store.close()
+    return (once(turns, "n") - once(1, "one")) / (2 * turns - 2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--turns", type=int, default=500)
+    ap.add_argument("--work", type=int, default=3000, help="loop iterations of the fixed CPU work")
+    args = ap.parse_args()
+    parts: dict[str, list[float]] = {k: [] for k in ("floor", "sql", "loop cpu", "cpu alone",
+                                                     "cpu between commits", "sqlite")}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as d:
+        tmp = Path(d)
+        commits, checkpoint = captured_commits(tmp, args.turns)
+        n = len(commits)
+        for rep in range(args.repeats):
+            parts["floor"].append(floor(str(tmp / f"floor-{rep}.db"), n, b"y" * (len(PAYLOAD) + 60)) / n)
+            parts["sql"].append(sql_only(str(tmp / f"sql-{rep}.db"), commits, checkpoint))
+            parts["loop cpu"].append(durable_step(tmp, f"mem-{rep}", args.turns, ":memory:"))
+            parts["cpu alone"].append(cpu_alone(args.work, n))
+            work_floor = commits_with_work(str(tmp / f"work-{rep}.db"), n, args.work)
+            parts["cpu between commits"].append(work_floor - parts["floor"][-1])
+            parts["sqlite"].append(durable_step(tmp, f"disk-{rep}", args.turns))
+    med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+
+    def ratio(top: str, bottom: str) -> float:  # within each repeat, then the median
+        return statistics.median(a / b for a, b in zip(parts[top], parts[bottom], strict=True))
+
+    print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {args.repeats} repeats, "
+          f"{n} commits each, medians in ms per commit")
+    for k, v in med.items():
+        print(f"{k:>22} {v:8.3f}")
+    inflation = ratio("cpu between commits", "cpu alone")
+    print(f"{'sql / floor':>22} {ratio('sql', 'floor'):8.2f}")
+    print(f"{'sqlite / floor':>22} {ratio('sqlite', 'floor'):8.2f}")
+    print(f"{'work inflation':>22} {inflation:8.2f}  (cpu between commits / cpu alone)")
+    print(f"{'sqlite - sql':>22} {med['sqlite'] - med['sql']:8.3f}  (what the loop adds on the I/O path; "
+          f"its CPU alone is loop cpu)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
