@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,16 @@ async def run_agent(store: Any, n: int, run_id: str = "bench") -> float:
     return time.perf_counter() - t0
 
 
-def floor(path: str, commits: int, payload: bytes) -> float:
+def floor(path: str, commits: int, payload: bytes, between: Callable[[], object] | None = None) -> float:
+    """Seconds for ``commits`` raw FULL-synced commits; ``between`` runs before each one."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
     t0 = time.perf_counter()
     for i in range(commits):
+        if between is not None:
+            between()
         db.execute("BEGIN IMMEDIATE")
         db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i:08d}", payload))
         db.execute("COMMIT")

@@ -76,23 +76,6 @@ def busy(n: int) -> int:
     return total
 
 
-def commits_with_work(path: str, commits: int, work: int) -> float:
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB) WITHOUT ROWID")
-    payload = b"y" * (len(PAYLOAD) + 60)
-    t0 = time.perf_counter()
-    for i in range(commits):
-        busy(work)
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("INSERT INTO t VALUES (?, ?)", (f"k{i:08d}", payload))
-        db.execute("COMMIT")
-    elapsed = time.perf_counter() - t0
-    db.close()
-    return elapsed / commits
-
-
 def cpu_alone(work: int, times: int) -> float:
     t0 = time.perf_counter()
     for _ in range(times):
@@ -128,7 +111,8 @@ def main() -> int:
             parts["sql"].append(sql_only(str(tmp / f"sql-{rep}.db"), commits, checkpoint))
             parts["loop cpu"].append(durable_step(tmp, f"mem-{rep}", args.turns, ":memory:"))
             parts["cpu alone"].append(cpu_alone(args.work, n))
-            work_floor = commits_with_work(str(tmp / f"work-{rep}.db"), n, args.work)
+            work_floor = floor(str(tmp / f"work-{rep}.db"), n, b"y" * (len(PAYLOAD) + 60),
+                               between=lambda: busy(args.work)) / n
             parts["cpu between commits"].append(work_floor - parts["floor"][-1])
             parts["sqlite"].append(durable_step(tmp, f"disk-{rep}", args.turns))
     med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
