@@ -33,11 +33,7 @@ from pathlib import Path
 from bench_journal import PAYLOAD, floor, run_agent
 
 from cuaderno import SqliteCheckpointer
-from cuaderno.journal.sqlite import _COLUMNS
-
-_UPSERT = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
-           "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
-           "checkpoint=excluded.checkpoint")
+from cuaderno.journal.sqlite import _COLUMNS, _UPSERT_RUN
 
 
 def captured_commits(tmp: Path, turns: int) -> tuple[list[list[tuple[object, ...]]], str]:
@@ -62,7 +58,7 @@ def sql_only(path: str, commits: list[list[tuple[object, ...]]], checkpoint: str
         db.execute("BEGIN IMMEDIATE")
         db.execute("PRAGMA data_version").fetchone()
         db.executemany(insert, rows)
-        db.execute(_UPSERT, ("x", "running", 1, rows[-1][10], checkpoint))
+        db.execute(_UPSERT_RUN, ("x", "running", 1, rows[-1][10], checkpoint))
         db.execute("COMMIT")
     elapsed = time.perf_counter() - t0
     store.close()

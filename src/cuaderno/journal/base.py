@@ -28,6 +28,8 @@ SCHEMA_VERSION = 1
 (:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
 
 MAX_ID_CHARS = 1024
+_MAX_DECISION_CHARS = 64
+_MAX_FINGERPRINT_CHARS = 128
 
 
 @runtime_checkable
@@ -97,8 +99,8 @@ def validate_event(ev: StepEvent) -> None:
             and (fp is None or type(fp) is str)
             and 0 < len(run_id) <= MAX_ID_CHARS and 0 < len(step_id) <= MAX_ID_CHARS
             and 0 < len(phase) <= MAX_ID_CHARS and 0 < len(kind) <= MAX_ID_CHARS
-            and (name is None or 0 < len(name) <= MAX_ID_CHARS) and (decision is None or 0 < len(decision) <= 64)
-            and (fp is None or 0 < len(fp) <= 128)
+            and (name is None or 0 < len(name) <= MAX_ID_CHARS) and (decision is None or 0 < len(decision) <= _MAX_DECISION_CHARS)
+            and (fp is None or 0 < len(fp) <= _MAX_FINGERPRINT_CHARS)
             and (ids := f"{run_id}{step_id}{phase}{kind}{name or ''}{decision or ''}{fp or ''}").isascii()
             and "\x00" not in ids):
         _check_fields(ev)
@@ -117,8 +119,8 @@ def _check_fields(ev: StepEvent) -> None:
     for name, value, limit, optional in (("run_id", ev.run_id, MAX_ID_CHARS, False),
                                          ("step_id", ev.step_id, MAX_ID_CHARS, False),
                                          ("phase", ev.phase, MAX_ID_CHARS, False), ("kind", ev.kind, MAX_ID_CHARS, False),
-                                         ("name", ev.name, MAX_ID_CHARS, True), ("decision", ev.decision, 64, True),
-                                         ("fingerprint", ev.fingerprint, 128, True)):
+                                         ("name", ev.name, MAX_ID_CHARS, True), ("decision", ev.decision, _MAX_DECISION_CHARS, True),
+                                         ("fingerprint", ev.fingerprint, _MAX_FINGERPRINT_CHARS, True)):
         if value is None and optional:
             continue
         if type(value) is not str or not value:

@@ -65,6 +65,10 @@ _MIGRATIONS: list[tuple[str, ...]] = [
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 _COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
+_UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
+               "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+               "checkpoint=excluded.checkpoint")
+"""The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
 class SqliteCheckpointer:
@@ -198,10 +202,7 @@ class SqliteCheckpointer:
                         raise _Duplicate from exc
                 if new:
                     crash.in_txn("checkpoint")
-                    db.execute("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) "
-                               "VALUES (?,?,?,?,?) ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, "
-                               "updated_at=excluded.updated_at, checkpoint=excluded.checkpoint",
-                               (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
+                    db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
                     crash.in_txn()
                 self._cache[run_id] = cp
                 self._data_version = version
