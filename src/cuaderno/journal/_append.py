@@ -101,6 +101,5 @@ def decode_row(row: RawRow) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use)."""
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
     raw = payload if type(payload) is bytes else str(payload).encode()
-    return StepEvent(run_id=run_id, step_id=step_id, phase=phase, kind=kind, name=name, decision=decision,
-                     fingerprint=fp, codec=codec, payload=None, raw=raw, seq=seq, created_at=created_at,
-                     row_hash=rhash)
+    return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
+                             rhash)
