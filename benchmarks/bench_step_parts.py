@@ -16,6 +16,19 @@ the difference into parts, each measured per commit, as medians over ``--repeats
   a commit's sync (cold caches, a rescheduled vCPU). Their ratio shows how much this machine
   inflates any work done between commits.
 - ``sqlite``: the real durable step, ``(T(N) - T(1)) / (2N - 2)`` as in ``bench_journal.py``.
+
+Tried on this kind of machine (2 vCPUs, CPython 3.11.7 built by pyenv) to shrink ``loop cpu``,
+measured, and not adopted, so nobody needs to try them again without a new reason:
+
+- compiling the journal modules (events, checkpoint, fingerprint, JSON, append, SQLite backend)
+  with mypyc: no change beyond the noise. Their time is already spent in C (the JSON encoder,
+  SQLite, sha256); the loop itself cannot be compiled (mypyc has no async generators and no
+  multiple inheritance of native classes);
+- Debian's own CPython 3.11.2 instead of the pyenv build: about 10% less ``loop cpu`` (a
+  property of the interpreter a user runs, not something cuaderno can choose);
+- CPython 3.13.0 (pyenv): no better than 3.11;
+- OpenSSL's sha256 from a copied context, or the built-in ``_sha256``: no faster (the cost is
+  the hash object, about 1 µs, not the bytes).
 """
 
 from __future__ import annotations
