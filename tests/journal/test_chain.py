@@ -4,6 +4,8 @@ with (or into) a neighbour."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cuaderno.errors import JournalCorrupt
@@ -63,3 +65,20 @@ def test_an_altered_payload_is_refused_before_anything_is_decoded() -> None:
     rows[1] = (*rows[1][:9], b'{"b":3}', *rows[1][10:])
     with pytest.raises(JournalCorrupt, match="row 2 .* was altered"):
         check_chain("r", rows, None)
+
+
+def test_stored_constructor_sets_every_slot_as_init_does() -> None:
+    """``StepEvent._stored`` (the positional fast path of loads and stamping) must set every slot
+    the keyword constructor sets, to the same values: a slot added to one and not the other
+    would only show as an AttributeError deep in a resume."""
+    fields: dict[str, Any] = {"run_id": "r", "step_id": "t0001.tool00", "phase": "result", "kind": "tool", "name": "t",
+              "decision": "allow", "fingerprint": "f" * 64, "codec": "json", "seq": 7, "created_at": 2.5,
+              "row_hash": "h" * 32}
+    by_init = StepEvent(**fields, raw=b'{"a":1}')
+    stored = StepEvent._stored("r", "t0001.tool00", "result", "tool", "t", "allow", "f" * 64, "json", None,
+                               b'{"a":1}', 7, 2.5, "h" * 32)
+    assert {s: getattr(stored, s) for s in StepEvent.__slots__} == {s: getattr(by_init, s) for s in StepEvent.__slots__}
+    stamped = StepEvent(run_id="r", step_id="s", phase="intent", kind="tool", payload={"a": 1}).stamped(
+        seq=1, created_at=1.0, prev_hash="", payload_bytes=b'{"a":1}')
+    assert stamped.payload == {"a": 1} and stamped.encoded_payload() == b'{"a":1}' and stamped.seq == 1
+    assert stamped.row_hash == row_hash("", stamped, 1, b'{"a":1}')
