@@ -71,7 +71,7 @@ def captured_commits(tmp: Path, turns: int) -> tuple[list[list[RawRow]], str]:
     return [rows[i:i + 2] for i in range(1, len(rows) - 1, 2)], checkpoint
 
 
-def sql_only(path: str, commits: list[list[RawRow]], checkpoint: str, *,
+def replay_commits(path: str, commits: list[list[RawRow]], checkpoint: str, *,
              essential: bool = False) -> float:
     """Seconds per commit of the captured statements; with ``essential``, each commit also does the
     work no implementation of this journal format can skip (see :func:`essential_work`)."""
@@ -149,8 +149,8 @@ def main() -> int:
         n = len(commits)
         for rep in range(args.repeats):
             parts["floor"].append(floor(str(tmp / f"floor-{rep}.db"), n, b"y" * (len(PAYLOAD) + 60)) / n)
-            parts["sql"].append(sql_only(str(tmp / f"sql-{rep}.db"), commits, checkpoint))
-            parts["sql + essential"].append(sql_only(str(tmp / f"ess-{rep}.db"), commits, checkpoint,
+            parts["sql"].append(replay_commits(str(tmp / f"sql-{rep}.db"), commits, checkpoint))
+            parts["sql + essential"].append(replay_commits(str(tmp / f"ess-{rep}.db"), commits, checkpoint,
                                                      essential=True))
             parts["loop cpu"].append(durable_step(tmp, f"mem-{rep}", args.turns, ":memory:"))
             parts["cpu alone"].append(cpu_alone(args.work, n))
