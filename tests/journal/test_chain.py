@@ -1,6 +1,6 @@
-"""check_chain and the payload fast path: these rows prove that a
-payload which is not exactly one JSON object is reported on its own row, never decoded
-with (or into) a neighbour."""
+"""How stored rows become events: check_chain, the payload fast path, and the positional
+constructor behind both loads and stamping. The rows prove that a payload which is not exactly
+one JSON object is reported on its own row, never decoded with (or into) a neighbour."""
 
 from __future__ import annotations
 
