@@ -275,6 +275,43 @@ def test_a_commit_by_another_connection_invalidates_every_cached_run(tmp_path: P
         assert [(e.step_id, e.seq) for e in a.load("y")] == [("run", 1), ("b1", 2), ("a2", 3)]
 
 
+class _AppendBeforeEventsRead:
+    """Stands in for a store's connection: just before the events are read, another store commits."""
+
+    def __init__(self, db: sqlite3.Connection, commit: Any) -> None:
+        self._db, self._commit, self.fired = db, commit, False
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        if not self.fired and sql.startswith("SELECT run_id"):
+            self.fired = True
+            self._commit()
+        return self._db.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+def test_load_reads_checkpoint_and_rows_from_one_snapshot(tmp_path: Path) -> None:
+    """A writer committing between load()'s two reads must not look like a damaged journal.
+
+    Read apart, the rows would run past the head the checkpoint named and load() would call the
+    journal corrupt; read in one transaction, it returns the run as it was when the read began."""
+    path = tmp_path / "j.db"
+    with _store(path) as reader, _store(path) as writer:
+        writer.append([_ev("r", "run", "start", "run"), _ev("r", "s1")])
+        real = reader._db
+        proxy = _AppendBeforeEventsRead(real, lambda: writer.append([_ev("r", "s2"), _ev("r", "s3")]))
+        reader._db = proxy  # type: ignore[assignment]
+        try:
+            loaded = reader.load("r")
+        finally:
+            reader._db = real
+        assert proxy.fired, "the events query was not intercepted: the test no longer tests anything"
+        assert [(e.step_id, e.seq) for e in loaded] == [("run", 1), ("s1", 2)]
+        assert [e.step_id for e in reader.load("r")] == ["run", "s1", "s2", "s3"]
+        assert real.in_transaction is False, "load() left its read transaction open"
+
+
 def test_reopen_continues_the_chain(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     with _store(path) as store:

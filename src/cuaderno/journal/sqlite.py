@@ -234,11 +234,19 @@ class SqliteCheckpointer:
             raise RunNotFound(run_id)
         with self._reading(run_id):
             with self._lock:
-                head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
-                if head is None:
-                    raise RunNotFound(run_id)
-                rows: list[RawRow] = self._db.execute(
-                    f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+                # One read transaction, so both statements see the same snapshot: read apart, a
+                # writer in another process committing between them leaves rows past the head the
+                # checkpoint named, which would look exactly like a tampered journal.
+                self._db.execute("BEGIN")
+                try:
+                    head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
+                                            (run_id,)).fetchone()
+                    rows: list[RawRow] = [] if head is None else self._db.execute(
+                        f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+                finally:
+                    self._db.execute("COMMIT")
+            if head is None:
+                raise RunNotFound(run_id)
             rows.sort(key=lambda r: r[3])
             events = check_chain(run_id, rows, Checkpoint.from_json(_loads(head[0])).last_hash)
             for ev in events:
