@@ -30,6 +30,7 @@ from cuaderno import (
     Session,
     SqliteCheckpointer,
     StepEvent,
+    ToolCall,
     ToolContext,
     ToolStep,
     UncertainEffect,
@@ -38,7 +39,8 @@ from cuaderno import (
     deny,
     tool,
 )
-from cuaderno.fingerprint import idempotency_key
+from cuaderno.fingerprint import fingerprint, idempotency_key
+from cuaderno.gateway.base import assistant_message
 
 
 class World:
@@ -383,3 +385,108 @@ async def test_a_failed_strong_tier_keeps_the_cheap_call_in_the_accounting(store
     cp = store.checkpoint("tier")
     assert cheap.calls == 1 and Down.calls == 3  # retries go to the strong tier, never back to the cheap one
     assert cp.count("escalations") == 1 and cp.count("unpriced_calls") == 1 and cp.count("retries") == 2
+
+
+# -- replay from every prefix -------------------------------------------------------------------------
+
+
+def _sweep_script() -> Any:
+    """A run through every kind of turn replay must rebuild: two reads in one turn, an empty
+    response (rejected, and asked again), a call whose arguments did not parse, a denied call, a
+    transfer, then the answer. Returns a factory of gateways told whether the empty response was
+    already given (it is given once per run, so a resume past it must not see it again)."""
+    broken = ModelResponse(tool_calls=(ToolCall(id="c_bad", name="read_file", arguments={},
+                                                arguments_error="not JSON", raw_arguments='{"path": '),),
+                           finish_reason="tool_calls")
+    turns = [ScriptedGateway.parallel(("read_file", {"path": "/a"}), ("read_file", {"path": "/b"})),
+             broken,
+             ScriptedGateway.call("delete", path="/a"),
+             ScriptedGateway.call("transfer", to="bob", amount=3),
+             ScriptedGateway.text("done")]
+
+    def gateway(empty_given: bool) -> ScriptedGateway:
+        state = {"empty_given": empty_given}
+
+        def answer(request: ModelRequest) -> ModelResponse:
+            turn = sum(1 for m in request.messages if m.get("role") == "assistant")
+            if turn == 1 and not state["empty_given"]:
+                state["empty_given"] = True
+                return ScriptedGateway.empty()
+            return turns[turn]
+
+        return ScriptedGateway(answer)
+
+    return gateway
+
+
+@pytest.mark.parametrize("verify_replay", [False, True])
+async def test_a_resume_from_every_prefix_sends_what_the_uninterrupted_run_sent(store: Any,
+                                                                                  verify_replay: bool) -> None:
+    """Cut a finished run after each of its events and resume the copy: whatever the cut, the
+    resumed process sends exactly the requests the uninterrupted run sent from there on (so the
+    conversation it rebuilt from the journal is the same, message for message), runs only the
+    tools whose results were not journaled, and never runs the transfer twice."""
+    world = World()
+
+    @tool
+    def delete(path: str) -> str:
+        """Delete a file."""
+        raise AssertionError("denied by policy: never runs")
+
+    agent = Agent(instructions="i", tools=[*world.tools(), delete], policy=Policy({"delete": "deny"}))
+    gateway = _sweep_script()
+    full_gw = gateway(False)
+    steps = await collect(agent, "go", Session("full", full_gw, store, verify_replay=verify_replay))
+    assert isinstance(steps[-1], FinalStep) and steps[-1].output == "done"
+    assert world.reads == ["/a", "/b"] and len(world.transfers) == 1
+    assert store.checkpoint("full").count("rejected_responses") == 1
+    sent = [fingerprint(r.body()) for r in full_gw.requests]
+    assert len(sent) == 6 and sent[1] == sent[2]  # the empty response's request is asked again as it was
+    events = store.load("full")
+    outcomes = {"completed": 0, "uncertain": 0}
+    for cut in range(1, len(events)):
+        run = f"cut{cut}"
+        _copy_prefix(store, "full", run, cut)
+        prefix = events[:cut]
+        results = {e.step_id for e in prefix if e.phase == "result"}
+        empty_given = any(e.kind == "model" and e.phase == "result" and e.payload.get("verdict", {}).get("outcome")
+                          not in (None, "ok") for e in prefix)
+        world.reads.clear()
+        world.transfers.clear()
+        gw = gateway(empty_given)
+        transfer_started = any(e.step_id == "t0004.tool00" and e.phase == "intent" for e in prefix)
+        if transfer_started and "t0004.tool00" not in results:
+            with pytest.raises(UncertainEffect):  # intent without result: never guessed, never run again
+                await collect(agent, "go", Session(run, gw, store, verify_replay=verify_replay))
+            assert gw.calls == 0 and world.transfers == []
+            outcomes["uncertain"] += 1
+            continue
+        steps = await collect(agent, "go", Session(run, gw, store, verify_replay=verify_replay))
+        assert isinstance(steps[-1], FinalStep) and steps[-1].output == "done", f"cut after event {cut}"
+        resent = [fingerprint(r.body()) for r in gw.requests]
+        assert resent == sent[len(sent) - len(resent):], f"cut after event {cut}: another conversation was sent"
+        assert len(resent) == 6 - sum(1 for e in prefix if e.kind == "model" and e.phase == "result")
+        assert world.reads == [p for p, step in (("/a", "t0000.tool00"), ("/b", "t0000.tool01"))
+                               if step not in results], f"cut after event {cut}"
+        assert len(world.transfers) == (0 if "t0004.tool00" in results else 1), f"cut after event {cut}"
+        final = [(e.step_id, e.phase, e.fingerprint) for e in store.load(run) if e.phase == "result"]
+        assert final == [(e.step_id, e.phase, e.fingerprint) for e in events if e.phase == "result"]
+        outcomes["completed"] += 1
+    assert outcomes["uncertain"] >= 1 and outcomes["completed"] >= len(events) - 3
+
+
+def test_the_assistant_message_is_built_from_the_journaled_response() -> None:
+    """A made call and its replay add the same message because both build it from the journaled
+    form: what the message shows is exactly what the journal holds."""
+    good = ToolCall(id="c1", name="read_file", arguments={"path": "/x"})
+    broken = ToolCall(id="c2", name="read_file", arguments={}, arguments_error="not JSON", raw_arguments="{bad")
+    # A gateway that keeps raw text without saying it failed to parse: not journaled, so not shown.
+    stray = ToolCall(id="c3", name="read_file", arguments={"path": "/y"}, raw_arguments='{"path": "/y"}')
+    response = ModelResponse(text="let me look", tool_calls=(good, broken, stray), finish_reason="tool_calls")
+    message = response.assistant_message()
+    assert message == assistant_message(ModelResponse.from_json(response.to_json()).to_json())
+    assert message == {"role": "assistant", "content": "let me look", "tool_calls": [
+        {"id": "c1", "name": "read_file", "arguments": {"path": "/x"}},
+        {"id": "c2", "name": "read_file", "arguments": {}, "raw_arguments": "{bad"},
+        {"id": "c3", "name": "read_file", "arguments": {"path": "/y"}}]}
+    assert ModelResponse().assistant_message() == {"role": "assistant", "content": ""}

@@ -30,6 +30,7 @@ __all__ = [
     "ToolCall",
     "ToolSchema",
     "Usage",
+    "assistant_message",
 ]
 
 Message = dict[str, Any]
@@ -165,17 +166,30 @@ class ModelResponse:
 
     def assistant_message(self) -> Message:
         """The neutral assistant message this response adds to the conversation."""
-        msg: Message = {"role": "assistant", "content": self.text}
-        if self.tool_calls:
-            msg["tool_calls"] = [_call_message(c) for c in self.tool_calls]
-        return msg
+        return assistant_message(self.to_json())
 
 
-def _call_message(call: ToolCall) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": call.id, "name": call.name, "arguments": call.arguments}
-    if call.raw_arguments is not None:
+def assistant_message(response: dict[str, Any]) -> Message:
+    """The neutral assistant message a response adds to the conversation, from its journaled
+    form (:meth:`ModelResponse.to_json`).
+
+    The loop builds the message from the journaled form both when the call is made and when it is
+    replayed, so the two cannot differ: anything the message shows is something the journal
+    holds. Replay also skips rebuilding the whole :class:`ModelResponse` this way.
+    """
+    msg: Message = {"role": "assistant", "content": response.get("text") or ""}
+    calls = response.get("tool_calls")
+    if calls:
+        msg["tool_calls"] = [_call_message(c) for c in calls]
+    return msg
+
+
+def _call_message(call: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call["id"], "name": call["name"], "arguments": call.get("arguments") or {}}
+    raw = call.get("raw_arguments")
+    if raw is not None:
         # Show the model the malformed text it wrote, not an empty object, so it can repair it.
-        out["raw_arguments"] = call.raw_arguments
+        out["raw_arguments"] = raw
     return out
 
 

@@ -8,21 +8,45 @@ from cuaderno import telemetry
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import idempotency_key
-from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.empty import Outcome, classify_response
-from cuaderno.loop._state import RunState
+from cuaderno.loop._state import RunState, Turn, Unrecorded
 from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
 
-__all__ = ["ModelSteps"]
+__all__ = ["ModelSteps", "accepted"]
+
+
+def accepted(payload: dict[str, Any]) -> bool:
+    """Whether a model result payload's response joins the conversation (not rejected as empty
+    or refused). Results journaled before verdicts existed have none, and are accepted."""
+    verdict = payload.get("verdict")
+    return verdict is None or verdict.get("outcome") == Outcome.OK
 
 
 class ModelSteps(RunState):
     """The model half of the loop."""
 
-    async def _model_turn(self, turn: int) -> ModelResponse | None:
+    async def _model_turn(self, turn: int) -> Turn | None:
         """Replay or make turn ``turn``'s model call. ``None`` means the response was rejected
         (empty or refused): it is journaled and counted, and the turn is asked again."""
+        replayed = self._replay_model_turn(turn)
+        if not isinstance(replayed, Unrecorded):
+            return replayed
+        step_id, fp = replayed
+        self._recorded(step_id, "intent", "model", None, fp)
+        response, payload = await self._call_model(turn, step_id, fp)
+        if not accepted(payload):
+            return None  # not part of the conversation: the same request is asked again
+        self._add_message(assistant_message(payload["response"]))
+        return Turn(response.text, response.tool_calls)
+
+    def _replay_model_turn(self, turn: int) -> Turn | None | Unrecorded:
+        """Turn ``turn``'s model call as the journal holds it, or :class:`Unrecorded` (with the
+        step id and request fingerprint the call must be made with) when it has no response.
+
+        Synchronous: replaying reads only the journal already in memory, and adds the message.
+        """
         step_id = model_step_id(turn)
         rec = self.journal.get((step_id, "result"))
         if rec is not None and rec.fingerprint and (turn > 0 or self.migrated) and not self.s.verify_replay:
@@ -40,18 +64,19 @@ class ModelSteps(RunState):
             self.unhashed.append({"migrated_to": self.config_fp})
         fp = self._request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
-        if rec is not None and rec.payload.get("response") is not None:
-            response = ModelResponse.from_json(rec.payload["response"])
-            verdict = rec.payload.get("verdict")
-        else:
-            self._recorded(step_id, "intent", "model", None, fp)
-            response, verdict = await self._call_model(turn, step_id, fp)
-        if verdict is not None and verdict.get("outcome") != Outcome.OK:
-            return None  # not part of the conversation: the same request is asked again
-        self._add_message(response.assistant_message())
-        return response
+        if rec is None or rec.payload.get("response") is None:
+            return Unrecorded(step_id, fp)
+        if not accepted(rec.payload):
+            return None
+        data: dict[str, Any] = rec.payload["response"]
+        self._add_message(assistant_message(data))
+        # Only what the loop reads of the response is rebuilt (the whole ModelResponse is three
+        # times the work, and a resume replays every turn).
+        return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
 
-    async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, str] | None]:
+    async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
+        """Send the request once its intent is durable; return the response and its staged result
+        payload."""
         key = idempotency_key(self.run_id, step_id, fp)
         sends = self._recorded_count(step_id, "intent")
         last_error = self.journal.get((step_id, f"error.{sends}"))
@@ -103,12 +128,11 @@ class ModelSteps(RunState):
             counters["rejected_responses"] = 1
         self.charge(counters)
         self.charge({"escalations": len(response.escalations)})  # the projection counts them from the response
-        self._stage(self._event(step_id, "result", "model", fingerprint=fp,
-                                payload={"response": response.to_json(), "key": key, "sends": sends,
-                                         "verdict": verdict.to_json(), "counters": counters}),
-                    "model.K6")
+        payload = {"response": response.to_json(), "key": key, "sends": sends, "verdict": verdict.to_json(),
+                   "counters": counters}
+        self._stage(self._event(step_id, "result", "model", fingerprint=fp, payload=payload), "model.K6")
         self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key, attempts=sends))
-        return response, verdict.to_json()
+        return response, payload
 
     def _intent(self, step_id: str, send: int, key: str, turn: int, after: str | None) -> StepEvent:
         payload: dict[str, Any] = {"key": key, "turn": turn}
@@ -125,7 +149,7 @@ class ModelSteps(RunState):
             return policy.delay(resends + 1, err.retry_after, self.s.rng)
         return None
 
-    def _finish(self, turn: int, response: ModelResponse) -> None:
+    def _finish(self, turn: int, response: Turn) -> None:
         rec = self._recorded("final", "result", "final", None, None)
         if rec is None:
             self._stage(self._event("final", "result", "final", payload={"output": response.text, "turn": turn}),

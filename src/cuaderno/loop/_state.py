@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from cuaderno._json import sorted_compact_nan
 from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import chain, fingerprint
-from cuaderno.gateway.base import Message
+from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import Step
 from cuaderno.testing import crash
 
-__all__ = ["RunState", "effect_key", "plus", "tool_message"]
+__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "plus", "tool_message"]
+
+
+class Turn(NamedTuple):
+    """What the loop reads of a model response: its text and its tool calls, in order."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+class Unrecorded(NamedTuple):
+    """A model call the journal holds no response for: the call to make, and with what body."""
+
+    step_id: str
+    fp: str
+    """The request fingerprint (the chain over the configuration and every message so far)."""
 
 
 def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:

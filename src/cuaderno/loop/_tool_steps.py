@@ -62,17 +62,10 @@ class ToolSteps(RunState):
 
     async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
-        step_id = tool_step_id(turn, index)
-        call = _journalable(call)
-        # The call comes from a journaled response; past turn 0 its fingerprint is checked only
-        # with verify_replay (see _model_turn), which keeps resume O(rows).
-        trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal
-        args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
-        rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
-        if rec is not None:
-            self._add_message(tool_message(call.id, call.name, rec.payload))
+        unrecorded = self._replay_tool_call(turn, index, call)
+        if unrecorded is None:
             return False
-        assert args_fp is not None
+        step_id, call, args_fp = unrecorded
         tool = self.agent.tools.get(call.name)
         problem = None
         kwargs: dict[str, Any] = {}
@@ -106,6 +99,25 @@ class ToolSteps(RunState):
         if decision in ("allow", "approved"):
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=1)
         return decision == "pending"
+
+    def _replay_tool_call(self, turn: int, index: int, call: ToolCall) -> tuple[str, ToolCall, str] | None:
+        """Replay a tool call whose result the journal holds (``None``), or return what running
+        it needs: its step id, the call under a journalable name, and its arguments' fingerprint.
+
+        Synchronous: replaying reads only the journal already in memory, and adds the message.
+        """
+        step_id = tool_step_id(turn, index)
+        call = _journalable(call)
+        # The call comes from a journaled response; past turn 0 its fingerprint is checked only
+        # with verify_replay (see _replay_model_turn), which keeps resume O(rows).
+        trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal
+        args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
+        rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
+        if rec is not None:
+            self._add_message(tool_message(call.id, call.name, rec.payload))
+            return None
+        assert args_fp is not None
+        return step_id, call, args_fp
 
     def _decide(self, step_id: str, call: ToolCall, args_fp: str) -> str:
         """The decision for a call not yet executed: allow, approved, pending, or a journaled denial."""
