@@ -27,6 +27,7 @@ from cuaderno import (
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
+    StepEvent,
     ToolContext,
     ToolError,
     VersionMismatch,
@@ -102,6 +103,28 @@ async def test_budgets_survive_a_resume(store: Any) -> None:
     approve(store, "bs", "t0001.tool00")
     with pytest.raises(BudgetExceeded):  # the second repair, in another session, exceeds the bound of 1
         await collect(agent, "t", Session("bs", ScriptedGateway(script), store))
+
+
+async def test_a_bound_exceeded_before_a_crash_fails_the_resume_before_any_new_call(store: Any) -> None:
+    """The step that exceeds a bound commits, then the run's end does; a process killed between
+    the two leaves a run that is still open. Its resume must fail at once, not make one more call."""
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(replans=1))
+    with pytest.raises(BudgetExceeded):
+        await collect(agent, "t", Session("full", ScriptedGateway([ScriptedGateway.call("update", version=1)] * 5),
+                                          store))
+    events = store.load("full")
+    assert events[-1].step_id == "run" and events[-1].phase == "end"
+    for ev in events[:-1]:  # everything but the end: the state the kill leaves
+        store.append([StepEvent(run_id="cut", step_id=ev.step_id, phase=ev.phase, kind=ev.kind, name=ev.name,
+                                decision=ev.decision, fingerprint=ev.fingerprint, payload=ev.payload)])
+    assert store.checkpoint("cut").status != "failed" and store.checkpoint("cut").count("replans") == 2
+    gw = ScriptedGateway([ScriptedGateway.call("update", version=1)] * 5)
+    with pytest.raises(BudgetExceeded) as info:
+        await collect(agent, "t", Session("cut", gw, store))
+    assert info.value.budget == "replans" and gw.calls == 0
+    cp = store.checkpoint("cut")
+    assert cp.status == "failed" and cp.count("replans") == 2
 
 
 # -- empty generations ---------------------------------------------------------------------------

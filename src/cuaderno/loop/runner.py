@@ -89,7 +89,11 @@ class Runner(ModelSteps, ToolSteps):
         # Read once more after the takeover: the counters (budgets already spent) and a
         # cancellation that may have committed while this process was opening the run.
         latest = self.store.checkpoint(self.run_id) or cp
-        self.spent = dict(latest.counters)
+        # Charged, not just copied: a bound the journal already exceeds (the process died after
+        # committing the step that exceeded it, before the run's end) fails the run before any
+        # new call, instead of after one more.
+        self.spent = {}
+        self.charge(latest.counters)
         self.cancel_found = latest.cancel_requested is not None
         self._add_message({"role": "user", "content": self.task})
         return None
@@ -155,6 +159,7 @@ class Runner(ModelSteps, ToolSteps):
         try:
             if self.cancel_found:
                 self._finalize_cancel()
+            self._enforce_budgets()
             for turn in range(self.agent.max_turns):
                 response = await self._model_turn(turn)
                 for s in self._drain():
