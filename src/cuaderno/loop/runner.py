@@ -19,6 +19,12 @@ Writes are batched without weakening any rule: a step's result waits in ``pendin
 in the same transaction as the *next* intent, which must be on disk before the next action
 anyway. So each step costs one synced commit, and nothing leaves the process (a request, a tool
 body) before everything it depends on is durable. Steps are yielded only after their commit.
+
+A resume replays every turn through the same loop as a live run. Two shortcuts were measured on
+a 1000-turn resume and not adopted: replaying whole turns in a synchronous pre-pass, without a
+coroutine per step, took 3% *more* instructions (it looks each result up twice to know a turn is
+whole); pausing the cyclic garbage collector while the journal is opened moved no median (the
+first collection afterwards walks the same objects).
 """
 
 from __future__ import annotations
