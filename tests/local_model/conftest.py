@@ -20,6 +20,7 @@ them all on one worker with one server.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 
 import openai
@@ -37,6 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("local_model") is not None:
             item.add_marker(pytest.mark.xdist_group("local_model"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # llama_cpp opens os.devnull twice at import and never closes it: without this, every worker
+    # that imported it prints two ResourceWarnings at exit.
+    utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        handle = getattr(utils, name, None)
+        if handle is not None:
+            handle.close()
 
 
 def _threads() -> int:
