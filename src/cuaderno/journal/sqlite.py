@@ -20,9 +20,9 @@ bytes with ``WITHOUT ROWID`` and 1.4x without.
 Leaf pages hold whole rows, so the file shrinks only when a smaller row lets one more row fit on
 a page. Measured on the benchmark's 1000-turn run (400-byte tool results, 4,004 rows, 1.63x the
 payload bytes): storing fingerprints and row hashes as binary instead of hex removed 196 KB of
-row content, yet the file stayed at exactly the same size at 4 KB pages: SQLite's page balancing
-still put eight rows (two turns) on each leaf, leaving 514 bytes unused on each instead of 116
-(measured with ``dbstat``). The table alone is then 1.50x the payload; the primary-key
+row content, yet the file stayed at exactly the same size at 4 KB pages: each leaf still holds
+eight rows (two turns), and the space left on it (514 bytes instead of 116, measured with
+``dbstat``) is still less than the next row, which is a model response or a tool result. The table alone is then 1.50x the payload; the primary-key
 index adds 33 pages (0.10x). With 8 KB or 16 KB pages it came to 1.53x, and an 8 KB page makes
 every commit about 18% slower. Without binary hashes, larger pages made the
 file bigger (1.65x at 8 KB, 1.69x at 16 KB), and smaller ones did not help (the same journal
