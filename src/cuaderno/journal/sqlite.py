@@ -22,12 +22,12 @@ a page. Measured on the benchmark's 1000-turn run (400-byte tool results, 4,004 
 payload bytes): storing fingerprints and row hashes as binary instead of hex removed 196 KB of
 row content, yet the file stayed at exactly the same size at 4 KB pages: each leaf still holds
 eight rows (two turns), and the space left on it (514 bytes instead of 116, measured with
-``dbstat``) is still less than the next row, which is a model response or a tool result. The table alone is then 1.50x the payload; the primary-key
-index adds 33 pages (0.10x). With 8 KB or 16 KB pages it came to 1.53x, and an 8 KB page makes
-every commit about 18% slower. Without binary hashes, larger pages made the
-file bigger (1.65x at 8 KB, 1.69x at 16 KB), and smaller ones did not help (the same journal
-rebuilt with VACUUM: 1.61x at 2 KB and at 4 KB, 2.37x at 1 KB). So a storage change that only
-narrows columns is not worth a schema version.
+``dbstat``) is still less than the next row, which is a model response or a tool result. The
+table alone is then 1.50x the payload; the primary-key index adds 33 pages (0.10x). With 8 KB or
+16 KB pages it came to 1.53x, and an 8 KB page makes every commit about 18% slower. Without
+binary hashes, larger pages made the file bigger (1.65x at 8 KB, 1.69x at 16 KB), and smaller
+ones did not help (the same journal rebuilt with VACUUM: 1.61x at 2 KB and at 4 KB, 2.37x at
+1 KB). So a storage change that only narrows columns is not worth a schema version.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from cuaderno.loop._state import RunState, Turn, Unrecorded
 from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
 
-__all__ = ["ModelSteps", "accepted"]
+__all__ = ["ModelSteps"]
 
 
 def accepted(payload: dict[str, Any]) -> bool:
