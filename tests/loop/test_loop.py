@@ -24,6 +24,7 @@ from cuaderno import (
     Policy,
     ReplayDivergence,
     RetryPolicy,
+    RunCancelled,
     RunClosed,
     RunNotFound,
     ScriptedGateway,
@@ -32,10 +33,12 @@ from cuaderno import (
     StepEvent,
     ToolCall,
     ToolContext,
+    ToolError,
     ToolStep,
     UncertainEffect,
     VersionMismatch,
     approve,
+    cancel,
     deny,
     tool,
 )
@@ -151,6 +154,73 @@ async def test_intent_without_result_non_idempotent_is_uncertain_and_not_rerun(s
     with pytest.raises(UncertainEffect):  # asking again changes nothing
         await collect(agent, "pay", Session("cut", gw, store))
     assert len(store.load("cut")) == rows and world.transfers == []
+
+
+@pytest.mark.parametrize("meanwhile", ["cancelled", "taken over"])
+async def test_a_re_send_after_a_lookup_commits_its_own_intent_first(store: Any, meanwhile: str) -> None:
+    """A lookup proves the effect absent, so the body is sent again. If, while the lookup ran,
+    another process cancelled the run or took it over, that re-send must be refused before the
+    body runs: its intent goes through the same transaction checks as the first one."""
+    sent: list[str] = []
+
+    def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        if meanwhile == "cancelled":
+            cancel(store, "cut", "stop", by="another process")
+        else:
+            store.acquire("cut", "another process")
+        return None  # absence proven
+
+    @tool(lookup=lookup)
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        sent.append(ctx.effect_key)
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
+    _copy_prefix(store, "full", "cut", cut)
+    sent.clear()
+    with pytest.raises(RunCancelled if meanwhile == "cancelled" else FencedOut):
+        await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
+    assert sent == []  # the body did not run a second time
+    assert not any(e.step_id == "t0000.tool00" and e.phase != "intent" for e in store.load("cut"))
+
+
+async def test_every_re_send_of_a_tool_body_is_journaled_before_it_runs(store: Any) -> None:
+    sent: list[int] = []
+    seen_at_send: list[list[str]] = []
+
+    @tool(lookup=lambda ctx, arguments: None)
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        if ctx.run_id != "cut":
+            return {"ok": True}
+        seen_at_send.append([e.phase for e in store.load("cut") if e.step_id == "t0000.tool00"])
+        sent.append(ctx.attempt)
+        if len(sent) == 1:
+            raise ToolError("timed out after sending", error_class=ErrorClass.AMBIGUOUS)
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
+    _copy_prefix(store, "full", "cut", cut)
+    sent.clear()
+    seen_at_send.clear()
+    steps = await collect(agent, "pay", Session("cut", ScriptedGateway(script), store,
+                                                retry=RetryPolicy(max_resends=2, base_delay=0.0)))
+    assert isinstance(steps[-1], FinalStep)
+    # Resume: intent found, lookup says absent -> intent.2, send (ambiguous) -> lookup absent ->
+    # intent.3, send (ok). Each send saw its own intent already committed.
+    assert seen_at_send == [["intent", "intent.2"], ["intent", "intent.2", "intent.3"]]
+    intents = [e for e in store.load("cut") if e.step_id == "t0000.tool00" and e.phase.startswith("intent.")]
+    assert [(e.payload["after"], e.payload["effect_key"]) for e in intents] == [
+        ("absent", intents[0].payload["effect_key"])] * 2
 
 
 async def test_intent_without_result_idempotent_is_executed_again(store: Any) -> None:

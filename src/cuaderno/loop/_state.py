@@ -66,6 +66,8 @@ class RunState:
         self.journal: dict[tuple[str, str], StepEvent] = {}
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []
+        self.tool_sends: dict[str, int] = {}
+        """Tool intents per step, recorded or written by this process (names the next one)."""
         self.points: list[str] = []
         self.ready: list[tuple[Step, int]] = []
         self.flushes = 0

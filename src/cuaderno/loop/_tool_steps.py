@@ -91,7 +91,7 @@ class ToolSteps(RunState):
             if resolution is not None and resolution.decision == "not_happened":
                 # A person established that the effect did not happen: send it, same key.
                 return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,
-                                           counters={"retries": 1})
+                                           counters={"retries": 1}, after="not_happened")
             # Started before and never recorded how it ended: nobody knows if it took effect.
             return await self._reconcile(step_id, call, kwargs, args_fp, ekey, str(intent.decision), 1,
                                          {"intent_seq": intent.seq, "intent_at": intent.created_at})
@@ -167,14 +167,17 @@ class ToolSteps(RunState):
                            tenant=self.s.tenant, data=data)
 
     async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
-                       decision: str, *, attempt: int, counters: dict[str, int] | None = None) -> bool:
-        """Run the tool body once its intent is durable; classify how it ended."""
+                       decision: str, *, attempt: int, counters: dict[str, int] | None = None,
+                       after: str | None = None) -> bool:
+        """Run the tool body once its intent is durable; classify how it ended.
+
+        ``after`` says why a body that may already have run is run again (``absent``: a lookup
+        proved the effect missing; ``unknown``: an idempotent tool whose outcome is unknown;
+        ``not_happened``: a person settled it). It is journaled on the re-send's intent.
+        """
         tool = self.agent.tools[call.name]
         counters = dict(counters or {})
-        if attempt == 1:
-            self._stage(self._event(step_id, "intent", "tool", name=call.name, decision=decision, fingerprint=args_fp,
-                                    payload={"effect_key": ekey, "policy_version": self.agent.policy.version,
-                                             "idempotent": tool.idempotent}), "tool.K1")
+        self._tool_intent(step_id, call, decision, args_fp, ekey, tool, attempt, after)
         retries = 0
         while True:
             crash.point("tool.K0")
@@ -205,12 +208,38 @@ class ToolSteps(RunState):
                     return False
                 retries += 1
                 await self.s.sleep(wait)
+                self._tool_intent(step_id, call, decision, args_fp, ekey, tool, attempt, "retry")
             except Exception as exc:
                 self._bug(step_id, call, args_fp, ekey, decision, exc)
         crash.point("tool.K5")
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
                           counters=plus(counters, "retries", retries), compensation=_compensation(tool, call, value))
         return False
+
+    def _tool_intent(self, step_id: str, call: ToolCall, decision: str, args_fp: str, ekey: str, tool: Tool,
+                     attempt: int, after: str | None) -> None:
+        """Stage the intent that must commit before the tool body runs, for every run of it.
+
+        The first is ``intent``; a re-send or retry of the same step is ``intent.2``,
+        ``intent.3``... Each goes through the same transaction checks as the first, so a process
+        that was taken over (fencing) or a run cancelled since (no new work admitted) is refused
+        *before* the body runs again, never only at the result write after it ran.
+        """
+        n = self.tool_sends.get(step_id)
+        if n is None:
+            n = self._recorded_count(step_id, "intent")
+        n += 1
+        self.tool_sends[step_id] = n
+        payload: dict[str, Any] = {"effect_key": ekey, "policy_version": self.agent.policy.version,
+                                   "idempotent": tool.idempotent}
+        if n == 1:
+            self._stage(self._event(step_id, "intent", "tool", name=call.name, decision=decision,
+                                    fingerprint=args_fp, payload=payload), "tool.K1")
+            return
+        payload["attempt"] = attempt
+        payload["after"] = after
+        self._stage(self._event(step_id, f"intent.{n}", "tool", name=call.name, decision=decision,
+                                fingerprint=args_fp, payload=payload))
 
     async def _reconcile(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
                          decision: str, attempt: int, evidence: dict[str, Any],
@@ -228,7 +257,7 @@ class ToolSteps(RunState):
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
         if tool.idempotent:
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
-                                       counters=plus(counters, "retries", 1))
+                                       counters=plus(counters, "retries", 1), after="unknown")
         if tool.lookup is None:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "no lookup for this tool"})
         assert tool.lookup is not None
@@ -241,7 +270,7 @@ class ToolSteps(RunState):
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
         if found is None:  # absence proven: the only case where sending again is safe
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
-                                       counters=plus(counters, "retries", 1))
+                                       counters=plus(counters, "retries", 1), after="absent")
         self._tool_result(step_id, call, args_fp, "ok", to_jsonable_python(found), decision=decision,
                           effect_key=ekey, counters=plus(counters, "reconciled", 1))
         return False
