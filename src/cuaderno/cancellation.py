@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalConflict, RunClosed, RunNotFound, UsageError
+from cuaderno.errors import JournalConflict, JournalError, RunChanged, RunClosed, RunNotFound, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 
@@ -42,26 +42,40 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         raise UsageError("run_id must be a non-empty string")
     if not isinstance(reason, str):
         raise UsageError("reason must be a string")
-    cp = store.checkpoint(run_id)
-    if cp is None:
-        raise RunNotFound(run_id)
-    if cp.status == "cancelled" or cp.cancel_requested is not None:
-        return cp
-    if cp.status in ("completed", "failed"):
-        raise RunClosed(run_id, cp.status)
     request = StepEvent(run_id=run_id, step_id="cancel", phase="request", kind="cancel",
                         payload={"reason": reason, "by": by})
-    events = [request]
-    if cp.status in ("suspended", "needs_human"):
-        # Nobody runs a run that waits for a person: finalize now, in the same transaction.
-        events.append(end_event(run_id, cancellation_record(store.load(run_id), request.payload)))
-    try:
-        store.append(events)
-    except JournalConflict:
-        pass  # another process cancelled first: its request stands
-    cp = store.checkpoint(run_id)
-    assert cp is not None
-    return cp
+    # Decided from a read, written in a later transaction: the write re-checks what the decision
+    # rests on (the run is still open; for a record, that nothing was appended since it was
+    # computed) and the whole decision is taken again when it no longer holds.
+    for _ in range(_MAX_TRIES):
+        cp = store.checkpoint(run_id)
+        if cp is None:
+            raise RunNotFound(run_id)
+        if cp.status == "cancelled" or cp.cancel_requested is not None:
+            return cp
+        if cp.status in ("completed", "failed"):
+            raise RunClosed(run_id, cp.status)
+        events, expect = [request], None
+        if cp.status in ("suspended", "needs_human"):
+            # Nobody runs a run that waits for a person: finalize now, in the same transaction,
+            # with a record of exactly the journal it was computed from.
+            journal = store.load(run_id)
+            expect = journal[-1].seq if journal else 0
+            events.append(end_event(run_id, cancellation_record(journal, request.payload)))
+        try:
+            store.append(events, expect_seq=expect)
+        except (RunChanged, RunClosed):
+            continue  # the run moved on since the read: look again
+        except JournalConflict:
+            pass  # another process cancelled first: its request stands
+        cp = store.checkpoint(run_id)
+        assert cp is not None
+        return cp
+    raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while it was being cancelled; nothing was "
+                       "written, try again")
+
+
+_MAX_TRIES = 100
 
 
 def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:

@@ -115,6 +115,21 @@ class JournalConflict(JournalError):
         return (type(self), (self.run_id, self.step_id, self.phase))
 
 
+class RunChanged(JournalError):
+    """The run changed between the caller's read and its write (a compare-and-set append).
+
+    Read the run again and decide again; nothing was written.
+    """
+
+    def __init__(self, run_id: str, expected: int, found: int) -> None:
+        self.run_id, self.expected, self.found = run_id, expected, found
+        super().__init__(f"run {run_id!r} changed since it was read (event {found}, expected {expected}); "
+                         "nothing was written")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.expected, self.found))
+
+
 class JournalCorrupt(JournalError):
     """The journal file, or the hash chain over its rows, does not check out.
 

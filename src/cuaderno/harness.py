@@ -4,8 +4,10 @@ The loop cannot write a person's decision: it was not running when the decision 
 functions append it to the run's journal, bound to the fingerprint of the exact arguments the
 person was shown; the next resume finds it and acts on it exactly once.
 
-Every check runs before anything is written, and the write itself is one append guarded by the
-journal's primary key, so a malformed or late decision changes nothing.
+Every check runs before anything is written, for a clear error, and runs again inside the
+append's own transaction (``cuaderno.journal._append``): a decision read as valid can still lose
+a race (a cancellation, another approver, a resumer settling the step), and then the write is
+refused with the same typed error. A malformed or late decision changes nothing.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -40,18 +41,20 @@ class AsciiPayloads(MemoryCheckpointer):
 class ReturnsInput(MemoryCheckpointer):
     """Returns the caller's events instead of the stored ones."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
-        super().append(events, epoch=epoch)
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        super().append(events, epoch=epoch, expect_seq=expect_seq)
         return list(events)
 
 
 class OneAtATime(MemoryCheckpointer):
     """Not atomic: writes a batch event by event."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
         out: list[StepEvent] = []
         for ev in events:
-            out += super().append([ev], epoch=epoch)
+            out += super().append([ev], epoch=epoch, expect_seq=expect_seq)
         return out
 
 
@@ -85,8 +88,26 @@ class EmptyForUnknown(MemoryCheckpointer):
 class IgnoresEpoch(MemoryCheckpointer):
     """Never checks the fencing epoch."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
-        return super().append(events, epoch=None)
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        return super().append(events, epoch=None, expect_seq=expect_seq)
+
+
+class IgnoresExpectedSeq(MemoryCheckpointer):
+    """Appends whatever the run's last event is (no compare-and-set)."""
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        return super().append(events, epoch=epoch)
+
+
+class NoChecksAtCommit(MemoryCheckpointer):
+    """Appends decisions without checking the run's state in the write (the caller checked before)."""
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        with mock.patch("cuaderno.journal._append._admit"):
+            return super().append(events, epoch=epoch, expect_seq=expect_seq)
 
 
 class OldestFirst(MemoryCheckpointer):
@@ -99,15 +120,19 @@ class OldestFirst(MemoryCheckpointer):
 class StripsStepIds(MemoryCheckpointer):
     """'Normalizes' step ids by stripping whitespace."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
-        return super().append([_rebuilt(e, step_id=e.step_id.strip() or e.step_id) for e in events], epoch=epoch)
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        return super().append([_rebuilt(e, step_id=e.step_id.strip() or e.step_id) for e in events], epoch=epoch,
+                              expect_seq=expect_seq)
 
 
 class CaseInsensitive(MemoryCheckpointer):
     """Folds run ids to lower case."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
-        return super().append([_rebuilt(e, run_id=e.run_id.lower()) for e in events], epoch=epoch)
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        return super().append([_rebuilt(e, run_id=e.run_id.lower()) for e in events], epoch=epoch,
+                              expect_seq=expect_seq)
 
     def load(self, run_id: str) -> list[StepEvent]:
         return super().load(run_id.lower())
@@ -116,9 +141,10 @@ class CaseInsensitive(MemoryCheckpointer):
 class SwallowsRefusals(MemoryCheckpointer):
     """Turns every refused append into a silent no-op."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
         try:
-            return super().append(events, epoch=epoch)
+            return super().append(events, epoch=epoch, expect_seq=expect_seq)
         except (UsageError, ValueError, TypeError):
             return []
 
@@ -178,6 +204,8 @@ MUTANTS: dict[str, list[Callable[[], MemoryCheckpointer]]] = {
     "unserializable_payload_refused": [SwallowsRefusals],
     "unreadable_rows_refused": [SwallowsRefusals],
     "concurrent_appends": [Unlocked],
+    "compare_and_set": [IgnoresExpectedSeq],
+    "decisions_checked_at_commit": [NoChecksAtCommit],
 }
 
 

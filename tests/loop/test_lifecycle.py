@@ -31,8 +31,10 @@ from cuaderno import (
     ToolContext,
     ToolError,
     VersionMismatch,
+    approve,
     cancel,
     compensate,
+    deny,
     tool,
 )
 
@@ -209,6 +211,73 @@ async def test_cancel_errors(store: Any) -> None:
     with pytest.raises(RunClosed):
         cancel(store, "done", "too late")
     assert len(store.load("done")) == n
+
+
+class Meanwhile:
+    """The store as one process sees it, while another process writes at the worst moment: right
+    before this process's first append (after its checks) or right after its first load."""
+
+    def __init__(self, store: Any, *, before_append: Any = None, after_load: Any = None) -> None:
+        self.store, self.before_append, self.after_load = store, before_append, after_load
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def append(self, events: Any, **kwargs: Any) -> Any:
+        hook, self.before_append = self.before_append, None
+        if hook is not None:
+            hook()
+        return self.store.append(events, **kwargs)
+
+    def load(self, run_id: str) -> Any:
+        events = self.store.load(run_id)
+        hook, self.after_load = self.after_load, None
+        if hook is not None:
+            hook()
+        return events
+
+
+async def _waiting_for_approval(store: Any, run_id: str) -> Agent:
+    agent = Agent(instructions="i", tools=Bank().tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="a", amount=1), ScriptedGateway.text("x")]
+    await collect(agent, "t", Session(run_id, ScriptedGateway(script), store))
+    return agent
+
+
+@pytest.mark.parametrize("decide", [approve, deny])
+async def test_a_decision_racing_a_cancellation_is_refused_in_its_own_write(store: Any, decide: Any) -> None:
+    await _waiting_for_approval(store, "r1")
+    racing = Meanwhile(store, before_append=lambda: cancel(store, "r1", "stop", by="another process"))
+    with pytest.raises(RunClosed):
+        decide(racing, "r1", "t0000.tool00")  # its checks passed; the cancellation committed first
+    cp = store.checkpoint("r1")
+    assert cp.status == "cancelled" and cp.outcome["not_started"] == ["t0000.tool00.approval"]
+    assert not any(e.kind == "approval" and e.phase == "decision" for e in store.load("r1"))
+
+
+async def test_a_cancellation_never_closes_a_run_that_completed_while_it_was_deciding(store: Any) -> None:
+    await _waiting_for_approval(store, "r2")
+
+    def another_process_finishes_the_run() -> None:
+        approve(store, "r2", "t0000.tool00")
+        store.append([StepEvent(run_id="r2", step_id="final", phase="result", kind="final",
+                                payload={"output": "done elsewhere", "turn": 1})])
+
+    racing = Meanwhile(store, after_load=another_process_finishes_the_run)
+    with pytest.raises(RunClosed):
+        cancel(racing, "r2", "stop")  # it read "suspended" and computed a record from that journal
+    cp = store.checkpoint("r2")
+    assert cp.status == "completed" and cp.outcome == {"output": "done elsewhere", "turn": 1}
+    assert not any(e.kind == "cancel" or (e.kind == "run" and e.phase == "end") for e in store.load("r2"))
+
+
+async def test_a_cancellation_record_lists_what_happened_while_it_was_being_computed(store: Any) -> None:
+    await _waiting_for_approval(store, "r3")
+    racing = Meanwhile(store, after_load=lambda: approve(store, "r3", "t0000.tool00"))
+    cp = cancel(racing, "r3", "stop")
+    # The approval landed after the first read: the run is running again, so the request waits for
+    # its loop (a record computed from the stale read would have listed the call as not started).
+    assert cp.status == "running" and cp.cancel_requested is not None and cp.outcome is None
 
 
 async def test_compensation_is_scheduled_on_cancel_and_runs_once_with_its_own_identity(store: Any) -> None:

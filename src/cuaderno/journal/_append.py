@@ -9,8 +9,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from cuaderno.checkpoint import Checkpoint, project
-from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, RunCancelled, UsageError
+from cuaderno.checkpoint import OPEN_STATUSES, Checkpoint, project
+from cuaderno.errors import (
+    ApprovalMismatch,
+    FencedOut,
+    JournalConflict,
+    JournalCorrupt,
+    NotUncertain,
+    NotWaitingForApproval,
+    RunCancelled,
+    RunChanged,
+    RunClosed,
+    UsageError,
+)
 from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal.base import validate_event
 
@@ -22,6 +33,7 @@ def plan_append(
     events: Sequence[StepEvent],
     existing: Callable[[StepEvent], StepEvent | None],
     epoch: int | None,
+    expect_seq: int | None = None,
 ) -> tuple[list[tuple[StepEvent, bytes]], list[StepEvent]]:
     """Decide what an append writes, folding new events into ``cp`` (in place).
 
@@ -30,6 +42,8 @@ def plan_append(
         events: the events to append, all of ``cp``'s run.
         existing: returns the stored event under an event's key, or ``None``.
         epoch: the writer's fencing epoch, or ``None`` for harness writes.
+        expect_seq: when given, the append is refused unless the run's last event is still this
+            one (compare-and-set, for a writer that decided from what it read).
 
     Returns:
         ``(rows to insert with their encoded payloads, the stored events to return)``.
@@ -37,9 +51,14 @@ def plan_append(
     Raises:
         FencedOut: ``epoch`` is not the run's current epoch.
         JournalConflict: a different event already sits under one of the keys.
+        RunChanged: ``expect_seq`` is not the run's last event any more.
+        RunClosed, NotWaitingForApproval, ApprovalMismatch, NotUncertain: a decision that the run's
+            state at commit time no longer admits (see :func:`_admit`).
     """
     if epoch is not None and epoch != cp.epoch:
         raise FencedOut(cp.run_id, epoch, cp.epoch)
+    if expect_seq is not None and expect_seq != cp.last_seq:
+        raise RunChanged(cp.run_id, expect_seq, cp.last_seq)
     if epoch is not None and (cp.cancel_requested is not None or cp.status == "cancelled") and any(
             starts_a_step(ev) for ev in events):
         # Checked in the same transaction as the intent: once a cancellation has committed, no
@@ -59,6 +78,8 @@ def plan_append(
                 raise JournalConflict(*ev.key)
             out.append(prior)
             continue
+        if ev.phase in _GUARDED_PHASES or ev.decision == "resolved":
+            _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
                              payload_bytes=payload_bytes)
@@ -67,6 +88,41 @@ def plan_append(
         new.append((stamped, payload_bytes))
         out.append(stamped)
     return new, out
+
+
+_GUARDED_PHASES = frozenset({"decision", "request", "end", "resolution"})
+"""Phases of the events :func:`_admit` checks (with results a person settled); a step's own
+intents and results never need it, so the per-step path pays one set lookup."""
+_CLOSED = frozenset({"completed", "failed", "cancelled"})
+
+
+def _admit(cp: Checkpoint, ev: StepEvent) -> None:
+    """Refuse a decision the run's state at commit time no longer admits.
+
+    The harness decides from a checkpoint it read earlier, while a loop in another process may be
+    moving the run on. Checked here, inside the transaction that writes the decision, two racing
+    writers cannot both win: an approval lands only while its call is still waiting, a run ends
+    (or is asked to cancel) only once, an uncertain effect is settled only while still uncertain.
+    """
+    kind, phase = ev.kind, ev.phase
+    if kind == "approval" and phase == "decision":
+        if cp.status not in OPEN_STATUSES:
+            raise RunClosed(cp.run_id, cp.status)
+        if cp.cancel_requested is not None:
+            raise NotWaitingForApproval(f"run {cp.run_id!r}: a cancellation was requested; step {ev.step_id!r} "
+                                        "will not run")
+        pending = cp.pending.get(ev.step_id)
+        if pending is None:
+            raise NotWaitingForApproval(f"run {cp.run_id!r}: step {ev.step_id!r} is not waiting for a decision")
+        if ev.fingerprint != pending.get("fingerprint"):
+            raise ApprovalMismatch(f"run {cp.run_id!r} step {ev.step_id!r}: the decision names other arguments "
+                                   "than the pending call")
+    elif (kind == "cancel" and phase == "request") or (kind == "run" and phase == "end"):
+        if cp.status in _CLOSED:
+            raise RunClosed(cp.run_id, cp.status)
+    elif kind == "tool" and (phase == "resolution" or (phase == "result" and ev.decision == "resolved")):
+        if ev.step_id not in cp.uncertain:
+            raise NotUncertain(f"run {cp.run_id!r}: step {ev.step_id!r} is not uncertain (any more)")
 
 
 RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]

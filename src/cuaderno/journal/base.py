@@ -36,7 +36,8 @@ _MAX_FINGERPRINT_CHARS = 128
 class Checkpointer(Protocol):
     """Where a run's journal and its checkpoint live."""
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
         """Append events atomically, in order, and fold them into the run's checkpoint.
 
         All the events and the checkpoint update commit in one transaction, or none do. An event
@@ -48,6 +49,13 @@ class Checkpointer(Protocol):
             epoch: the caller's fencing epoch. When given, the transaction checks it against the
                 run's current epoch and raises :class:`~cuaderno.errors.FencedOut` on a mismatch.
                 The harness passes ``None`` (approvals and cancellations are not step execution).
+            expect_seq: compare-and-set. When given, the transaction raises
+                :class:`~cuaderno.errors.RunChanged` unless the run's last event still has this
+                ``seq``: for a writer whose events were computed from what it read.
+
+        Decisions the run's state no longer admits at commit time (an approval for a call that
+        is not waiting, a second end of a run, settling an effect that is not uncertain) raise
+        their typed error from inside the transaction; nothing is written.
 
         Returns:
             The stored events, stamped.

@@ -23,7 +23,8 @@ class MemoryCheckpointer:
         self._checkpoints: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
         if not events:
             return []
         run_id = events[0].run_id
@@ -36,7 +37,7 @@ class MemoryCheckpointer:
                 row = rows.get((ev.step_id, ev.phase))
                 return None if row is None else decode_row(row)
 
-            new, out = plan_append(cp, events, existing, epoch)
+            new, out = plan_append(cp, events, existing, epoch, expect_seq)
             if new:
                 rows = self._rows.setdefault(run_id, {})
                 for ev, payload in new:

@@ -169,18 +169,19 @@ class SqliteCheckpointer:
 
     # -- Checkpointer ---------------------------------------------------------------------------
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None) -> list[StepEvent]:
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
         if not events:
             return []
         if not _storable(events[0].run_id):
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         run_id = events[0].run_id
         try:
-            return self._append(run_id, events, epoch, lookups=False)
+            return self._append(run_id, events, epoch, expect_seq, lookups=False)
         except _Duplicate:
-            return self._append(run_id, events, epoch, lookups=True)
+            return self._append(run_id, events, epoch, expect_seq, lookups=True)
 
-    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, *,
+    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
                 lookups: bool) -> list[StepEvent]:
         try:
             with self._txn() as db:
@@ -196,7 +197,7 @@ class SqliteCheckpointer:
 
                 # Optimistic: insert without looking first. A key that is already stored makes the
                 # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
-                new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch)
+                new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
                 if new:
                     try:
                         self._insert(db, new)

@@ -38,9 +38,12 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     BudgetExceeded,
     DrainOnOldWorker,
+    JournalConflict,
+    JournalError,
     MigrationFailed,
     ReplayDivergence,
     RunCancelled,
+    RunChanged,
     RunClosed,
     UncertainEffect,
     VersionMismatch,
@@ -219,12 +222,19 @@ class Runner(ModelSteps, ToolSteps):
     def _finalize_cancel(self) -> NoReturn:
         """Stop for good: journal what was in flight, reconcile what can be, write the record."""
         self._flush_results()  # results of effects that completed before the cancellation still land
-        events = self.store.load(self.run_id)
-        cp = self.store.checkpoint(self.run_id)
-        assert cp is not None
-        if cp.status == "cancelled":
-            raise RunCancelled(self.run_id, cp.outcome or {})
-        request = cp.cancel_requested or {}
-        record = cancellation_record(events, request)
-        self.store.append([end_event(self.run_id, record)], epoch=self.epoch)
-        raise RunCancelled(self.run_id, record)
+        for _ in range(100):
+            events = self.store.load(self.run_id)
+            cp = self.store.checkpoint(self.run_id)
+            assert cp is not None
+            if cp.status == "cancelled":  # another process finalized it first: its record stands
+                raise RunCancelled(self.run_id, cp.outcome or {})
+            if cp.status in ("completed", "failed"):
+                raise RunClosed(self.run_id, cp.status)
+            record = cancellation_record(events, cp.cancel_requested or {})
+            try:
+                # Compare-and-set: the record lists exactly the journal it was computed from.
+                self.store.append([end_event(self.run_id, record)], epoch=self.epoch, expect_seq=events[-1].seq)
+            except (RunChanged, RunClosed, JournalConflict):
+                continue  # something was written since the read (or the run was closed): look again
+            raise RunCancelled(self.run_id, record)
+        raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")

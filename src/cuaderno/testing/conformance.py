@@ -45,7 +45,17 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from cuaderno.checkpoint import Checkpoint, rebuild
-from cuaderno.errors import FencedOut, JournalConflict, RunNotFound, UsageError
+from cuaderno.errors import (
+    ApprovalMismatch,
+    FencedOut,
+    JournalConflict,
+    NotUncertain,
+    NotWaitingForApproval,
+    RunChanged,
+    RunClosed,
+    RunNotFound,
+    UsageError,
+)
 from cuaderno.events import CODEC_JSON, StepEvent, approval_step_id, model_step_id, row_hash, tool_step_id
 from cuaderno.journal.base import Checkpointer
 
@@ -731,6 +741,72 @@ def check_concurrent_appends(factory: Factory) -> None:
         _assert_projection(store, run, "after concurrent appends")
 
 
+def check_compare_and_set(factory: Factory) -> None:
+    """append(expect_seq=n) writes only while the run's last event is n; otherwise RunChanged, nothing written."""
+    run = "cas"
+    with _open(factory) as store:
+        store.append([_start(run)])
+        first = _e(run, model_step_id(0), "intent", "model", fingerprint="c0")
+        out = store.append([first], expect_seq=1)
+        _eq(out[0].seq, 2, "an append whose expected last event is the run's last event")
+        before = _snapshot(store)
+        for expected in (1, 3, 0):
+            exc = _raises(RunChanged, partial(store.append, [_e(run, "cancel", "request", "cancel")],
+                                              expect_seq=expected), f"an append expecting last event {expected}")
+            assert isinstance(exc, RunChanged)
+            _eq((exc.run_id, exc.expected, exc.found), (run, expected, 2), "RunChanged names the run and both seqs")
+            _unchanged(store, before, f"an append expecting last event {expected}")
+        _raises(RunChanged, lambda: store.append([_start("new")], expect_seq=1), "expecting events of a new run")
+        _unchanged(store, before, "an append expecting events of a run that does not exist")
+        _eq(store.append([_start("fresh")], expect_seq=0)[0].seq, 1, "expect_seq=0 for a run not yet started")
+
+
+def check_decisions_checked_at_commit(factory: Factory) -> None:
+    """Approvals, run ends, cancellations and settlements the run's state no longer admits are refused in the write."""
+    run = "decisions"
+    step, appr = tool_step_id(0, 0), approval_step_id(tool_step_id(0, 0))
+    request = [_e(run, step, "decision", "tool", name="pay", decision="require_approval", fingerprint="fp"),
+               _e(run, appr, "request", "approval", name="pay", decision="require_approval", fingerprint="fp",
+                  payload={"tool_step": step, "arguments": {"amount": 5}})]
+
+    def decision(fp: str = "fp", step_id: str = appr) -> StepEvent:
+        return _e(run, step_id, "decision", "approval", name="pay", decision="approved", fingerprint=fp)
+
+    with _open(factory) as store:
+        store.append([_start(run)])
+        before = _snapshot(store)
+        _raises(NotWaitingForApproval, lambda: store.append([decision()]), "a decision nothing is waiting for")
+        _unchanged(store, before, "a decision nothing is waiting for")
+        store.append(request)
+        before = _snapshot(store)
+        _raises(ApprovalMismatch, lambda: store.append([decision("other")]), "a decision for other arguments")
+        _raises(NotWaitingForApproval, lambda: store.append([decision(step_id="x.approval")]),
+                "a decision for another step")
+        _unchanged(store, before, "refused decisions")
+        store.append([decision()])
+        _raises((NotWaitingForApproval, JournalConflict),
+                lambda: store.append([_copy(decision(), decision="rejected")]), "a second, different decision")
+        store.append([_e(run, step, "intent", "tool", name="pay", decision="approved", fingerprint="fp"),
+                      _e(run, step, "uncertain", "tool", name="pay", fingerprint="fp", payload={"why": "timeout"})])
+        cp = store.checkpoint(run)
+        _eq(cp and cp.status, "needs_human", "status after an uncertain effect")
+        store.append([_e(run, step, "resolution", "tool", name="pay", decision="not_happened", fingerprint="fp")])
+        before = _snapshot(store)
+        _raises(NotUncertain, lambda: store.append([_e(run, step, "result", "tool", name="pay", decision="resolved",
+                                                       fingerprint="fp", payload={"outcome": "ok"})]),
+                "settling an effect that is no longer uncertain")
+        _unchanged(store, before, "a settlement of an effect that is no longer uncertain")
+        store.append([_e(run, "final", "result", "final", payload={"output": "done"})])
+        before = _snapshot(store)
+        for label, ev in (("a cancellation", _e(run, "cancel", "request", "cancel")),
+                          ("a run end", _e(run, "run", "end", "run", payload={"status": "cancelled"}))):
+            exc = _raises(RunClosed, partial(store.append, [ev]), f"{label} of a completed run")
+            assert isinstance(exc, RunClosed)
+            _eq(exc.status, "completed", f"RunClosed for {label} names the status")
+            _unchanged(store, before, f"{label} of a completed run")
+        _assert_projection(store, run, "after refused decisions")
+
+
 # -- registry ------------------------------------------------------------------------------------------------------
 
 CASES: tuple[Case, ...] = (
@@ -752,6 +828,8 @@ CASES: tuple[Case, ...] = (
     Case("unserializable_payload_refused", check_unserializable_payload_refused),
     Case("unreadable_rows_refused", check_unreadable_rows_refused),
     Case("concurrent_appends", check_concurrent_appends),
+    Case("compare_and_set", check_compare_and_set),
+    Case("decisions_checked_at_commit", check_decisions_checked_at_commit),
 )
 """Every case, in a stable order. Names are test ids: renaming one is a visible change."""
 
