@@ -168,6 +168,23 @@ class FencedOut(JournalError):
         return (type(self), (self.run_id, self.epoch, self.current))
 
 
+class RunBusy(JournalError):
+    """Another process that is still alive is running this run.
+
+    Taking it over now would find that process's step in flight (an intent without a result)
+    and could run it a second time. Wait for it to finish or stop it, or take the run over with
+    ``force`` if you know it is stuck. Nothing was changed.
+    """
+
+    def __init__(self, run_id: str, holder: str) -> None:
+        self.run_id, self.holder = run_id, holder
+        super().__init__(f"run {run_id!r} is being run by {holder}, which is still alive; wait for it, stop it, "
+                         "or take the run over with force (its step in flight may then run twice)")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.holder))
+
+
 class RunNotFound(CuadernoError):
     """No run with that id is in the journal."""
 

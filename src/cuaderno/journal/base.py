@@ -79,11 +79,19 @@ class Checkpointer(Protocol):
         """Checkpoints of the most recently updated runs, optionally of one status."""
         ...
 
-    def acquire(self, run_id: str, owner: str) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
         """Take the run over: bump and return its fencing epoch.
 
         Any process still holding an older epoch is refused at its next intent or result write.
+        A backend shared by several processes refuses the takeover with
+        :class:`~cuaderno.errors.RunBusy` while the holder is alive and has not released the run
+        (its step in flight would otherwise run twice); ``force`` takes it over anyway.
         """
+        ...
+
+    def release(self, run_id: str, epoch: int) -> None:
+        """The holder of ``epoch`` stops running the run (its loop ended, for any reason), so
+        another process may take it over at once. A stale epoch changes nothing."""
         ...
 
     def close(self) -> None:

@@ -69,7 +69,8 @@ class MemoryCheckpointer:
         cps = [c for c in cps if status is None or c.status == status]
         return cps[::-1][:max(int(limit), 0)]
 
-    def acquire(self, run_id: str, owner: str) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
+        # One process holds this store, so every takeover comes from the process that holds it.
         with self._lock:
             stored = self._checkpoints.get(run_id)
             if stored is None:
@@ -78,6 +79,9 @@ class MemoryCheckpointer:
             cp.epoch += 1
             self._checkpoints[run_id] = cp.dumps()
             return cp.epoch
+
+    def release(self, run_id: str, epoch: int) -> None:
+        pass  # nobody else can be waiting: see acquire
 
     def close(self) -> None:
         pass

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import StepEvent
+from cuaderno.journal import _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
 from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
@@ -297,17 +298,32 @@ class SqliteCheckpointer:
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
                                  "the file was not changed") from exc
 
-    def acquire(self, run_id: str, owner: str) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
         if not _storable(run_id):
             raise RunNotFound(run_id)
         with self._txn() as db:
-            row = db.execute("SELECT epoch FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
+            # Checked under the write lock: two resumers cannot both see the run free.
+            holder = _lease.parse(row[1])
+            if (not force and holder is not None and holder.get("held") and not _lease.is_mine(holder)
+                    and _lease.is_alive(holder)):
+                raise RunBusy(run_id, _lease.describe(holder))
             epoch = int(row[0]) + 1
-            db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", (epoch, owner, run_id))
+            db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
+                       (epoch, _lease.claim(owner), run_id))
             self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
         return epoch
+
+    def release(self, run_id: str, epoch: int) -> None:
+        if not _storable(run_id):
+            return
+        with self._txn() as db:
+            row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is not None and row[0] == epoch:
+                db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
+                           (_lease.released(row[1]), run_id, epoch))
 
     def close(self) -> None:
         with self._lock:

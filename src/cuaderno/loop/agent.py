@@ -77,13 +77,16 @@ class Session:
         verify_replay: re-derive and check the request fingerprint of every replayed turn, not
             only of turn 0 (slower on long runs; the later turns depend only on what turn 0
             checks and on hash-chained journal rows).
+        force_takeover: take the run over even while another live process holds it
+            (:class:`~cuaderno.errors.RunBusy` otherwise). Its step in flight may then run twice:
+            for a holder you know is stuck.
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
                  owner: str | None = None,
                  on_version_mismatch: Literal["refuse", "resume", "drain", "cancel"] | Migration = "refuse",
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 seed: int | None = None, verify_replay: bool = False) -> None:
+                 seed: int | None = None, verify_replay: bool = False, force_takeover: bool = False) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
         if not isinstance(on_version_mismatch, Migration) and on_version_mismatch not in (
@@ -99,6 +102,7 @@ class Session:
         self.sleep = sleep
         self.rng = random.Random(seed)
         self.verify_replay = verify_replay
+        self.force_takeover = force_takeover
 
 
 class Agent:

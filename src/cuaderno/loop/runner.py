@@ -83,7 +83,7 @@ class Runner(ModelSteps, ToolSteps):
         crash.point("recovery.R2")
         # Take the run over *before* reading it: anything the previous owner committed is then
         # visible, and anything it tries to commit afterwards is refused.
-        self.epoch = self.store.acquire(self.run_id, self.s.owner)
+        self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover)
         crash.point("recovery.R3")
         events = self.store.load(self.run_id)
         migrate_seq = 0
@@ -158,10 +158,9 @@ class Runner(ModelSteps, ToolSteps):
     async def steps(self) -> AsyncIterator[Step]:
         """The async iterator behind :meth:`Agent.run`."""
         cp = self.store.checkpoint(self.run_id)
-        preflight = getattr(self.s.gateway, "preflight", None)
-        if preflight is not None and cp is None:
-            await preflight()  # an unreachable endpoint fails a new run before its first journal write
-        closed = self._open(cp)
+        if cp is None:
+            await self._preflight()
+        closed = self._open_or_release(cp)
         if closed is not None:
             yield closed
             return
@@ -201,6 +200,29 @@ class Runner(ModelSteps, ToolSteps):
             # ran would look unfinished on resume. Only results: nothing new is started.
             self._flush_results()
             raise
+        finally:
+            self._release()
+
+    async def _preflight(self) -> None:
+        preflight = getattr(self.s.gateway, "preflight", None)
+        if preflight is not None:
+            await preflight()  # an unreachable endpoint fails a new run before its first journal write
+
+    def _open_or_release(self, cp: Checkpoint | None) -> FinalStep | None:
+        try:
+            return self._open(cp)
+        except BaseException:
+            self._release()  # it may have taken the run over before it failed
+            raise
+
+    def _release(self) -> None:
+        """Let the next process take the run over at once: this loop stopped running it."""
+        if not self.epoch:
+            return  # it never took the run over
+        try:
+            self.store.release(self.run_id, self.epoch)
+        except JournalError:
+            pass  # the hold then ends with this process (a resumer checks that it is alive)
 
     def _flush_results(self) -> None:
         """Commit what is pending except anything that would start new work."""

@@ -1,0 +1,47 @@
+"""Liveness of a run's holder: only a provably gone process loses the run without ``force``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from cuaderno.journal import _lease
+
+
+def _holder(**process: object) -> _lease.Holder:
+    held = _lease.parse(_lease.claim("me"))
+    assert held is not None
+    held["process"].update(process)
+    return held
+
+
+def test_this_process_holds_its_own_claim() -> None:
+    held = _holder()
+    assert held["held"] and _lease.is_mine(held) and _lease.is_alive(held)
+
+
+def test_a_process_that_exited_is_gone() -> None:
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    held = _holder(pid=int(child.stdout))
+    assert not _lease.is_mine(held) and not _lease.is_alive(held)
+
+
+def test_a_recycled_pid_is_not_the_holder() -> None:
+    held = _holder(start=(_lease.this_process()["start"] or 0) + 1)  # this PID, another process's start
+    assert not _lease.is_mine(held) and not _lease.is_alive(held)
+
+
+def test_a_holder_elsewhere_counts_as_alive() -> None:
+    # Another host or PID namespace cannot be asked: only force takes such a run over.
+    assert _lease.is_alive(_holder(host="elsewhere", pid=1))
+    assert _lease.is_alive(_holder(ns=-1, pid=999_999_999))
+
+
+def test_released_and_unknown_forms() -> None:
+    stored = _lease.claim("worker-1")
+    assert json.loads(_lease.released(stored) or "")["held"] is False
+    for old in (None, "", "host:123", "not json {", json.dumps({"owner": "x"}), "[1]"):
+        assert _lease.parse(old) is None  # nobody to wait for (a journal from before holders were recorded)
+    assert "worker-1" in _lease.describe(_lease.parse(stored) or {})
