@@ -8,7 +8,8 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 
 - ``completed``: tool steps whose effect happened, with their effect keys;
 - ``uncertain``: tool steps started and never recorded (their evidence), to reconcile by hand;
-- ``not_started``: calls that were waiting for approval and will not run;
+- ``not_started``: calls that were waiting for approval, or approved and never started, and
+  will not run;
 - ``cleanup``: compensations scheduled for completed effects. A compensation is another action,
   with its own identity (effect key), its own policy decision and its own failures; it runs only
   when someone calls :func:`cuaderno.compensate`.
@@ -19,7 +20,15 @@ from __future__ import annotations
 from typing import Any
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalConflict, JournalError, RunChanged, RunClosed, RunNotFound, UsageError
+from cuaderno.errors import (
+    JournalConflict,
+    JournalError,
+    RunBusy,
+    RunChanged,
+    RunClosed,
+    RunNotFound,
+    UsageError,
+)
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 
@@ -55,15 +64,8 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
             return cp
         if cp.status in ("completed", "failed"):
             raise RunClosed(run_id, cp.status)
-        events, expect = [request], None
-        if cp.status in ("suspended", "needs_human"):
-            # Nobody runs a run that waits for a person: finalize now, in the same transaction,
-            # with a record of exactly the journal it was computed from.
-            journal = store.load(run_id)
-            expect = journal[-1].seq if journal else 0
-            events.append(end_event(run_id, cancellation_record(journal, request.payload)))
         try:
-            store.append(events, expect_seq=expect)
+            _write(store, run_id, request, finalize=cp.status in ("suspended", "needs_human"), by=by)
         except (RunChanged, RunClosed):
             continue  # the run moved on since the read: look again
         except JournalConflict:
@@ -76,6 +78,31 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
 
 
 _MAX_TRIES = 100
+
+
+def _write(store: Checkpointer, run_id: str, request: StepEvent, *, finalize: bool, by: str | None) -> None:
+    """Write the request; for a run that waits for a person, close it in the same transaction.
+
+    Closing is running the run, so it takes the run over first: a process that is resuming it
+    right now (a person approved, a lookup is settling an uncertain step) keeps it, and only the
+    request is written; that process's loop closes the run at its next step. The record lists
+    exactly the journal it was computed from (compare-and-set).
+    """
+    epoch = None
+    if finalize:
+        try:
+            epoch = store.acquire(run_id, f"cancel by {by}" if by else "cancel")
+        except RunBusy:
+            epoch = None
+    if epoch is None:
+        store.append([request])
+        return
+    try:
+        journal = store.load(run_id)
+        record = cancellation_record(journal, request.payload)
+        store.append([request, end_event(run_id, record)], epoch=epoch, expect_seq=journal[-1].seq)
+    finally:
+        store.release(run_id, epoch)
 
 
 def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:
@@ -102,7 +129,11 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
                 if result.payload.get("compensation"):
                     cleanup.append({"for_step": ev.step_id, **result.payload["compensation"],
                                     "status": "scheduled"})
-        elif ev.kind == "approval" and ev.phase == "request" and (ev.step_id, "decision") not in by_key:
-            not_started.append(ev.step_id)
+        elif ev.kind == "approval" and ev.phase == "request":
+            decided = by_key.get((ev.step_id, "decision"))
+            # Waiting for a person, or approved and never started: either way it will not run.
+            if decided is None or (decided.decision == "approved"
+                                   and (ev.payload.get("tool_step"), "intent") not in by_key):
+                not_started.append(ev.step_id)
     return {"status": "cancelled", "reason": request.get("reason"), "by": request.get("by"),
             "completed": completed, "uncertain": uncertain, "not_started": not_started, "cleanup": cleanup}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from cuaderno import (
     ModelResponse,
     Policy,
     ReplayDivergence,
+    RunBusy,
     RunCancelled,
     RunClosed,
     RunNotFound,
@@ -37,6 +40,7 @@ from cuaderno import (
     deny,
     tool,
 )
+from cuaderno.journal import _lease
 
 
 @pytest.fixture
@@ -278,6 +282,39 @@ async def test_a_cancellation_record_lists_what_happened_while_it_was_being_comp
     # The approval landed after the first read: the run is running again, so the request waits for
     # its loop (a record computed from the stale read would have listed the call as not started).
     assert cp.status == "running" and cp.cancel_requested is not None and cp.outcome is None
+
+
+async def test_an_approved_call_that_never_started_is_listed_as_not_started(store: Any) -> None:
+    agent = await _waiting_for_approval(store, "r4")
+    approve(store, "r4", "t0000.tool00")
+    assert cancel(store, "r4", "stop").status == "running"  # approved: the next resume closes it
+    gw = ScriptedGateway([ScriptedGateway.text("never")])
+    with pytest.raises(RunCancelled) as info:
+        await collect(agent, "t", Session("r4", gw, store))
+    assert info.value.record["not_started"] == ["t0000.tool00.approval"] and info.value.record["completed"] == []
+    assert gw.calls == 0 and not any(e.phase == "intent" and e.kind == "tool" for e in store.load("r4"))
+
+
+def _held_by_a_live_process_elsewhere(store: Any, run_id: str) -> None:
+    """Record the run as held by this test's parent process (alive, and not this process)."""
+    parent = os.getppid()
+    stat = Path(f"/proc/{parent}/stat").read_text()
+    process = {**_lease.this_process(), "pid": parent, "start": int(stat[stat.rfind(")") + 2:].split()[19])}
+    store._db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=?",
+                      (json.dumps({"owner": "worker-2", "process": process, "held": True}), run_id))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to name another live process")
+async def test_cancel_leaves_a_waiting_run_that_a_live_process_is_resuming_to_that_process(store: Any) -> None:
+    agent = await _waiting_for_approval(store, "r5")
+    _held_by_a_live_process_elsewhere(store, "r5")  # say a resumer that is settling the run right now
+    cp = cancel(store, "r5", "stop")
+    # Only the request: the holder's loop closes the run at its next step (closing it here
+    # would list its step in flight as not started while it runs).
+    assert cp.status == "suspended" and cp.cancel_requested is not None and cp.outcome is None
+    with pytest.raises(RunBusy):
+        await collect(agent, "t", Session("r5", ScriptedGateway([]), store))
+    assert store.checkpoint("r5").epoch == cp.epoch
 
 
 async def test_compensation_is_scheduled_on_cancel_and_runs_once_with_its_own_identity(store: Any) -> None:
