@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from cuaderno import (
     Policy,
     ReplayDivergence,
     RetryPolicy,
+    RunBusy,
     RunCancelled,
     RunClosed,
     RunNotFound,
@@ -352,6 +354,54 @@ async def test_fencing_stops_the_older_owner(store: Any) -> None:
     with pytest.raises(FencedOut):
         async for _ in first:
             pass
+
+
+async def test_two_loops_of_one_process_never_run_one_step_twice(store: Any) -> None:
+    """A double click on "resume": while one task's tool body is in flight, another task of the
+    same process resuming the same run is refused, instead of finding the step's intent without
+    a result and sending it again."""
+    inside, release = asyncio.Event(), asyncio.Event()
+    sent: list[str] = []
+
+    @tool
+    async def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        inside.set()
+        await release.wait()
+        sent.append(ctx.effect_key)
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    first = asyncio.ensure_future(collect(agent, "pay", Session("r", ScriptedGateway(script), store)))
+    await inside.wait()
+    gw = ScriptedGateway(script)
+    with pytest.raises(RunBusy):
+        await collect(agent, "pay", Session("r", gw, store))
+    assert gw.calls == 0 and sent == []
+    release.set()
+    assert isinstance((await first)[-1], FinalStep)
+    steps = await collect(agent, "pay", Session("r", gw, store))  # the first loop let go of the run
+    assert isinstance(steps[-1], FinalStep) and steps[-1].replayed and gw.calls == 0 and len(sent) == 1
+
+
+async def test_a_loop_paused_at_a_yielded_step_can_be_taken_over_in_the_same_process(store: Any) -> None:
+    """A caller that stops iterating does not lock the run: another loop of the process takes it
+    over at once. The transfer's result, still waiting for the next commit, is committed first,
+    so the new holder replays it instead of calling it uncertain, and the old loop stops."""
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    first = agent.run("t", session=Session("p", ScriptedGateway(script), store))
+    assert isinstance(await first.__anext__(), ModelStep)  # the transfer ran; its result is not yet committed
+    assert len(world.transfers) == 1
+    gw = ScriptedGateway(script)
+    steps = await collect(agent, "t", Session("p", gw, store))
+    assert isinstance(steps[-1], FinalStep) and len(world.transfers) == 1 and gw.calls == 1
+    with pytest.raises(FencedOut):
+        async for _ in first:  # the old loop lost the run: it stops before doing anything
+            pass
+    assert len(world.transfers) == 1 and store.checkpoint("p").status == "completed"
 
 
 class Flaky:

@@ -30,14 +30,16 @@ first collection afterwards walks the same objects).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
 from cuaderno.cancellation import cancel, cancellation_record, end_event
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     BudgetExceeded,
+    CuadernoError,
     DrainOnOldWorker,
+    FencedOut,
     JournalConflict,
     JournalError,
     MigrationFailed,
@@ -50,6 +52,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent, starts_a_step
 from cuaderno.fingerprint import fingerprint
+from cuaderno.loop import _holds
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
@@ -156,7 +159,27 @@ class Runner(ModelSteps, ToolSteps):
     # -- the loop ---------------------------------------------------------------------------------
 
     async def steps(self) -> AsyncIterator[Step]:
-        """The async iterator behind :meth:`Agent.run`."""
+        """The async iterator behind :meth:`Agent.run`.
+
+        Registers the loop with the other loops of this process (:mod:`cuaderno.loop._holds`): it
+        is busy on the run except while its caller holds a yielded step, and if another loop took
+        the run over meanwhile, it stops (``FencedOut``) instead of going on.
+        """
+        where = _holds.key(self.store, self.run_id)
+        _holds.start(where, self, force=self.s.force_takeover)
+        inner = self._steps()
+        try:
+            async for step in inner:
+                _holds.pause(where, self)
+                yield step
+                if not _holds.resume(where, self):
+                    cp = self.store.checkpoint(self.run_id)
+                    raise FencedOut(self.run_id, self.epoch, cp.epoch if cp is not None else self.epoch)
+        finally:
+            _holds.stop(where, self)
+            await inner.aclose()  # the inner loop's own clean-up (results of finished steps) runs now
+
+    async def _steps(self) -> AsyncGenerator[Step, None]:
         cp = self.store.checkpoint(self.run_id)
         if cp is None:
             await self._preflight()
@@ -223,6 +246,14 @@ class Runner(ModelSteps, ToolSteps):
             self.store.release(self.run_id, self.epoch)
         except JournalError:
             pass  # the hold then ends with this process (a resumer checks that it is alive)
+
+    def hand_over(self) -> None:
+        """Another loop of this process takes the run while this one waits at a yielded step:
+        commit the results of what already happened, so the new holder replays them."""
+        try:
+            self._flush_results()
+        except CuadernoError:
+            pass  # fenced out or the journal refused: the new holder reconciles what is missing
 
     def _flush_results(self) -> None:
         """Commit what is pending except anything that would start new work."""
