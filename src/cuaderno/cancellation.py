@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuaderno import _holds
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalConflict,
@@ -60,12 +61,13 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         cp = store.checkpoint(run_id)
         if cp is None:
             raise RunNotFound(run_id)
-        if cp.status == "cancelled" or cp.cancel_requested is not None:
-            return cp
+        waiting = cp.status in ("suspended", "needs_human")
+        if cp.status == "cancelled" or (cp.cancel_requested is not None and not waiting):
+            return cp  # closed, or its loop closes it at its next step
         if cp.status in ("completed", "failed"):
             raise RunClosed(run_id, cp.status)
         try:
-            _write(store, run_id, request, finalize=cp.status in ("suspended", "needs_human"), by=by)
+            _write(store, run_id, None if cp.cancel_requested is not None else request, finalize=waiting, by=by)
         except (RunChanged, RunClosed):
             continue  # the run moved on since the read: look again
         except JournalConflict:
@@ -80,29 +82,45 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
 _MAX_TRIES = 100
 
 
-def _write(store: Checkpointer, run_id: str, request: StepEvent, *, finalize: bool, by: str | None) -> None:
-    """Write the request; for a run that waits for a person, close it in the same transaction.
+def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, finalize: bool, by: str | None) -> None:
+    """Write the request (``None``: it is already written); for a run that waits for a person,
+    close it in the same transaction.
 
     Closing is running the run, so it takes the run over first: a process that is resuming it
     right now (a person approved, a lookup is settling an uncertain step) keeps it, and only the
     request is written; that process's loop closes the run at its next step. The record lists
     exactly the journal it was computed from (compare-and-set).
     """
-    epoch = None
-    if finalize:
-        try:
-            epoch = store.acquire(run_id, f"cancel by {by}" if by else "cancel")
-        except RunBusy:
-            epoch = None
-    if epoch is None:
-        store.append([request])
+    asked = [] if request is None else [request]
+    if not finalize:
+        store.append(asked)
+        return
+    where, me = _holds.key(store, run_id), _Canceller()
+    try:
+        # A loop of this process in the middle of a step keeps the run, as another process would.
+        _holds.start(where, me, force=False)
+        epoch = store.acquire(run_id, f"cancel by {by}" if by else "cancel")
+    except RunBusy:
+        _holds.stop(where, me)
+        store.append(asked)
         return
     try:
+        _holds.took(where, me)
         journal = store.load(run_id)
-        record = cancellation_record(journal, request.payload)
-        store.append([request, end_event(run_id, record)], epoch=epoch, expect_seq=journal[-1].seq)
+        asked_for = request.payload if request is not None else next(
+            e.payload for e in journal if e.kind == "cancel" and e.phase == "request")
+        record = cancellation_record(journal, asked_for)
+        store.append([*asked, end_event(run_id, record)], epoch=epoch, expect_seq=journal[-1].seq)
     finally:
         store.release(run_id, epoch)
+        _holds.stop(where, me)
+
+
+class _Canceller:
+    """Holds a run for as long as ``cancel`` closes it; it never has results of its own."""
+
+    def hand_over(self) -> None:
+        pass
 
 
 def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:

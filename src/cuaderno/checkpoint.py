@@ -212,7 +212,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
             del cp.uncertain[ev.step_id]
             if cp.status == "needs_human" and not cp.uncertain:
                 cp.status = "running"
-    elif ev.phase == "resolution":
+    elif ev.phase.startswith("resolution"):
         cp.uncertain.pop(ev.step_id, None)
         if cp.status == "needs_human" and not cp.uncertain:
             cp.status = "running"

@@ -178,8 +178,8 @@ class RunBusy(JournalError):
 
     def __init__(self, run_id: str, holder: str) -> None:
         self.run_id, self.holder = run_id, holder
-        super().__init__(f"run {run_id!r} is being run by {holder}, which is still alive; wait for it, stop it, "
-                         "or take the run over with force (its step in flight may then run twice)")
+        super().__init__(f"run {run_id!r} is being run by {holder}; wait for it, stop it, or take the run over "
+                         "with force (its step in flight may then run twice)")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.holder))

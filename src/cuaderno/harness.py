@@ -124,14 +124,21 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
         raise NotUncertain(f"run {run_id!r}: step {step_id!r} is not uncertain "
                                     f"(uncertain: {', '.join(sorted(cp.uncertain)) or 'none'})")
     record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
-    uncertain = next(ev for ev in store.load(run_id) if ev.step_id == step_id and ev.phase == "uncertain")
+    events = store.load(run_id)
+    uncertain = next(ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain")
     if happened:
         event = StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="tool", name=uncertain.name,
                           decision="resolved", fingerprint=uncertain.fingerprint,
                           payload={"outcome": "ok", "value": result, "resolved": record,
                                    "effect_key": evidence.get("effect_key"), "counters": {"escalations": 1}})
     else:
-        event = StepEvent(run_id=run_id, step_id=step_id, phase="resolution", kind="tool", name=uncertain.name,
+        # Numbered like the uncertain events: a re-send after one resolution may end uncertain
+        # again, and a person settles it again.
+        n = len(journal_phases := {ev.phase for ev in events if ev.step_id == step_id
+                                   and ev.phase.split(".")[0] == "resolution"})
+        phase = "resolution" if n == 0 else f"resolution.{n + 1}"
+        assert phase not in journal_phases
+        event = StepEvent(run_id=run_id, step_id=step_id, phase=phase, kind="tool", name=uncertain.name,
                           decision="not_happened", fingerprint=uncertain.fingerprint, payload=record)
     try:
         return store.append([event])[0]

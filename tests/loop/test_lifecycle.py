@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +20,7 @@ from cuaderno import (
     DrainOnOldWorker,
     ErrorClass,
     FinalStep,
+    JournalError,
     Migration,
     MigrationFailed,
     ModelResponse,
@@ -33,7 +36,10 @@ from cuaderno import (
     StepEvent,
     ToolContext,
     ToolError,
+    ToolStep,
+    UncertainEffect,
     VersionMismatch,
+    _holds,
     approve,
     cancel,
     compensate,
@@ -315,6 +321,86 @@ async def test_cancel_leaves_a_waiting_run_that_a_live_process_is_resuming_to_th
     with pytest.raises(RunBusy):
         await collect(agent, "t", Session("r5", ScriptedGateway([]), store))
     assert store.checkpoint("r5").epoch == cp.epoch
+
+
+async def test_cancel_from_this_process_leaves_a_loop_in_the_middle_of_a_step_its_run(store: Any) -> None:
+    """An uncertain run (``needs_human``) is being settled by a loop of this very process when
+    cancel() comes: the loop keeps the run (only the request is written), and closes it once the
+    effect in flight landed, so the record lists it as completed with its refund."""
+    moves: list[int] = []
+    state = {"phase": "first"}
+
+    def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        if state["phase"] == "first":
+            raise ConnectionError("the bank does not answer")  # -> uncertain, needs a person
+        return None  # absence proven: send again
+
+    @tool(lookup=lookup,
+          compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        if state["phase"] == "first":
+            raise ToolError("timed out after sending", error_class=ErrorClass.AMBIGUOUS)
+        state["cancel"] = cancel(store, "c3", "user clicked cancel")  # clicked while the transfer is in flight
+        moves.append(amount)
+        return {"ok": True}
+
+    @tool
+    def refund(to: str, amount: int) -> dict[str, Any]:
+        """Give money back."""
+        return {"refunded": amount}
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+    script = [ScriptedGateway.call("transfer", to="a", amount=3), ScriptedGateway.text("never")]
+    with pytest.raises(UncertainEffect):
+        await collect(agent, "t", Session("c3", ScriptedGateway(script), store))
+    assert store.checkpoint("c3").status == "needs_human"
+    state["phase"] = "second"
+    gw = ScriptedGateway(script)
+    with pytest.raises(RunCancelled) as info:
+        await collect(agent, "t", Session("c3", gw, store))
+    assert state["cancel"].outcome is None  # cancel() did not close the run under the loop
+    assert moves == [3] and gw.calls == 0
+    record = info.value.record
+    assert [c["step_id"] for c in record["completed"]] == ["t0000.tool00"] and record["uncertain"] == []
+    assert record["cleanup"] and record["cleanup"][0]["tool"] == "refund"
+
+
+async def test_closing_the_store_before_the_loop_releases_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with SqliteCheckpointer(path) as store:
+        agent = await _waiting_for_approval(store, "c4")
+    with SqliteCheckpointer(path) as store:
+        approve(store, "c4", "t0000.tool00")
+    with SqliteCheckpointer(path) as store:
+        steps = agent.run("t", session=Session("c4", ScriptedGateway([ScriptedGateway.text("ok")]), store))
+        assert isinstance(await steps.__anext__(), ToolStep)  # the caller returns here: the loop is not closed
+    with SqliteCheckpointer(path) as store:
+        holder = json.loads(store._db.execute("SELECT owner FROM cuaderno_runs WHERE run_id='c4'").fetchone()[0])
+    assert holder["held"] is False  # another process may resume it while this one lives on
+    with contextlib.suppress(JournalError):  # its store is closed: what it still held is lost
+        await steps.aclose()
+
+
+def test_a_forked_child_does_not_inherit_the_loops_of_its_parent(tmp_path: Path) -> None:
+    async def paused() -> Any:
+        store = SqliteCheckpointer(tmp_path / "runs.db")
+        agent = Agent(instructions="i", tools=Bank().tools())
+        gen = agent.run("t", session=Session("f", ScriptedGateway([ScriptedGateway.call("update", version=1),
+                                                                     ScriptedGateway.text("x")]), store))
+        await gen.__anext__()
+        return gen
+
+    loop = asyncio.new_event_loop()
+    gen = loop.run_until_complete(paused())
+    assert _holds._holder
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of the parent's loops, nor of their connections
+        os._exit(0 if not _holds._holder and not _holds._busy else 1)
+    _, status = os.waitpid(pid, 0)
+    loop.run_until_complete(gen.aclose())
+    loop.close()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 async def test_compensation_is_scheduled_on_cancel_and_runs_once_with_its_own_identity(store: Any) -> None:

@@ -42,6 +42,7 @@ from cuaderno import (
     approve,
     cancel,
     deny,
+    resolve,
     tool,
 )
 from cuaderno.fingerprint import fingerprint, idempotency_key
@@ -402,6 +403,60 @@ async def test_a_loop_paused_at_a_yielded_step_can_be_taken_over_in_the_same_pro
         async for _ in first:  # the old loop lost the run: it stops before doing anything
             pass
     assert len(world.transfers) == 1 and store.checkpoint("p").status == "completed"
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL inside a tool body: nothing after it runs, no result is journaled."""
+
+
+async def test_a_re_send_after_a_resolution_that_ends_unknown_is_not_sent_again(store: Any) -> None:
+    sent: list[int] = []
+    crash_in_body = [False]
+
+    @tool
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        if ctx.run_id == "cut":
+            sent.append(ctx.attempt)
+            if crash_in_body[0]:
+                raise Killed  # the receiver took it; the process died before the result
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    _copy_prefix(store, "full", "cut", next(i for i, e in enumerate(events) if e.phase == "intent"
+                                            and e.step_id == "t0000.tool00") + 1)
+    with pytest.raises(UncertainEffect):
+        await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
+    resolve(store, "cut", "t0000.tool00", happened=False, by="ops")  # the first send did not happen
+    crash_in_body[0] = True
+    with pytest.raises(Killed):
+        await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
+    assert sent == [2]
+    crash_in_body[0] = False
+    with pytest.raises(UncertainEffect):  # that re-send's fate is unknown: asked, never re-sent blindly
+        await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
+    assert sent == [2]
+    resolve(store, "cut", "t0000.tool00", happened=False, by="ops")  # settled again, as its own event
+    steps = await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
+    assert isinstance(steps[-1], FinalStep) and sent == [2, 2]
+    phases = [e.phase for e in store.load("cut") if e.step_id == "t0000.tool00"]
+    assert phases == ["intent", "uncertain", "resolution", "intent.2", "uncertain.2", "resolution.2", "intent.3",
+                      "result"]
+
+
+async def test_a_failed_takeover_leaves_the_paused_loop_its_run(store: Any) -> None:
+    world = World()
+    agent = Agent(instructions="i", tools=world.tools())
+    script = [ScriptedGateway.call("read_file", path="/a"), ScriptedGateway.text("done")]
+    first = agent.run("t", session=Session("p", ScriptedGateway(script), store))
+    assert isinstance(await first.__anext__(), ModelStep)
+    with pytest.raises(ReplayDivergence):  # another task: refused before it took the run over
+        await collect(agent, "another task", Session("p", ScriptedGateway(script), store))
+    rest = [step async for step in first]
+    assert isinstance(rest[-1], FinalStep) and world.reads == ["/a"]
 
 
 class Flaky:

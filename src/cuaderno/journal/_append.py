@@ -78,7 +78,7 @@ def plan_append(
                 raise JournalConflict(*ev.key)
             out.append(prior)
             continue
-        if ev.phase in _GUARDED_PHASES or ev.decision == "resolved":
+        if ev.phase in _GUARDED_PHASES or ev.decision == "resolved" or ev.decision == "not_happened":
             _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
@@ -120,7 +120,7 @@ def _admit(cp: Checkpoint, ev: StepEvent) -> None:
     elif (kind == "cancel" and phase == "request") or (kind == "run" and phase == "end"):
         if cp.status in _CLOSED:
             raise RunClosed(cp.run_id, cp.status)
-    elif kind == "tool" and (phase == "resolution" or (phase == "result" and ev.decision == "resolved")):
+    elif kind == "tool" and (phase.startswith("resolution") or (phase == "result" and ev.decision == "resolved")):
         if ev.step_id not in cp.uncertain:
             raise NotUncertain(f"run {cp.run_id!r}: step {ev.step_id!r} is not uncertain (any more)")
 

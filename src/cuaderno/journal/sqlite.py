@@ -100,6 +100,8 @@ class SqliteCheckpointer:
         # cache is dropped if any other connection has committed since this one last wrote:
         # SQLite's data_version changes exactly then, without reading any row.
         self._cache: dict[str, Checkpoint] = {}
+        self._taken: dict[str, int] = {}
+        """Runs this store took over (acquire) and has not released, with their epochs."""
         self._data_version: int | None = None
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
@@ -309,11 +311,12 @@ class SqliteCheckpointer:
             holder = _lease.parse(row[1])
             if (not force and holder is not None and holder.get("held") and not _lease.is_mine(holder)
                     and _lease.is_alive(holder)):
-                raise RunBusy(run_id, _lease.describe(holder))
+                raise RunBusy(run_id, f"{_lease.describe(holder)}, which is still alive")
             epoch = int(row[0]) + 1
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
                        (epoch, _lease.claim(owner), run_id))
             self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
+        self._taken[run_id] = epoch
         return epoch
 
     def release(self, run_id: str, epoch: int) -> None:
@@ -324,8 +327,18 @@ class SqliteCheckpointer:
             if row is not None and row[0] == epoch:
                 db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
                            (_lease.released(row[1]), run_id, epoch))
+        if self._taken.get(run_id) == epoch:
+            del self._taken[run_id]
 
     def close(self) -> None:
+        # Runs this store took over and did not release (a loop not closed yet when the store
+        # is, say at the end of a ``with`` block): release them now, or this process, still
+        # alive, would keep them from every other process.
+        for run_id, epoch in list(self._taken.items()):
+            try:
+                self.release(run_id, epoch)
+            except JournalError:
+                pass
         with self._lock:
             self._db.close()
 

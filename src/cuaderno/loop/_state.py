@@ -67,6 +67,8 @@ class RunState:
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []
         self.tool_sends: dict[str, int] = {}
+        self.where: tuple[str, str] = ("", session.run_id)
+        """The journal and run, as the loops of this process know them (``cuaderno._holds``)."""
         """Tool intents per step, recorded or written by this process (names the next one)."""
         self.points: list[str] = []
         self.ready: list[tuple[Step, int]] = []
@@ -152,6 +154,13 @@ class RunState:
         while (step_id, f"{phase}.{n + 1}") in self.journal:
             n += 1
         return n
+
+    def _latest(self, step_id: str, phase: str) -> StepEvent | None:
+        """The last of a step's numbered events (``phase``, ``phase.2``...) in the journal."""
+        n = self._recorded_count(step_id, phase)
+        if n == 0:
+            return None
+        return self.journal[(step_id, phase if n == 1 else f"{phase}.{n}")]
 
     def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
         return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind=kind, **fields)

@@ -87,14 +87,16 @@ class ToolSteps(RunState):
         ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
         if intent is not None:
-            resolution = self._recorded(step_id, "resolution", "tool", call.name, None)
-            if resolution is not None and resolution.decision == "not_happened":
-                # A person established that the effect did not happen: send it, same key.
+            resolution = self._latest(step_id, "resolution")
+            last = self._latest(step_id, "intent") or intent
+            if resolution is not None and resolution.decision == "not_happened" and last.seq < resolution.seq:
+                # A person established that the effect did not happen, and nothing was sent
+                # since: send it, same key. (A send after the resolution is as unknown as any.)
                 return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,
                                            counters={"retries": 1}, after="not_happened")
             # Started before and never recorded how it ended: nobody knows if it took effect.
             return await self._reconcile(step_id, call, kwargs, args_fp, ekey, str(intent.decision), 1,
-                                         {"intent_seq": intent.seq, "intent_at": intent.created_at})
+                                         {"intent_seq": last.seq, "intent_at": last.created_at})
         decision = self._decide(step_id, call, args_fp)
         if decision in ("allow", "approved"):
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=1)

@@ -33,11 +33,11 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
+from cuaderno import _holds
 from cuaderno.cancellation import cancel, cancellation_record, end_event
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     BudgetExceeded,
-    CuadernoError,
     DrainOnOldWorker,
     FencedOut,
     JournalConflict,
@@ -52,7 +52,6 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent, starts_a_step
 from cuaderno.fingerprint import fingerprint
-from cuaderno.loop import _holds
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
@@ -87,6 +86,7 @@ class Runner(ModelSteps, ToolSteps):
         # Take the run over *before* reading it: anything the previous owner committed is then
         # visible, and anything it tries to commit afterwards is refused.
         self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover)
+        _holds.took(self.where, self)
         crash.point("recovery.R3")
         events = self.store.load(self.run_id)
         migrate_seq = 0
@@ -165,7 +165,7 @@ class Runner(ModelSteps, ToolSteps):
         is busy on the run except while its caller holds a yielded step, and if another loop took
         the run over meanwhile, it stops (``FencedOut``) instead of going on.
         """
-        where = _holds.key(self.store, self.run_id)
+        where = self.where = _holds.key(self.store, self.run_id)
         _holds.start(where, self, force=self.s.force_takeover)
         inner = self._steps()
         try:
@@ -176,14 +176,16 @@ class Runner(ModelSteps, ToolSteps):
                     cp = self.store.checkpoint(self.run_id)
                     raise FencedOut(self.run_id, self.epoch, cp.epoch if cp is not None else self.epoch)
         finally:
-            _holds.stop(where, self)
-            await inner.aclose()  # the inner loop's own clean-up (results of finished steps) runs now
+            # Busy again (if it still holds the run) while the inner loop's clean-up commits the
+            # results of finished steps: no other loop may take the run over in between.
+            _holds.resume(where, self)
+            try:
+                await inner.aclose()
+            finally:
+                _holds.stop(where, self)
 
     async def _steps(self) -> AsyncGenerator[Step, None]:
-        cp = self.store.checkpoint(self.run_id)
-        if cp is None:
-            await self._preflight()
-        closed = self._open_or_release(cp)
+        closed = await self._opening()
         if closed is not None:
             yield closed
             return
@@ -209,6 +211,7 @@ class Runner(ModelSteps, ToolSteps):
                         yield s
                     self._enforce_budgets()
                     if suspended:
+                        self._stop_for_a_person()
                         return
             self._flush()
             for s in self._drain():
@@ -217,6 +220,9 @@ class Runner(ModelSteps, ToolSteps):
             self._end_failed("max_turns", self.agent.max_turns)
         except RunCancelled:
             self._finalize_cancel()
+        except UncertainEffect:
+            self._stop_for_a_person()
+            raise
         except (GeneratorExit, asyncio.CancelledError):
             # The caller stopped iterating (or the task was cancelled) while results of steps
             # that already happened wait for the next commit: commit them now, or a tool that
@@ -226,12 +232,20 @@ class Runner(ModelSteps, ToolSteps):
         finally:
             self._release()
 
-    async def _preflight(self) -> None:
-        preflight = getattr(self.s.gateway, "preflight", None)
-        if preflight is not None:
-            await preflight()  # an unreachable endpoint fails a new run before its first journal write
+    def _stop_for_a_person(self) -> None:
+        """The run now waits for a person. A cancellation that came while this loop held the run
+        could only write its request (the loop was in the middle of a step): close the run now,
+        or it would wait for a decision nobody may take any more."""
+        cp = self.store.checkpoint(self.run_id)
+        if cp is not None and cp.cancel_requested is not None and cp.status != "cancelled":
+            self._finalize_cancel()
 
-    def _open_or_release(self, cp: Checkpoint | None) -> FinalStep | None:
+    async def _opening(self) -> FinalStep | None:
+        """Open the run (see :meth:`_open`); a new run first asks the gateway's preflight."""
+        cp = self.store.checkpoint(self.run_id)
+        preflight = getattr(self.s.gateway, "preflight", None)
+        if preflight is not None and cp is None:
+            await preflight()  # an unreachable endpoint fails a new run before its first journal write
         try:
             return self._open(cp)
         except BaseException:
@@ -249,11 +263,10 @@ class Runner(ModelSteps, ToolSteps):
 
     def hand_over(self) -> None:
         """Another loop of this process takes the run while this one waits at a yielded step:
-        commit the results of what already happened, so the new holder replays them."""
-        try:
-            self._flush_results()
-        except CuadernoError:
-            pass  # fenced out or the journal refused: the new holder reconciles what is missing
+        commit the results of what already happened, so the new holder replays them (if this
+        fails, the other loop is refused: a model call would be billed again, a tool body would
+        look uncertain)."""
+        self._flush_results()
 
     def _flush_results(self) -> None:
         """Commit what is pending except anything that would start new work."""

@@ -21,20 +21,37 @@ import os
 import threading
 from typing import Protocol
 
-from cuaderno.errors import RunBusy
+from cuaderno.errors import CuadernoError, FencedOut, RunBusy
 
-__all__ = ["Loop", "key", "pause", "resume", "start", "stop"]
+__all__ = ["Loop", "key", "pause", "resume", "start", "stop", "took"]
 
 Where = tuple[str, str]
 
 
 class Loop(Protocol):
     def hand_over(self) -> None:
-        """Commit the results this loop still holds; another loop takes the run."""
+        """Commit the results this loop still holds: another loop takes the run. Raises what
+        the journal raised if it could not."""
+
 
 _lock = threading.Lock()
 _busy: dict[Where, Loop] = {}
+"""The loop in the middle of a step on each run."""
 _holder: dict[Where, Loop] = {}
+"""The loop that took each run over last (busy or paused at a yielded step)."""
+
+
+def _forget() -> None:
+    """In a forked child: the parent's loops do not run here, and their connections must not be
+    used here (SQLite forbids it)."""
+    global _lock
+    _lock = threading.Lock()
+    _busy.clear()
+    _holder.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
 
 
 def key(store: object, run_id: str) -> Where:
@@ -47,31 +64,47 @@ def key(store: object, run_id: str) -> Where:
 
 
 def start(where: Where, loop: Loop, *, force: bool) -> None:
-    """``loop`` takes the run; refused while another loop of this process is busy on it."""
+    """``loop`` wants the run: refused while another loop of this process is busy on it.
+
+    A holder paused at a yielded step first commits the results of steps that already happened
+    (they ride on the next intent's commit): otherwise the new loop would find those effects
+    without a result and call them uncertain. If it cannot, the run stays with it (``RunBusy``).
+    ``loop`` becomes the holder only once it has taken the run over in the journal (:func:`took`).
+    """
     with _lock:
         other = _busy.get(where)
         if other is not None and other is not loop and not force:
             raise RunBusy(where[1], f"another loop of this process (pid {os.getpid()}), in the middle of a step")
         idle = _holder.get(where)
         if idle is not None and idle is not loop and idle is not other:
-            # It waits at a yielded step with the results of steps that already happened still
-            # uncommitted (they ride on the next intent's commit): commit them now, or the new
-            # holder would find those effects without a result and call them uncertain.
-            idle.hand_over()
-        _busy[where] = _holder[where] = loop
+            try:
+                idle.hand_over()
+            except FencedOut:
+                pass  # it had lost the run to another process already: nothing of it can land
+            except CuadernoError as exc:
+                raise RunBusy(where[1], f"another loop of this process (pid {os.getpid()}), whose finished "
+                                        f"steps could not be committed ({exc})") from exc
+        _busy[where] = loop
+
+
+def took(where: Where, loop: Loop) -> None:
+    """``loop`` took the run over in the journal: a paused former holder must not go on."""
+    with _lock:
+        _holder[where] = loop
 
 
 def pause(where: Where, loop: Loop) -> None:
-    """``loop`` yielded a step: everything it did is committed."""
+    """``loop`` yielded a step: everything it did is committed or handed over on demand."""
     with _lock:
         if _busy.get(where) is loop:
             del _busy[where]
 
 
 def resume(where: Where, loop: Loop) -> bool:
-    """``loop`` goes on after a yield; ``False`` if another loop took the run meanwhile."""
+    """``loop`` goes on after a yield (or closes); ``False`` if another loop took the run, or is
+    taking it, meanwhile."""
     with _lock:
-        if _holder.get(where) is not loop:
+        if _holder.get(where) not in (None, loop) or _busy.get(where) not in (None, loop):
             return False
         _busy[where] = loop
         return True
