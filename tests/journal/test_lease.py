@@ -1,11 +1,15 @@
-"""Liveness of a run's holder: only a provably gone process loses the run without ``force``."""
+"""Liveness of a run's holder: only a provably gone process loses the run without ``force``.
+
+The ``is_alive`` cases are the fallback where OS record locks are not available."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+from cuaderno import SqliteCheckpointer, StepEvent
 from cuaderno.journal import _lease
 
 
@@ -45,3 +49,16 @@ def test_released_and_unknown_forms() -> None:
     for old in (None, "", "host:123", "not json {", json.dumps({"owner": "x"}), "[1]"):
         assert _lease.parse(old) is None  # nobody to wait for (a journal from before holders were recorded)
     assert "worker-1" in _lease.describe(_lease.parse(stored) or {})
+
+
+def test_a_holder_in_another_container_that_died_is_taken_over_at_once(tmp_path: Path) -> None:
+    # The journal names a holder this process cannot ask about (another host name and PID
+    # namespace: a container that was restarted). Nobody holds the run's lock: it is gone.
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    try:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={})])
+        gone = {"owner": "worker-1", "held": True, "process": {"host": "container-1", "ns": 1, "pid": 7, "start": 1}}
+        store._db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id='r'", (json.dumps(gone),))
+        assert store.acquire("r", "worker-2") == 1
+    finally:
+        store.close()

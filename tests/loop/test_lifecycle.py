@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,6 @@ from cuaderno import (
     deny,
     tool,
 )
-from cuaderno.journal import _lease
 
 
 @pytest.fixture
@@ -301,26 +302,36 @@ async def test_an_approved_call_that_never_started_is_listed_as_not_started(stor
     assert gw.calls == 0 and not any(e.phase == "intent" and e.kind == "tool" for e in store.load("r4"))
 
 
-def _held_by_a_live_process_elsewhere(store: Any, run_id: str) -> None:
-    """Record the run as held by this test's parent process (alive, and not this process)."""
-    parent = os.getppid()
-    stat = Path(f"/proc/{parent}/stat").read_text()
-    process = {**_lease.this_process(), "pid": parent, "start": int(stat[stat.rfind(")") + 2:].split()[19])}
-    store._db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=?",
-                      (json.dumps({"owner": "worker-2", "process": process, "held": True}), run_id))
+HOLDER = """
+import sys
+from cuaderno.journal import _lease
+assert _lease.lock(sys.argv[1], sys.argv[2]) is True
+print("holding", flush=True)
+sys.stdin.read()  # until the test lets go
+"""
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to name another live process")
 async def test_cancel_leaves_a_waiting_run_that_a_live_process_is_resuming_to_that_process(store: Any) -> None:
     agent = await _waiting_for_approval(store, "r5")
-    _held_by_a_live_process_elsewhere(store, "r5")  # say a resumer that is settling the run right now
-    cp = cancel(store, "r5", "stop")
-    # Only the request: the holder's loop closes the run at its next step (closing it here
-    # would list its step in flight as not started while it runs).
-    assert cp.status == "suspended" and cp.cancel_requested is not None and cp.outcome is None
-    with pytest.raises(RunBusy):
+    # Another live process holds the run (say a resumer settling it right now).
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, store.path, "r5"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        epoch = store.checkpoint("r5").epoch
+        cp = cancel(store, "r5", "stop")
+        # Only the request: the holder's loop closes the run at its next step (closing it here
+        # would list its step in flight as not started while it runs).
+        assert cp.status == "suspended" and cp.cancel_requested is not None and cp.outcome is None
+        with pytest.raises(RunBusy):
+            await collect(agent, "t", Session("r5", ScriptedGateway([]), store))
+        assert store.checkpoint("r5").epoch == epoch
+    finally:
+        holder.communicate("")
+    # The holder is gone (killed or done): the run is taken over at once and closed.
+    with pytest.raises(RunCancelled):
         await collect(agent, "t", Session("r5", ScriptedGateway([]), store))
-    assert store.checkpoint("r5").epoch == cp.epoch
+    assert store.checkpoint("r5").status == "cancelled"
 
 
 async def test_cancel_from_this_process_leaves_a_loop_in_the_middle_of_a_step_its_run(store: Any) -> None:

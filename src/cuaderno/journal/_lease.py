@@ -6,11 +6,15 @@ still completes. If a second process could take a live run over, it would find t
 intent without a result and run it again. So a takeover is refused while the holder is alive.
 
 A SQLite journal is shared only by processes of one machine (WAL needs shared memory), so
-liveness is asked of the operating system, not inferred from a clock: the holder is named by
-host, PID namespace, PID and the process's start time (a recycled PID has another start time).
-A killed holder is therefore taken over at once, with no lease to wait out. A holder in another
-container (another host name or PID namespace) cannot be checked: it keeps the run until it
-releases it, or until someone takes it over with ``force``.
+liveness is asked of the operating system, not inferred from a clock: the holder keeps a POSIX
+record lock on one byte per run of a file beside the journal (``<journal>-holds``), and the
+kernel drops it when the holder dies, whatever killed it and in whichever container it ran. A
+killed holder is therefore taken over at once, with no lease to wait out; a live one (even a
+stopped one) keeps the run until it releases it, or until someone takes it over with ``force``.
+Where such locks are not available (no ``fcntl``, a journal in memory, a file that cannot be
+created), the holder named in the journal is asked about instead: same host and PID namespace,
+its PID and the process's start time (a recycled PID has another start time); a holder that
+cannot be checked that way counts as alive.
 
 A holder releases the run when its loop stops for any reason (completed, suspended, failed,
 cancelled, or an exception), so a process that is still alive does not block a later resume
@@ -19,13 +23,76 @@ elsewhere (a web server that ran a run until it waited for a person, say).
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import socket
+import threading
 from functools import cache
 from typing import Any
 
-__all__ = ["Holder", "claim", "describe", "is_alive", "parse", "released"]
+try:
+    import fcntl
+except ImportError:  # not on Windows: the holder named in the journal is asked about instead
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["Holder", "claim", "describe", "is_alive", "lock", "parse", "released", "unlock"]
+
+_files: dict[str, int] = {}
+"""One descriptor per lock file, opened once and never closed: closing any descriptor of a file
+drops every POSIX lock this process holds on it."""
+_files_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    global _files_lock
+    _files_lock = threading.Lock()  # a forked child holds none of its parent's record locks
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _lock_file(journal: str) -> int | None:
+    if fcntl is None or journal == ":memory:":
+        return None
+    path = os.path.realpath(journal) + "-holds"
+    with _files_lock:
+        fd = _files.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except OSError:
+                return None
+            _files[path] = fd
+        return fd
+
+
+def _byte(run_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).digest()[:7], "big")
+
+
+def lock(journal: str, run_id: str) -> bool | None:
+    """Take the run's lock for this process: ``True`` (taken, or this process had it),
+    ``False`` (a live process holds it), ``None`` (no such locks here: ask :func:`is_alive`)."""
+    fd = _lock_file(journal)
+    if fd is None:
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _byte(run_id), os.SEEK_SET)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        return None
+    return True
+
+
+def unlock(journal: str, run_id: str) -> None:
+    """Give the run's lock back (this process stopped running it)."""
+    fd = _lock_file(journal)
+    if fd is not None:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _byte(run_id), os.SEEK_SET)
 
 Holder = dict[str, Any]
 """``{"owner": label, "process": {"host", "ns", "pid", "start"}, "held": bool}``"""

@@ -309,9 +309,13 @@ class SqliteCheckpointer:
                 raise RunNotFound(run_id)
             # Checked under the write lock: two resumers cannot both see the run free.
             holder = _lease.parse(row[1])
-            if (not force and holder is not None and holder.get("held") and not _lease.is_mine(holder)
-                    and _lease.is_alive(holder)):
-                raise RunBusy(run_id, f"{_lease.describe(holder)}, which is still alive")
+            held = _lease.lock(self.path, run_id)
+            if held is None:  # no OS record locks here: ask about the holder the journal names
+                held = not (holder is not None and holder.get("held") and not _lease.is_mine(holder)
+                            and _lease.is_alive(holder))
+            if not held and not force:
+                who = _lease.describe(holder) if holder is not None else "another process"
+                raise RunBusy(run_id, f"{who}, which is still alive")
             epoch = int(row[0]) + 1
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
                        (epoch, _lease.claim(owner), run_id))
@@ -324,9 +328,12 @@ class SqliteCheckpointer:
             return
         with self._txn() as db:
             row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
-            if row is not None and row[0] == epoch:
+            mine = row is not None and row[0] == epoch
+            if mine:
                 db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
                            (_lease.released(row[1]), run_id, epoch))
+        if mine:
+            _lease.unlock(self.path, run_id)  # after the commit: nobody finds it free while it is not
         if self._taken.get(run_id) == epoch:
             del self._taken[run_id]
 
