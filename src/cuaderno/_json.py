@@ -23,7 +23,8 @@ from collections.abc import Callable
 from json import encoder as _encoder
 from typing import Any, NoReturn
 
-__all__ = ["compact", "loads_object", "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
+__all__ = ["MAX_DEPTH", "compact", "compact_ascii", "loads_object", "not_plain", "shown", "sorted_compact",
+           "sorted_compact_ascii", "sorted_compact_nan"]
 
 
 def _default(value: object) -> NoReturn:
@@ -57,6 +58,58 @@ sorted_compact_nan = _build(sort_keys=True, ensure_ascii=False, allow_nan=True)
 """``json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`` (NaN allowed)."""
 compact = _build(sort_keys=False, ensure_ascii=False, allow_nan=True)
 """``json.dumps(v, separators=(",", ":"), ensure_ascii=False)``"""
+compact_ascii = _build(sort_keys=False, ensure_ascii=True, allow_nan=True)
+"""The same with ASCII escapes (for text holding lone surrogates)."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of lists and objects a value from outside (a model's tool arguments, a tool's
+result) may have: deeper values overflow recursive encoders and hashers."""
+_MAX_INT_BITS = 14_000
+"""About 4,200 decimal digits: CPython refuses to print integers over 4,300 digits."""
+
+
+def shown(value: Any, limit: int = 10_000) -> str:
+    """``value`` as text for evidence, whatever it is (JSON when it can be, else its repr)."""
+    try:
+        return json.dumps(value)[:limit]
+    except (TypeError, ValueError, RecursionError):
+        pass
+    try:
+        return repr(value)[:limit]
+    except (RecursionError, ValueError):
+        return f"<a {type(value).__name__} too deep to print>"
+
+
+def not_plain(value: Any) -> str | None:
+    """Why ``value`` is not plain JSON that every encoder here accepts, or ``None`` if it is.
+
+    Plain: ``None``, booleans, strings, finite floats, integers printable in decimal, lists, and
+    objects with string keys, nested at most :data:`MAX_DEPTH` deep. Iterative, so a hostile
+    value cannot overflow the stack while it is being checked.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if item is None or isinstance(item, (str, bool)):
+            continue
+        if isinstance(item, int):
+            if item.bit_length() > _MAX_INT_BITS:
+                return "an integer too large to write in decimal"
+        elif isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                return f"a number JSON cannot hold ({item})"
+        elif isinstance(item, (list, tuple, dict)):
+            if depth >= MAX_DEPTH:
+                return f"nested more than {MAX_DEPTH} levels deep"
+            if isinstance(item, dict):
+                if not all(isinstance(k, str) for k in item):
+                    return "an object key that is not a string"
+                stack.extend((v, depth + 1) for v in item.values())
+            else:
+                stack.extend((v, depth + 1) for v in item)
+        else:
+            return f"a value of type {type(item).__name__}"
+    return None
 
 
 # The scanner behind json.loads (C when available), called without json.loads's per-call set-up.

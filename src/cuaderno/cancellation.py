@@ -31,7 +31,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.base import Checkpointer, validate_event
 
 __all__ = ["cancel", "cancellation_record"]
 
@@ -52,8 +52,11 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         raise UsageError("run_id must be a non-empty string")
     if not isinstance(reason, str):
         raise UsageError("reason must be a string")
+    if by is not None and not isinstance(by, str):
+        raise UsageError("by must be a string")
     request = StepEvent(run_id=run_id, step_id="cancel", phase="request", kind="cancel",
                         payload={"reason": reason, "by": by})
+    validate_event(request)  # before anything is written, the takeover included
     # Decided from a read, written in a later transaction: the write re-checks what the decision
     # rests on (the run is still open; for a record, that nothing was appended since it was
     # computed) and the whole decision is taken again when it no longer holds.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cuaderno._json import compact
+from cuaderno._json import compact, compact_ascii
 from cuaderno.events import StepEvent
 
 __all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "project", "rebuild"]
@@ -96,8 +96,15 @@ class Checkpoint:
                 "uncertain": self.uncertain, "outcome": self.outcome, "cancel_requested": self.cancel_requested}
 
     def dumps(self) -> str:
-        """The stored form, encoded."""
-        return compact(self.to_json())
+        """The stored form, encoded. With ASCII escapes when it holds a lone surrogate (a model's
+        answer or a tool's arguments can): SQLite stores text as UTF-8, which cannot hold one."""
+        text = compact(self.to_json())
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return compact_ascii(self.to_json())
+        return text
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Checkpoint:

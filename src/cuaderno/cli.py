@@ -113,7 +113,7 @@ def _store(ctx: typer.Context) -> Iterator[SqliteCheckpointer]:
         raise _Refused(f"{str(path)!r} is a directory, not a journal file")
     if path.stat().st_size == 0:
         raise _Refused(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
-    store = SqliteCheckpointer(path)
+    store = SqliteCheckpointer(path, create=False)
     try:
         yield store
     finally:

@@ -95,6 +95,7 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
     event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
                       decision=decision, fingerprint=shown,
                       payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
+    store.load(run_id)  # a journal whose hash chain is broken is left as it was found (JournalCorrupt)
     try:
         return store.append([event])[0]
     except JournalConflict as exc:
@@ -116,6 +117,9 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     """
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
+    if not isinstance(happened, bool):
+        raise UsageError(f"happened must be True or False, got {happened!r:.40}: it decides whether a real "
+                         "effect is sent again")
     cp = store.checkpoint(run_id)
     if cp is None:
         raise RunNotFound(run_id)

@@ -272,8 +272,9 @@ class Program:
             policy_version += "-next"
         else:
             assert mutation is None, mutation
+        names = {t.name for t in tools}  # a removed tool takes its policy rule with it (Agent refuses strays)
         return Agent(instructions=instructions, tools=tools, name=self.name, model="scripted-1",
-                     policy=Policy(self.policy_rules, version=policy_version))
+                     policy=Policy({k: v for k, v in self.policy_rules.items() if k in names}, version=policy_version))
 
     def gateway(self, *, empty_already_returned: bool = False) -> ScriptedGateway:
         """A fresh scripted model. ``gateway.calls`` counts every call, failed ones included.

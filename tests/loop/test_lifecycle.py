@@ -22,7 +22,6 @@ from cuaderno import (
     DrainOnOldWorker,
     ErrorClass,
     FinalStep,
-    JournalError,
     Migration,
     MigrationFailed,
     ModelResponse,
@@ -40,6 +39,7 @@ from cuaderno import (
     ToolError,
     ToolStep,
     UncertainEffect,
+    UsageError,
     VersionMismatch,
     _holds,
     approve,
@@ -389,7 +389,7 @@ async def test_closing_the_store_before_the_loop_releases_the_run(tmp_path: Path
     with SqliteCheckpointer(path) as store:
         holder = json.loads(store._db.execute("SELECT owner FROM cuaderno_runs WHERE run_id='c4'").fetchone()[0])
     assert holder["held"] is False  # another process may resume it while this one lives on
-    with contextlib.suppress(JournalError):  # its store is closed: what it still held is lost
+    with contextlib.suppress(UsageError):  # its store is closed: what it still held is lost
         await steps.aclose()
 
 

@@ -6,10 +6,11 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx2
 
+from cuaderno._json import not_plain, shown
 from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway import _errors
 from cuaderno.gateway._limits import install_body_limit
@@ -66,20 +67,29 @@ def parse_tool_call(call_id: str, name: str, arguments: object) -> ToolCall:
     with the reason in ``arguments_error``: the loop must refuse to run it, and replay needs the
     raw text to show what the model actually wrote.
     """
-    if isinstance(arguments, dict):
-        return ToolCall(id=call_id, name=name, arguments=arguments)
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return ToolCall(id=call_id, name=name, arguments={})
-    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    try:
-        parsed = json.loads(raw)
-    except ValueError as exc:
-        return ToolCall(id=call_id, name=name, arguments_error=f"arguments are not valid JSON: {exc}",
-                        raw_arguments=raw)
+    if isinstance(arguments, str):
+        raw = arguments
+        try:
+            parsed = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            return ToolCall(id=call_id, name=name, arguments_error=f"arguments are not valid JSON: {exc}",
+                            raw_arguments=raw)
+    else:
+        parsed = arguments
+        raw = shown(arguments)
     if not isinstance(parsed, dict):
         return ToolCall(id=call_id, name=name, raw_arguments=raw,
                         arguments_error=f"arguments must be a JSON object, got {type(parsed).__name__}")
+    problem = not_plain(parsed)
+    if problem is not None:  # it could not be fingerprinted, journaled or passed on: the model repairs it
+        return ToolCall(id=call_id, name=name, raw_arguments=raw, arguments_error=f"arguments hold {problem}")
     return ToolCall(id=call_id, name=name, arguments=parsed)
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def as_int(value: object) -> int:

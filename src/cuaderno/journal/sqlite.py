@@ -85,13 +85,21 @@ class SqliteCheckpointer:
             cut for speed; it must be asked for explicitly because an intent lost that way may
             already have been acted on.
         busy_timeout_ms: how long to wait for another process's write lock.
+        create: ``False`` opens only an existing cuaderno journal: any other SQLite file is
+            refused (:class:`~cuaderno.errors.JournalError`) before anything in it is changed.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
-                 busy_timeout_ms: int = 30_000) -> None:
+                 busy_timeout_ms: int = 30_000, create: bool = True) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise UsageError(f"the journal path must be a file path or ':memory:', got {path!r:.80}")
+        if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, (int, float)) or busy_timeout_ms < 0:
+            raise UsageError("busy_timeout_ms must be a number of milliseconds")
         self.path = str(path)
+        self._create = create
+        self._closed = False
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
         self._lock = threading.Lock()
@@ -126,10 +134,16 @@ class SqliteCheckpointer:
         has_meta = self._db.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
         if has_meta is None:
+            if not self._create:  # before the WAL switch: another application's file stays as it was
+                raise JournalError(f"{self.path!r} is not a cuaderno journal (no cuaderno tables); nothing was "
+                                   "changed")
             return
         row = self._db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-        if row is not None and int(row[0]) > SCHEMA_VERSION:
-            raise SchemaTooNew(int(row[0]), SCHEMA_VERSION)
+        if row is None and not self._create:
+            raise JournalCorrupt(f"{self.path!r} has a cuaderno_meta table without a schema version")
+        version = _schema_version(row[0]) if row is not None else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(version, SCHEMA_VERSION)
 
     def _migrate(self) -> None:
         with self._txn() as db:
@@ -143,7 +157,7 @@ class SqliteCheckpointer:
                 version = 0
             else:
                 row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-                version = int(row[0]) if row else 0
+                version = _schema_version(row[0]) if row else 0
             if version > SCHEMA_VERSION:
                 raise SchemaTooNew(version, SCHEMA_VERSION)
             for step in _MIGRATIONS[version:]:
@@ -167,6 +181,7 @@ class SqliteCheckpointer:
                         db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
+                self._refuse_if_closed(exc)
                 # Disk full, I/O error, lock timeout: nothing of this transaction was committed.
                 raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
 
@@ -275,8 +290,11 @@ class SqliteCheckpointer:
             return cp
 
     def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise UsageError("limit must be an integer")
         if limit <= 0:
             return []
+        limit = min(limit, 2**62)  # "no limit" for SQLite, whose integers have 64 bits
         with self._reading("*"):
             with self._lock:
                 rows = self._db.execute(
@@ -297,6 +315,8 @@ class SqliteCheckpointer:
         except (JournalCorrupt, RunNotFound):
             raise
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
+            if isinstance(exc, sqlite3.Error):
+                self._refuse_if_closed(exc)
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
                                  "the file was not changed") from exc
 
@@ -348,6 +368,11 @@ class SqliteCheckpointer:
                 pass
         with self._lock:
             self._db.close()
+            self._closed = True
+
+    def _refuse_if_closed(self, exc: sqlite3.Error) -> None:
+        if self._closed:  # a usage error, not damage to the file
+            raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer") from exc
 
     def _close_quietly(self) -> None:
         try:
@@ -368,7 +393,7 @@ class _Duplicate(Exception):
 
 def _storable(run_id: str) -> bool:
     """Whether ``run_id`` could ever have been stored (appends refuse the rest)."""
-    if type(run_id) is not str:
+    if not isinstance(run_id, str):
         return False
     try:
         run_id.encode("utf-8")
@@ -379,6 +404,13 @@ def _storable(run_id: str) -> bool:
 
 def _no_existing(ev: StepEvent) -> StepEvent | None:
     return None
+
+
+def _schema_version(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise JournalCorrupt(f"the journal's schema version {value!r:.40} is not a number") from None
 
 
 def _loads(text: str) -> dict[str, Any]:

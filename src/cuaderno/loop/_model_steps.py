@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from cuaderno import telemetry
+from cuaderno._json import not_plain, shown
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import idempotency_key
@@ -15,6 +17,22 @@ from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
 
 __all__ = ["ModelSteps"]
+
+
+def plain_calls(response: ModelResponse) -> ModelResponse:
+    """The response with every tool call whose arguments are not plain JSON (NaN, nesting too
+    deep: a custom gateway may pass them on) turned into a call the model must repair. Done before
+    the response is journaled: it was paid for, and must be journaled whatever it holds."""
+    if all(c.arguments_error is not None or not_plain(c.arguments) is None for c in response.tool_calls):
+        return response
+    calls = []
+    for c in response.tool_calls:
+        problem = None if c.arguments_error is not None else not_plain(c.arguments)
+        if problem is not None:
+            c = dataclasses.replace(c, arguments={}, arguments_error=f"arguments hold {problem}",
+                                    raw_arguments=c.raw_arguments or shown(c.arguments))
+        calls.append(c)
+    return dataclasses.replace(response, tool_calls=tuple(calls))
 
 
 def accepted(payload: dict[str, Any]) -> bool:
@@ -100,7 +118,7 @@ class ModelSteps(RunState):
             try:
                 with telemetry.model_call(request, run_id=self.run_id, step_id=step_id,
                                           provider=getattr(self.s.gateway, "provider_name", None)) as span:
-                    response = await self.s.gateway.complete(request, idempotency_key=key)
+                    response = plain_calls(await self.s.gateway.complete(request, idempotency_key=key))
                     span.response(response)
                 break
             except GatewayError as err:

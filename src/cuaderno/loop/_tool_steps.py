@@ -73,7 +73,7 @@ class ToolSteps(RunState):
             problem = ToolError(f"unknown tool {call.name!r}; available: {sorted(self.agent.tools)}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         elif call.arguments_error is not None:
-            problem = ToolError(f"arguments are not a JSON object: {call.arguments_error}",
+            problem = ToolError(f"the arguments cannot be used: {call.arguments_error}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         else:
             try:

@@ -125,18 +125,29 @@ class Agent:
                  model: str | None = None, name: str = "agent", max_turns: int = 32, require_tool: bool = False,
                  max_output_tokens: int | None = None, temperature: float | None = None,
                  budgets: Budgets | None = None) -> None:
+        if not isinstance(instructions, str):
+            raise UsageError("instructions must be a string")
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+            raise UsageError("tools must be a list of @tool functions")
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UsageError(f"{t!r:.80} is not a Tool: declare it with @tool")
         self.instructions = instructions
         self.tools = {t.name: t for t in tools}
         if len(self.tools) != len(tools):
             raise UsageError("two tools share a name")
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise UsageError(f"{t!r} is not a Tool: declare it with @tool")
+        if policy is not None and not isinstance(policy, Policy):
+            raise UsageError("policy must be a Policy")
         self.policy = policy or ALLOW_ALL
+        unknown = sorted(set(self.policy.rules) - set(self.tools))
+        if unknown:
+            # A misspelt rule would let the tool it meant run without its decision (an approval).
+            raise UsageError(f"the policy has rules for tools this agent does not have: {unknown}; "
+                             f"its tools are {sorted(self.tools)}")
         self.model = model
         self.name = name
-        if max_turns < 1:
-            raise UsageError("max_turns must be at least 1")
+        if type(max_turns) is not int or max_turns < 1:
+            raise UsageError("max_turns must be an integer of at least 1")
         self.max_turns = max_turns
         self.require_tool = require_tool
         self.max_output_tokens = max_output_tokens

@@ -19,6 +19,7 @@ from typing import Any, get_type_hints, overload
 import pydantic
 from pydantic_core import to_jsonable_python
 
+from cuaderno._json import not_plain
 from cuaderno.errors import ToolArgumentsInvalid, UsageError
 from cuaderno.fingerprint import fingerprint
 
@@ -130,7 +131,11 @@ class Tool:
             result = self.fn(**kwargs)
             if inspect.isawaitable(result):
                 result = await result
-        return to_jsonable_python(result)
+        value = to_jsonable_python(result)
+        problem = not_plain(value)
+        if problem is not None:  # an unclassified failure of the tool: journaled as a bug, with evidence
+            raise TypeError(f"tool {self.name!r} returned a result JSON cannot hold: {problem}")
+        return value
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, idempotent={self.idempotent})"

@@ -1,0 +1,167 @@
+"""Bad input found by a review: each gets a clear, typed error, and nothing paid for or done is lost."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cuaderno import (
+    Agent,
+    FinalStep,
+    JournalCorrupt,
+    ModelRequest,
+    ModelResponse,
+    Policy,
+    RunClosed,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    StepEvent,
+    ToolCall,
+    ToolContext,
+    UsageError,
+    approve,
+    cancel,
+    resolve,
+    tool,
+)
+from cuaderno.cli import app
+from cuaderno.gateway._common import parse_tool_call
+
+
+@tool
+def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+    """Move money."""
+    return {"ok": True}
+
+
+async def collect(agent: Agent, task: str, session: Session) -> list[Any]:
+    return [step async for step in agent.run(task, session=session)]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    s = SqliteCheckpointer(tmp_path / "runs.db")
+    yield s
+    s.close()
+
+
+async def test_a_lone_surrogate_in_what_the_checkpoint_copies_is_stored_exactly(store: Any) -> None:
+    gw = ScriptedGateway([ScriptedGateway.text("ok \ud800")])
+    steps = await collect(Agent(instructions="x"), "t", Session("final", gw, store))
+    assert isinstance(steps[-1], FinalStep) and store.checkpoint("final").outcome["output"] == "ok \ud800"
+    agent = Agent(instructions="x", tools=[transfer], policy=Policy({"transfer": "require_approval"}))
+    gw = ScriptedGateway([ScriptedGateway.call("transfer", to="a\ud800", amount=1), ScriptedGateway.text("x")])
+    await collect(agent, "t", Session("approval", gw, store))
+    cp = store.checkpoint("approval")
+    assert cp.status == "suspended" and cp.pending["t0000.tool00.approval"]["arguments"]["to"] == "a\ud800"
+    assert cancel(store, "approval", "bad \udcff reason").status == "cancelled"
+
+
+@pytest.mark.parametrize("arguments", ['{"to": "ana", "amount": NaN}', '{"x": ' + "[" * 1000 + "]" * 1000 + "}",
+                                       '{"x": ' + "[" * 100 + "]" * 100 + "}", {"amount": float("inf")}],
+                         ids=["nan", "deep-1000", "deep-100", "dict-inf"])
+def test_arguments_that_are_not_plain_json_are_for_the_model_to_repair(arguments: Any) -> None:
+    call = parse_tool_call("c1", "transfer", arguments)
+    assert call.arguments == {} and call.arguments_error and call.raw_arguments
+
+
+async def test_a_paid_response_with_unusable_arguments_is_journaled_once(store: Any) -> None:
+    calls = []
+
+    class Custom:
+        async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+            calls.append(idempotency_key)
+            if len(calls) == 1:  # a gateway that passes NaN on
+                return ModelResponse(tool_calls=(ToolCall(id="c", name="transfer",
+                                                          arguments={"to": "a", "amount": float("nan")}),))
+            return ModelResponse(text="fixed")
+
+    steps = await collect(Agent(instructions="x", tools=[transfer]), "t", Session("nan", Custom(), store))
+    assert isinstance(steps[-1], FinalStep) and len(calls) == 2
+    result = next(e for e in store.load("nan") if e.step_id == "t0000.tool00" and e.phase == "result")
+    assert result.payload["outcome"] == "error" and "(nan)" in result.payload["error"]["message"]
+    assert store.checkpoint("nan").count("model_calls") == 2  # the first response was journaled, not lost
+
+
+@pytest.mark.parametrize("value", [float("nan"), {"x": float("inf")}, 10**5000], ids=["nan", "inf", "bigint"])
+async def test_a_result_json_cannot_hold_ends_the_run_as_a_bug_with_its_evidence(store: Any, value: Any) -> None:
+    ran: list[int] = []
+
+    @tool
+    def pay(to: str) -> Any:
+        """Pay."""
+        ran.append(1)
+        return value
+
+    agent = Agent(instructions="x", tools=[pay])
+    script = [ScriptedGateway.call("pay", to="a"), ScriptedGateway.text("x")]
+    with pytest.raises(TypeError):
+        await collect(agent, "t", Session("r", ScriptedGateway(script), store))
+    cp = store.checkpoint("r")
+    assert cp.status == "failed" and cp.outcome["reason"] == "bug" and ran == [1]
+    with pytest.raises(RunClosed):
+        await collect(agent, "t", Session("r", ScriptedGateway(script), store))
+    assert ran == [1]
+
+
+def test_the_cli_never_changes_a_file_that_is_not_a_journal(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE t (x)")
+    before = path.read_bytes()
+    result = CliRunner().invoke(app, ["--db", str(path), "list"])
+    assert result.exit_code == 2 and "not a cuaderno journal" in result.output
+    assert path.read_bytes() == before and not Path(str(path) + "-wal").exists()
+
+
+async def test_harness_input_is_checked_before_anything_is_written(store: Any) -> None:
+    agent = Agent(instructions="x", tools=[transfer], policy=Policy({"transfer": "require_approval"}))
+    gw = ScriptedGateway([ScriptedGateway.call("transfer", to="a", amount=1), ScriptedGateway.text("x")])
+    await collect(agent, "t", Session("w", gw, store))
+    epoch = store.checkpoint("w").epoch
+    with pytest.raises(UsageError):
+        cancel(store, "w", "r", by=object())  # type: ignore[arg-type]
+    assert store.checkpoint("w").epoch == epoch and store.checkpoint("w").status == "suspended"
+    with pytest.raises(UsageError):
+        resolve(store, "w", "t0000.tool00", happened="no")  # type: ignore[arg-type]
+    store._db.execute("UPDATE cuaderno_events SET payload=? WHERE run_id='w' AND seq=2", (b'{"x":1}',))
+    rows = len(store._db.execute("SELECT * FROM cuaderno_events").fetchall())
+    with pytest.raises(JournalCorrupt):  # a broken hash chain is left as it was found
+        approve(store, "w", "t0000.tool00")
+    assert len(store._db.execute("SELECT * FROM cuaderno_events").fetchall()) == rows
+
+
+def test_construction_errors_are_usage_errors(tmp_path: Path) -> None:
+    def plain(x: int) -> int:
+        return x
+
+    for make in (lambda: Agent(instructions="x", tools=[plain]),  # type: ignore[list-item]
+                 lambda: Agent(instructions="x", tools=transfer),  # type: ignore[arg-type]
+                 lambda: Agent(instructions="x", max_turns="3"),  # type: ignore[arg-type]
+                 lambda: Agent(instructions="x", tools=[transfer], policy=Policy({"transfr": "require_approval"})),
+                 lambda: SqliteCheckpointer(None),  # type: ignore[arg-type]
+                 lambda: SqliteCheckpointer(tmp_path / "x.db", busy_timeout_ms="x")):  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            make()
+    assert not Path("None").exists()
+
+
+def test_journal_reads_with_odd_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    store = SqliteCheckpointer(path)
+    store.append([StepEvent(run_id="susp", step_id="run", phase="start", kind="run", payload={})])
+    assert [cp.run_id for cp in store.list_runs(limit=2**70)] == ["susp"]
+    with pytest.raises(UsageError):
+        store.list_runs(limit="5")  # type: ignore[arg-type]
+    assert store.checkpoint(type("S", (str,), {})("susp")) is not None  # a str subclass names the same run
+    store._db.execute("UPDATE cuaderno_meta SET value='two' WHERE key='schema_version'")
+    store.close()
+    with pytest.raises(UsageError):
+        store.checkpoint("susp")  # closed: a usage error, not damage
+    with pytest.raises(JournalCorrupt):
+        SqliteCheckpointer(path)
