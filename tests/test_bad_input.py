@@ -149,6 +149,12 @@ def test_construction_errors_are_usage_errors(tmp_path: Path) -> None:
         with pytest.raises(UsageError):
             make()
     assert not Path("None").exists()
+    with pytest.raises(UsageError):
+        Session("r", ScriptedGateway([]), None)  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        approve("runs.db", "r", "t0000.tool00")  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        Agent(instructions="x").run(b"task", session=Session("r", ScriptedGateway([]), SqliteCheckpointer(":memory:")))  # type: ignore[arg-type]
 
 
 def test_journal_reads_with_odd_arguments(tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ def deny(store: Checkpointer, run_id: str, step_id: str, *, fingerprint: str | N
 
 
 def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
+    if not isinstance(store, Checkpointer):
+        raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
     cp = store.checkpoint(run_id)

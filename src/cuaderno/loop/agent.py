@@ -93,6 +93,8 @@ class Session:
                 "refuse", "resume", "drain", "cancel"):
             raise UsageError("on_version_mismatch must be 'refuse', 'resume', 'drain', 'cancel' or a Migration")
         self.run_id = run_id
+        if not isinstance(store, Checkpointer):
+            raise UsageError(f"store must be a Checkpointer (SqliteCheckpointer, ...), got {type(store).__name__}")
         self.gateway = gateway
         self.store = store
         self.tenant = tenant
@@ -178,5 +180,10 @@ class Agent:
     def run(self, task: str, *, session: Session) -> AsyncIterator[Step]:
         """Run (or resume) ``session.run_id`` on ``task``; yield each step as it is journaled."""
         from cuaderno.loop.runner import Runner
+
+        if not isinstance(task, str):
+            raise UsageError(f"the task must be a string, got {type(task).__name__}")
+        if not isinstance(session, Session):
+            raise UsageError("session must be a Session")
 
         return Runner(self, task, session).steps()
