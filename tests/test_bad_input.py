@@ -144,6 +144,8 @@ def test_construction_errors_are_usage_errors(tmp_path: Path) -> None:
                  lambda: Agent(instructions="x", tools=transfer),  # type: ignore[arg-type]
                  lambda: Agent(instructions="x", max_turns="3"),  # type: ignore[arg-type]
                  lambda: Agent(instructions="x", tools=[transfer], policy=Policy({"transfr": "require_approval"})),
+                 lambda: Policy(["transfer"]),  # type: ignore[arg-type]
+                 lambda: Policy(version=None),  # type: ignore[arg-type]
                  lambda: SqliteCheckpointer(None),  # type: ignore[arg-type]
                  lambda: SqliteCheckpointer(tmp_path / "x.db", busy_timeout_ms="x")):  # type: ignore[arg-type]
         with pytest.raises(UsageError):

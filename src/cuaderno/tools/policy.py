@@ -48,6 +48,10 @@ class Policy:
 
     def __init__(self, rules: Mapping[str, Rule] | None = None, *, default: Verdict = "allow",
                  version: str = "1") -> None:
+        if rules is not None and not isinstance(rules, Mapping):
+            raise UsageError("policy rules must be a mapping of tool name to verdict")
+        if not isinstance(version, str) or not version:
+            raise UsageError("the policy version must be a non-empty string (it is journaled with every decision)")
         self.rules = dict(rules or {})
         for name, rule in self.rules.items():
             if not callable(rule) and rule not in _VERDICTS:
