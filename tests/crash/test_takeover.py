@@ -103,6 +103,24 @@ def _wait_for(path: Path, child: subprocess.Popen[str]) -> None:
         time.sleep(0.01)
 
 
+def _killed_in_the_tool_body(world: dict[str, Path]) -> None:
+    """A holder SIGKILLed while its tool body waits at the gate (its intent is committed)."""
+    child = _start(world, gate=True)
+    try:
+        _wait_for(Path(str(world["gate"]) + ".inflight"), child)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+
+
+def _reap(child: subprocess.Popen[str]) -> None:
+    """End a child this test started, if a failed assertion left it running."""
+    if child.poll() is None:
+        child.kill()
+        child.wait()
+
+
 def _resume_here(world: dict[str, Path], **session: Any) -> list[Any]:
     spec = importlib.util.spec_from_file_location(f"takeover_workload_{id(world)}",
                                                   world["dir"] / "takeover_workload.py")
@@ -145,9 +163,7 @@ def test_a_live_holder_is_not_taken_over(world: dict[str, Path]) -> None:
         world["gate"].touch()
         out, err = child.communicate(timeout=60)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _reap(child)
     assert child.returncode == 0 and out.split() == ["done", "FinalStep"], err
     assert [r["pid"] for r in read_records(world["receipts"])] == [child.pid]
     steps = _resume_here(world)  # the holder released the run when it finished
@@ -156,13 +172,7 @@ def test_a_live_holder_is_not_taken_over(world: dict[str, Path]) -> None:
 
 
 def test_a_killed_holder_is_taken_over_at_once(world: dict[str, Path]) -> None:
-    child = _start(world, gate=True)
-    try:
-        _wait_for(Path(str(world["gate"]) + ".inflight"), child)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.communicate(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    _killed_in_the_tool_body(world)
     started = time.monotonic()
     steps = _resume_here(world)  # no lease to wait out: the holder's process is gone
     assert time.monotonic() - started < 10
@@ -180,9 +190,7 @@ def test_force_takes_a_live_run_over_and_fences_the_holder_out(world: dict[str, 
         world["gate"].touch()
         out, err = child.communicate(timeout=60)
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _reap(child)
     assert out.split() == ["fenced"], err  # its result write was refused: the run is not its any more
     # What force costs, and why it is not the default: the holder's body was in flight, so the
     # effect ran twice (the receiver's own deduplication by effect key is the only remedy).
@@ -198,12 +206,7 @@ RACES = [(2, a) for a in range(20 if os.environ.get("CUADERNO_SOAK") else 4)] + 
 @pytest.mark.parametrize(("racers", "attempt"), RACES)
 def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], racers: int, attempt: int) -> None:
     # A first process dies in the tool body; 2 or 10 resumers then start at the same moment (R4).
-    first = _start(world, gate=True)
-    try:
-        _wait_for(Path(str(world["gate"]) + ".inflight"), first)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.communicate(timeout=60)
+    _killed_in_the_tool_body(world)
     billed = len(read_records(world["billing"]))
     world["gate"].unlink(missing_ok=True)
     os.remove(str(world["gate"]) + ".inflight")
@@ -221,9 +224,7 @@ def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], r
         outs = [r.communicate(timeout=60) for r in started]
     finally:
         for r in started:
-            if r.poll() is None:
-                r.kill()
-                r.wait()
+            _reap(r)
     verdicts = [out.split()[0] if out.split() else f"crashed: {err[-300:]}" for out, err in outs]
     receipts, bills = len(read_records(world["receipts"])), len(read_records(world["billing"])) - billed
     record({"test": f"R4 {racers} resumers at once (SQLite)", "kind": "tool_lookup", "point": "tool body",

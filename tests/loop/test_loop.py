@@ -131,6 +131,15 @@ async def test_interrupted_model_call_is_resent_with_same_key_and_counted(store:
     assert phases == ["intent", "intent.2", "result"]
 
 
+async def _run_and_cut_after_the_transfer_intent(agent: Agent, store: Any, script: list[Any]) -> None:
+    """Run ``full`` to its end, then copy it as ``cut`` up to the first tool intent: a process
+    that died inside the tool body."""
+    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
+    events = store.load("full")
+    _copy_prefix(store, "full", "cut", next(i for i, e in enumerate(events)
+                                            if e.step_id == "t0000.tool00" and e.phase == "intent") + 1)
+
+
 def _copy_prefix(store: Any, src: str, dst: str, upto: int) -> None:
     for ev in store.load(src)[:upto]:
         store.append([StepEvent(run_id=dst, step_id=ev.step_id, phase=ev.phase, kind=ev.kind, name=ev.name,
@@ -141,10 +150,7 @@ async def test_intent_without_result_non_idempotent_is_uncertain_and_not_rerun(s
     world = World()
     agent = Agent(instructions="i", tools=world.tools())
     script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
-    events = store.load("full")
-    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
-    _copy_prefix(store, "full", "cut", cut)
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
     world.transfers.clear()
     gw = ScriptedGateway(script)
     with pytest.raises(UncertainEffect) as info:
@@ -181,10 +187,7 @@ async def test_a_re_send_after_a_lookup_commits_its_own_intent_first(store: Any,
 
     agent = Agent(instructions="i", tools=[transfer])
     script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
-    events = store.load("full")
-    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
-    _copy_prefix(store, "full", "cut", cut)
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
     sent.clear()
     with pytest.raises(RunCancelled if meanwhile == "cancelled" else FencedOut):
         await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
@@ -209,10 +212,7 @@ async def test_every_re_send_of_a_tool_body_is_journaled_before_it_runs(store: A
 
     agent = Agent(instructions="i", tools=[transfer])
     script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
-    events = store.load("full")
-    cut = next(i for i, e in enumerate(events) if e.step_id == "t0000.tool00" and e.phase == "intent") + 1
-    _copy_prefix(store, "full", "cut", cut)
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
     sent.clear()
     seen_at_send.clear()
     steps = await collect(agent, "pay", Session("cut", ScriptedGateway(script), store,
@@ -424,10 +424,7 @@ async def test_a_re_send_after_a_resolution_that_ends_unknown_is_not_sent_again(
 
     agent = Agent(instructions="i", tools=[transfer])
     script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await collect(agent, "pay", Session("full", ScriptedGateway(script), store))
-    events = store.load("full")
-    _copy_prefix(store, "full", "cut", next(i for i, e in enumerate(events) if e.phase == "intent"
-                                            and e.step_id == "t0000.tool00") + 1)
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
     with pytest.raises(UncertainEffect):
         await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
     resolve(store, "cut", "t0000.tool00", happened=False, by="ops")  # the first send did not happen
