@@ -69,23 +69,22 @@ def parse_tool_call(call_id: str, name: str, arguments: object) -> ToolCall:
     """
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return ToolCall(id=call_id, name=name, arguments={})
+    parsed = arguments
     if isinstance(arguments, str):
-        raw = arguments
         try:
-            parsed = json.loads(raw, parse_constant=_no_constant)
+            parsed = json.loads(arguments, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:
             return ToolCall(id=call_id, name=name, arguments_error=f"arguments are not valid JSON: {exc}",
-                            raw_arguments=raw)
-    else:
-        parsed = arguments
-        raw = shown(arguments)
+                            raw_arguments=arguments)
     if not isinstance(parsed, dict):
-        return ToolCall(id=call_id, name=name, raw_arguments=raw,
-                        arguments_error=f"arguments must be a JSON object, got {type(parsed).__name__}")
-    problem = not_plain(parsed)
-    if problem is not None:  # it could not be fingerprinted, journaled or passed on: the model repairs it
-        return ToolCall(id=call_id, name=name, raw_arguments=raw, arguments_error=f"arguments hold {problem}")
-    return ToolCall(id=call_id, name=name, arguments=parsed)
+        problem = f"must be a JSON object, got {type(parsed).__name__}"
+    else:
+        unusable = not_plain(parsed)  # NaN, nesting too deep: it could not be fingerprinted or journaled
+        if unusable is None:
+            return ToolCall(id=call_id, name=name, arguments=parsed)
+        problem = f"hold {unusable}"
+    raw = arguments if isinstance(arguments, str) else shown(arguments)
+    return ToolCall(id=call_id, name=name, raw_arguments=raw, arguments_error=f"arguments {problem}")
 
 
 def _no_constant(name: str) -> NoReturn:
