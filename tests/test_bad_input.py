@@ -63,8 +63,8 @@ async def test_a_lone_surrogate_in_what_the_checkpoint_copies_is_stored_exactly(
 
 
 @pytest.mark.parametrize("arguments", ['{"to": "ana", "amount": NaN}', '{"x": ' + "[" * 1000 + "]" * 1000 + "}",
-                                       '{"x": ' + "[" * 100 + "]" * 100 + "}", {"amount": float("inf")}],
-                         ids=["nan", "deep-1000", "deep-100", "dict-inf"])
+                                       '{"x": ' + "[" * 300 + "]" * 300 + "}", {"amount": float("inf")}],
+                         ids=["nan", "deep-1000", "deep-300", "dict-inf"])
 def test_arguments_that_are_not_plain_json_are_for_the_model_to_repair(arguments: Any) -> None:
     call = parse_tool_call("c1", "transfer", arguments)
     assert call.arguments == {} and call.arguments_error and call.raw_arguments
@@ -173,3 +173,21 @@ def test_journal_reads_with_odd_arguments(tmp_path: Path) -> None:
         store.checkpoint("susp")  # closed: a usage error, not damage
     with pytest.raises(JournalCorrupt):
         SqliteCheckpointer(path)
+
+
+async def test_reasonable_values_are_still_accepted(store: Any) -> None:
+    deep: Any = "leaf"
+    for _ in range(150):
+        deep = [deep]
+
+    @tool
+    def nested(depth: int) -> Any:
+        """A deeply nested but ordinary result."""
+        return deep
+
+    registry = {"nested": nested, "transfer": transfer}
+    agent = Agent(instructions="x", tools=registry.values())  # any iterable of tools
+    gw = ScriptedGateway([ScriptedGateway.call("nested", depth=150), ScriptedGateway.text("ok")])
+    steps = await collect(agent, "t", Session("deep", gw, store))
+    assert isinstance(steps[-1], FinalStep)
+    assert parse_tool_call("c", "nested", '{"x": ' + "[" * 150 + "]" * 150 + "}").arguments_error is None

@@ -61,9 +61,11 @@ compact = _build(sort_keys=False, ensure_ascii=False, allow_nan=True)
 compact_ascii = _build(sort_keys=False, ensure_ascii=True, allow_nan=True)
 """The same with ASCII escapes (for text holding lone surrogates)."""
 
-MAX_DEPTH = 64
+MAX_DEPTH = 200
 """Deepest nesting of lists and objects a value from outside (a model's tool arguments, a tool's
-result) may have: deeper values overflow recursive encoders and hashers."""
+result) may have: much deeper values overflow the recursive encoders and hashers (the C JSON
+encoder and the fingerprint walk stop near Python's recursion limit, 1000 frames, and a loop
+already runs some way down the stack)."""
 _MAX_INT_BITS = 14_000
 """About 4,200 decimal digits: CPython refuses to print integers over 4,300 digits."""
 

@@ -5,6 +5,7 @@ The ``is_alive`` cases are the fallback where OS record locks are not available.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,45 @@ def test_a_holder_in_another_container_that_died_is_taken_over_at_once(tmp_path:
         assert store.acquire("r", "worker-2") == 1
     finally:
         store.close()
+
+
+ACQUIRE = """
+import sys
+from cuaderno import SqliteCheckpointer
+store = SqliteCheckpointer(sys.argv[1])
+epoch = store.acquire("r", sys.argv[2], force=sys.argv[3] == "force")
+store.release("r", epoch)
+store.close()
+print(epoch)
+"""
+
+
+def _started(tmp_path: Path) -> SqliteCheckpointer:
+    store = SqliteCheckpointer(tmp_path / "runs.db")
+    store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={})])
+    return store
+
+
+def test_a_holder_taken_over_by_force_gives_its_lock_back_when_it_lets_go(tmp_path: Path) -> None:
+    store = _started(tmp_path)
+    try:
+        mine = store.acquire("r", "a")  # this process holds the run, and stays alive
+        forced = subprocess.run([sys.executable, "-c", ACQUIRE, store.path, "b", "force"], capture_output=True,
+                                text=True, check=True)
+        assert int(forced.stdout) == mine + 1
+        store.release("r", mine)  # out of date now: it must still give the OS lock back
+        after = subprocess.run([sys.executable, "-c", ACQUIRE, store.path, "c", "no"], capture_output=True, text=True)
+        assert after.returncode == 0, after.stderr[-500:]
+    finally:
+        store.close()
+
+
+def test_lock_files_are_not_kept_open_once_their_runs_are_released(tmp_path: Path) -> None:
+    fds = len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").exists() else None
+    for i in range(40):
+        (tmp_path / f"{i}").mkdir()
+        store = _started(tmp_path / f"{i}")
+        store.release("r", store.acquire("r", "job"))
+        store.close()
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) <= fds + 1

@@ -39,34 +39,21 @@ except ImportError:  # not on Windows: the holder named in the journal is asked 
 
 __all__ = ["Holder", "claim", "describe", "is_alive", "lock", "parse", "released", "unlock"]
 
-_files: dict[str, int] = {}
-"""One descriptor per lock file, opened once and never closed: closing any descriptor of a file
-drops every POSIX lock this process holds on it."""
+_files: dict[str, tuple[int, set[str]]] = {}
+"""Per lock file: its descriptor and the runs this process has locked in it. The descriptor is
+closed when the last lock is given back (closing any descriptor of a file drops every POSIX lock
+this process holds on it, so never while one is held)."""
 _files_lock = threading.Lock()
 
 
 def _after_fork() -> None:
     global _files_lock
     _files_lock = threading.Lock()  # a forked child holds none of its parent's record locks
+    _files.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
-
-
-def _lock_file(journal: str) -> int | None:
-    if fcntl is None or journal == ":memory:":
-        return None
-    path = os.path.realpath(journal) + "-holds"
-    with _files_lock:
-        fd = _files.get(path)
-        if fd is None:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-            except OSError:
-                return None
-            _files[path] = fd
-        return fd
 
 
 def _byte(run_id: str) -> int:
@@ -76,23 +63,44 @@ def _byte(run_id: str) -> int:
 def lock(journal: str, run_id: str) -> bool | None:
     """Take the run's lock for this process: ``True`` (taken, or this process had it),
     ``False`` (a live process holds it), ``None`` (no such locks here: ask :func:`is_alive`)."""
-    fd = _lock_file(journal)
-    if fd is None:
+    if fcntl is None or journal == ":memory:":
         return None
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _byte(run_id), os.SEEK_SET)
-    except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EAGAIN):
-            return False
-        return None
-    return True
+    path = os.path.realpath(journal) + "-holds"
+    with _files_lock:
+        fd, runs = _files.get(path) or (-1, set())
+        if fd < 0:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except OSError:
+                return None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _byte(run_id), os.SEEK_SET)
+        except OSError as exc:
+            if not runs:
+                os.close(fd)
+                _files.pop(path, None)
+            return False if exc.errno in (errno.EACCES, errno.EAGAIN) else None
+        runs.add(run_id)
+        _files[path] = (fd, runs)
+        return True
 
 
 def unlock(journal: str, run_id: str) -> None:
     """Give the run's lock back (this process stopped running it)."""
-    fd = _lock_file(journal)
-    if fd is not None:
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _byte(run_id), os.SEEK_SET)
+    if fcntl is None or journal == ":memory:":
+        return
+    path = os.path.realpath(journal) + "-holds"
+    with _files_lock:
+        fd, runs = _files.get(path) or (-1, set())
+        if run_id not in runs:
+            return
+        runs.discard(run_id)
+        if runs:
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, _byte(run_id), os.SEEK_SET)
+        else:
+            os.close(fd)  # the last lock of this file: closing gives it back
+            del _files[path]
+
 
 Holder = dict[str, Any]
 """``{"owner": label, "process": {"host", "ns", "pid", "start"}, "held": bool}``"""

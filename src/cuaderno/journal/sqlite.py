@@ -352,7 +352,13 @@ class SqliteCheckpointer:
             if mine:
                 db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
                            (_lease.released(row[1]), run_id, epoch))
-        if mine:
+            # Taken over since (by force, from another process): this process's lock must go too,
+            # or the run would look held until this process exits. Not when the newer holder is
+            # this very process (another loop of it): the lock is the process's, and that loop's.
+            current = _lease.parse(row[1]) if row is not None else None
+            superseded = not mine and self._taken.get(run_id) == epoch and not (
+                current is not None and _lease.is_mine(current))
+        if mine or superseded:
             _lease.unlock(self.path, run_id)  # after the commit: nobody finds it free while it is not
         if self._taken.get(run_id) == epoch:
             del self._taken[run_id]

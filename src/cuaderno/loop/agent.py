@@ -12,7 +12,7 @@ import asyncio
 import os
 import random
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,8 +129,9 @@ class Agent:
                  budgets: Budgets | None = None) -> None:
         if not isinstance(instructions, str):
             raise UsageError("instructions must be a string")
-        if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
+        if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
             raise UsageError("tools must be a list of @tool functions")
+        tools = list(tools)
         for t in tools:
             if not isinstance(t, Tool):
                 raise UsageError(f"{t!r:.80} is not a Tool: declare it with @tool")
