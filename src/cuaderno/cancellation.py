@@ -33,7 +33,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer, validate_event
 
-__all__ = ["cancel", "cancellation_record"]
+__all__ = ["cancel", "cancellation_record", "close"]
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
@@ -112,8 +112,7 @@ def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, final
         journal = store.load(run_id)
         asked_for = request.payload if request is not None else next(
             e.payload for e in journal if e.kind == "cancel" and e.phase == "request")
-        record = cancellation_record(journal, asked_for)
-        store.append([*asked, end_event(run_id, record)], epoch=epoch, expect_seq=journal[-1].seq)
+        close(store, run_id, journal, asked_for, epoch, asked)
     finally:
         store.release(run_id, epoch)
         _holds.stop(where, me)
@@ -124,6 +123,16 @@ class _Canceller:
 
     def hand_over(self) -> None:
         pass
+
+
+def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: dict[str, Any], epoch: int,
+          asked: list[StepEvent] | None = None) -> dict[str, Any]:
+    """Close a cancelled run with the record of ``journal`` (after ``asked``, the request when it
+    is not written yet), compare-and-set: :class:`~cuaderno.errors.RunChanged` if anything was
+    appended since ``journal`` was read, so the record never misses a step. Returns the record."""
+    record = cancellation_record(journal, request)
+    store.append([*(asked or []), end_event(run_id, record)], epoch=epoch, expect_seq=journal[-1].seq)
+    return record
 
 
 def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:

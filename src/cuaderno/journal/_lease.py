@@ -37,7 +37,8 @@ try:
 except ImportError:  # not on Windows: the holder named in the journal is asked about instead
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Holder", "claim", "describe", "is_alive", "lock", "parse", "released", "unlock"]
+__all__ = ["Holder", "claim", "describe", "is_alive", "is_mine", "lock", "parse", "released", "take",
+           "this_process", "unlock"]
 
 _files: dict[str, tuple[int, set[str]]] = {}
 """Per lock file: its descriptor and the runs this process has locked in it. The descriptor is
@@ -191,6 +192,16 @@ def is_mine(holder: Holder) -> bool:
     """Whether this process holds it (a resume from the same process takes it back at once)."""
     proc, me = holder["process"], this_process()
     return all(proc.get(k) == me[k] for k in ("host", "ns", "pid", "start"))
+
+
+def take(journal: str, run_id: str, holder: Holder | None) -> bool:
+    """Whether this process may take the run over now (and, where OS record locks exist, take its
+    lock): the run's lock is free, or, without such locks, the holder the journal names has let
+    go, is this process, or is provably gone."""
+    taken = lock(journal, run_id)
+    if taken is not None:
+        return taken
+    return holder is None or not holder.get("held") or is_mine(holder) or not is_alive(holder)
 
 
 def describe(holder: Holder) -> str:

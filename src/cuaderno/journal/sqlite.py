@@ -329,11 +329,7 @@ class SqliteCheckpointer:
                 raise RunNotFound(run_id)
             # Checked under the write lock: two resumers cannot both see the run free.
             holder = _lease.parse(row[1])
-            held = _lease.lock(self.path, run_id)
-            if held is None:  # no OS record locks here: ask about the holder the journal names
-                held = not (holder is not None and holder.get("held") and not _lease.is_mine(holder)
-                            and _lease.is_alive(holder))
-            if not held and not force:
+            if not _lease.take(self.path, run_id, holder) and not force:
                 who = _lease.describe(holder) if holder is not None else "another process"
                 raise RunBusy(run_id, f"{who}, which is still alive")
             epoch = int(row[0]) + 1

@@ -34,7 +34,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
 from cuaderno import _holds
-from cuaderno.cancellation import cancel, cancellation_record, end_event
+from cuaderno.cancellation import cancel, close
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     BudgetExceeded,
@@ -296,10 +296,8 @@ class Runner(ModelSteps, ToolSteps):
                 raise RunCancelled(self.run_id, cp.outcome or {})
             if cp.status in ("completed", "failed"):
                 raise RunClosed(self.run_id, cp.status)
-            record = cancellation_record(events, cp.cancel_requested or {})
             try:
-                # Compare-and-set: the record lists exactly the journal it was computed from.
-                self.store.append([end_event(self.run_id, record)], epoch=self.epoch, expect_seq=events[-1].seq)
+                record = close(self.store, self.run_id, events, cp.cancel_requested or {}, self.epoch)
             except (RunChanged, RunClosed, JournalConflict):
                 continue  # something was written since the read (or the run was closed): look again
             raise RunCancelled(self.run_id, record)
