@@ -102,8 +102,10 @@ def _refusals() -> Iterator[None]:
 
 
 @contextmanager
-def _store(ctx: typer.Context) -> Iterator[SqliteCheckpointer]:
-    """The journal, opened only if it already exists: opening a missing path would create one."""
+def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[SqliteCheckpointer]:
+    """The journal, opened only if it already exists: opening a missing path would create one.
+    Commands that only read open it read-only, so they never change the file (not even its
+    journal mode)."""
     options: _Options = ctx.obj
     path = options.db
     if not path.exists():
@@ -113,7 +115,7 @@ def _store(ctx: typer.Context) -> Iterator[SqliteCheckpointer]:
         raise _Refused(f"{str(path)!r} is a directory, not a journal file")
     if path.stat().st_size == 0:
         raise _Refused(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
-    store = SqliteCheckpointer(path, create=False)
+    store = SqliteCheckpointer(path, create=False, readonly=readonly)
     try:
         yield store
     finally:
@@ -137,7 +139,7 @@ def list_runs(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List runs, most recently updated first: status, model and tool calls, cost, pending approvals."""
-    with _refusals(), _store(ctx) as store:
+    with _refusals(), _store(ctx, readonly=True) as store:
         runs = store.list_runs(status=status, limit=limit)
     if as_json:
         _print_json([render.run_summary(cp) for cp in runs])
@@ -158,7 +160,7 @@ def show(
                                            help="Show the journal's events in order.")] = True,
 ) -> None:
     """Show one run: status, versions, counters, cost, pending approvals, uncertain effects, outcome, timeline."""
-    with _refusals(), _store(ctx) as store:
+    with _refusals(), _store(ctx, readonly=True) as store:
         cp = store.checkpoint(run)
         if cp is None:
             raise _Refused(f"no run {run!r} in {str(ctx.obj.db)!r}")

@@ -356,6 +356,23 @@ def test_files_that_are_not_journals(tmp_path: Path) -> None:
     refused(cli(tmp_path, "list"), "directory")
 
 
+def test_reading_commands_never_change_the_file(db: Path, store: SqliteCheckpointer) -> None:
+    """list and show open the journal read-only: a journal someone put in rollback (DELETE) mode,
+    say to copy it as one file, stays byte-identical and in that mode."""
+    suspended_run(store)
+    store.close()
+    with closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    before = db.read_bytes()
+    assert cli(db, "list").exit_code == 0
+    assert cli(db, "show", "r-pay").exit_code == 0
+    assert cli(db, "show", "r-pay", "--json").exit_code == 0
+    refused(cli(db, "show", "nope"), "no run")
+    assert db.read_bytes() == before
+    with closing(sqlite3.connect(db)) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
 # -- a real process -----------------------------------------------------------------------------------
 
 

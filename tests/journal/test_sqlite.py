@@ -25,7 +25,15 @@ from typing import Any
 import pytest
 
 from cuaderno.checkpoint import rebuild
-from cuaderno.errors import FencedOut, JournalConflict, JournalCorrupt, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.errors import (
+    FencedOut,
+    JournalConflict,
+    JournalCorrupt,
+    JournalError,
+    RunNotFound,
+    SchemaTooNew,
+    UsageError,
+)
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.journal import SqliteCheckpointer
 from cuaderno.journal.base import SCHEMA_VERSION
@@ -152,6 +160,43 @@ def test_zero_byte_file_is_a_new_journal(tmp_path: Path) -> None:
             store.load("run0")
         store.append([_ev("r", "run", "start", "run")])
     assert path.stat().st_size > 0
+
+
+def test_readonly_reads_and_refuses_every_write(tmp_path: Path) -> None:
+    """A read-only store sees what a writer commits, refuses writes with a UsageError, and the
+    file is byte-identical afterwards, even in rollback (DELETE) mode."""
+    path = tmp_path / "j.db"
+    with _store(path) as writer:
+        writer.append([_ev("r", "run", "start", "run")])
+        with _store(path, readonly=True) as reader:
+            assert [e.seq for e in reader.load("r")] == [1]
+            writer.append([_ev("r", "s1")])
+            assert [e.seq for e in reader.load("r")] == [1, 2]
+            assert [cp.run_id for cp in reader.list_runs()] == ["r"]
+    with _raw(path) as db:
+        assert db.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    before = _fingerprint(path)
+    with _store(path, readonly=True) as reader:
+        for write in (lambda: reader.append([_ev("r", "s2")]), lambda: reader.acquire("r", "me"),
+                      lambda: reader.release("r", 1)):
+            with pytest.raises(UsageError, match="read-only"):
+                write()
+        cp = reader.checkpoint("r")
+        assert cp is not None and cp.last_seq == 2
+    assert _fingerprint(path) == before
+
+
+def test_readonly_refuses_files_that_are_not_journals(tmp_path: Path) -> None:
+    other = tmp_path / "app.db"
+    with _raw(other) as db:
+        db.execute("CREATE TABLE t (x)")
+    before = _fingerprint(other)
+    with pytest.raises(JournalError, match="not a cuaderno journal"):
+        SqliteCheckpointer(other, readonly=True)
+    with pytest.raises(JournalCorrupt):
+        SqliteCheckpointer(tmp_path / "missing.db", readonly=True)
+    assert _fingerprint(other) == before
+    assert not (tmp_path / "missing.db").exists()
 
 
 # -- several connections, several processes -----------------------------------------------------------------

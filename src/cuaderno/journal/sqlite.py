@@ -87,10 +87,14 @@ class SqliteCheckpointer:
         busy_timeout_ms: how long to wait for another process's write lock.
         create: ``False`` opens only an existing cuaderno journal: any other SQLite file is
             refused (:class:`~cuaderno.errors.JournalError`) before anything in it is changed.
+        readonly: open for reading only (``load``, ``checkpoint``, ``list_runs``): the file is
+            never changed, not even its journal mode, and every write is refused with a
+            :class:`~cuaderno.errors.UsageError`. Implies ``create=False``. A journal whose schema
+            is older than this cuaderno's is refused: opening it for writing migrates it first.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
-                 busy_timeout_ms: int = 30_000, create: bool = True) -> None:
+                 busy_timeout_ms: int = 30_000, create: bool = True, readonly: bool = False) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
         if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -98,7 +102,8 @@ class SqliteCheckpointer:
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, (int, float)) or busy_timeout_ms < 0:
             raise UsageError("busy_timeout_ms must be a number of milliseconds")
         self.path = str(path)
-        self._create = create
+        self._readonly = bool(readonly) and self.path != ":memory:"
+        self._create = create and not self._readonly
         self._closed = False
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
@@ -113,6 +118,13 @@ class SqliteCheckpointer:
         self._data_version: int | None = None
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
+            if self._readonly:
+                # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
+                self._db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
+                                           timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
+                                           check_same_thread=False)
+                self._refuse_newer_schema(older_too=True)
+                return
             self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                                        check_same_thread=False)
             self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
@@ -130,7 +142,7 @@ class SqliteCheckpointer:
 
     # -- schema -------------------------------------------------------------------------------
 
-    def _refuse_newer_schema(self) -> None:
+    def _refuse_newer_schema(self, *, older_too: bool = False) -> None:
         has_meta = self._db.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
         if has_meta is None:
@@ -144,6 +156,9 @@ class SqliteCheckpointer:
         version = _schema_version(row[0]) if row is not None else 0
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(version, SCHEMA_VERSION)
+        if older_too and version < SCHEMA_VERSION:
+            raise JournalError(f"{self.path!r} has journal schema {version}; this cuaderno reads {SCHEMA_VERSION}. "
+                               "Open it once for writing to migrate it; nothing was changed")
 
     def _migrate(self) -> None:
         with self._txn() as db:
@@ -169,6 +184,8 @@ class SqliteCheckpointer:
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
+        if self._readonly:
+            raise UsageError(f"journal {self.path!r} was opened read-only; nothing was written")
         with self._lock:
             db = self._db
             try:
