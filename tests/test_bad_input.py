@@ -129,6 +129,8 @@ async def test_harness_input_is_checked_before_anything_is_written(store: Any) -
     assert store.checkpoint("w").epoch == epoch and store.checkpoint("w").status == "suspended"
     with pytest.raises(UsageError):
         resolve(store, "w", "t0000.tool00", happened="no")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="happened=True"):  # a receipt says it happened: never "send it again"
+        resolve(store, "w", "t0000.tool00", happened=False, result={"receipt": "r-1"})
     store._db.execute("UPDATE cuaderno_events SET payload=? WHERE run_id='w' AND seq=2", (b'{"x":1}',))
     rows = len(store._db.execute("SELECT * FROM cuaderno_events").fetchall())
     with pytest.raises(JournalCorrupt):  # a broken hash chain is left as it was found

@@ -258,6 +258,9 @@ def resolve(
 ) -> None:
     """Settle an uncertain effect after checking the receiving system; the next resume goes on."""
     value: Any = None
+    if result is not None and not happened:
+        _fail("--result goes only with --happened: --not-happened makes the next resume send the effect again; "
+              "nothing was written")
     if result is not None:
         try:
             value = json.loads(result)

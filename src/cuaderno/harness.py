@@ -113,8 +113,11 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
         happened: ``True`` if the effect exists; ``result`` is then recorded as the tool's
             result (for example the receipt found). ``False`` if its absence was established:
             the next resume sends it again, with the same effect key.
+        result: only with ``happened=True``. A receipt given with ``happened=False`` is refused:
+            it says the effect exists, and the resume would send it again.
 
     Raises:
+        UsageError: a receipt with ``happened=False``; nothing was written.
         RunNotFound, NotUncertain: nothing was written.
     """
     if not isinstance(run_id, str) or not run_id:
@@ -122,6 +125,9 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     if not isinstance(happened, bool):
         raise UsageError(f"happened must be True or False, got {happened!r:.40}: it decides whether a real "
                          "effect is sent again")
+    if not happened and result is not None:
+        raise UsageError("a result (a receipt) goes only with happened=True: with happened=False the next resume "
+                         "sends the effect again; nothing was written")
     cp = store.checkpoint(run_id)
     if cp is None:
         raise RunNotFound(run_id)

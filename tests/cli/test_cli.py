@@ -356,6 +356,15 @@ def test_files_that_are_not_journals(tmp_path: Path) -> None:
     refused(cli(tmp_path, "list"), "directory")
 
 
+def test_resolve_not_happened_with_a_receipt_is_refused(db: Path, store: SqliteCheckpointer) -> None:
+    """--result says the effect exists; with --not-happened the next resume would send it again."""
+    suspended_run(store)
+    before = db.read_bytes()
+    refused(cli(db, "resolve", "r-pay", "t0000.tool00", "--not-happened", "--result", '{"receipt": "r-17"}'),
+            "--result goes only with --happened")
+    assert db.read_bytes() == before
+
+
 def test_reading_commands_never_change_the_file(db: Path, store: SqliteCheckpointer) -> None:
     """list and show open the journal read-only: a journal someone put in rollback (DELETE) mode,
     say to copy it as one file, stays byte-identical and in that mode."""
