@@ -33,7 +33,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer, validate_event
 
-__all__ = ["cancel", "cancellation_record", "close"]
+__all__ = ["cancel", "cancellation_record", "close", "in_flight"]
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
@@ -140,6 +140,19 @@ def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:
     return StepEvent(run_id=run_id, step_id="run", phase="end", kind="run", payload=record)
 
 
+def in_flight(events: list[StepEvent]) -> list[dict[str, Any]]:
+    """Tool steps started and never recorded, with their evidence: effects nobody knows happened.
+    Any record that closes a run lists them, so closing it never hides one."""
+    by_key = {(e.step_id, e.phase): e for e in events}
+    return [_in_flight(ev, by_key) for ev in events
+            if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key]
+
+
+def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
+    return {"step_id": intent.step_id, "tool": intent.name, "effect_key": intent.payload.get("effect_key"),
+            "evidence": (by_key.get((intent.step_id, "uncertain")) or intent).payload}
+
+
 def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dict[str, Any]:
     """What a cancelled run keeps, derived from its journal alone."""
     by_key = {(e.step_id, e.phase): e for e in events}
@@ -151,9 +164,7 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
         if ev.kind == "tool" and ev.phase == "intent":
             result = by_key.get((ev.step_id, "result"))
             if result is None:
-                uncertain.append({"step_id": ev.step_id, "tool": ev.name,
-                                  "effect_key": ev.payload.get("effect_key"),
-                                  "evidence": (by_key.get((ev.step_id, "uncertain")) or ev).payload})
+                uncertain.append(_in_flight(ev, by_key))
             elif result.payload.get("outcome") == "ok":
                 completed.append({"step_id": ev.step_id, "tool": ev.name, "effect_key": ev.payload.get("effect_key")})
                 if result.payload.get("compensation"):

@@ -480,6 +480,58 @@ async def test_version_mismatch_choices(store: Any, tmp_path: Path) -> None:
     assert store.checkpoint("v").status == "cancelled"
 
 
+def _cut(store: Any, source: str, run_id: str, until: tuple[str, str]) -> None:
+    """Copy ``source``'s events up to and including ``until`` into ``run_id``: the journal a
+    process killed right after committing ``until`` leaves."""
+    for ev in store.load(source):
+        store.append([StepEvent(run_id=run_id, step_id=ev.step_id, phase=ev.phase, kind=ev.kind, name=ev.name,
+                                decision=ev.decision, fingerprint=ev.fingerprint, payload=ev.payload)])
+        if (ev.step_id, ev.phase) == until:
+            return
+    raise AssertionError(f"{until} is not in {source}")
+
+
+async def test_a_migration_over_a_model_call_in_flight_sends_it_again_with_the_new_body(store: Any) -> None:
+    """Killed while turn 1's request was out (intent, no response), then migrated: the call is
+    sent again under the new configuration (another body, another key), counted as possibly
+    billed twice. It used to be refused for good: the intent's fingerprint predates the migration."""
+    bank = Bank()
+    v1 = Agent(instructions="v1", tools=bank.tools())
+    script = [ScriptedGateway.call("transfer", to="f", amount=3), ScriptedGateway.text("done")]
+    await collect(v1, "t", Session("full", ScriptedGateway(script), store))
+    _cut(store, "full", "v", ("t0001.model", "intent"))
+    v2 = Agent(instructions="v2", tools=bank.tools())
+    gw = ScriptedGateway(script[1:])
+    migration = Migration(name="reword", migrate=lambda old, new, events: {"note": "reworded"})
+    steps = await collect(v2, "t", Session("v", gw, store, on_version_mismatch=migration))
+    assert isinstance(steps[-1], FinalStep) and gw.calls == 1 and gw.requests[0].instructions == "v2"
+    phases = [(e.step_id, e.phase) for e in store.load("v")]
+    assert phases.index(("run", "migrate.1")) < phases.index(("t0001.model", "intent.2"))
+    assert store.checkpoint("v").count("possibly_billed_twice") == 1
+    gw2 = ScriptedGateway(script)
+    again = await collect(v2, "t", Session("v", gw2, store))
+    assert again[-1].replayed and gw2.calls == 0
+
+
+async def test_a_run_failed_on_a_bound_names_the_effect_in_flight(store: Any) -> None:
+    """A bound lowered since the run started is found exceeded on opening, while a transfer is
+    in flight (intent, no result). The failure record names it, as a cancellation's would."""
+    bank = Bank()
+    script = [ScriptedGateway.call("update", version=1), ScriptedGateway.call("update", version=2),
+              ScriptedGateway.call("transfer", to="f", amount=3), ScriptedGateway.text("done")]
+    roomy = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(replans=5))
+    await collect(roomy, "t", Session("full", ScriptedGateway(script), store))
+    _cut(store, "full", "b", ("t0002.tool00", "intent"))
+    tight = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(replans=1))
+    gw = ScriptedGateway(script)
+    with pytest.raises(BudgetExceeded):
+        await collect(tight, "t", Session("b", gw, store, on_version_mismatch="resume"))
+    cp = store.checkpoint("b")
+    assert cp.status == "failed" and gw.calls == 0
+    assert [u["step_id"] for u in cp.outcome["uncertain"]] == ["t0002.tool00"]
+    assert cp.outcome["uncertain"][0]["effect_key"].startswith("eff-")
+
+
 async def test_a_failing_migration_leaves_the_journal_as_it_was(store: Any, tmp_path: Path) -> None:
     bank, script = await _suspended_run(store, "v1")
     v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))

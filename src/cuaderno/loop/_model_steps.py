@@ -52,7 +52,11 @@ class ModelSteps(RunState):
         if not isinstance(replayed, Unrecorded):
             return replayed
         step_id, fp = replayed
-        self._recorded(step_id, "intent", "model", None, fp)
+        # A call in flight when the run was migrated was sent with the old configuration's body;
+        # it is sent again with the new one (another key), counted as possibly billed twice.
+        first = self.journal.get((step_id, "intent"))
+        self._recorded(step_id, "intent", "model", None,
+                       None if first is not None and first.seq < self.migrate_seq else fp)
         response, payload = await self._call_model(turn, step_id, fp)
         if not accepted(payload):
             return None  # not part of the conversation: the same request is asked again

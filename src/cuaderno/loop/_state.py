@@ -13,7 +13,7 @@ from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import Step
 from cuaderno.testing import crash
 
-__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "plus", "tool_message"]
+__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "plus", "recorded_effect_key", "tool_message"]
 
 
 class Turn(NamedTuple):
@@ -37,6 +37,17 @@ def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str,
     Derived from the intent, never from the attempt: retries and resumes of one intent share it.
     """
     return "eff-" + fingerprint([tenant, task_id, effect_type, arguments, policy_version])[:40]
+
+
+def recorded_effect_key(intent: StepEvent) -> str | None:
+    """The effect key a journaled tool intent was sent with (``None`` if it holds none).
+
+    Replay uses it for everything that follows that intent (lookup, re-send, result): the key a
+    resumed process would derive can differ (another policy version), and the receiver knows
+    the effect only under the first one.
+    """
+    key = intent.payload.get("effect_key")
+    return key if isinstance(key, str) and key else None
 
 
 def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
@@ -87,6 +98,8 @@ class RunState:
         self.rebase_turn: int | None = None
         """The first model turn after the migration (its request carries a migration marker)."""
         self.rebased = False
+        self.migrate_seq = 0
+        """The seq of the last migration record (0: never migrated)."""
 
     def charge(self, counters: dict[str, int]) -> None:
         """Count second attempts against the agent's budgets; note the first bound exceeded."""
@@ -125,12 +138,22 @@ class RunState:
 
     def _stage(self, event: StepEvent, *points: str) -> None:
         if self.unvisited:
-            # About to write something new while recorded steps were never reached: the code
-            # took another path than the journal (a step was removed or reordered).
-            first = min(self.unvisited, key=self.unvisited.__getitem__)
-            raise ReplayDivergence(self.run_id, first, f"step {first}", f"step {event.step_id} first")
+            self._diverged(f"{event.kind} step {event.step_id} ({event.phase})")
         self.pending.append(event)
         self.points.extend(points)
+
+    def _diverged(self, instead: str) -> None:
+        """About to write something new (or to end the run) while recorded steps were never
+        reached: the code took another path than the journal (a step was removed or reordered,
+        ``max_turns`` lowered). Raises :class:`ReplayDivergence` naming the first such step."""
+        if not self.unvisited:
+            return
+        first = min(self.unvisited, key=self.unvisited.__getitem__)
+        seen = next((ev for (step_id, _), ev in self.journal.items() if step_id == first), None)
+        recorded = f"{seen.kind} step {first}" if seen is not None else f"step {first}"
+        if seen is not None and seen.name:
+            recorded += f" ({seen.name})"
+        raise ReplayDivergence(self.run_id, first, f"{recorded} at this point", f"{instead} without reaching it")
 
     def _flush(self) -> None:
         if not self.pending:

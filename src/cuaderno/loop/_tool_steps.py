@@ -15,7 +15,7 @@ from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, tool_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
-from cuaderno.loop._state import RunState, effect_key, plus, tool_message
+from cuaderno.loop._state import RunState, effect_key, plus, recorded_effect_key, tool_message
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool, ToolContext
@@ -84,9 +84,15 @@ class ToolSteps(RunState):
             assert problem is not None
             self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json())
             return False
-        ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
-        if intent is not None:
+        if intent is None:
+            ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
+        else:
+            # The key the effect was first sent with, whatever this process would derive now (a
+            # resume under another policy version): a lookup must ask about that key, and a
+            # re-send must carry it, or the receiver sees a new effect and does it twice.
+            ekey = recorded_effect_key(intent) or effect_key(self.s.tenant, self.run_id, tool.effect_type,
+                                                             call.arguments, self.agent.policy.version)
             resolution = self._latest(step_id, "resolution")
             last = self._latest(step_id, "intent") or intent
             if resolution is not None and resolution.decision == "not_happened" and last.seq < resolution.seq:

@@ -34,7 +34,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
 from cuaderno import _holds
-from cuaderno.cancellation import cancel, close
+from cuaderno.cancellation import cancel, close, in_flight
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     BudgetExceeded,
@@ -74,7 +74,8 @@ class Runner(ModelSteps, ToolSteps):
         if cp is None:
             self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
                                          name=self.agent.name, fingerprint=task_fp,
-                                         payload={"task": self.task, "versions": versions})])
+                                         payload={"task": self.task, "versions": versions,
+                                                  "tenant": self.s.tenant})])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
             closed = self._check_resumable(cp, task_fp)
@@ -89,6 +90,11 @@ class Runner(ModelSteps, ToolSteps):
         _holds.took(self.where, self)
         crash.point("recovery.R3")
         events = self.store.load(self.run_id)
+        started = events[0].payload.get("tenant") if events and events[0].kind == "run" else None
+        if started is not None and started != self.s.tenant:
+            # Every effect key holds the tenant: resumed under another, the run's effects would
+            # carry two identities (runs journaled before the tenant was recorded are not checked).
+            raise ReplayDivergence(self.run_id, "run", f"tenant {started!r}", f"tenant {self.s.tenant!r}")
         migrate_seq = 0
         for ev in events:
             self.journal[(ev.step_id, ev.phase)] = ev
@@ -97,6 +103,7 @@ class Runner(ModelSteps, ToolSteps):
             elif ev.kind == "run" and ev.phase.startswith("migrate"):
                 migrate_seq = ev.seq
         if migrate_seq:
+            self.migrate_seq = migrate_seq
             self._after_migration(events, migrate_seq)
         # Read once more after the takeover: the counters (budgets already spent) and a
         # cancellation that may have committed while this process was opening the run.
@@ -153,7 +160,8 @@ class Runner(ModelSteps, ToolSteps):
     def _after_migration(self, events: list[StepEvent], migrate_seq: int) -> None:
         """Recorded turns stand as decided; the first turn after the migration carries a marker."""
         self.migrated = True
-        after = [e for e in events if e.kind == "model" and e.phase == "intent" and e.seq > migrate_seq]
+        # Any send after the migration (a re-send of a turn in flight across it, ``intent.N``, too).
+        after = [e for e in events if e.kind == "model" and e.phase.startswith("intent") and e.seq > migrate_seq]
         self.rebase_turn = min((int(e.payload.get("turn", 0)) for e in after), default=None)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -216,6 +224,10 @@ class Runner(ModelSteps, ToolSteps):
             self._flush()
             for s in self._drain():
                 yield s
+            # Recorded steps past the last turn (max_turns lowered since): the journal holds a
+            # path this code does not take; ending the run would bury them (an intent among them
+            # may have taken effect).
+            self._diverged(f"the end of the run at max_turns={self.agent.max_turns}")
             self.spent["max_turns"] = self.agent.max_turns
             self._end_failed("max_turns", self.agent.max_turns)
         except RunCancelled:
@@ -280,9 +292,15 @@ class Runner(ModelSteps, ToolSteps):
             self._end_failed(*self.over_budget)
 
     def _end_failed(self, budget: str, limit: int) -> None:
-        self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
-                                     payload={"status": "failed", "reason": "budget", "budget": budget,
-                                              "limit": limit, "spent": self.spent.get(budget)})], epoch=self.epoch)
+        payload: dict[str, Any] = {"status": "failed", "reason": "budget", "budget": budget, "limit": limit,
+                                   "spent": self.spent.get(budget)}
+        # A bound can be found exceeded on opening (lowered since the run started) while a tool
+        # step is in flight: the failure record names it, as a cancellation's does.
+        uncertain = in_flight(self.store.load(self.run_id))
+        if uncertain:
+            payload["uncertain"] = uncertain
+        self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run", payload=payload)],
+                          epoch=self.epoch)
         raise BudgetExceeded(self.run_id, budget, limit)
 
     def _finalize_cancel(self) -> NoReturn:
