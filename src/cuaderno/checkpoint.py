@@ -226,7 +226,8 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
     elif ev.phase.startswith("uncertain"):
         cp._bump("uncertain")
         cp.uncertain[ev.step_id] = ev.payload
-        cp.status = "needs_human"
+        if cp.status in OPEN_STATUSES:  # a compensation of a cancelled run does not reopen it
+            cp.status = "needs_human"
 
 
 def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:

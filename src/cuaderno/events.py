@@ -14,6 +14,7 @@ ids in the same order:
 - ``t0003.tool01.approval`` the human approval that tool call waits for
 - ``final``               the final answer
 - ``cancel``              a cancellation request written by the harness
+- ``cleanup00``           the first compensation a cancellation scheduled
 
 The numbers are zero-padded so that ids sort in loop order, which keeps B-tree inserts
 sequential and the journal file dense.
@@ -34,6 +35,7 @@ __all__ = [
     "Phase",
     "StepEvent",
     "approval_step_id",
+    "cleanup_step_id",
     "starts_a_step",
     "model_step_id",
     "tool_step_id",
@@ -60,9 +62,20 @@ def tool_step_id(turn: int, index: int) -> str:
 
 def starts_a_step(ev: StepEvent) -> bool:
     """Whether the event admits new work: an intent (a send, a tool body), asking a person, or the
-    final answer. A cancellation refuses exactly these; results are always admitted, so an effect
-    already in flight ends journaled."""
-    return ev.phase.startswith("intent") or ev.kind == "final" or (ev.kind == "approval" and ev.phase == "request")
+    final answer. A cancellation refuses exactly these, except a compensation's intent (the work
+    a cancellation schedules); results are always admitted, so an effect already in flight ends
+    journaled."""
+    if ev.phase.startswith("intent"):
+        return not ev.step_id.startswith(_CLEANUP)
+    return ev.kind == "final" or (ev.kind == "approval" and ev.phase == "request")
+
+
+_CLEANUP = "cleanup"
+
+
+def cleanup_step_id(index: int) -> str:
+    """The step id of a cancelled run's ``index``-th compensation."""
+    return f"{_CLEANUP}{index:02d}"
 
 
 def approval_step_id(tool_step: str) -> str:

@@ -103,6 +103,30 @@ async def test_each_kind_has_its_own_bound_and_the_run_fails_when_one_is_spent(s
         await collect(agent, "t", Session("b", gw, store))
 
 
+async def test_crash_points_name_one_transaction_only(store: Any) -> None:
+    """The points a flush names (``tool.K6``...) are for its own transaction: a run-ending write
+    appended directly afterwards (a bound exceeded) must not fire them, or a crash test armed at
+    ``tool.K6`` would die inside the run's end and count it as a tool result."""
+    from cuaderno.testing import crash
+
+    crash.on("never.K0", lambda: None)  # arms the machinery without any kill
+    fired: list[str] = []
+    real_point = crash.point
+    try:
+        crash.point = lambda name: fired.append(name)  # type: ignore[assignment]
+        agent = Agent(instructions="i", tools=Bank().tools(), budgets=Budgets(replans=1))
+        with pytest.raises(BudgetExceeded):
+            await collect(agent, "t", Session("pts", ScriptedGateway([ScriptedGateway.call("update", version=1)] * 5),
+                                              store))
+    finally:
+        crash.point = real_point  # type: ignore[assignment]
+        crash.on("never.K0", None)
+    assert store.load("pts")[-1].phase == "end"
+    assert crash._txn_points == ()
+    # Two tool results, two commits holding one: K6 fired in each, not again in the end's.
+    assert fired.count("tool.K6") == 2, fired
+
+
 async def test_budgets_survive_a_resume(store: Any) -> None:
     bank = Bank()
     agent = Agent(instructions="i", tools=bank.tools(), budgets=Budgets(repairs=1),

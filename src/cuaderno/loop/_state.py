@@ -159,7 +159,10 @@ class RunState:
         if not self.pending:
             return
         crash.set_txn_points(*self.points)
-        self.store.append(self.pending, epoch=self.epoch)
+        try:
+            self.store.append(self.pending, epoch=self.epoch)
+        finally:
+            crash.set_txn_points()  # named for this transaction only, not for a later direct append
         self.flushes += 1
         if crash.armed():
             for name in self.points:  # K7: after the commit that holds a step's result
