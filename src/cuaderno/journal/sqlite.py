@@ -211,10 +211,13 @@ class SqliteCheckpointer:
         if not _storable(events[0].run_id):
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         run_id = events[0].run_id
+        crash.point("append.W0")  # before the transaction (every write, whoever makes it)
         try:
-            return self._append(run_id, events, epoch, expect_seq, lookups=False)
+            out = self._append(run_id, events, epoch, expect_seq, lookups=False)
         except _Duplicate:
-            return self._append(run_id, events, epoch, expect_seq, lookups=True)
+            out = self._append(run_id, events, epoch, expect_seq, lookups=True)
+        crash.point("append.W2")  # after the commit
+        return out
 
     def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
                 lookups: bool) -> list[StepEvent]:
@@ -244,6 +247,7 @@ class SqliteCheckpointer:
                     crash.in_txn("checkpoint")
                     db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
                     crash.in_txn()
+                    crash.point("append.W1")  # everything written, before COMMIT
                 self._cache[run_id] = cp
                 self._data_version = version
                 return out

@@ -16,6 +16,12 @@ Points are named ``<step kind>.<K>`` after RELIABILITY.md H1, for example ``tool
 Step kinds: ``model``, ``tool``, ``approval``, ``final``. Points inside a transaction are named by
 the loop (it knows what the transaction holds) and fired by the journal backend.
 
+Every append to the SQLite journal, whoever makes it (the loop, ``approve``, ``resolve``,
+``cancel``, ``compensate``), also passes three points named by position rather than by step:
+``append.W0`` before its transaction, ``append.W1`` inside it (everything written, before
+COMMIT) and ``append.W2`` after the commit. ``append.W1:7`` kills inside the seventh append of
+the process: a sweep over ``n`` kills around every journal write a story makes.
+
 When the variable is unset every call is one global read and a branch, so the points stay in
 production code at no measurable cost.
 """
