@@ -206,9 +206,11 @@ class ToolSteps(RunState):
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
                     wait = self.s.retry.delay(retries + 1, None, self.s.rng)
                 if wait is None:
-                    if attempt > 1:
+                    if attempt > 1 and after not in ("absent", "not_happened"):
                         # A re-send after an unknown outcome failed: that says nothing about the
-                        # first send, which may have taken effect. Recording an error would be a guess.
+                        # first send, which may have taken effect. Recording an error would be a
+                        # guess. (After a proven absence, or a person's "did not happen", the
+                        # first send is known not to have happened: the error is the outcome.)
                         self._uncertain(step_id, call, ekey, {"reason": "re-send after an unknown outcome failed",
                                                               "last_error": err.to_json()})
                     self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),
@@ -279,8 +281,10 @@ class ToolSteps(RunState):
         if found is None:  # absence proven: the only case where sending again is safe
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="absent")
-        self._tool_result(step_id, call, args_fp, "ok", to_jsonable_python(found), decision=decision,
-                          effect_key=ekey, counters=plus(counters, "reconciled", 1))
+        value = to_jsonable_python(found)
+        # Found: the effect happened, so a cancellation must be able to undo it like any other.
+        self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
+                          counters=plus(counters, "reconciled", 1), compensation=_compensation(tool, call, value))
         return False
 
     def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
