@@ -175,8 +175,7 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     rc, _, result = _child(case, work, url, case.crash_at)
     out = Outcome(case=case, crashed=rc == -9)
     before = _journal_rows(db, case.run_id)
-    keys_before = _journaled_keys(db, case.run_id) if before else set()
-    recovery_pids = _recover(case, work, url, db, result, out)
+    passes = _recover(case, work, url, db, result, out)
     after = _journal_rows(db, case.run_id)
     if after[: len(before)] != before:  # I5: the journal only grows
         out.violations.append("I5: the journal after recovery does not extend the journal before it")
@@ -190,7 +189,7 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     out.tool_calls = len(notes)
     if case.kind in ("model", "model_dedup", "tool_idem") and len(notes) > case.turns + 1:
         out.violations.append(f"idempotent tool ran {len(notes)} times for {case.turns} calls")
-    _check_billing(case, work, keys_before, recovery_pids, out)
+    _check_billing(case, work, passes, out)
     if case.kind == "approval" and out.approvals_written > case.turns:
         out.violations.append("an approval was asked for twice")
     if out.status not in ("completed", "needs_human"):
@@ -198,9 +197,12 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     return out
 
 
-def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str, Any], out: Outcome) -> list[int]:
-    """Resume until the run ends, approving pending steps like a person would."""
-    pids: list[int] = []
+def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str, Any],
+             out: Outcome) -> list[tuple[int, set[str]]]:
+    """Resume until the run ends, approving pending steps like a person would. Returns each
+    recovery process's pid with the model calls whose response was journaled before it started
+    (what it must not be billed for)."""
+    passes: list[tuple[int, set[str]]] = []
     for attempt in range(8):
         if result.get("status") in ("completed", "needs_human"):
             break
@@ -213,13 +215,14 @@ def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str
         if case.second and attempt == 0:
             prefix = PREFIX[case.kind] if case.second.startswith("K") else "recovery"
             crash_at = f"{prefix}.{case.second}:1"
+        journaled = _journaled_keys(db, case.run_id) if _journal_rows(db, case.run_id) else set()
         rc, pid, result = _child(case, work, url, crash_at)
-        pids.append(pid)
+        passes.append((pid, journaled))
         out.second_crashed = out.second_crashed or (crash_at is not None and rc == -9)
         out.passes += 1
     out.status = str(result.get("status"))
     out.evidence = result.get("evidence")
-    return pids
+    return passes
 
 
 def _check_effects(case: Case, ledger_db: Path, out: Outcome) -> None:
@@ -239,11 +242,14 @@ def _check_effects(case: Case, ledger_db: Path, out: Outcome) -> None:
             out.violations.append("I3: uncertain without evidence")
 
 
-def _check_billing(case: Case, work: Path, keys_before: set[str], recovery_pids: list[int], out: Outcome) -> None:
-    """I2 and I4, from the provider's billing log."""
+def _check_billing(case: Case, work: Path, passes: list[tuple[int, set[str]]], out: Outcome) -> None:
+    """I2 and I4, from the provider's billing log: no recovery process is billed for a call whose
+    response was journaled before it started (checked per process, so a call journaled by the
+    first recovery and billed again by the second counts too)."""
     billing = read_records(work / "billing.jsonl")
     out.billed = Counter(r["key"] for r in billing)
-    out.rebilled_journaled = sum(1 for r in billing if r["pid"] in recovery_pids and r["key"] in keys_before)
+    journaled_before = dict(passes)
+    out.rebilled_journaled = sum(1 for r in billing if r["key"] in journaled_before.get(r["pid"], set()))
     out.rebilled_unjournaled = sum(n - 1 for n in out.billed.values() if n > 1)
     if out.rebilled_journaled:
         out.violations.append(f"I2: {out.rebilled_journaled} model calls with a journaled response were billed again")

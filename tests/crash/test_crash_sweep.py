@@ -44,11 +44,20 @@ def test_kill_at_every_point(kind: str, point: str, seed: int, ledgers: dict[str
     outcome = run_case(case, tmp_path, ledgers)
     report("R1 kill at every point (SQLite)", outcome)
     assert not outcome.violations, f"{outcome.violations}\nreplay: {case.replay_command()}"
+    # A point a kind's path never passes is known and pinned: a point that silently stops being
+    # passed (moved, removed) fails here instead of passing as "not reached".
+    assert outcome.crashed == ((kind, point) not in NOT_ON_THE_PATH), (kind, point, outcome.crashed)
     if kind == "tool_nodedup" and outcome.status == "needs_human":
         # At most one receipt per intent (I1 checks per key); the uncertain one may or may not exist.
         assert outcome.ledger_receipts <= case.turns
     if kind != "tool_nodedup":
         assert outcome.status == "completed", f"replay: {case.replay_command()}"
+
+
+NOT_ON_THE_PATH = {(k, p) for k in ("approval", "final") for p in ("K2", "K3", "K4", "K5", "K6")} | {
+    ("tool_idem", "K3"), ("tool_idem", "K4")}
+"""Points a kind never passes: an approval and a final answer send nothing (K2-K6 belong to a
+send); the idempotent note tool talks to no service (K3/K4 are the ledger client's)."""
 
 
 DOUBLE = [(k, p, s) for k in ("model", "tool_lookup", "tool_dedup") for p in ("K2", "K4", "K5")
