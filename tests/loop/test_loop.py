@@ -96,6 +96,7 @@ async def test_run_then_closed_run_returns_without_calls(store: Any) -> None:
     gw2 = ScriptedGateway([ScriptedGateway.text("other")])
     again = await collect(agent, "lee /x", Session("r1", gw2, store))
     assert len(again) == 1 and isinstance(again[0], FinalStep) and again[0].replayed and again[0].output == "42"
+    assert again[0].data == steps[-1].data == {"output": "42", "turn": 1}  # the same record, first time and replayed
     assert gw2.calls == 0 and world.reads == ["/x"]
     cp = store.checkpoint("r1")
     assert cp.status == "completed" and cp.count("model_calls") == 2 and cp.count("tool_calls") == 1

@@ -173,12 +173,12 @@ class ModelSteps(RunState):
 
     def _finish(self, turn: int, response: Turn) -> None:
         rec = self._recorded("final", "result", "final", None, None)
+        record = rec.payload if rec is not None else {"output": response.text, "turn": turn}
         if rec is None:
-            self._stage(self._event("final", "result", "final", payload={"output": response.text, "turn": turn}),
-                        "final.K1", "model.K6")
+            self._stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
             crash.point("final.K0")
             self._flush()
             crash.point("final.K7")
-        self._show(FinalStep(step_id="final", output=response.text))
+        self._show(FinalStep(step_id="final", output=response.text, data=dict(record)))
 
     # -- tool calls -------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ class FinalStep:
     replayed: bool = False
     """``True`` when the run was already closed: this is what happened, not a new answer."""
     data: dict[str, Any] = field(default_factory=dict[str, Any])
+    """The journaled final record (``output``, ``turn``), the same on the first answer and on
+    every replay of the closed run."""
 
 
 Step = ModelStep | ToolStep | ApprovalStep | FinalStep
