@@ -537,6 +537,23 @@ async def test_a_migration_over_a_model_call_in_flight_sends_it_again_with_the_n
     assert again[-1].replayed and gw2.calls == 0
 
 
+async def test_a_started_call_the_agent_now_refuses_is_a_divergence(store: Any) -> None:
+    """A transfer was started (intent, no result); the agent resumed without that tool. An
+    "unknown tool" error recorded now would hide a transfer that may have happened."""
+    bank = Bank()
+    v1 = Agent(instructions="i", tools=bank.tools())
+    await collect(v1, "t", Session("full", ScriptedGateway([ScriptedGateway.call("transfer", to="f", amount=3),
+                                                            ScriptedGateway.text("done")]), store))
+    _cut(store, "full", "gone", ("t0000.tool00", "intent"))
+    rows = len(store.load("gone"))
+    without = Agent(instructions="i", tools=[t for t in bank.tools() if t.name != "transfer"])
+    with pytest.raises(ReplayDivergence, match="'transfer' started and not finished"):
+        await collect(without, "t", Session("gone", ScriptedGateway([ScriptedGateway.text("x")]), store,
+                                            on_version_mismatch=Migration(name="drop transfer",
+                                                                          migrate=lambda old, new, events: {})))
+    assert len(store.load("gone")) == rows and bank.moves == [("f", 3)]  # not even the migration's record
+
+
 async def test_a_run_failed_on_a_bound_names_the_effect_in_flight(store: Any) -> None:
     """A bound lowered since the run started is found exceeded on opening, while a transfer is
     in flight (intent, no result). The failure record names it, as a cancellation's would."""

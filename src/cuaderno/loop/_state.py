@@ -138,7 +138,7 @@ class RunState:
 
     def _stage(self, event: StepEvent, *points: str) -> None:
         if self.unvisited:
-            self._diverged(f"{event.kind} step {event.step_id} ({event.phase})")
+            self._diverged(f"to write {event.kind} step {event.step_id} ({event.phase})")
         self.pending.append(event)
         self.points.extend(points)
 
@@ -149,11 +149,10 @@ class RunState:
         if not self.unvisited:
             return
         first = min(self.unvisited, key=self.unvisited.__getitem__)
-        seen = next((ev for (step_id, _), ev in self.journal.items() if step_id == first), None)
-        recorded = f"{seen.kind} step {first}" if seen is not None else f"step {first}"
-        if seen is not None and seen.name:
-            recorded += f" ({seen.name})"
-        raise ReplayDivergence(self.run_id, first, f"{recorded} at this point", f"{instead} without reaching it")
+        seen = min((ev for (step_id, _), ev in self.journal.items() if step_id == first), key=lambda ev: ev.seq)
+        name = f" ({seen.name})" if seen.name else ""
+        raise ReplayDivergence(self.run_id, first, f"{seen.kind} step {first}{name} ({seen.phase}) at this point",
+                               f"{instead} without reaching it")
 
     def _flush(self) -> None:
         if not self.pending:

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from pydantic_core import to_jsonable_python
 
 from cuaderno import telemetry
-from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
+from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, tool_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
@@ -82,6 +82,12 @@ class ToolSteps(RunState):
                 problem = exc
         if problem is not None or tool is None:
             assert problem is not None
+            if (step_id, "intent") in self.journal:
+                # It was started under a configuration that accepted it (the tool existed, the
+                # arguments fit its schema): recording an error now would hide an effect that
+                # may have happened.
+                raise ReplayDivergence(self.run_id, step_id, f"tool {call.name!r} started with these arguments",
+                                       f"a call this agent refuses ({problem})")
             self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json())
             return False
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)

@@ -146,6 +146,13 @@ class Runner(ModelSteps, ToolSteps):
             return  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
             events = self.store.load(self.run_id)
+            for started in in_flight(events):
+                if started["tool"] not in self.agent.tools:
+                    # Refused before the migration is recorded: the run would be left migrated
+                    # to an agent that cannot settle a transfer that may have happened.
+                    raise ReplayDivergence(self.run_id, started["step_id"],
+                                           f"tool {started['tool']!r} started and not finished",
+                                           "an agent without that tool; the migration was not recorded")
             try:
                 record = choice.migrate(dict(cp.versions), dict(versions), events)
             except Exception as exc:
