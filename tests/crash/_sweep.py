@@ -94,27 +94,32 @@ def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None,
         argv += ["--ledger", ledger]
     if os.environ.get("CUADERNO_CRASH_SUBPROCESS"):
         return _subprocess_child(case, argv, crash_at)
-    import multiprocessing
-
     import workload
 
     result_path = work / "result.json"
     result_path.unlink(missing_ok=True)
-    proc = multiprocessing.get_context("fork").Process(target=workload.run_forked,
-                                                       args=(argv, crash_at, str(result_path), cancel_at))
-    proc.start()
-    proc.join(60)
-    if proc.exitcode is None:
-        proc.kill()
-        proc.join()
-        raise AssertionError(f"child hung for {case}")
-    rc = proc.exitcode
+    rc, pid = forked(workload.run_forked, (argv, crash_at, str(result_path), cancel_at), f"{case}")
     if rc == 0:
         result = json.loads(result_path.read_text())
         return 0, int(result["pid"]), result
     if rc == -9:
-        return -9, int(proc.pid or -1), {}
+        return -9, pid, {}
     raise AssertionError(f"child failed (rc={rc}) for {case}")
+
+
+def forked(target: Any, args: tuple[Any, ...], what: str, timeout: float = 60) -> tuple[int, int]:
+    """Run ``target(*args)`` in a forked child and wait for it: ``(exit code, pid)``; -9 is a
+    SIGKILL. A child that hangs is killed and fails the test."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("fork").Process(target=target, args=args)
+    proc.start()
+    proc.join(timeout)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"child hung: {what}")
+    return proc.exitcode, int(proc.pid or -1)
 
 
 def _subprocess_child(case: Case, argv: list[str], crash_at: str | None) -> tuple[int, int, dict[str, Any]]:

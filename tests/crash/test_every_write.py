@@ -23,7 +23,6 @@ records cuaderno does not write:
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sqlite3
 from collections import Counter
@@ -33,6 +32,7 @@ from typing import Any
 import pytest
 import stories
 from _report import record
+from _sweep import forked
 
 from cuaderno.testing.records import read_records
 
@@ -45,17 +45,11 @@ def child(story: str, work: Path, crash_at: str | None, *, count: bool = False) 
     """One process driving the story (forked: a real process that SIGKILL really kills)."""
     result_path = work / "result.json"
     result_path.unlink(missing_ok=True)
-    proc = multiprocessing.get_context("fork").Process(
-        target=stories.main_forked, args=(story, str(work / "runs.db"), str(work), crash_at, str(result_path), count))
-    proc.start()
-    proc.join(60)
-    if proc.exitcode is None:
-        proc.kill()
-        proc.join()
-        raise AssertionError(f"{story}: the child hung (crash at {crash_at})")
-    if proc.exitcode == -9:
-        return -9, {"pid": proc.pid}
-    assert proc.exitcode == 0, f"{story}: the child failed (rc={proc.exitcode}, crash at {crash_at})"
+    rc, pid = forked(stories.main_forked, (story, str(work / "runs.db"), str(work), crash_at, str(result_path), count),
+                     f"{story}, crash at {crash_at}")
+    if rc == -9:
+        return -9, {"pid": pid}
+    assert rc == 0, f"{story}: the child failed (rc={rc}, crash at {crash_at})"
     return 0, json.loads(result_path.read_text())
 
 
