@@ -17,6 +17,7 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cuaderno import _holds
@@ -60,7 +61,14 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
     # Decided from a read, written in a later transaction: the write re-checks what the decision
     # rests on (the run is still open; for a record, that nothing was appended since it was
     # computed) and the whole decision is taken again when it no longer holds.
-    for _ in range(_MAX_TRIES):
+    #
+    # A request can land just after the loop holding the run last looked for one, as that loop
+    # stops for a person (it checks, then lets the run go). Nobody would close the run then: so
+    # while a run that waits for a person has a request and is still held, keep trying to take
+    # it over and close it here, for a bounded time. A loop stopping lets go within moments;
+    # one still working (a lookup settling an uncertain step) meets the request at its next step.
+    deadline = time.monotonic() + _WAIT_FOR_HOLDER_S
+    for tries in range(_MAX_TRIES):
         cp = store.checkpoint(run_id)
         if cp is None:
             raise RunNotFound(run_id)
@@ -69,6 +77,8 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
             return cp  # closed, or its loop closes it at its next step
         if cp.status in ("completed", "failed"):
             raise RunClosed(run_id, cp.status)
+        if cp.cancel_requested is not None and tries and time.monotonic() > deadline:
+            return cp  # still held: its holder (or the next resume) closes it
         try:
             _write(store, run_id, None if cp.cancel_requested is not None else request, finalize=waiting, by=by)
         except (RunChanged, RunClosed):
@@ -77,12 +87,17 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
             pass  # another process cancelled first: its request stands
         cp = store.checkpoint(run_id)
         assert cp is not None
+        if cp.status in ("suspended", "needs_human") and cp.cancel_requested is not None:
+            time.sleep(0.01 * min(tries + 1, 10))  # held while it waits for a person: its holder is stopping
+            continue
         return cp
     raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while it was being cancelled; nothing was "
                        "written, try again")
 
 
 _MAX_TRIES = 100
+_WAIT_FOR_HOLDER_S = 2.0
+"""How long ``cancel`` keeps trying to close a run that waits for a person but is still held."""
 
 
 def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, finalize: bool, by: str | None) -> None:

@@ -358,6 +358,36 @@ async def test_cancel_leaves_a_waiting_run_that_a_live_process_is_resuming_to_th
     assert store.checkpoint("r5").status == "cancelled"
 
 
+async def test_a_cancel_landing_as_the_loop_stops_for_a_person_still_closes_the_run(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop looks for a cancellation request, finds none, and stops for a person; a request
+    commits before it lets the run go. The canceller could not take the run over (held), and the
+    loop will not look again: cancel() keeps trying while the holder stops, then closes the run."""
+    import threading
+    import time
+
+    from cuaderno.loop.runner import Runner
+
+    answers: list[Any] = []
+    threads: list[threading.Thread] = []
+    real_release = Runner._release
+
+    def late_cancel_then_release(self: Runner) -> None:
+        def go() -> None:
+            with SqliteCheckpointer(store.path) as other:
+                answers.append(cancel(other, self.run_id, "late", by="ops"))
+        threads.append(threading.Thread(target=go))
+        threads[0].start()
+        time.sleep(0.3)  # the request commits while this loop still holds the run
+        real_release(self)
+
+    monkeypatch.setattr(Runner, "_release", late_cancel_then_release)
+    await _waiting_for_approval(store, "late")
+    threads[0].join(10)
+    assert store.checkpoint("late").status == "cancelled"
+    assert answers[0].status == "cancelled"
+
+
 async def test_cancel_from_this_process_leaves_a_loop_in_the_middle_of_a_step_its_run(store: Any) -> None:
     """An uncertain run (``needs_human``) is being settled by a loop of this very process when
     cancel() comes: the loop keeps the run (only the request is written), and closes it once the
