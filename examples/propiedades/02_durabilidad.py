@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import append_receipt, check, died, entry, per_pid, pid_of, read_lines, run_pass
+from _comun import append_receipt, check, cuaderno_cli, died, entry, example_dir, per_pid, pid_of, read_lines, run_pass
 
 from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool
 
@@ -59,8 +58,7 @@ async def child(workdir: Path) -> None:
 
 def main() -> int:
     script = str(Path(__file__).resolve())
-    with tempfile.TemporaryDirectory(prefix="cuaderno-durabilidad-") as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-durabilidad-") as workdir:
         passes = [run_pass(script, workdir, crash_at="tool.K7:1"), run_pass(script, workdir),
                   run_pass(script, workdir)]
         billed = per_pid(read_lines(workdir / "billing.jsonl"))
@@ -90,6 +88,9 @@ def main() -> int:
         print("(the kill came after the intent of the next model call was committed, so cuaderno cannot know\n"
               " whether that request left: it re-sent it with the same key and counted it; the billing log\n"
               " shows it was in fact billed once.)")
+    kept = cuaderno_cli(workdir, "show", RUN_ID)
+    if kept:  # only with CUADERNO_KEEP: `make demo` prints exactly the table above
+        print(f"\njournal kept; look at it with: {kept}")
     check(passes[0].returncode == -9, "the first pass must die by SIGKILL")
     check(rows == [(1, 1), (1, 0), (0, 0)], f"expected model x1 tool x1 / model x1 tool x0 / model x0, got {rows}")
     check(cp.status == "completed", "the run must end completed")

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, entry, run_pass
+from _comun import check, cuaderno_cli, died, entry, example_dir, journal_note, run_pass
 
 from cuaderno import (
     Agent,
@@ -73,8 +72,7 @@ async def child(workdir: Path, variant: str, url: str) -> None:
 def main() -> int:
     script = str(Path(__file__).resolve())
     print("cuaderno: escritura anticipada (seed 000) and reconciliation (seed 001 §4)\n")
-    with tempfile.TemporaryDirectory(prefix="cuaderno-intent-") as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-intent-") as workdir:
         for variant, mode, expected in (("nodedup", "nodedup", "needs_human"), ("lookup", "nodedup", "completed"),
                                         ("dedup", "dedup", "completed")):
             with LedgerProcess(workdir / f"ledger-{variant}.db", mode=mode) as ledger:
@@ -97,7 +95,12 @@ def main() -> int:
         evidence = cp.uncertain["t0000.tool00"]
         print(f"\nneeds_human evidence kept in the checkpoint: tool={evidence['tool']}, "
               f"effect_key={evidence['effect_key']}, reason={evidence['reason']!r}")
-        print("`cuaderno show nodedup` lists it; `cuaderno.resolve(...)` settles it after a person checked.")
+        print(journal_note(workdir, "show", "nodedup"))
+        resolve = cuaderno_cli(workdir, "resolve", "nodedup", "t0000.tool00")
+        if resolve:
+            print(f"once a person checked the ledger, settle it with: {resolve} --happened (or --not-happened)")
+        else:
+            print("once a person checked the ledger, `cuaderno resolve` (or `cuaderno.resolve(...)`) settles it.")
     return 0
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, entry, run_pass
+from _comun import check, died, entry, example_dir, journal_note, run_pass
 
 from cuaderno import (
     Agent,
@@ -56,7 +55,9 @@ async def child(workdir: Path, run_id: str, url: str) -> None:
     store = SqliteCheckpointer(workdir / "runs.db")
     try:
         async for step in build(url).run("paga 250 a ana", session=Session(run_id, gateway, store)):
-            extra = f" status={step.status} fingerprint={step.fingerprint[:12]}" if isinstance(step, ApprovalStep) else ""
+            # Shortened for the line; `cuaderno show` prints all 64 characters, and a decision needs them all.
+            extra = (f" status={step.status} fingerprint={step.fingerprint[:12]}… (shortened)"
+                     if isinstance(step, ApprovalStep) else "")
             print(f"  {type(step).__name__} {step.step_id}{extra}", flush=True)
         print(f"status={store.checkpoint(run_id).status}", flush=True)  # type: ignore[union-attr]
     except UncertainEffect:
@@ -77,8 +78,7 @@ def status(proc: subprocess.CompletedProcess[str]) -> str:
 def main() -> int:
     script = str(Path(__file__).resolve())
     print("cuaderno: aprobación humana (seed 000)\n")
-    with tempfile.TemporaryDirectory(prefix="cuaderno-approval-") as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-approval-") as workdir:
         with LedgerProcess(workdir / "ledger.db", mode="nodedup") as ledger:
             p1 = run_pass(script, workdir, "pago-1", ledger.url)
             print(f"pass 1 -> {status(p1)}; ledger receipts: {len(ledger.receipts(business_id='pago-1'))}")
@@ -107,6 +107,7 @@ def main() -> int:
             print(f"pass 1 -> {status(q1)}; approved; pass 2 {died(q2)}; pass 3 -> {status(q3)}; ledger receipts: {n}")
             check(q2.returncode == -9 and status(q3) == "needs_human" and n == 1,
                   "an approved effect interrupted in flight must be uncertain, never re-sent")
+            print(journal_note(workdir, "show", "pago-2"))
     return 0
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, entry, read_lines, run_pass
+from _comun import check, cuaderno_cli, died, entry, example_dir, read_lines, run_pass
 
 from cuaderno import (
     Agent,
@@ -47,8 +46,7 @@ async def child(workdir: Path, run_id: str, stripe: str) -> None:
 def main() -> int:
     script = str(Path(__file__).resolve())
     print("cuaderno: idempotencia hacia el proveedor (seed 000)\n")
-    with tempfile.TemporaryDirectory(prefix="cuaderno-keys-") as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-keys-") as workdir:
         for run_id, stripe in (("con-dedup", "1"), ("sin-dedup", "0")):
             first = run_pass(script, workdir, run_id, stripe, crash_at="model.K4:1")
             second = run_pass(script, workdir, run_id, stripe)
@@ -75,6 +73,10 @@ def main() -> int:
         except IdempotencyKeyReuse as exc:
             return f"rejected: {exc}"
         return "accepted (wrong)"
+
+    kept = cuaderno_cli(workdir, "list")
+    if kept:
+        print(f"journal kept; look at it with: {kept}")
 
     outcome = asyncio.run(reuse())
     print(f"\nsame key, different body: {outcome}")

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import append_receipt, check, entry, per_pid, pid_of, read_lines, run_pass
+from _comun import append_receipt, check, cuaderno_cli, entry, example_dir, per_pid, pid_of, read_lines, run_pass
 
 from cuaderno import Agent, FinalStep, ScriptedGateway, Session, SqliteCheckpointer, tool
 
@@ -42,8 +41,7 @@ async def child(workdir: Path) -> None:
 def main() -> int:
     script = str(Path(__file__).resolve())
     print("cuaderno: un run cerrado no se reabre (seed 000)\n")
-    with tempfile.TemporaryDirectory(prefix="cuaderno-closed-") as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-closed-") as workdir:
         passes = [run_pass(script, workdir) for _ in range(3)]
         billed = per_pid(read_lines(workdir / "billing.jsonl"))
         tools = per_pid(read_lines(workdir / "tool.jsonl"))
@@ -60,6 +58,9 @@ def main() -> int:
         for ev in timeline:
             print(f"  {ev.seq:>2} {ev.step_id:<14} {ev.phase:<7} {ev.kind:<6} {ev.name or ''}")
         check(counts == [(2, 1), (0, 0), (0, 0)], f"unexpected counts {counts}")
+        kept = cuaderno_cli(workdir, "show", "cerrado")
+        if kept:
+            print(f"\njournal kept; the same timeline: {kept}")
     return 0
 
 

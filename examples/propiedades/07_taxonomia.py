@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check
+from _comun import check, cuaderno_cli, example_dir
 
 from cuaderno import (
     Agent,
@@ -37,6 +36,12 @@ from cuaderno import (
 )
 
 attempts: dict[str, list[str]] = {}
+retrying: list[str] = []
+"""The label of the step whose transient failure the loop is about to retry."""
+
+
+def label(step_id: str, tool_name: str) -> str:
+    return f"  {step_id} {tool_name:<15} ->"
 
 
 @tool
@@ -44,7 +49,12 @@ def pay(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
     """Pay: the first attempt meets a 429 before anything is sent."""
     attempts.setdefault("pay", []).append(ctx.effect_key)
     if len(attempts["pay"]) == 1:
-        raise ToolError("429 from the bank, nothing sent", error_class=ErrorClass.TRANSIENT, sent=False)
+        # The loop retries this one inside the step, so the step yields only its final outcome:
+        # the failure is printed here, on its own line, before the backoff that belongs to it.
+        message = "429 from the bank, nothing sent"
+        retrying.append(label(ctx.step_id, "pay"))
+        print(f"{retrying[-1]} error [transient] {message} (attempt {len(attempts['pay'])})")
+        raise ToolError(message, error_class=ErrorClass.TRANSIENT, sent=False)
     return {"paid": amount}
 
 
@@ -78,19 +88,19 @@ async def main() -> int:
         ScriptedGateway.call("delete_account", user="ana"),            # permanent -> reflect
         ScriptedGateway.call("export", rows=10),                       # bug -> stop with evidence
     ]
-    with tempfile.TemporaryDirectory() as d:
-        store = SqliteCheckpointer(Path(d) / "runs.db")
+    with example_dir("cuaderno-errores-") as workdir:
+        store = SqliteCheckpointer(workdir / "runs.db")
         agent = Agent(instructions="Do the errands.", tools=[pay, update_address, delete_account, export])
 
         async def no_wait(seconds: float) -> None:
-            print(f"  (retry after a jittered {seconds:.2f}s backoff, same effect key)")
+            print(f"{retrying[-1]} retry after a jittered {seconds:.2f}s backoff (not waited here), same effect key")
 
         try:
             async for step in agent.run("errands", session=Session("errands", ScriptedGateway(script), store,
                                                                      sleep=no_wait, seed=7)):
                 if hasattr(step, "outcome"):
                     err = getattr(step, "error", None)
-                    print(f"  {step.step_id} {step.tool:<15} -> {step.outcome}"
+                    print(f"{label(step.step_id, step.tool)} {step.outcome}"
                           + (f" [{err['error_class']}] {err['message']}" if err else ""))
         except KeyError as exc:
             print(f"  bug: {exc!r} -> the run stopped; evidence journaled")
@@ -101,6 +111,9 @@ async def main() -> int:
     print(f"\nstatus: {cp.status} (reason: {(cp.outcome or {}).get('reason')})")
     print("counted separately:", ", ".join(f"{k} {v}" for k, v in counts.items()))
     print(f"effect key of both pay attempts: {attempts['pay'][0]} == {attempts['pay'][1]}")
+    kept = cuaderno_cli(workdir, "show", "errands")
+    if kept:
+        print(f"journal kept; look at it with: {kept}")
     check(counts == {"retries": 1, "repairs": 1, "replans": 1, "reflects": 1, "escalations": 0}, str(counts))
     check(cp.status == "failed" and len(set(attempts["pay"])) == 1, "bug must stop the run; keys must match")
     return 0

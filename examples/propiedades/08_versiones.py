@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check
+from _comun import check, cuaderno_cli, example_dir
 
 from cuaderno import (
     Agent,
@@ -35,6 +34,7 @@ from cuaderno import (
     approve,
     tool,
 )
+from cuaderno._cli_render import counted
 
 sent: list[int] = []
 
@@ -63,14 +63,14 @@ async def run(a: Agent, run_id: str, store: SqliteCheckpointer, **session: Any) 
         async for _ in a.run("paga 40", session=Session(run_id, gw, store, **session)):
             pass
     except (VersionMismatch, RunCancelled) as exc:
-        return f"{type(exc).__name__} ({gw.calls} model calls)"
-    return f"{store.checkpoint(run_id).status} ({gw.calls} model calls)"  # type: ignore[union-attr]
+        return f"{type(exc).__name__} ({counted(gw.calls, 'model call')})"
+    return f"{store.checkpoint(run_id).status} ({counted(gw.calls, 'model call')})"  # type: ignore[union-attr]
 
 
 async def main() -> int:
     print("cuaderno: versions (seed 001 §6)\n")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "runs.db"
+    with example_dir("cuaderno-versiones-") as workdir:
+        path = workdir / "runs.db"
         store = SqliteCheckpointer(path)
         v1, v2 = agent("Paga lo pedido."), agent("Paga exactamente lo pedido, sin redondear.")
         print("v1 starts both runs:", await run(v1, "r1", store), "/", await run(v1, "r2", store))
@@ -100,6 +100,9 @@ async def main() -> int:
         print("v2 resumes r2 with cancel    ->", await run(v2, "r2", store, on_version_mismatch="cancel"))
         statuses = (store.checkpoint("r1").status, store.checkpoint("r2").status)  # type: ignore[union-attr]
         store.close()
+    kept = cuaderno_cli(workdir, "list")
+    if kept:
+        print(f"journal kept; look at it with: {kept}")
     check(unchanged and sent == [40] and statuses == ("completed", "cancelled"), f"{unchanged} {sent} {statuses}")
     return 0
 

@@ -14,14 +14,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, entry
+from _comun import check, cuaderno_cli, entry, example_dir
 
 from cuaderno import (
     Agent,
@@ -34,6 +33,7 @@ from cuaderno import (
     compensate,
     tool,
 )
+from cuaderno._cli_render import counted
 from cuaderno.testing.ledger import LedgerClient, LedgerProcess
 
 
@@ -62,14 +62,16 @@ async def child(workdir: Path, url: str) -> None:
         async for step in build(url, 1.5).run("paga", session=Session("pagos", ScriptedGateway(script), store)):
             print(f"  child: {type(step).__name__} {step.step_id}", flush=True)
     except RunCancelled as exc:
-        print(f"  child: stopped: {exc}", flush=True)
+        record = exc.record
+        print(f"  child: stopped: run {exc.run_id!r} was cancelled ({record.get('reason')}): "
+              f"{counted(len(record['completed']), 'effect')} completed, {len(record['uncertain'])} uncertain, "
+              f"{counted(len(record['cleanup']), 'cleanup action')} scheduled", flush=True)
     store.close()
 
 
 def main() -> int:
     print("cuaderno: safe cancellation (seed 001 §7)\n")
-    with tempfile.TemporaryDirectory() as d:
-        workdir = Path(d)
+    with example_dir("cuaderno-cancelacion-") as workdir:
         with LedgerProcess(workdir / "ledger.db", mode="dedup") as ledger:
             proc = subprocess.Popen([sys.executable, __file__, "--child", str(workdir), ledger.url], text=True,
                                     stdout=subprocess.PIPE, env={k: v for k, v in os.environ.items()
@@ -95,6 +97,9 @@ def main() -> int:
             store.close()
             print(f"compensate(): {[r['outcome'] for r in results]}; run again: {[r['outcome'] for r in again]}; "
                   f"ledger receipts now: {[(r['effect'], r['request']['args']['amount']) for r in after]}")
+    kept = cuaderno_cli(workdir, "show", "pagos")
+    if kept:
+        print(f"journal kept; look at it with: {kept}")
     check(cp.status == "cancelled" and len(receipts) == 1, "one transfer completed, none after the cancellation")
     check(len(after) == 2 and after[1]["effect"] == "refund", "exactly one refund")
     return 0

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check
+from _comun import check, cuaderno_cli, example_dir
 
 from cuaderno import (
     Agent,
@@ -36,6 +35,7 @@ from cuaderno import (
     TieredGateway,
     tool,
 )
+from cuaderno._cli_render import cost_text
 
 
 @tool(idempotent=True)
@@ -68,8 +68,8 @@ async def run(gateway: Any, run_id: str, store: SqliteCheckpointer) -> str:
 
 async def main() -> int:
     print("cuaderno: empty generations, tiers and cost truth (seed 002)\n")
-    with tempfile.TemporaryDirectory() as d:
-        store = SqliteCheckpointer(Path(d) / "runs.db")
+    with example_dir("cuaderno-vacias-") as workdir:
+        store = SqliteCheckpointer(workdir / "runs.db")
         same = ScriptedGateway(cheap_script, cost=None)
         print("re-sending to the same model:", await run(same, "same", store))
         tiered = TieredGateway(ScriptedGateway(cheap_script, cost=None), ScriptedGateway(strong_script, cost=0.007))
@@ -80,15 +80,17 @@ async def main() -> int:
             assert cp is not None
             rows.append((run_id, cp))
         store.close()
-    print(f"\n{'run':<8} {'status':<10} {'rejected':>8} {'escal.':>6} {'sends':>6} {'paid':>5} {'unpriced':>8} "
-          f"{'cost':>18}")
+    print(f"\n{'run':<8} {'status':<10} {'rejected':>8} {'escal.':>6} {'sends':>6} {'paid':>5} {'unpriced':>8}  cost")
     for run_id, cp in rows:
-        unpriced = cp.count("unpriced_calls")
-        cost = f"${cp.cost_usd:.4f}" + (f" + {unpriced} unpriced" if unpriced else "")
+        # Worded as `cuaderno show` words it: a run with only unpriced calls has an unknown cost, not $0.
         print(f"{run_id:<8} {cp.status:<10} {cp.count('rejected_responses'):>8} {cp.count('escalations'):>6} "
-              f"{cp.count('model_sends'):>6} {cp.count('calls_paid'):>5} {unpriced:>8} {cost:>18}")
+              f"{cp.count('model_sends'):>6} {cp.count('calls_paid'):>5} {cp.count('unpriced_calls'):>8}  "
+              f"{cost_text(cp, short=False)}")
     same_cp, tiered_cp = rows[0][1], rows[1][1]
     print(f"\nescalations counted by the gateway object: {tiered.escalations}")
+    kept = cuaderno_cli(workdir, "list")
+    if kept:
+        print(f"journal kept; look at it with: {kept}")
     check(same_cp.status == "failed" and same_cp.count("rejected_responses") == 4, "the cap must stop re-sending")
     check(tiered_cp.status == "completed" and tiered_cp.count("escalations") == tiered.escalations == 1,
           "the empty turn must be escalated once and counted")

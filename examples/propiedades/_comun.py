@@ -10,19 +10,66 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 from cuaderno.testing.records import append_synced as append_receipt
 from cuaderno.testing.records import read_records as read_lines
 
-__all__ = ["append_receipt", "check", "died", "entry", "per_pid", "pid_of", "read_lines", "run_pass"]
+__all__ = ["KEEP_ENV", "append_receipt", "check", "cuaderno_cli", "died", "entry", "journal_note", "per_pid",
+           "pid_of", "read_lines", "run_pass", "example_dir"]
 
 HERE = Path(__file__).resolve().parent
+
+KEEP_ENV = "CUADERNO_KEEP"
+"""``CUADERNO_KEEP=DIR python examples/propiedades/NN_x.py`` keeps the example's journal under DIR."""
+
+
+@contextmanager
+def example_dir(prefix: str) -> Iterator[Path]:
+    """The directory an example writes its journal (``runs.db``) and the world's records to.
+
+    A temporary directory deleted at exit, unless ``CUADERNO_KEEP=DIR`` is set: then a new
+    directory under DIR, kept, so the ``cuaderno`` command line can look at the runs. A new one on
+    every run, never a fixed path: the next run of the example would resume the kept runs and
+    count nothing.
+    """
+    keep = os.environ.get(KEEP_ENV)
+    if not keep:
+        with tempfile.TemporaryDirectory(prefix=prefix) as d:
+            yield Path(d)
+        return
+    root = Path(keep).expanduser().resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    yield Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def cuaderno_cli(work: Path, *args: str) -> str | None:
+    """The exact ``cuaderno`` command on the example's journal, or None when it is not kept."""
+    if not os.environ.get(KEEP_ENV):
+        return None
+    return shlex.join(["cuaderno", "--db", str(work / "runs.db"), *args])
+
+
+def journal_note(work: Path, *args: str) -> str:
+    """One line saying how to look at the journal: the exact command when it is kept, else how to keep it."""
+    command = cuaderno_cli(work, *args)
+    if command is not None:
+        return f"journal kept; look at it with: {command}"
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(script)
+    return (f"(the journal is deleted at exit; to run `cuaderno {shlex.join(args)}` on it, keep it: "
+            f"{KEEP_ENV}=/tmp/cuaderno python {shlex.quote(shown)} prints the exact command)")
 
 
 def entry(main: Callable[[], int], child: Callable[..., Awaitable[None]]) -> NoReturn:

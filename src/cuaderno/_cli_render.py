@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from rich import box
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -24,9 +25,12 @@ from cuaderno.checkpoint import COUNTERS, Checkpoint
 from cuaderno.events import StepEvent
 
 __all__ = [
+    "ENDED_STATUSES",
     "approval_step",
     "clean",
     "cost_summary",
+    "cost_text",
+    "counted",
     "dumps",
     "render_decision",
     "render_pending_call",
@@ -37,6 +41,10 @@ __all__ = [
 ]
 
 _UNSAFE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+ENDED_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
+"""Statuses after which nothing of the run runs again: an approval still requested there is not
+pending any more (no decision is accepted, and the cancellation record lists it as not started)."""
 
 # How the counters are grouped for people; every name in COUNTERS appears exactly once.
 _GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
@@ -107,15 +115,25 @@ def _counters(cp: Checkpoint) -> dict[str, int]:
     return out
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 call``, ``2 calls``: a count with its noun in the right number."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _pending(cp: Checkpoint) -> dict[str, dict[str, Any]]:
+    """The approvals a person can still decide: none once the run ended, whatever it requested."""
+    return {} if cp.status in ENDED_STATUSES else cp.pending
+
+
 def _pending_list(cp: Checkpoint) -> list[dict[str, Any]]:
-    return [{"step_id": step_id, **entry} for step_id, entry in sorted(cp.pending.items())]
+    return [{"step_id": step_id, **entry} for step_id, entry in sorted(_pending(cp).items())]
 
 
 def run_summary(cp: Checkpoint) -> dict[str, Any]:
     """One row of ``cuaderno list --json``."""
     return {"run_id": cp.run_id, "status": cp.status, "next_step": cp.next_step,
             "model_calls": cp.count("model_calls"), "tool_calls": cp.count("tool_calls"),
-            "cost": cost_summary(cp), "pending_approvals": len(cp.pending), "uncertain": len(cp.uncertain)}
+            "cost": cost_summary(cp), "pending_approvals": len(_pending(cp)), "uncertain": len(cp.uncertain)}
 
 
 def _event_json(ev: StepEvent) -> dict[str, Any]:
@@ -150,7 +168,8 @@ def _money(usd: float) -> str:
     return f"${usd:.3g}"
 
 
-def _cost_text(cp: Checkpoint, *, short: bool) -> str:
+def cost_text(cp: Checkpoint, *, short: bool) -> str:
+    """The cost for people: unpriced calls are said, never folded into a $0 (``short`` for a table cell)."""
     cost = cost_summary(cp)
     paid, unpriced = cost["calls_paid"], cost["unpriced_calls"]
     if unpriced and not paid:
@@ -165,26 +184,44 @@ def _cost_text(cp: Checkpoint, *, short: bool) -> str:
 def render_runs(console: Console, runs: Iterable[Checkpoint]) -> None:
     """``cuaderno list``."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    # Narrow terminals fold the run id and the cost rather than drop a column.
+    # Narrow terminals fold the run id and the cost rather than drop a column. The counts' titles
+    # take two lines, so a usual row (short run id, needs_human, a plain cost) fits 80 columns.
     table.add_column("RUN", overflow="fold", min_width=12)
     table.add_column("STATUS", overflow="fold", min_width=9)
-    table.add_column("MODEL CALLS", justify="right")
-    table.add_column("TOOL CALLS", justify="right")
+    table.add_column("MODEL\nCALLS", justify="right")
+    table.add_column("TOOL\nCALLS", justify="right")
     table.add_column("COST", overflow="fold", min_width=10)
     table.add_column("PENDING", justify="right")
+    table.add_column("UNCERTAIN", justify="right")
     for cp in runs:
         status = Text(clean(cp.status), style=_status_style(cp.status))
         table.add_row(Text(clean(cp.run_id)), status, str(cp.count("model_calls")), str(cp.count("tool_calls")),
-                      Text(_cost_text(cp, short=True)), str(len(cp.pending)))
+                      Text(cost_text(cp, short=True)), str(len(_pending(cp))), str(len(cp.uncertain)))
     _print_table(console, table)
+
+
+def _fits(console: Console, table: Table) -> bool:
+    """Whether rich lays ``table`` out within the terminal. Its measured minimum is not enough: after
+    rich narrows the widest columns, a column's ``min_width`` can widen it back, and the terminal
+    then crops the last column (its cells vanish). So the table is laid out for the terminal's
+    width and rendered without cropping, and its real width is compared."""
+    wide = console.options.update_width(1_000_000)
+    if console.measure(table, options=wide).minimum > console.width:
+        return False
+    table.width = console.width
+    try:
+        lines = console.render_lines(table, wide, pad=False)
+    finally:
+        table.width = None
+    return all(Segment.get_line_length(line) <= console.width for line in lines)
 
 
 def _print_table(console: Console, table: Table) -> None:
     """The table, or one line per row when the terminal is too narrow for it (rich would crop cells)."""
-    if console.measure(table, options=console.options.update_width(1_000_000)).minimum <= console.width:
+    if _fits(console, table):
         console.print(table)
         return
-    titles = [str(column.header).lower().replace(" ", "_") for column in table.columns]
+    titles = ["_".join(str(column.header).lower().split()) for column in table.columns]
     for row in zip(*(column.cells for column in table.columns), strict=True):
         line = Text()
         for title, cell in zip(titles, row, strict=True):
@@ -220,17 +257,30 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     others = {name: n for name, n in _counters(cp).items() if name not in _GROUPED}
     if others:
         _kv(console, "  other", ", ".join(f"{clean(name)} {n}" for name, n in others.items()))
-    _kv(console, "  cost", _cost_text(cp, short=False))
+    _kv(console, "  cost", cost_text(cp, short=False))
 
-    _heading(console, f"Pending approvals: {len(cp.pending)}")
-    for entry in _pending_list(cp):
-        _render_pending_entry(console, cp.run_id, entry)
+    pending = _pending_list(cp)
+    _heading(console, f"Pending approvals: {len(pending)}")
+    for entry in pending:
+        _render_pending_entry(console, cp, entry)
+    if cp.pending and not pending:
+        # Still requested in the journal, but the run ended: say so rather than offer a decision
+        # that would be refused.
+        _heading(console, f"Approvals that will not run: {len(cp.pending)} (the run ended {clean(cp.status)})")
+        for step_id, entry in sorted(cp.pending.items()):
+            _render_pending_entry(console, cp, {"step_id": step_id, **entry}, decidable=False)
 
     _heading(console, f"Uncertain effects: {len(cp.uncertain)}")
     for step_id, evidence in sorted(cp.uncertain.items()):
         tool = evidence.get("tool")
         _line(console, "  ", clean(step_id), f"  tool {clean(str(tool))}" if tool is not None else "")
-        _line(console, "    evidence  ", dumps(evidence))
+        _line(console, "    evidence     ", dumps(evidence))
+        if cp.status not in ENDED_STATUSES:
+            resolve = f"cuaderno resolve {shlex.quote(cp.run_id)} {shlex.quote(step_id)}"
+            _line(console, "    settle with  ", clean(f"{resolve} --happened [--result JSON]"),
+                  Text("   (it exists: the resume goes on)", style="dim"))
+            _line(console, "                 ", clean(f"{resolve} --not-happened"),
+                  Text("   (it does not: the resume sends it again, same effect key)", style="dim"))
 
     _heading(console, "Outcome")
     outcome = dumps(cp.outcome, indent=2).replace("\n", "\n  ") if cp.outcome is not None else "- (not ended)"
@@ -241,7 +291,8 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
         _render_timeline(console, events)
 
 
-def _render_pending_entry(console: Console, run_id: str, entry: dict[str, Any]) -> None:
+def _render_pending_entry(console: Console, cp: Checkpoint, entry: dict[str, Any], *,
+                          decidable: bool = True) -> None:
     step_id = str(entry.get("step_id"))
     fingerprint = entry.get("fingerprint")
     _line(console, "  ", Text(clean(step_id), style="bold"), f"  tool {clean(str(entry.get('tool')))}",
@@ -251,8 +302,13 @@ def _render_pending_entry(console: Console, run_id: str, entry: dict[str, Any]) 
     extra = {k: v for k, v in entry.items() if k not in ("step_id", "tool", "fingerprint", "tool_step", "arguments")}
     if extra:
         _line(console, "    request      ", dumps(extra))
+    if not decidable:
+        return
     fp = f" --fingerprint {shlex.quote(str(fingerprint))}" if fingerprint is not None else ""
-    _line(console, "    decide with  ", clean(f"cuaderno approve|deny {shlex.quote(run_id)} {shlex.quote(step_id)}{fp}"))
+    command = clean(f"cuaderno approve|deny {shlex.quote(cp.run_id)} {shlex.quote(step_id)}{fp}")
+    # A decision is refused while an effect is uncertain (the run is not open): settle that first.
+    after = "" if cp.is_open else "   (once the uncertain effects below are settled)"
+    _line(console, "    decide with  ", command, Text(after, style="dim"))
 
 
 def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:

@@ -33,12 +33,15 @@ from cuaderno import _cli_render as render
 from cuaderno.errors import CuadernoError
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
-__all__ = ["ERROR_EXIT", "app", "main"]
+__all__ = ["ERROR_EXIT", "STATUSES", "app", "main"]
 
 ERROR_EXIT: Final = 2
 """Exit status of every refused command (a cuaderno error, a missing journal, a usage error)."""
 
 DEFAULT_DB: Final = "runs.db"
+
+STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
+"""Every status a run can have (``--status`` accepts only these: a typo would list nothing, silently)."""
 
 app = typer.Typer(
     name="cuaderno",
@@ -133,12 +136,14 @@ def _print_json(value: Any) -> None:
 def list_runs(
     ctx: typer.Context,
     status: Annotated[str | None, typer.Option("--status", metavar="STATUS",
-                                               help="Only runs in this status (running, suspended, completed, "
-                                                    "failed, cancelled, needs_human).")] = None,
+                                               help=f"Only runs in this status ({', '.join(STATUSES)}).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List runs, most recently updated first: status, model and tool calls, cost, pending approvals."""
+    """List runs, most recently updated first: status, model and tool calls, cost, pending approvals,
+    uncertain effects."""
+    if status is not None and status not in STATUSES:
+        _fail(f"--status {status!r} is not a run status; use one of: {', '.join(STATUSES)}")
     with _refusals(), _store(ctx, readonly=True) as store:
         runs = store.list_runs(status=status, limit=limit)
     if as_json:
@@ -176,9 +181,19 @@ _FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cua
                      "refused if the pending call has other arguments. Without it, the call printed here is bound.")
 
 
+def _normal_fingerprint(fingerprint: str) -> str:
+    """``fingerprint`` as the journal writes it: a copy-paste may bring spaces or a newline, and a
+    terminal or a person may upper-case the hex. Only the spelling is normalised: a prefix stays a
+    prefix, and is refused (the decision must bind exactly the arguments shown)."""
+    text = fingerprint.strip()
+    return text.lower() if all(ch in "0123456789abcdefABCDEF" for ch in text) else text
+
+
 def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by: str | None, reason: str | None,
             *, approved: bool) -> None:
     verb = "approving" if approved else "denying"
+    if fingerprint is not None:
+        fingerprint = _normal_fingerprint(fingerprint)
     console = _stdout()
     with _refusals(), _store(ctx) as store:
         pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
@@ -233,14 +248,20 @@ def cancel(
     from cuaderno.cancellation import cancel as cancel_run
 
     with _refusals(), _store(ctx) as store:
+        # Read first only to word the answer: cancel() is idempotent and decides on its own read.
+        before = store.checkpoint(run)
         cp = cancel_run(store, run, reason, by=by)
     if cp.status == "cancelled":
         record = cp.outcome or {}
-        typer.echo(f"run {run} cancelled: {len(record.get('completed') or [])} effects completed, "
-                   f"{len(record.get('uncertain') or [])} uncertain, {len(record.get('cleanup') or [])} cleanup "
-                   "actions scheduled")
+        done = "was already cancelled (nothing was written)" if before is not None and before.status == "cancelled" \
+            else "cancelled"
+        typer.echo(f"run {run} {done}: {render.counted(len(record.get('completed') or []), 'effect')} completed, "
+                   f"{len(record.get('uncertain') or [])} uncertain, "
+                   f"{render.counted(len(record.get('cleanup') or []), 'cleanup action')} scheduled")
     else:
-        typer.echo(f"run {run}: cancellation requested; the process running it stops before its next step "
+        asked = "was already requested" if before is not None and before.cancel_requested is not None \
+            else "requested"
+        typer.echo(f"run {run}: cancellation {asked}; the process running it stops before its next step "
                    "(or its next resume finalizes it)")
 
 

@@ -215,10 +215,11 @@ class RunCancelled(CuadernoError):
 
     def __init__(self, run_id: str, record: dict[str, Any]) -> None:
         self.run_id, self.record = run_id, record
+        completed, cleanup = len(record.get("completed") or []), len(record.get("cleanup") or [])
         super().__init__(f"run {run_id!r} was cancelled ({record.get('reason') or 'no reason given'}): "
-                         f"{len(record.get('completed') or [])} effects completed, "
+                         f"{completed} effect{'' if completed == 1 else 's'} completed, "
                          f"{len(record.get('uncertain') or [])} uncertain, "
-                         f"{len(record.get('cleanup') or [])} cleanup actions scheduled")
+                         f"{cleanup} cleanup action{'' if cleanup == 1 else 's'} scheduled")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.record))

@@ -91,9 +91,7 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
                                     f"(waiting: {waiting})")
     shown = pending.get("fingerprint")
     if fingerprint is not None and fingerprint != shown:
-        raise ApprovalMismatch(f"run {run_id!r} step {appr_id!r}: the decision names arguments {fingerprint[:12]}…, "
-                               f"but the pending call has {str(shown)[:12]}…; show the person the current "
-                               "arguments and decide again")
+        raise ApprovalMismatch(f"run {run_id!r} step {appr_id!r}: {_mismatch(fingerprint, str(shown))}")
     event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
                       decision=decision, fingerprint=shown,
                       payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
@@ -102,6 +100,26 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
         return store.append([event])[0]
     except JournalConflict as exc:
         raise NotWaitingForApproval(f"run {run_id!r}: step {appr_id!r} was already decided otherwise") from exc
+
+
+def _mismatch(given: str, shown: str) -> str:
+    """Why ``given`` does not bind the pending call, with the two values shown where they differ.
+
+    A prefix is never a match: the decision must name exactly the arguments the person saw. Cut
+    both to one length, a prefix would print as the very value it is compared with.
+    """
+    if len(given) != len(shown) and shown.startswith(given):
+        return (f"expected the full {len(shown)}-character fingerprint shown by `cuaderno show`, got "
+                f"{len(given)} characters ({given}); a prefix does not bind the arguments; nothing was written")
+    # Show both up to a few characters past the first difference, so they never look alike.
+    differ = next((i for i, (a, b) in enumerate(zip(given, shown, strict=False)) if a != b), min(len(given), len(shown)))
+    cut = max(12, differ + 4)
+
+    def part(value: str) -> str:
+        return value if len(value) <= cut else f"{value[:cut]}… ({len(value)} characters)"
+
+    return (f"the decision names arguments {part(given)}, but the pending call has {part(shown)}; show the person "
+            "the current arguments and decide again; nothing was written")
 
 
 def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, result: Any = None,

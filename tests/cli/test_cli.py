@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -120,8 +121,9 @@ def test_list_shows_runs_newest_first(db: Path, store: SqliteCheckpointer) -> No
     lines = [line for line in result.stdout.splitlines() if line.startswith("r-")]
     assert [line.split()[0] for line in lines] == ["r-new", "r-old"]
     new, old = (line.split() for line in lines)
-    assert new[1:4] == ["completed", "1", "0"] and "$0.250000" in lines[0] and new[-1] == "0"
-    assert old[1:4] == ["suspended", "2", "0"] and old[-1] == "1"
+    # The last two columns: PENDING, UNCERTAIN.
+    assert new[1:4] == ["completed", "1", "0"] and "$0.250000" in lines[0] and new[-2:] == ["0", "0"]
+    assert old[1:4] == ["suspended", "2", "0"] and old[-2:] == ["1", "0"]
     # One call had no price: the cost says so instead of showing only the priced part.
     assert ">= $0.004200, unpriced: 1" in lines[1]
 
@@ -416,3 +418,125 @@ def test_subprocess_show_approve_and_errors(db: Path, store: SqliteCheckpointer,
 
     unknown = run_process("--db", str(db), "deny", "r-missing", APPROVAL)
     assert unknown.returncode == 2 and "no run 'r-missing'" in unknown.stderr
+
+
+# -- what a person reads (review of a fresh clone) -----------------------------------------------------
+
+
+FP64 = hashlib.sha256(b"the arguments shown").hexdigest()
+
+
+def test_fingerprint_prefix_is_refused_and_says_why(db: Path, store: SqliteCheckpointer) -> None:
+    """A 12-character prefix used to be refused with both values cut to 12 characters: identical."""
+    store.append([start("r-fp"), approval_request("r-fp", fingerprint=FP64)])
+    before = len(journal(db, "r-fp")[0])
+    result = cli(db, "approve", "r-fp", APPROVAL, "--fingerprint", FP64[:12])
+    refused(result, "expected the full 64-character fingerprint shown by `cuaderno show`", "got 12 characters")
+    # Same length, different value: both are shown past the first difference, so they differ on screen.
+    other = FP64[:30] + ("0" if FP64[30] != "0" else "1") + FP64[31:]
+    refused(cli(db, "deny", "r-fp", APPROVAL, "--fingerprint", other), other[:34], FP64[:34])
+    assert len(journal(db, "r-fp")[0]) == before
+
+    # Spaces around it and upper-case hex are the same fingerprint; the decision binds the journal's.
+    ok = cli(db, "approve", "r-fp", APPROVAL, "--fingerprint", f"  {FP64.upper()}\n")
+    assert ok.exit_code == 0, ok.output
+    assert journal(db, "r-fp")[0][-1].fingerprint == FP64
+
+
+def test_an_ended_run_has_no_pending_approval(db: Path, store: SqliteCheckpointer) -> None:
+    """Its approval is still requested in the journal, but no decision is accepted any more."""
+    store.append([start("r-done"), approval_request("r-done"), final("r-done")])
+    store.append([start("r-cancel"), approval_request("r-cancel")])
+    assert cli(db, "cancel", "r-cancel").exit_code == 0
+
+    rows = {r["run_id"]: r for r in json.loads(cli(db, "list", "--json").stdout)}
+    assert rows["r-done"]["pending_approvals"] == 0 and rows["r-cancel"]["pending_approvals"] == 0
+    table = cli(db, "list").stdout.splitlines()
+    assert table[1].split()[-2:] == ["PENDING", "UNCERTAIN"]
+    for line in table[3:]:
+        assert line.split()[-2] == "0", line
+    for run, status in (("r-done", "completed"), ("r-cancel", "cancelled")):
+        out = cli(db, "show", run).stdout
+        assert "Pending approvals: 0" in out and "decide with" not in out and "cuaderno approve" not in out
+        assert f"Approvals that will not run: 1 (the run ended {status})" in out and FP in out
+        assert json.loads(cli(db, "show", run, "--json").stdout)["pending_approvals"] == []
+    # A run still open keeps its approval pending, with the command to decide it.
+    suspended_run(store, "r-open")
+    assert json.loads(cli(db, "list", "--status", "suspended", "--json").stdout)[0]["pending_approvals"] == 1
+
+
+def test_list_refuses_an_unknown_status(db: Path, store: SqliteCheckpointer) -> None:
+    suspended_run(store)
+    refused(cli(db, "list", "--status", "bogus"), "'bogus'",
+            "running, suspended, completed, failed, cancelled, needs_human")
+    refused(cli(db, "list", "--status", "bogus", "--json"), "'bogus'")
+
+
+def test_needs_human_says_how_to_settle(db: Path, store: SqliteCheckpointer) -> None:
+    evidence = {"tool": "transfer", "effect_key": "ek-77"}
+    store.append([start("r-u"), StepEvent(run_id="r-u", step_id="t0000.tool00", phase="uncertain", kind="tool",
+                                          name="transfer", payload=evidence)])
+    out = cli(db, "show", "r-u").stdout
+    assert "cuaderno resolve r-u t0000.tool00 --happened [--result JSON]" in out
+    assert "cuaderno resolve r-u t0000.tool00 --not-happened" in out
+    table = cli(db, "list").stdout.splitlines()
+    assert table[1].split()[-1] == "UNCERTAIN"
+    assert table[3].split()[0] == "r-u" and table[3].split()[-2:] == ["0", "1"]
+    # At 80 columns the table fits; narrower, one line per run. Never a cropped column: rich used to
+    # lay this row out one character too wide at 80, and the terminal cut the UNCERTAIN cell off.
+    at_80 = cli(db, "list", env={"COLUMNS": "80"}).stdout
+    assert all(len(line) <= 80 for line in at_80.splitlines()), at_80
+    assert next(line for line in at_80.splitlines() if "r-u" in line).split()[-2:] == ["0", "1"], at_80
+    assert cli(db, "list", env={"COLUMNS": "60"}).stdout.strip().endswith("pending=0 uncertain=1")
+
+    # Cancelled, the effect stays uncertain in the record, but the run will not go on: no hint.
+    assert cli(db, "cancel", "r-u").exit_code == 0
+    closed = cli(db, "show", "r-u").stdout
+    assert "cancelled" in closed and "Uncertain effects: 1" in closed and "cuaderno resolve" not in closed
+
+
+def tool_step(run_id: str, step: str = "t0000.tool00") -> list[StepEvent]:
+    return [StepEvent(run_id=run_id, step_id=step, phase="intent", kind="tool", name="transfer",
+                      payload={"effect_key": "ek-1", "arguments": ARGS}),
+            StepEvent(run_id=run_id, step_id=step, phase="result", kind="tool", name="transfer",
+                      payload={"outcome": "ok", "value": {"paid": 100}})]
+
+
+def test_cancel_twice_says_already_cancelled(db: Path, store: SqliteCheckpointer) -> None:
+    store.append([start("r-c"), *tool_step("r-c"), approval_request("r-c", step="t0001.tool00.approval")])
+    first = cli(db, "cancel", "r-c", "--reason", "changed mind")
+    assert first.exit_code == 0, first.output
+    # One of each, in the singular.
+    assert first.stdout.strip() == ("run r-c cancelled: 1 effect completed, 0 uncertain, "
+                                    "0 cleanup actions scheduled")
+    size = len(journal(db, "r-c")[0])
+    second = cli(db, "cancel", "r-c")
+    assert second.exit_code == 0, second.output
+    assert second.stdout.startswith("run r-c was already cancelled (nothing was written): 1 effect completed")
+    assert len(journal(db, "r-c")[0]) == size
+
+
+def test_a_table_rich_would_crop_is_printed_one_line_per_row() -> None:
+    """rich's measured minimum said this table fits 77..86 columns, but its layout came out one
+    character too wide and the terminal cut the last column off: the value vanished."""
+    from io import StringIO
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from cuaderno import _cli_render as render
+
+    for width in (77, 80, 86):
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        table.add_column("RUN", overflow="fold", min_width=12)
+        table.add_column("STATUS", overflow="fold", min_width=9)
+        for title in ("MODEL CALLS", "TOOL CALLS"):
+            table.add_column(title, justify="right")
+        table.add_column("COST", overflow="fold", min_width=10)
+        table.add_column("PENDING", justify="right")
+        table.add_column("UNCERTAIN", justify="right")
+        table.add_row("nodedup", "needs_human", "0", "0", "$0.000000", "0", "7")
+        out = StringIO()
+        render._print_table(Console(file=out, width=width), table)
+        assert out.getvalue().strip().endswith("pending=0 uncertain=7"), out.getvalue()
