@@ -13,7 +13,9 @@ last process died. Every journal write of every kind is made by some story:
 - ``cancel``: a transfer, then a payout waiting for approval that is cancelled instead; the
   transfer is compensated (``cleanup00``);
 - ``budget``: conflicts until the ``replans`` bound ends the run ``failed``;
-- ``bug``: a tool raises an exception nobody classified: the run ends ``failed`` with evidence.
+- ``bug``: a tool raises an exception nobody classified: the run ends ``failed`` with evidence;
+- ``upgrade``: a run waits for approval under version 1 of the agent; once approved it is
+  resumed by version 2 (new instructions), which migrates it (``migrate.1``) and finishes it.
 
 In ``flaky`` the provider also refuses one request outright (a permanent error, ``error.1``): the
 program stops there, and the next run of it sends the request again (``intent.2``).
@@ -39,6 +41,7 @@ from cuaderno import (
     Compensation,
     ErrorClass,
     GatewayError,
+    Migration,
     ModelRequest,
     ModelResponse,
     Policy,
@@ -59,7 +62,7 @@ from cuaderno import (
 )
 from cuaderno.testing.records import append_synced, read_records
 
-STORIES = ("approvals", "flaky", "cancel", "budget", "bug")
+STORIES = ("approvals", "flaky", "cancel", "budget", "bug", "upgrade")
 RUN = "story"
 
 
@@ -158,6 +161,9 @@ def build(story: str, world: World) -> tuple[Agent, Any]:
     elif story == "budget":
         agent = Agent(instructions=story, tools=[update], budgets=Budgets(replans=2))
         script = [call("update", version=1)] * 5
+    elif story in ("upgrade", "upgrade-v2"):
+        agent = Agent(instructions=story, tools=[transfer], policy=Policy({"transfer": "require_approval"}))
+        script = [call("transfer", to="a", amount=5), ScriptedGateway.text("ok")]
     elif story == "bug":
         agent = Agent(instructions=story, tools=[t["parse"]])
         script = [call("parse", text="n"), call("parse", text="oops"), ScriptedGateway.text("never")]
@@ -193,6 +199,7 @@ async def drive(story: str, db: str, work: Path) -> dict[str, Any]:
     world = World(work)
     agent, gateway = build(story, world)
     store = SqliteCheckpointer(db)
+    session: dict[str, Any] = {}
 
     async def no_wait(seconds: float) -> None:
         await asyncio.sleep(0)
@@ -212,8 +219,15 @@ async def drive(story: str, db: str, work: Path) -> dict[str, Any]:
                 for step_id, pending in cp.pending.items():
                     _decide(story, store, step_id, pending)
                 continue
+            if story == "upgrade" and cp is not None and any(
+                    e.kind == "approval" and e.phase == "decision" for e in store.load(RUN)):
+                # Approved while version 1 waited: version 2 of the program takes it from here.
+                agent, gateway = build("upgrade-v2", world)
+                session["on_version_mismatch"] = Migration(name="v1-to-v2", migrate=lambda old, new, events: {
+                    "note": "instructions reworded; recorded steps stand"})
             try:
-                async for _ in agent.run(f"story {story}", session=Session(RUN, gateway, store, sleep=no_wait)):
+                async for _ in agent.run(f"story {story}", session=Session(RUN, gateway, store, sleep=no_wait,
+                                                                          **session)):
                     pass
             except (UncertainEffect, BudgetExceeded, RunCancelled, RunClosed, GatewayError):
                 pass  # the program stops; whoever runs it next looks at the journal again
