@@ -45,8 +45,10 @@ def test_kill_at_every_point(kind: str, point: str, seed: int, ledgers: dict[str
     report("R1 kill at every point (SQLite)", outcome)
     assert not outcome.violations, f"{outcome.violations}\nreplay: {case.replay_command()}"
     # A point a kind's path never passes is known and pinned: a point that silently stops being
-    # passed (moved, removed) fails here instead of passing as "not reached".
-    assert outcome.crashed == ((kind, point) not in NOT_ON_THE_PATH), (kind, point, outcome.crashed)
+    # passed (moved, removed) fails here instead of passing as "not reached". (A later hit may
+    # legitimately never come: an approval or a final answer stops its process.)
+    if case.hit == 1:
+        assert outcome.crashed == ((kind, point) not in NOT_ON_THE_PATH), (kind, point, outcome.crashed)
     if kind == "tool_nodedup" and outcome.status == "needs_human":
         # At most one receipt per intent (I1 checks per key); the uncertain one may or may not exist.
         assert outcome.ledger_receipts <= case.turns
