@@ -23,7 +23,7 @@ from typing import Protocol
 
 from cuaderno.errors import CuadernoError, FencedOut, RunBusy
 
-__all__ = ["Loop", "key", "pause", "resume", "start", "stop", "took"]
+__all__ = ["Loop", "busy_on_this_thread", "key", "pause", "resume", "start", "stop", "took"]
 
 Where = tuple[str, str]
 
@@ -39,6 +39,8 @@ _busy: dict[Where, Loop] = {}
 """The loop in the middle of a step on each run."""
 _holder: dict[Where, Loop] = {}
 """The loop that took each run over last (busy or paused at a yielded step)."""
+_thread: dict[Where, int] = {}
+"""The thread each busy loop runs on."""
 
 
 def _forget() -> None:
@@ -48,6 +50,7 @@ def _forget() -> None:
     _lock = threading.Lock()
     _busy.clear()
     _holder.clear()
+    _thread.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -85,6 +88,7 @@ def start(where: Where, loop: Loop, *, force: bool) -> None:
                 raise RunBusy(where[1], f"another loop of this process (pid {os.getpid()}), whose finished "
                                         f"steps could not be committed ({exc})") from exc
         _busy[where] = loop
+        _thread[where] = threading.get_ident()
 
 
 def took(where: Where, loop: Loop) -> None:
@@ -107,6 +111,7 @@ def resume(where: Where, loop: Loop) -> bool:
         if _holder.get(where) not in (None, loop) or _busy.get(where) not in (None, loop):
             return False
         _busy[where] = loop
+        _thread[where] = threading.get_ident()
         return True
 
 
@@ -117,3 +122,10 @@ def stop(where: Where, loop: Loop) -> None:
             del _busy[where]
         if _holder.get(where) is loop:
             del _holder[where]
+
+
+def busy_on_this_thread(where: Where) -> bool:
+    """Whether a loop in the middle of a step on this run runs on the calling thread: then it
+    cannot go on (and let the run go) while the caller waits for it."""
+    with _lock:
+        return where in _busy and _thread.get(where) == threading.get_ident()

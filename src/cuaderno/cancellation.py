@@ -12,7 +12,9 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
   will not run;
 - ``cleanup``: compensations scheduled for completed effects. A compensation is another action,
   with its own identity (effect key), its own policy decision and its own failures; it runs only
-  when someone calls :func:`cuaderno.compensate`.
+  when someone calls :func:`cuaderno.compensate`. For an effect a person settled
+  (``resolve(happened=True)``) the entry names the original call (``derive_from``), and
+  ``compensate`` works its compensation out from the agent's declaration.
 """
 
 from __future__ import annotations
@@ -87,8 +89,12 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
             pass  # another process cancelled first: its request stands
         cp = store.checkpoint(run_id)
         assert cp is not None
-        if cp.status in ("suspended", "needs_human") and cp.cancel_requested is not None:
-            time.sleep(0.01 * min(tries + 1, 10))  # held while it waits for a person: its holder is stopping
+        if (cp.status in ("suspended", "needs_human") and cp.cancel_requested is not None
+                and not _holds.busy_on_this_thread(_holds.key(store, run_id))):
+            # Held while it waits for a person: its holder is stopping. (Not when the holder is a
+            # loop on this very thread, say the caller's own: it cannot stop while we wait, and
+            # it meets the request itself.)
+            time.sleep(0.01 * min(tries + 1, 10))
             continue
         return cp
     raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while it was being cancelled; nothing was "
@@ -185,6 +191,13 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
                 if result.payload.get("compensation"):
                     cleanup.append({"for_step": ev.step_id, **result.payload["compensation"],
                                     "status": "scheduled"})
+                elif result.decision == "resolved" and not ev.step_id.startswith("cleanup"):
+                    # A person found it happened: its result was written without the agent, so
+                    # its compensation (if the tool declares one) is worked out by compensate().
+                    evidence = (by_key.get((ev.step_id, "uncertain")) or ev).payload
+                    cleanup.append({"for_step": ev.step_id, "derive_from": {
+                        "tool": ev.name, "arguments": evidence.get("arguments"),
+                        "value": result.payload.get("value")}, "status": "scheduled"})
         elif ev.kind == "approval" and ev.phase == "request":
             decided = by_key.get((ev.step_id, "decision"))
             # Waiting for a person, or approved and never started: either way it will not run.

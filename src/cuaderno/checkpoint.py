@@ -65,6 +65,9 @@ class Checkpoint:
     versions: dict[str, Any] = field(default_factory=dict[str, Any])
     """Schema, loop, policy and capability versions the run started under."""
     task_fingerprint: str | None = None
+    tenant: str | None = None
+    """The tenant the run started under (part of every effect key); ``None`` for runs journaled
+    before it was recorded."""
     counters: dict[str, int] = field(default_factory=dict[str, int])
     cost_usd: float = 0.0
     """Sum of priced calls only; unpriced calls are counted in ``counters['unpriced_calls']``."""
@@ -88,12 +91,16 @@ class Checkpoint:
         return self.counters.get(name, 0)
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form."""
-        return {"run_id": self.run_id, "status": self.status, "last_seq": self.last_seq,
-                "last_hash": self.last_hash, "next_step": self.next_step, "epoch": self.epoch,
-                "versions": self.versions, "task_fingerprint": self.task_fingerprint,
-                "counters": self.counters, "cost_usd": self.cost_usd, "pending": self.pending,
-                "uncertain": self.uncertain, "outcome": self.outcome, "cancel_requested": self.cancel_requested}
+        """The stored form. ``tenant`` only when the run recorded one, so the projection of a
+        journal written before it existed is unchanged."""
+        out = {"run_id": self.run_id, "status": self.status, "last_seq": self.last_seq,
+               "last_hash": self.last_hash, "next_step": self.next_step, "epoch": self.epoch,
+               "versions": self.versions, "task_fingerprint": self.task_fingerprint,
+               "counters": self.counters, "cost_usd": self.cost_usd, "pending": self.pending,
+               "uncertain": self.uncertain, "outcome": self.outcome, "cancel_requested": self.cancel_requested}
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
+        return out
 
     def dumps(self) -> str:
         """The stored form, encoded. With ASCII escapes when it holds a lone surrogate (a model's
@@ -112,6 +119,7 @@ class Checkpoint:
         return cls(run_id=data["run_id"], status=data["status"], last_seq=data["last_seq"],
                    last_hash=data["last_hash"], next_step=data["next_step"], epoch=data.get("epoch", 0),
                    versions=data.get("versions") or {}, task_fingerprint=data.get("task_fingerprint"),
+                   tenant=data.get("tenant"),
                    counters=data.get("counters") or {}, cost_usd=data.get("cost_usd", 0.0),
                    pending=data.get("pending") or {}, uncertain=data.get("uncertain") or {},
                    outcome=data.get("outcome"), cancel_requested=data.get("cancel_requested"))
@@ -143,9 +151,21 @@ def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
         cp.status = "running"
         cp.versions = dict(ev.payload.get("versions") or {})
         cp.task_fingerprint = ev.fingerprint
+        tenant = ev.payload.get("tenant")
+        cp.tenant = tenant if isinstance(tenant, str) else None
     elif ev.phase == "end":
         cp.status = str(ev.payload.get("status", "failed"))
         cp.outcome = ev.payload
+        # Effects in flight when the run ended stay open questions a person can settle
+        # (``resolve``), listed with the uncertain ones.
+        for entry in ev.payload.get("uncertain") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("step_id"), str):
+                found = entry.get("evidence")
+                evidence: dict[str, Any] = found if isinstance(found, dict) else {}
+                cp.uncertain.setdefault(entry["step_id"], {**evidence, "tool": entry.get("tool"),
+                                                           "effect_key": entry.get("effect_key"),
+                                                           "reason": evidence.get("reason") or "in flight when the "
+                                                           "run ended"})
     elif ev.phase.startswith("migrate"):
         cp.versions = dict(ev.payload.get("to") or {})
     elif ev.phase == "counters":
@@ -211,7 +231,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
             cp._bump("tool_calls")
         elif outcome == "denied":
             cp._bump("tool_denied")
-        else:
+        elif outcome != "nothing_to_do":  # a compensation the tool does not declare: nothing ran
             cp._bump("tool_errors")
         for name, n in (ev.payload.get("counters") or {}).items():
             cp._bump(name, int(n))

@@ -155,7 +155,9 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
                                     f"(uncertain: {', '.join(sorted(cp.uncertain)) or 'none'})")
     record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
     events = store.load(run_id)
-    uncertain = next(ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain")
+    # The uncertain event, or (for an effect in flight when the run was closed) its intent.
+    uncertain = next((ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain"), None) or next(
+        ev for ev in events if ev.step_id == step_id and ev.phase == "intent")
     if happened:
         event = StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="tool", name=uncertain.name,
                           decision="resolved", fingerprint=uncertain.fingerprint,

@@ -46,6 +46,7 @@ from cuaderno import (
     cancel,
     compensate,
     deny,
+    resolve,
     tool,
 )
 
@@ -601,6 +602,146 @@ async def test_a_run_failed_on_a_bound_names_the_effect_in_flight(store: Any) ->
     assert cp.status == "failed" and gw.calls == 0
     assert [u["step_id"] for u in cp.outcome["uncertain"]] == ["t0002.tool00"]
     assert cp.outcome["uncertain"][0]["effect_key"].startswith("eff-")
+    # Still an open question a person can settle, and `cuaderno show` lists it.
+    assert list(cp.uncertain) == ["t0002.tool00"]
+    resolve(store, "b", "t0002.tool00", happened=False, by="ops")
+    assert store.checkpoint("b").uncertain == {} and store.checkpoint("b").status == "failed"
+
+
+async def test_a_transfer_a_person_confirmed_is_compensated_on_cancel(store: Any) -> None:
+    """Killed with the transfer in flight, no lookup: a person confirms it happened. Its result
+    is written without the agent, so a later cancellation must still schedule its refund."""
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools())
+    script = [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.call("transfer", to="d", amount=1),
+              ScriptedGateway.text("done")]
+    await collect(agent, "t", Session("full", ScriptedGateway(script), store))
+    _cut(store, "full", "conf", ("t0000.tool00", "intent"))
+    with pytest.raises(UncertainEffect):
+        await collect(agent, "t", Session("conf", ScriptedGateway(script), store))
+    resolve(store, "conf", "t0000.tool00", happened=True, result={"ok": True}, by="ops")
+    with pytest.raises(RunCancelled):
+        async for step in agent.run("t", session=Session("conf", ScriptedGateway(script), store)):
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, "conf", "abort")
+    bank.moves.clear()
+    results = await compensate(agent, store, "conf")
+    assert [r["outcome"] for r in results] == ["ok", "ok"] and sorted(bank.moves) == [("c", -5), ("d", -1)]
+
+
+async def test_a_compensation_whose_reply_is_lost_is_reconciled_not_recorded_as_an_error(store: Any) -> None:
+    receipts: list[str] = []
+    lost = [True]
+
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    def find(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        return {"key": ctx.effect_key} if ctx.effect_key in receipts else None
+
+    @tool(lookup=find)
+    def refund(to: str, amount: int, ctx: ToolContext) -> str:
+        """Give money back; the first reply is lost after the refund went through."""
+        receipts.append(ctx.effect_key)
+        if lost.pop() if lost else False:
+            raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+        return "refunded"
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+    with pytest.raises(RunCancelled):
+        async for step in agent.run("t", session=Session("amb", ScriptedGateway(
+                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, "amb", "abort")
+    results = await compensate(agent, store, "amb")
+    assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"reconciled": 1}
+    assert len(receipts) == 1  # found by the lookup, not sent again
+
+
+async def test_an_unsettleable_compensation_asked_again_writes_nothing(store: Any) -> None:
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    @tool
+    def refund(to: str, amount: int) -> str:
+        """Give money back (no lookup); its reply is always lost."""
+        raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+    with pytest.raises(RunCancelled):
+        async for step in agent.run("t", session=Session("uns", ScriptedGateway(
+                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, "uns", "abort")
+    with pytest.raises(UncertainEffect):
+        await compensate(agent, store, "uns")
+    rows = len(store.load("uns"))
+    for _ in range(3):  # a cron retrying it: the same answer, and the journal does not grow
+        with pytest.raises(UncertainEffect):
+            await compensate(agent, store, "uns")
+    assert len(store.load("uns")) == rows and store.checkpoint("uns").count("uncertain") == 1
+
+
+async def test_the_tenant_is_checked_before_anything_is_written(store: Any) -> None:
+    bank = Bank()
+    v1 = Agent(instructions="v1", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="f", amount=3), ScriptedGateway.text("done")]
+    await collect(v1, "t", Session("ten", ScriptedGateway(script), store, tenant="acme"))
+    rows = len(store.load("ten"))
+    v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    for choice in (Migration(name="m", migrate=lambda old, new, events: {}), "cancel"):
+        with pytest.raises(ReplayDivergence, match="tenant"):
+            await collect(v2, "t", Session("ten", ScriptedGateway(script), store, tenant="other",
+                                           on_version_mismatch=choice))
+    assert len(store.load("ten")) == rows and store.checkpoint("ten").status == "suspended"
+    cancel(store, "ten", "stop")
+    with pytest.raises(ReplayDivergence, match="tenant"):
+        await compensate(v1, store, "ten", tenant="other")
+    assert len(store.load("ten")) == rows + 2  # the cancellation only (request and record)
+    bank.moves.clear()
+    await compensate(v1, store, "ten")  # the run's own tenant by default
+
+
+async def test_cancel_on_a_version_mismatch_does_not_wait_for_its_own_loop(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resuming loop asks for the cancellation itself while it holds the run: cancel() must
+    not wait for a holder that is its own caller (it used to sleep 2 s, blocking the event loop)."""
+    import cuaderno.cancellation
+
+    bank, script = await _suspended_run(store, "v1")
+
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError("cancel() waited for the loop that called it")
+
+    monkeypatch.setattr(cuaderno.cancellation.time, "sleep", no_sleep)
+    v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    with pytest.raises(RunCancelled):
+        await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="cancel"))
+    assert store.checkpoint("v").status == "cancelled"
+
+
+async def test_a_migration_to_an_agent_that_refuses_a_started_call_is_not_recorded(store: Any) -> None:
+    bank = Bank()
+    v1 = Agent(instructions="i", tools=bank.tools())
+    await collect(v1, "t", Session("full", ScriptedGateway([ScriptedGateway.call("transfer", to="f", amount=3),
+                                                            ScriptedGateway.text("done")]), store))
+    _cut(store, "full", "sch", ("t0000.tool00", "intent"))
+    rows = len(store.load("sch"))
+
+    @tool
+    def transfer(to: str, amount: int, currency: str) -> str:
+        """Move money (now with a required currency)."""
+        return "moved"
+
+    v2 = Agent(instructions="i", tools=[transfer])
+    with pytest.raises(ReplayDivergence, match="refuses that call"):
+        await collect(v2, "t", Session("sch", ScriptedGateway([]), store,
+                                       on_version_mismatch=Migration(name="m", migrate=lambda old, new, events: {})))
+    assert len(store.load("sch")) == rows
 
 
 async def test_a_failing_migration_leaves_the_journal_as_it_was(store: Any, tmp_path: Path) -> None:

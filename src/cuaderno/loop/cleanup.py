@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from pydantic_core import to_jsonable_python
 
 from cuaderno import _holds
-from cuaderno.errors import CuadernoError, RunNotFound, ToolError, UncertainEffect
+from cuaderno.errors import CuadernoError, ErrorClass, ReplayDivergence, RunNotFound, ToolError, UncertainEffect
 from cuaderno.events import StepEvent, cleanup_step_id
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop._state import effect_key, recorded_effect_key
@@ -28,15 +28,21 @@ from cuaderno.tools.definition import Tool, ToolContext
 __all__ = ["compensate"]
 
 
-async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: str = "default") -> list[dict[str, Any]]:
+async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
+                     tenant: str | None = None) -> list[dict[str, Any]]:
     """Run the cleanup a cancelled run scheduled; return each compensation's journaled result.
+
+    Args:
+        tenant: the run's tenant (part of each compensation's effect key). By default the one
+            the run started under; another one is refused.
 
     Raises:
         RunNotFound: no such run.
         CuadernoError: the run is not cancelled (only a cancellation schedules cleanup).
-        UncertainEffect: a compensation started before and has no result, and nothing can
-            settle it (no lookup, or the lookup failed). The run stays cancelled;
-            :func:`cuaderno.resolve` settles the step and ``compensate`` goes on.
+        ReplayDivergence: ``tenant`` is not the run's.
+        UncertainEffect: a compensation was sent and nobody can tell whether it happened (no
+            lookup, or the lookup failed). The run stays cancelled; :func:`cuaderno.resolve`
+            settles the step and ``compensate`` goes on.
         RunBusy: another live process (or loop of this process) is compensating the run.
     """
     cp = store.checkpoint(run_id)
@@ -44,6 +50,9 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: 
         raise RunNotFound(run_id)
     if cp.status != "cancelled":
         raise CuadernoError(f"run {run_id!r} is {cp.status}, not cancelled: it has no cleanup to run")
+    if tenant is not None and cp.tenant is not None and tenant != cp.tenant:
+        raise ReplayDivergence(run_id, "run", f"tenant {cp.tenant!r}", f"tenant {tenant!r}")
+    tenant = tenant or cp.tenant or "default"
     where, me = _holds.key(store, run_id), _Compensator()
     _holds.start(where, me, force=False)  # a loop of this process compensating it right now keeps it
     try:
@@ -57,7 +66,7 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: 
                 step_id = cleanup_step_id(index)
                 done = journal.get((step_id, "result"))
                 if done is None:
-                    done = await _one(agent, store, epoch, run_id, tenant, step_id, entry, journal)
+                    done = await _One(agent, store, epoch, run_id, tenant, step_id, journal).run(entry)
                 results.append(done.payload)
             return results
         finally:
@@ -73,57 +82,146 @@ class _Compensator:
         pass
 
 
-async def _one(agent: Agent, store: Checkpointer, epoch: int, run_id: str, tenant: str, step_id: str,
-               entry: dict[str, Any], journal: dict[tuple[str, str], StepEvent]) -> StepEvent:
-    """Run (or reconcile, then maybe re-send) one compensation; returns its journaled result."""
-    name, arguments = str(entry.get("tool")), entry.get("arguments")
-    tool = agent.tools.get(name)
+_MAX_SENDS = 3
+"""Sends of one compensation in one ``compensate`` call (a lost reply, then a proven absence)."""
 
-    def write(phase: str, decision: str | None, payload: dict[str, Any]) -> StepEvent:
-        return store.append([StepEvent(run_id=run_id, step_id=step_id, phase=phase, kind="tool", name=name,
-                                       decision=decision, payload=payload)], epoch=epoch)[0]
 
-    def result(outcome: str, decision: str | None, **payload: Any) -> StepEvent:
-        return write("result", decision, {"outcome": outcome, **payload})
+class _One:
+    """One compensation: run it, or reconcile it and maybe send it again, with the same replay
+    rules as any tool step (write-ahead intent, the key it was first sent with, lookup before
+    any re-send, uncertain when nobody can know)."""
 
-    if tool is None or not isinstance(arguments, dict):
-        error = ToolError(f"compensation {name!r} cannot run: unknown tool or no arguments ({entry.get('error')})")
-        return result("error", None, error=error.to_json())
-    intents = _numbered(journal, step_id, "intent")
-    # A compensation already sent keeps the key it was sent with (the policy version may differ now).
-    ekey = (recorded_effect_key(intents[0]) if intents else None) or effect_key(
-        tenant, run_id, f"compensation:{tool.effect_type}", {"for": entry.get("for_step"), "arguments": arguments},
-        agent.policy.version)
-    ctx = ToolContext(run_id=run_id, step_id=step_id, tool=name, effect_key=ekey, tenant=tenant)
-    after: str | None = None
-    if intents:
-        # Sent before, never recorded how it ended: the same rules as any tool step.
-        resolutions = _numbered(journal, step_id, "resolution")
-        if resolutions and resolutions[-1].decision == "not_happened" and resolutions[-1].seq > intents[-1].seq:
-            after = "not_happened"  # a person established it did not happen, and nothing was sent since
-        elif tool.idempotent:
-            after = "unknown"
+    def __init__(self, agent: Agent, store: Checkpointer, epoch: int, run_id: str, tenant: str, step_id: str,
+                 journal: dict[tuple[str, str], StepEvent]) -> None:
+        self.agent, self.store, self.epoch, self.run_id = agent, store, epoch, run_id
+        self.tenant, self.step_id, self.journal = tenant, step_id, journal
+        self.name = ""
+
+    def write(self, phase: str, decision: str | None, payload: dict[str, Any]) -> StepEvent:
+        ev = self.store.append([StepEvent(run_id=self.run_id, step_id=self.step_id, phase=phase, kind="tool",
+                                          name=self.name, decision=decision, payload=payload)], epoch=self.epoch)[0]
+        self.journal[(self.step_id, phase)] = ev
+        return ev
+
+    def result(self, outcome: str, decision: str | None, **payload: Any) -> StepEvent:
+        return self.write("result", decision, {"outcome": outcome, **payload})
+
+    async def run(self, entry: dict[str, Any]) -> StepEvent:
+        name, arguments = _what(self.agent, entry)
+        self.name = str(name)
+        tool = self.agent.tools.get(self.name)
+        if name is None:
+            # Settled by a person, and this tool declares no compensation: nothing to undo.
+            return self.result("nothing_to_do", None, reason="the tool declares no compensation")
+        if tool is None or not isinstance(arguments, dict):
+            error = ToolError(f"compensation {name!r} cannot run: unknown tool or no arguments "
+                              f"({entry.get('error')})")
+            return self.result("error", None, error=error.to_json())
+        intents = _numbered(self.journal, self.step_id, "intent")
+        # A compensation already sent keeps the key it was sent with (the policy version may differ now).
+        ekey = (recorded_effect_key(intents[0]) if intents else None) or effect_key(
+            self.tenant, self.run_id, f"compensation:{tool.effect_type}",
+            {"for": entry.get("for_step"), "arguments": arguments}, self.agent.policy.version)
+        ctx = ToolContext(run_id=self.run_id, step_id=self.step_id, tool=self.name, effect_key=ekey,
+                          tenant=self.tenant)
+        after: str | None = None
+        if intents:
+            reconciled = await self._reconcile(tool, ctx, arguments, intents)
+            if isinstance(reconciled, StepEvent):
+                return reconciled
+            after = reconciled
         else:
+            verdict = self.agent.policy.decide(self.name, arguments)
+            if verdict.decision != "allow":  # a compensation needs its own permission
+                return self.result("denied", verdict.decision, reason=verdict.reason)
+        for _ in range(_MAX_SENDS):
+            payload: dict[str, Any] = {"effect_key": ekey, "for_step": entry.get("for_step")}
+            if after is not None:
+                payload["after"] = after
+            sent = len(_numbered(self.journal, self.step_id, "intent"))
+            self.write("intent" if sent == 0 else f"intent.{sent + 1}", "allow", payload)
             try:
-                found = await _lookup(tool, ctx, arguments)
-            except Exception as exc:
-                _uncertain(write, journal, step_id, name, arguments, ekey, f"lookup failed: {exc!r}")
-            if found is not None:
-                return result("ok", "allow", value=found, effect_key=ekey, counters={"reconciled": 1})
-            after = "absent"  # absence proven: the only case where sending again is safe
-    else:
-        verdict = agent.policy.decide(name, arguments)
-        if verdict.decision != "allow":  # a compensation needs its own permission
-            return result("denied", verdict.decision, reason=verdict.reason)
-    payload: dict[str, Any] = {"effect_key": ekey, "for_step": entry.get("for_step")}
-    if after is not None:
-        payload["after"] = after
-    write("intent" if not intents else f"intent.{len(intents) + 1}", "allow", payload)
+                value = await tool.invoke(tool.validate(arguments), ctx)
+            except ToolError as err:
+                if err.error_class is not ErrorClass.AMBIGUOUS and after not in ("unknown",):
+                    return self.result("error", "allow", error=err.to_json(), effect_key=ekey)
+                # Sent, and nobody knows how it ended (a lost reply; or a re-send after an
+                # unknown outcome that failed, which says nothing about the first send).
+                found = await self._ask(tool, ctx, arguments, f"{err.error_class.value}: {err}")
+                if isinstance(found, StepEvent):
+                    return found
+                after = "unknown" if tool.idempotent else "absent"
+                continue
+            return self.result("ok", "allow", value=value, effect_key=ekey)
+        self._uncertain(arguments, ekey, "re-send bound reached")
+
+    async def _reconcile(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],
+                         intents: list[StepEvent]) -> str | StepEvent:
+        """Sent before, never recorded how it ended. Returns why it is sent again, or its result."""
+        resolutions = _numbered(self.journal, self.step_id, "resolution")
+        if resolutions and resolutions[-1].decision == "not_happened" and resolutions[-1].seq > intents[-1].seq:
+            return "not_happened"  # a person established it did not happen, and nothing was sent since
+        if tool.idempotent:
+            return "unknown"
+        found = await self._ask(tool, ctx, arguments, "sent before, never recorded how it ended",
+                                first=not self._uncertain_since_sent(intents))
+        return found if isinstance(found, StepEvent) else "absent"
+
+    async def _ask(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any], why: str, *,
+                   first: bool = True) -> StepEvent | None:
+        """Ask the receiver through the tool's lookup: the result if found, ``None`` if absence
+        is proven. An idempotent tool needs no answer (``None``: send it again, same key)."""
+        if tool.idempotent:
+            return None
+        if tool.lookup is None:
+            if not first:  # found uncertain already, and nothing can answer: say so, write nothing
+                raise UncertainEffect(self.run_id, self.step_id, dict(self._latest_uncertain()))
+            self._uncertain(arguments, ctx.effect_key, f"{why}; no lookup for this tool")
+        try:
+            found = await _lookup(tool, ctx, arguments)
+        except Exception as exc:
+            self._uncertain(arguments, ctx.effect_key, f"{why}; lookup failed: {exc!r}")
+        if found is None:
+            return None
+        return self.result("ok", "allow", value=found, effect_key=ctx.effect_key, counters={"reconciled": 1})
+
+    def _uncertain_since_sent(self, intents: list[StepEvent]) -> bool:
+        """Whether it was found uncertain since it was last sent (without a lookup, asking again
+        can only say the same)."""
+        tries = _numbered(self.journal, self.step_id, "uncertain")
+        return bool(tries) and tries[-1].seq > intents[-1].seq
+
+    def _latest_uncertain(self) -> dict[str, Any]:
+        tries = _numbered(self.journal, self.step_id, "uncertain")
+        return tries[-1].payload if tries else {}
+
+    def _uncertain(self, arguments: dict[str, Any], ekey: str, reason: str) -> NoReturn:
+        """Nobody knows whether the compensation happened: journal the evidence (each try its own
+        event) and stop. The run stays cancelled; ``resolve`` settles the step, then
+        ``compensate`` goes on."""
+        tries = len(_numbered(self.journal, self.step_id, "uncertain"))
+        evidence = {"tool": self.name, "arguments": arguments, "effect_key": ekey, "reason": reason}
+        self.write("uncertain" if tries == 0 else f"uncertain.{tries + 1}", None, evidence)
+        raise UncertainEffect(self.run_id, self.step_id, evidence)
+
+
+def _what(agent: Agent, entry: dict[str, Any]) -> tuple[str | None, Any]:
+    """The compensation's tool and arguments. An entry for an effect a person settled carries
+    what the original call was (``derive_from``): its compensation is worked out here, from the
+    agent's declaration (``None``: the tool declares none)."""
+    origin = entry.get("derive_from")
+    if not isinstance(origin, dict):
+        return entry.get("tool"), entry.get("arguments")
+    tool = agent.tools.get(str(origin.get("tool")))
+    if tool is None:
+        return str(origin.get("tool")), None
+    if tool.compensation is None:
+        return None, None
     try:
-        value = await tool.invoke(tool.validate(arguments), ctx)
-    except ToolError as err:
-        return result("error", "allow", error=err.to_json(), effect_key=ekey)
-    return result("ok", "allow", value=value, effect_key=ekey)
+        arguments = to_jsonable_python(tool.compensation.arguments(origin.get("arguments") or {}, origin.get("value")))
+    except Exception:
+        return tool.compensation.tool, None
+    return tool.compensation.tool, arguments
 
 
 def _numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: str) -> list[StepEvent]:
@@ -134,22 +232,9 @@ def _numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: st
     return out
 
 
-def _uncertain(write: Any, journal: dict[tuple[str, str], StepEvent], step_id: str, name: str,
-               arguments: dict[str, Any], ekey: str, reason: str) -> NoReturn:
-    """Nobody knows whether the compensation happened: journal the evidence (each try its own
-    event) and stop. The run stays cancelled; ``resolve`` settles the step, then ``compensate``
-    goes on."""
-    tries = len(_numbered(journal, step_id, "uncertain"))
-    evidence = {"tool": name, "arguments": arguments, "effect_key": ekey, "reason": reason}
-    ev = write("uncertain" if tries == 0 else f"uncertain.{tries + 1}", None, evidence)
-    raise UncertainEffect(ev.run_id, step_id, evidence)
-
-
 async def _lookup(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
-    """The receipt the tool's lookup finds (``None``: absence proven). Raises when there is no
-    lookup or it failed: then nobody knows."""
-    if tool.lookup is None:
-        raise LookupError("no lookup for this tool")
+    """The receipt the tool's lookup finds (``None``: absence proven)."""
+    assert tool.lookup is not None
     found = tool.lookup(ctx, arguments)
     if inspect.isawaitable(found):
         found = await found

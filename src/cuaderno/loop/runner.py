@@ -47,6 +47,7 @@ from cuaderno.errors import (
     RunCancelled,
     RunChanged,
     RunClosed,
+    ToolError,
     UncertainEffect,
     VersionMismatch,
 )
@@ -90,11 +91,6 @@ class Runner(ModelSteps, ToolSteps):
         _holds.took(self.where, self)
         crash.point("recovery.R3")
         events = self.store.load(self.run_id)
-        started = events[0].payload.get("tenant") if events and events[0].kind == "run" else None
-        if started is not None and started != self.s.tenant:
-            # Every effect key holds the tenant: resumed under another, the run's effects would
-            # carry two identities (runs journaled before the tenant was recorded are not checked).
-            raise ReplayDivergence(self.run_id, "run", f"tenant {started!r}", f"tenant {self.s.tenant!r}")
         migrate_seq = 0
         for ev in events:
             self.journal[(ev.step_id, ev.phase)] = ev
@@ -120,6 +116,11 @@ class Runner(ModelSteps, ToolSteps):
     def _check_resumable(self, cp: Checkpoint, task_fp: str) -> FinalStep | None:
         if cp.task_fingerprint != task_fp:
             raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
+        if cp.tenant is not None and cp.tenant != self.s.tenant:
+            # Every effect key holds the tenant: resumed under another, the run's effects would
+            # carry two identities. Checked before anything is written (a migration, a cancel
+            # request). Runs journaled before the tenant was recorded are not checked.
+            raise ReplayDivergence(self.run_id, "run", f"tenant {cp.tenant!r}", f"tenant {self.s.tenant!r}")
         if cp.status == "completed":
             outcome = cp.outcome or {}
             return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome)
@@ -147,12 +148,14 @@ class Runner(ModelSteps, ToolSteps):
         if isinstance(choice, Migration):
             events = self.store.load(self.run_id)
             for started in in_flight(events):
-                if started["tool"] not in self.agent.tools:
+                problem = self._refuses(started["tool"], _call_arguments(events, started["step_id"]))
+                if problem is not None:
                     # Refused before the migration is recorded: the run would be left migrated
-                    # to an agent that cannot settle a transfer that may have happened.
+                    # to an agent that cannot settle an effect that may have happened.
                     raise ReplayDivergence(self.run_id, started["step_id"],
                                            f"tool {started['tool']!r} started and not finished",
-                                           "an agent without that tool; the migration was not recorded")
+                                           f"an agent that refuses that call ({problem}); the migration was "
+                                           "not recorded")
             try:
                 record = choice.migrate(dict(cp.versions), dict(versions), events)
             except Exception as exc:
@@ -163,6 +166,19 @@ class Runner(ModelSteps, ToolSteps):
                                                                     "name": choice.name, "record": record})])
             return
         raise VersionMismatch(self.run_id, cp.versions, versions)
+
+    def _refuses(self, name: str, arguments: dict[str, Any] | None) -> str | None:
+        """Why this agent would refuse a call it must settle (``None``: it accepts it)."""
+        tool = self.agent.tools.get(name)
+        if tool is None:
+            return f"no tool {name!r}"
+        if arguments is None:
+            return None  # the journal does not say (a custom history): the loop checks it on replay
+        try:
+            tool.validate(arguments)
+        except ToolError as exc:
+            return str(exc)
+        return None
 
     def _after_migration(self, events: list[StepEvent], migrate_seq: int) -> None:
         """Recorded turns stand as decided; the first turn after the migration carries a marker."""
@@ -327,3 +343,16 @@ class Runner(ModelSteps, ToolSteps):
                 continue  # something was written since the read (or the run was closed): look again
             raise RunCancelled(self.run_id, record)
         raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")
+
+
+def _call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | None:
+    """The arguments the model gave the tool call at ``step_id`` (``tNNNN.toolMM``), from the
+    journaled response of that turn; ``None`` if the journal does not hold them."""
+    turn, _, index = step_id.partition(".tool")
+    model = next((e for e in events if e.step_id == f"{turn}.model" and e.phase == "result"), None)
+    try:
+        call = (model.payload["response"]["tool_calls"] if model is not None else [])[int(index)]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    arguments = call.get("arguments") if isinstance(call, dict) else None
+    return arguments if isinstance(arguments, dict) else None
