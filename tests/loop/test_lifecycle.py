@@ -629,6 +629,29 @@ async def test_a_transfer_a_person_confirmed_is_compensated_on_cancel(store: Any
     assert [r["outcome"] for r in results] == ["ok", "ok"] and sorted(bank.moves) == [("c", -5), ("d", -1)]
 
 
+async def test_a_confirmed_effect_of_a_tool_without_compensation_needs_no_cleanup(store: Any) -> None:
+    @tool
+    def notify(text: str) -> str:
+        """Send a message (nothing to undo)."""
+        return "sent"
+
+    agent = Agent(instructions="i", tools=[notify])
+    script = [ScriptedGateway.call("notify", text="hi"), ScriptedGateway.call("notify", text="again"),
+              ScriptedGateway.text("done")]
+    await collect(agent, "t", Session("full", ScriptedGateway(script), store))
+    _cut(store, "full", "nt", ("t0000.tool00", "intent"))
+    with pytest.raises(UncertainEffect):
+        await collect(agent, "t", Session("nt", ScriptedGateway(script), store))
+    resolve(store, "nt", "t0000.tool00", happened=True, by="ops")
+    cancel(store, "nt", "abort")  # running, with no loop: its next resume closes it
+    with pytest.raises(RunCancelled):
+        await collect(agent, "t", Session("nt", ScriptedGateway(script), store))
+    results = await compensate(agent, store, "nt")
+    assert [r["outcome"] for r in results] == ["nothing_to_do"]
+    cp = store.checkpoint("nt")
+    assert cp.count("tool_errors") == 0 and store.load("nt")[-1].name == "notify"
+
+
 async def test_a_compensation_whose_reply_is_lost_is_reconciled_not_recorded_as_an_error(store: Any) -> None:
     receipts: list[str] = []
     lost = [True]

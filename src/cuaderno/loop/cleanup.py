@@ -108,11 +108,12 @@ class _One:
 
     async def run(self, entry: dict[str, Any]) -> StepEvent:
         name, arguments = _what(self.agent, entry)
-        self.name = str(name)
-        tool = self.agent.tools.get(self.name)
         if name is None:
-            # Settled by a person, and this tool declares no compensation: nothing to undo.
+            # Settled by a person, and its tool declares no compensation: nothing to undo.
+            self.name = str((entry.get("derive_from") or {}).get("tool"))
             return self.result("nothing_to_do", None, reason="the tool declares no compensation")
+        self.name = name
+        tool = self.agent.tools.get(self.name)
         if tool is None or not isinstance(arguments, dict):
             error = ToolError(f"compensation {name!r} cannot run: unknown tool or no arguments "
                               f"({entry.get('error')})")
