@@ -33,7 +33,7 @@ from cuaderno.errors import (
     RunNotFound,
     UsageError,
 )
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, call_arguments
 from cuaderno.journal.base import Checkpointer, validate_event
 
 __all__ = ["cancel", "cancellation_record", "close", "in_flight"]
@@ -166,7 +166,15 @@ def in_flight(events: list[StepEvent]) -> list[dict[str, Any]]:
     Any record that closes a run lists them, so closing it never hides one."""
     by_key = {(e.step_id, e.phase): e for e in events}
     return [_in_flight(ev, by_key) for ev in events
-            if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key]
+            if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key
+            and not _settled_absent(events, ev.step_id)]
+
+
+def _settled_absent(events: list[StepEvent], step_id: str) -> bool:
+    """A person established the step's effect did not happen, and nothing was sent since."""
+    last_send = max((e.seq for e in events if e.step_id == step_id and e.phase.startswith("intent")), default=0)
+    return any(e.step_id == step_id and e.phase.startswith("resolution") and e.decision == "not_happened"
+               and e.seq > last_send for e in events)
 
 
 def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
@@ -185,7 +193,8 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
         if ev.kind == "tool" and ev.phase == "intent":
             result = by_key.get((ev.step_id, "result"))
             if result is None:
-                uncertain.append(_in_flight(ev, by_key))
+                if not _settled_absent(events, ev.step_id):
+                    uncertain.append(_in_flight(ev, by_key))
             elif result.payload.get("outcome") == "ok":
                 completed.append({"step_id": ev.step_id, "tool": ev.name, "effect_key": ev.payload.get("effect_key")})
                 if result.payload.get("compensation"):
@@ -195,8 +204,10 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
                     # A person found it happened: its result was written without the agent, so
                     # its compensation (if the tool declares one) is worked out by compensate().
                     evidence = (by_key.get((ev.step_id, "uncertain")) or ev).payload
+                    arguments = evidence.get("arguments")
                     cleanup.append({"for_step": ev.step_id, "derive_from": {
-                        "tool": ev.name, "arguments": evidence.get("arguments"),
+                        "tool": ev.name,
+                        "arguments": arguments if isinstance(arguments, dict) else call_arguments(events, ev.step_id),
                         "value": result.payload.get("value")}, "status": "scheduled"})
         elif ev.kind == "approval" and ev.phase == "request":
             decided = by_key.get((ev.step_id, "decision"))

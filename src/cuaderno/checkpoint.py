@@ -160,6 +160,8 @@ def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
         # (``resolve``), listed with the uncertain ones.
         for entry in ev.payload.get("uncertain") or ():
             if isinstance(entry, dict) and isinstance(entry.get("step_id"), str):
+                if entry["step_id"] not in cp.uncertain:
+                    cp._bump("uncertain")
                 found = entry.get("evidence")
                 evidence: dict[str, Any] = found if isinstance(found, dict) else {}
                 cp.uncertain.setdefault(entry["step_id"], {**evidence, "tool": entry.get("tool"),
@@ -239,7 +241,11 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
             del cp.uncertain[ev.step_id]
             if cp.status == "needs_human" and not cp.uncertain:
                 cp.status = "running"
-    elif ev.phase.startswith("resolution"):
+    elif ev.phase.startswith("resolution") or (ev.phase.startswith("intent.") and ev.step_id in cp.uncertain):
+        # Settled by a person, or sent again (a lookup proved it absent, or a person said it did
+        # not happen): no longer an open question. A re-send in flight must not be settled by a
+        # person who saw the old evidence (that re-send would then be sent once more); if its
+        # outcome is unknown too, it comes back as ``uncertain.N``.
         cp.uncertain.pop(ev.step_id, None)
         if cp.status == "needs_human" and not cp.uncertain:
             cp.status = "running"

@@ -289,8 +289,13 @@ def resolve(
             _fail(f"--result is not JSON: {exc}")
     with _refusals(), _store(ctx) as store:
         event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
+        cp = store.checkpoint(run)
+    if cp is not None and cp.status in ("completed", "failed", "cancelled"):
+        after = f"the run already ended ({cp.status}): nothing is sent"
+    else:
+        after = "the next resume " + ("goes on" if happened else "sends it again, same effect key")
     typer.echo(f"run {run} step {step}: recorded as {'happened' if happened else 'not happened'} "
-               f"(seq {event.seq}); the next resume " + ("goes on" if happened else "sends it again, same effect key"))
+               f"(seq {event.seq}); {after}")
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "Phase",
     "StepEvent",
     "approval_step_id",
+    "call_arguments",
     "cleanup_step_id",
     "starts_a_step",
     "model_step_id",
@@ -76,6 +77,19 @@ _CLEANUP = "cleanup"
 def cleanup_step_id(index: int) -> str:
     """The step id of a cancelled run's ``index``-th compensation."""
     return f"{_CLEANUP}{index:02d}"
+
+
+def call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | None:
+    """The arguments the model gave the tool call at ``step_id`` (``tNNNN.toolMM``), from the
+    journaled response of that turn; ``None`` if the journal does not hold them."""
+    turn, _, index = step_id.partition(".tool")
+    model = next((e for e in events if e.step_id == f"{turn}.model" and e.phase == "result"), None)
+    try:
+        call = (model.payload["response"]["tool_calls"] if model is not None else [])[int(index)]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    arguments = call.get("arguments") if isinstance(call, dict) else None
+    return arguments if isinstance(arguments, dict) else None
 
 
 def approval_step_id(tool_step: str) -> str:

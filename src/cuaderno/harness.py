@@ -130,7 +130,8 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
         step_id: the tool step that is uncertain (``cuaderno show`` lists them).
         happened: ``True`` if the effect exists; ``result`` is then recorded as the tool's
             result (for example the receipt found). ``False`` if its absence was established:
-            the next resume sends it again, with the same effect key.
+            the next resume sends it again, with the same effect key (on a run that already
+            ended, cancelled or failed, nothing is sent: the answer is only recorded).
         result: only with ``happened=True``. A receipt given with ``happened=False`` is refused:
             it says the effect exists, and the resume would send it again.
 

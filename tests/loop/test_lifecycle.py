@@ -25,6 +25,7 @@ from cuaderno import (
     Migration,
     MigrationFailed,
     ModelResponse,
+    NotUncertain,
     Policy,
     ReplayDivergence,
     RunBusy,
@@ -707,6 +708,120 @@ async def test_an_unsettleable_compensation_asked_again_writes_nothing(store: An
         with pytest.raises(UncertainEffect):
             await compensate(agent, store, "uns")
     assert len(store.load("uns")) == rows and store.checkpoint("uns").count("uncertain") == 1
+
+
+def _refund_agent(refund_body: Any, *, lookup: Any = None, policy: Policy | None = None) -> Agent:
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    @tool(lookup=lookup)
+    def refund(to: str, amount: int, ctx: ToolContext) -> str:
+        """Give money back."""
+        return str(refund_body(ctx))
+
+    return Agent(instructions="i", tools=[transfer, refund], policy=policy)
+
+
+async def _cancelled_after_a_transfer(agent: Agent, store: Any, run_id: str) -> None:
+    with pytest.raises(RunCancelled):
+        async for step in agent.run("t", session=Session(run_id, ScriptedGateway(
+                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, run_id, "abort")
+
+
+async def test_compensate_refuses_what_it_cannot_run_and_writes_nothing(store: Any) -> None:
+    refunds: list[str] = []
+    agent = _refund_agent(lambda ctx: refunds.append(ctx.effect_key))
+    await _cancelled_after_a_transfer(agent, store, "cw")
+    rows = len(store.load("cw"))
+    without = Agent(instructions="i", tools=[t for t in agent.tools.values() if t.name != "refund"])
+    with pytest.raises(UsageError, match="does not have"):
+        await compensate(without, store, "cw")
+    asks = Agent(instructions="i", tools=list(agent.tools.values()), policy=Policy({"refund": "require_approval"}))
+    with pytest.raises(UsageError, match="approve"):
+        await compensate(asks, store, "cw")
+    assert len(store.load("cw")) == rows and refunds == []
+    assert [r["outcome"] for r in await compensate(agent, store, "cw")] == ["ok"] and len(refunds) == 1
+
+
+async def test_a_compensation_refused_before_it_was_sent_is_retried(store: Any) -> None:
+    refunds: list[str] = []
+    refused = [True]
+
+    def body(ctx: ToolContext) -> str:
+        if refused:
+            refused.pop()
+            raise ToolError("429", error_class=ErrorClass.TRANSIENT, sent=False)
+        refunds.append(ctx.effect_key)
+        return "refunded"
+
+    agent = _refund_agent(body)
+    await _cancelled_after_a_transfer(agent, store, "tr")
+    results = await compensate(agent, store, "tr")
+    assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"retries": 1} and len(refunds) == 1
+
+
+async def test_a_re_send_in_flight_cannot_be_settled_by_a_person(store: Any) -> None:
+    """The lookup proved the transfer absent and the loop sends it again; a person who still sees
+    the old evidence must not be able to say "did not happen" now: the next resume would send it
+    a third time."""
+    sends: list[int] = []
+    lookups = [RuntimeError("bank down")]
+    refused: list[str] = []
+
+    def find(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        if lookups:
+            raise lookups.pop()
+        return None
+
+    @tool(lookup=find)
+    def transfer(to: str, amount: int, ctx: ToolContext) -> str:
+        """Move money; the person acts while it is in flight."""
+        sends.append(ctx.attempt)
+        if ctx.attempt > 1:
+            with pytest.raises(NotUncertain):
+                resolve(store, "inf", "t0000.tool00", happened=False, by="ops")
+            refused.append("refused")
+        return "moved"
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "t", Session("full", ScriptedGateway(script), store))
+    _cut(store, "full", "inf", ("t0000.tool00", "intent"))
+    with pytest.raises(UncertainEffect):  # the lookup failed: nobody knows yet
+        await collect(agent, "t", Session("inf", ScriptedGateway(script), store))
+    await collect(agent, "t", Session("inf", ScriptedGateway(script), store))  # absent: sent again
+    assert refused == ["refused"] and store.checkpoint("inf").status == "completed"
+
+
+async def test_settled_effects_of_a_cancelled_run(store: Any) -> None:
+    """An effect in flight when the run was cancelled: a person confirms it later (its refund is
+    scheduled then), or established before the cancel that it did not happen (not listed again)."""
+    refunds: list[str] = []
+    agent = _refund_agent(lambda ctx: refunds.append(ctx.effect_key))
+    script = [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("done")]
+    await collect(agent, "t", Session("full", ScriptedGateway(script), store))
+    for run_id in ("late", "gone"):
+        _cut(store, "full", run_id, ("t0000.tool00", "intent"))
+    # late: cancelled with the transfer in flight, confirmed afterwards.
+    cancel(store, "late", "abort")
+    with pytest.raises(RunCancelled):
+        await collect(agent, "t", Session("late", ScriptedGateway(script), store))
+    assert list(store.checkpoint("late").uncertain) == ["t0000.tool00"]
+    resolve(store, "late", "t0000.tool00", happened=True, by="ops")
+    assert [r["outcome"] for r in await compensate(agent, store, "late")] == ["ok"] and len(refunds) == 1
+    # gone: a person established it did not happen; then the run was cancelled.
+    store.append([StepEvent(run_id="gone", step_id="t0000.tool00", phase="uncertain", kind="tool", name="transfer",
+                            payload={"tool": "transfer", "arguments": {"to": "c", "amount": 5}})])
+    resolve(store, "gone", "t0000.tool00", happened=False, by="ops")
+    cancel(store, "gone", "abort")
+    with pytest.raises(RunCancelled):
+        await collect(agent, "t", Session("gone", ScriptedGateway(script), store))
+    cp = store.checkpoint("gone")
+    assert cp.uncertain == {} and cp.outcome["uncertain"] == [] and cp.outcome["cleanup"] == []
 
 
 async def test_the_tenant_is_checked_before_anything_is_written(store: Any) -> None:

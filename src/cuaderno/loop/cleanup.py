@@ -12,14 +12,23 @@ callers can never both find a compensation not started and both run its body.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any, NoReturn
 
 from pydantic_core import to_jsonable_python
 
 from cuaderno import _holds
-from cuaderno.errors import CuadernoError, ErrorClass, ReplayDivergence, RunNotFound, ToolError, UncertainEffect
-from cuaderno.events import StepEvent, cleanup_step_id
+from cuaderno.errors import (
+    CuadernoError,
+    ErrorClass,
+    ReplayDivergence,
+    RunNotFound,
+    ToolError,
+    UncertainEffect,
+    UsageError,
+)
+from cuaderno.events import StepEvent, call_arguments, cleanup_step_id
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop._state import effect_key, recorded_effect_key
 from cuaderno.loop.agent import Agent
@@ -60,9 +69,13 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
         try:
             _holds.took(where, me)
             # Read after the takeover: whatever the previous holder committed is visible.
-            journal = {(e.step_id, e.phase): e for e in store.load(run_id)}
+            events = store.load(run_id)
+            journal = {(e.step_id, e.phase): e for e in events}
+            entries = [*((cp.outcome or {}).get("cleanup") or []), *_confirmed_since(events)]
+            for entry in entries:
+                _check(agent, entry)  # before anything is written: the wrong agent changes nothing
             results = []
-            for index, entry in enumerate((cp.outcome or {}).get("cleanup") or []):
+            for index, entry in enumerate(entries):
                 step_id = cleanup_step_id(index)
                 done = journal.get((step_id, "result"))
                 if done is None:
@@ -75,6 +88,46 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
         _holds.stop(where, me)
 
 
+def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
+    """Cleanup for effects a person confirmed (``resolve(happened=True)``) after the cancellation
+    record was written: they were listed as uncertain then. Appended after the record's own
+    entries, in journal order, so the step ids of those never move."""
+    end = max((e.seq for e in events if e.kind == "run" and e.phase == "end"), default=None)
+    if end is None:
+        return []
+    by_key = {(e.step_id, e.phase): e for e in events}
+    out = []
+    for ev in events:
+        if (ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
+                and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok"):
+            evidence = (by_key.get((ev.step_id, "uncertain")) or by_key.get((ev.step_id, "intent")) or ev).payload
+            arguments = evidence.get("arguments")
+            if not isinstance(arguments, dict):
+                arguments = call_arguments(events, ev.step_id)
+            out.append({"for_step": ev.step_id, "derive_from": {"tool": ev.name, "arguments": arguments,
+                                                                "value": ev.payload.get("value")},
+                        "status": "scheduled"})
+    return out
+
+
+def _check(agent: Agent, entry: dict[str, Any]) -> None:
+    """Refuse (writing nothing) an agent that cannot run this compensation: the next call, with
+    the right agent, must still be able to."""
+    name, arguments = _what(agent, entry)
+    if name is None:
+        return  # nothing to undo
+    if name not in agent.tools:
+        raise UsageError(f"the compensation for {entry.get('for_step')!r} needs tool {name!r}, which this agent "
+                         "does not have; nothing was written (run compensate with the run's agent)")
+    if not isinstance(arguments, dict):
+        raise UsageError(f"the compensation for {entry.get('for_step')!r} has no usable arguments "
+                         f"({entry.get('error') or 'its Compensation could not work them out'}); nothing was written")
+    if agent.policy.decide(name, arguments).decision == "require_approval":
+        raise UsageError(f"the policy asks a person to approve {name!r}, and a compensation runs only when "
+                         "allowed or denied by the policy; nothing was written (run compensate with a policy "
+                         "that decides it)")
+
+
 class _Compensator:
     """Holds a cancelled run while its compensations run; it has no pending results."""
 
@@ -84,6 +137,8 @@ class _Compensator:
 
 _MAX_SENDS = 3
 """Sends of one compensation in one ``compensate`` call (a lost reply, then a proven absence)."""
+_MAX_RETRIES = 3
+"""Retries of a compensation refused before it was sent (a 429), with a doubling wait."""
 
 
 class _One:
@@ -133,9 +188,10 @@ class _One:
             after = reconciled
         else:
             verdict = self.agent.policy.decide(self.name, arguments)
-            if verdict.decision != "allow":  # a compensation needs its own permission
+            if verdict.decision == "deny":  # a compensation needs its own permission
                 return self.result("denied", verdict.decision, reason=verdict.reason)
-        for _ in range(_MAX_SENDS):
+        retries = 0
+        for _ in range(_MAX_SENDS + _MAX_RETRIES):
             payload: dict[str, Any] = {"effect_key": ekey, "for_step": entry.get("for_step")}
             if after is not None:
                 payload["after"] = after
@@ -144,8 +200,14 @@ class _One:
             try:
                 value = await tool.invoke(tool.validate(arguments), ctx)
             except ToolError as err:
+                if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < _MAX_RETRIES:
+                    retries += 1  # refused before anything was sent: wait, send again (same key)
+                    await asyncio.sleep(0.1 * 2 ** retries)
+                    after = "retry"
+                    continue
                 if err.error_class is not ErrorClass.AMBIGUOUS and after not in ("unknown",):
-                    return self.result("error", "allow", error=err.to_json(), effect_key=ekey)
+                    return self.result("error", "allow", error=err.to_json(), effect_key=ekey,
+                                       counters=self._resends())
                 # Sent, and nobody knows how it ended (a lost reply; or a re-send after an
                 # unknown outcome that failed, which says nothing about the first send).
                 found = await self._ask(tool, ctx, arguments, f"{err.error_class.value}: {err}")
@@ -153,7 +215,7 @@ class _One:
                     return found
                 after = "unknown" if tool.idempotent else "absent"
                 continue
-            return self.result("ok", "allow", value=value, effect_key=ekey)
+            return self.result("ok", "allow", value=value, effect_key=ekey, counters=self._resends())
         self._uncertain(arguments, ekey, "re-send bound reached")
 
     async def _reconcile(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],
@@ -185,6 +247,12 @@ class _One:
         if found is None:
             return None
         return self.result("ok", "allow", value=found, effect_key=ctx.effect_key, counters={"reconciled": 1})
+
+    def _resends(self) -> dict[str, int]:
+        """Every send after the first (a retry, a re-send after a lost reply or a proven
+        absence), counted as the loop counts its own: ``retries``."""
+        extra = len(_numbered(self.journal, self.step_id, "intent")) - 1
+        return {"retries": extra} if extra > 0 else {}
 
     def _uncertain_since_sent(self, intents: list[StepEvent]) -> bool:
         """Whether it was found uncertain since it was last sent (without a lookup, asking again

@@ -51,7 +51,7 @@ from cuaderno.errors import (
     UncertainEffect,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent, starts_a_step
+from cuaderno.events import StepEvent, call_arguments, starts_a_step
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
@@ -148,7 +148,7 @@ class Runner(ModelSteps, ToolSteps):
         if isinstance(choice, Migration):
             events = self.store.load(self.run_id)
             for started in in_flight(events):
-                problem = self._refuses(started["tool"], _call_arguments(events, started["step_id"]))
+                problem = self._refuses(started["tool"], call_arguments(events, started["step_id"]))
                 if problem is not None:
                     # Refused before the migration is recorded: the run would be left migrated
                     # to an agent that cannot settle an effect that may have happened.
@@ -344,15 +344,3 @@ class Runner(ModelSteps, ToolSteps):
             raise RunCancelled(self.run_id, record)
         raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")
 
-
-def _call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | None:
-    """The arguments the model gave the tool call at ``step_id`` (``tNNNN.toolMM``), from the
-    journaled response of that turn; ``None`` if the journal does not hold them."""
-    turn, _, index = step_id.partition(".tool")
-    model = next((e for e in events if e.step_id == f"{turn}.model" and e.phase == "result"), None)
-    try:
-        call = (model.payload["response"]["tool_calls"] if model is not None else [])[int(index)]
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    arguments = call.get("arguments") if isinstance(call, dict) else None
-    return arguments if isinstance(arguments, dict) else None
