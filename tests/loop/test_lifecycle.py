@@ -569,14 +569,21 @@ async def test_a_migration_over_a_model_call_in_flight_sends_it_again_with_the_n
     assert again[-1].replayed and gw2.calls == 0
 
 
+async def _transfer_in_flight(store: Any, run_id: str) -> Bank:
+    """A run whose transfer was started (intent committed) and never recorded: the journal a
+    process killed in the transfer's body leaves. Returns the bank (one move: it happened)."""
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools())
+    await collect(agent, "t", Session(f"{run_id}-full", ScriptedGateway(
+        [ScriptedGateway.call("transfer", to="f", amount=3), ScriptedGateway.text("done")]), store))
+    _cut(store, f"{run_id}-full", run_id, ("t0000.tool00", "intent"))
+    return bank
+
+
 async def test_a_started_call_the_agent_now_refuses_is_a_divergence(store: Any) -> None:
     """A transfer was started (intent, no result); the agent resumed without that tool. An
     "unknown tool" error recorded now would hide a transfer that may have happened."""
-    bank = Bank()
-    v1 = Agent(instructions="i", tools=bank.tools())
-    await collect(v1, "t", Session("full", ScriptedGateway([ScriptedGateway.call("transfer", to="f", amount=3),
-                                                            ScriptedGateway.text("done")]), store))
-    _cut(store, "full", "gone", ("t0000.tool00", "intent"))
+    bank = await _transfer_in_flight(store, "gone")
     rows = len(store.load("gone"))
     without = Agent(instructions="i", tools=[t for t in bank.tools() if t.name != "transfer"])
     with pytest.raises(ReplayDivergence, match="'transfer' started and not finished"):
@@ -657,50 +664,27 @@ async def test_a_compensation_whose_reply_is_lost_is_reconciled_not_recorded_as_
     receipts: list[str] = []
     lost = [True]
 
-    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
-    def transfer(to: str, amount: int) -> str:
-        """Move money."""
-        return "moved"
-
-    def find(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
-        return {"key": ctx.effect_key} if ctx.effect_key in receipts else None
-
-    @tool(lookup=find)
-    def refund(to: str, amount: int, ctx: ToolContext) -> str:
-        """Give money back; the first reply is lost after the refund went through."""
+    def body(ctx: ToolContext) -> str:  # the first reply is lost after the refund went through
         receipts.append(ctx.effect_key)
-        if lost.pop() if lost else False:
+        if lost:
+            lost.pop()
             raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
         return "refunded"
 
-    agent = Agent(instructions="i", tools=[transfer, refund])
-    with pytest.raises(RunCancelled):
-        async for step in agent.run("t", session=Session("amb", ScriptedGateway(
-                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
-            if getattr(step, "tool", None) == "transfer":
-                cancel(store, "amb", "abort")
+    agent = _refund_agent(body, lookup=lambda ctx, arguments: {"key": ctx.effect_key}
+                          if ctx.effect_key in receipts else None)
+    await _cancelled_after_a_transfer(agent, store, "amb")
     results = await compensate(agent, store, "amb")
     assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"reconciled": 1}
     assert len(receipts) == 1  # found by the lookup, not sent again
 
 
 async def test_an_unsettleable_compensation_asked_again_writes_nothing(store: Any) -> None:
-    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
-    def transfer(to: str, amount: int) -> str:
-        """Move money."""
-        return "moved"
-
-    @tool
-    def refund(to: str, amount: int) -> str:
-        """Give money back (no lookup); its reply is always lost."""
+    def body(ctx: ToolContext) -> str:  # no lookup, and its reply is always lost
         raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
 
-    agent = Agent(instructions="i", tools=[transfer, refund])
-    with pytest.raises(RunCancelled):
-        async for step in agent.run("t", session=Session("uns", ScriptedGateway(
-                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
-            if getattr(step, "tool", None) == "transfer":
-                cancel(store, "uns", "abort")
+    agent = _refund_agent(body)
+    await _cancelled_after_a_transfer(agent, store, "uns")
     with pytest.raises(UncertainEffect):
         await compensate(agent, store, "uns")
     rows = len(store.load("uns"))
@@ -863,11 +847,7 @@ async def test_cancel_on_a_version_mismatch_does_not_wait_for_its_own_loop(
 
 
 async def test_a_migration_to_an_agent_that_refuses_a_started_call_is_not_recorded(store: Any) -> None:
-    bank = Bank()
-    v1 = Agent(instructions="i", tools=bank.tools())
-    await collect(v1, "t", Session("full", ScriptedGateway([ScriptedGateway.call("transfer", to="f", amount=3),
-                                                            ScriptedGateway.text("done")]), store))
-    _cut(store, "full", "sch", ("t0000.tool00", "intent"))
+    await _transfer_in_flight(store, "sch")
     rows = len(store.load("sch"))
 
     @tool
