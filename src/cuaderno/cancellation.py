@@ -165,16 +165,22 @@ def in_flight(events: list[StepEvent]) -> list[dict[str, Any]]:
     """Tool steps started and never recorded, with their evidence: effects nobody knows happened.
     Any record that closes a run lists them, so closing it never hides one."""
     by_key = {(e.step_id, e.phase): e for e in events}
+    absent = _settled_absent(events)
     return [_in_flight(ev, by_key) for ev in events
             if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key
-            and not _settled_absent(events, ev.step_id)]
+            and ev.step_id not in absent]
 
 
-def _settled_absent(events: list[StepEvent], step_id: str) -> bool:
-    """A person established the step's effect did not happen, and nothing was sent since."""
-    last_send = max((e.seq for e in events if e.step_id == step_id and e.phase.startswith("intent")), default=0)
-    return any(e.step_id == step_id and e.phase.startswith("resolution") and e.decision == "not_happened"
-               and e.seq > last_send for e in events)
+def _settled_absent(events: list[StepEvent]) -> set[str]:
+    """Steps a person established did not happen, with nothing sent since (one pass)."""
+    last_send: dict[str, int] = {}
+    settled: dict[str, int] = {}
+    for e in events:
+        if e.phase.startswith("intent"):
+            last_send[e.step_id] = e.seq
+        elif e.phase.startswith("resolution") and e.decision == "not_happened":
+            settled[e.step_id] = e.seq
+    return {step for step, seq in settled.items() if seq > last_send.get(step, 0)}
 
 
 def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
@@ -185,6 +191,7 @@ def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> d
 def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dict[str, Any]:
     """What a cancelled run keeps, derived from its journal alone."""
     by_key = {(e.step_id, e.phase): e for e in events}
+    absent = _settled_absent(events)
     completed: list[dict[str, Any]] = []
     uncertain: list[dict[str, Any]] = []
     not_started: list[str] = []
@@ -193,7 +200,7 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
         if ev.kind == "tool" and ev.phase == "intent":
             result = by_key.get((ev.step_id, "result"))
             if result is None:
-                if not _settled_absent(events, ev.step_id):
+                if ev.step_id not in absent:
                     uncertain.append(_in_flight(ev, by_key))
             elif result.payload.get("outcome") == "ok":
                 completed.append({"step_id": ev.step_id, "tool": ev.name, "effect_key": ev.payload.get("effect_key")})
