@@ -150,6 +150,7 @@ def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None) -> dict[str, 
         "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
     }
     if events is not None:
+        out["compensations"] = compensations(cp, events)
         out["timeline"] = [_event_json(ev) for ev in events]
     return out
 
@@ -275,20 +276,57 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
         tool = evidence.get("tool")
         _line(console, "  ", clean(step_id), f"  tool {clean(str(tool))}" if tool is not None else "")
         _line(console, "    evidence     ", dumps(evidence))
+        resolve = f"cuaderno resolve {shlex.quote(cp.run_id)} {shlex.quote(step_id)}"
         if cp.status not in ENDED_STATUSES:
-            resolve = f"cuaderno resolve {shlex.quote(cp.run_id)} {shlex.quote(step_id)}"
             _line(console, "    settle with  ", clean(f"{resolve} --happened [--result JSON]"),
                   Text("   (it exists: the resume goes on)", style="dim"))
             _line(console, "                 ", clean(f"{resolve} --not-happened"),
                   Text("   (it does not: the resume sends it again, same effect key)", style="dim"))
+        elif cp.status == "cancelled":
+            # Settling it still matters: a confirmed effect (or compensation) is then undone or
+            # recorded by compensate(); nothing is sent for a closed run's own steps.
+            again = "compensate() sends it again" if step_id.startswith("cleanup") else "nothing is sent"
+            _line(console, "    settle with  ", clean(f"{resolve} --happened [--result JSON]"),
+                  Text("   (it exists: compensate() then schedules or records its compensation)", style="dim"))
+            _line(console, "                 ", clean(f"{resolve} --not-happened"),
+                  Text(f"   (it does not: {again})", style="dim"))
 
     _heading(console, "Outcome")
     outcome = dumps(cp.outcome, indent=2).replace("\n", "\n  ") if cp.outcome is not None else "- (not ended)"
     _line(console, "  ", outcome)
 
+    cleanup = compensations(cp, events) if events is not None else []
+    if cleanup:
+        _heading(console, f"Compensations: {len(cleanup)}")
+        for entry in cleanup:
+            _line(console, "  ", clean(entry["step_id"]), f"  for {clean(str(entry['for_step']))}",
+                  f"  {clean(entry['state'])}")
+
     if events is not None:
         _heading(console, f"Timeline: {len(events)} event(s)")
         _render_timeline(console, events)
+
+
+def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[dict[str, Any]]:
+    """Where each compensation the cancellation scheduled stands, from the journal: the record's
+    ``status`` is what was scheduled when the run closed, this is what happened since."""
+    if cp.status != "cancelled":
+        return []
+    by_key = {(e.step_id, e.phase): e for e in events}
+    out = []
+    for index, entry in enumerate((cp.outcome or {}).get("cleanup") or []):
+        step_id = f"cleanup{index:02d}"
+        result = by_key.get((step_id, "result"))
+        if result is not None:
+            state = f"done: {result.payload.get('outcome')}"
+        elif step_id in cp.uncertain:
+            state = "uncertain: settle it (cuaderno resolve), then run compensate() again"
+        elif (step_id, "intent") in by_key:
+            state = "started, not recorded: run compensate() again (it reconciles first)"
+        else:
+            state = "not run yet: run compensate()"
+        out.append({"step_id": step_id, "for_step": entry.get("for_step"), "state": state})
+    return out
 
 
 def _render_pending_entry(console: Console, cp: Checkpoint, entry: dict[str, Any], *,

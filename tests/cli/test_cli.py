@@ -199,7 +199,7 @@ def test_show_json_shape(db: Path, store: SqliteCheckpointer) -> None:
     data = json.loads(cli(db, "show", run, "--json").stdout)
     assert set(data) == {"run_id", "status", "open", "next_step", "last_seq", "epoch", "versions",
                          "task_fingerprint", "counters", "cost", "pending_approvals", "uncertain", "outcome",
-                         "timeline"}
+                         "compensations", "timeline"}
     assert data["status"] == "suspended" and data["open"] is True and data["versions"] == VERSIONS
     assert set(COUNTERS) <= set(data["counters"])
     assert {k: data["counters"][k] for k in ("retries", "repairs", "replans", "reflects", "escalations")} == \
@@ -367,6 +367,41 @@ def test_resolve_not_happened_with_a_receipt_is_refused(db: Path, store: SqliteC
     assert db.read_bytes() == before
 
 
+def test_show_says_where_each_compensation_stands(db: Path, store: SqliteCheckpointer) -> None:
+    """The cancellation record says what was scheduled when the run closed; show says what
+    happened since, and how to settle an uncertain effect of the cancelled run."""
+    import asyncio
+
+    from cuaderno import Agent, Compensation, RunCancelled, ScriptedGateway, Session, cancel, compensate, tool
+
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    @tool
+    def refund(to: str, amount: int) -> str:
+        """Give money back."""
+        return "refunded"
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+
+    async def cancelled() -> None:
+        with pytest.raises(RunCancelled):
+            async for step in agent.run("t", session=Session("comp", ScriptedGateway(
+                    [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
+                if getattr(step, "tool", None) == "transfer":
+                    cancel(store, "comp", "abort")
+
+    asyncio.run(cancelled())
+    shown = cli(db, "show", "comp")
+    assert "Compensations: 1" in shown.stdout and "not run yet: run compensate()" in shown.stdout
+    asyncio.run(compensate(agent, store, "comp"))
+    assert "done: ok" in cli(db, "show", "comp").stdout
+    detail = json.loads(cli(db, "show", "comp", "--json").stdout)
+    assert [c["state"] for c in detail["compensations"]] == ["done: ok"]
+
+
 def test_reading_commands_never_change_the_file(db: Path, store: SqliteCheckpointer) -> None:
     """list and show open the journal read-only: a journal someone put in rollback (DELETE) mode,
     say to copy it as one file, stays byte-identical and in that mode."""
@@ -489,10 +524,12 @@ def test_needs_human_says_how_to_settle(db: Path, store: SqliteCheckpointer) -> 
     assert next(line for line in at_80.splitlines() if "r-u" in line).split()[-2:] == ["0", "1"], at_80
     assert cli(db, "list", env={"COLUMNS": "60"}).stdout.strip().endswith("pending=0 uncertain=1")
 
-    # Cancelled, the effect stays uncertain in the record, but the run will not go on: no hint.
+    # Cancelled, the run will not go on, but settling the effect still decides its compensation;
+    # the hint says what each answer does now (nothing is sent for the closed run's own step).
     assert cli(db, "cancel", "r-u").exit_code == 0
     closed = cli(db, "show", "r-u").stdout
-    assert "cancelled" in closed and "Uncertain effects: 1" in closed and "cuaderno resolve" not in closed
+    assert "cancelled" in closed and "Uncertain effects: 1" in closed
+    assert "compensate() then schedules or records its compensation" in closed and "nothing is sent" in closed
 
 
 def tool_step(run_id: str, step: str = "t0000.tool00") -> list[StepEvent]:
