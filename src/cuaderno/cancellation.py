@@ -33,10 +33,10 @@ from cuaderno.errors import (
     RunNotFound,
     UsageError,
 )
-from cuaderno.events import StepEvent, call_arguments
+from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
 from cuaderno.journal.base import Checkpointer, validate_event
 
-__all__ = ["cancel", "cancellation_record", "close", "in_flight"]
+__all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight"]
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
@@ -165,22 +165,21 @@ def in_flight(events: list[StepEvent]) -> list[dict[str, Any]]:
     """Tool steps started and never recorded, with their evidence: effects nobody knows happened.
     Any record that closes a run lists them, so closing it never hides one."""
     by_key = {(e.step_id, e.phase): e for e in events}
-    absent = _settled_absent(events)
     return [_in_flight(ev, by_key) for ev in events
             if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key
-            and ev.step_id not in absent]
+            and not not_happened_since_sent(by_key, ev.step_id)]
 
 
-def _settled_absent(events: list[StepEvent]) -> set[str]:
-    """Steps a person established did not happen, with nothing sent since (one pass)."""
-    last_send: dict[str, int] = {}
-    settled: dict[str, int] = {}
-    for e in events:
-        if e.phase.startswith("intent"):
-            last_send[e.step_id] = e.seq
-        elif e.phase.startswith("resolution") and e.decision == "not_happened":
-            settled[e.step_id] = e.seq
-    return {step for step, seq in settled.items() if seq > last_send.get(step, 0)}
+def derived_cleanup(result: StepEvent, events: list[StepEvent],
+                    by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
+    """The cleanup entry for an effect a person confirmed (``resolve(happened=True)``): its result
+    was written without the agent, so the entry names the original call and ``compensate``
+    works the compensation out from the agent's declaration."""
+    evidence = (by_key.get((result.step_id, "uncertain")) or by_key.get((result.step_id, "intent")) or result).payload
+    arguments = evidence.get("arguments")
+    return {"for_step": result.step_id, "derive_from": {
+        "tool": result.name, "arguments": arguments if isinstance(arguments, dict) else call_arguments(
+            events, result.step_id), "value": result.payload.get("value")}, "status": "scheduled"}
 
 
 def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
@@ -191,7 +190,6 @@ def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> d
 def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dict[str, Any]:
     """What a cancelled run keeps, derived from its journal alone."""
     by_key = {(e.step_id, e.phase): e for e in events}
-    absent = _settled_absent(events)
     completed: list[dict[str, Any]] = []
     uncertain: list[dict[str, Any]] = []
     not_started: list[str] = []
@@ -200,7 +198,7 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
         if ev.kind == "tool" and ev.phase == "intent":
             result = by_key.get((ev.step_id, "result"))
             if result is None:
-                if ev.step_id not in absent:
+                if not not_happened_since_sent(by_key, ev.step_id):
                     uncertain.append(_in_flight(ev, by_key))
             elif result.payload.get("outcome") == "ok":
                 completed.append({"step_id": ev.step_id, "tool": ev.name, "effect_key": ev.payload.get("effect_key")})
@@ -208,14 +206,7 @@ def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dic
                     cleanup.append({"for_step": ev.step_id, **result.payload["compensation"],
                                     "status": "scheduled"})
                 elif result.decision == "resolved" and not ev.step_id.startswith("cleanup"):
-                    # A person found it happened: its result was written without the agent, so
-                    # its compensation (if the tool declares one) is worked out by compensate().
-                    evidence = (by_key.get((ev.step_id, "uncertain")) or ev).payload
-                    arguments = evidence.get("arguments")
-                    cleanup.append({"for_step": ev.step_id, "derive_from": {
-                        "tool": ev.name,
-                        "arguments": arguments if isinstance(arguments, dict) else call_arguments(events, ev.step_id),
-                        "value": result.payload.get("value")}, "status": "scheduled"})
+                    cleanup.append(derived_cleanup(result, events, by_key))
         elif ev.kind == "approval" and ev.phase == "request":
             decided = by_key.get((ev.step_id, "decision"))
             # Waiting for a person, or approved and never started: either way it will not run.

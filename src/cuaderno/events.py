@@ -39,6 +39,8 @@ __all__ = [
     "cleanup_step_id",
     "starts_a_step",
     "model_step_id",
+    "not_happened_since_sent",
+    "numbered",
     "tool_step_id",
 ]
 
@@ -90,6 +92,25 @@ def call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | No
         return None
     arguments = call.get("arguments") if isinstance(call, dict) else None
     return arguments if isinstance(arguments, dict) else None
+
+
+def numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: str) -> list[StepEvent]:
+    """A step's numbered events in order: ``phase``, ``phase.2``, ``phase.3``... (``journal`` is
+    keyed by ``(step_id, phase)``). Probes keys, never scans the journal."""
+    out: list[StepEvent] = []
+    while (ev := journal.get((step_id, phase if not out else f"{phase}.{len(out) + 1}"))) is not None:
+        out.append(ev)
+    return out
+
+
+def not_happened_since_sent(journal: dict[tuple[str, str], StepEvent], step_id: str) -> bool:
+    """Whether a person established that the step's effect did not happen (``resolve(happened=
+    False)``) and nothing was sent since: the one case a re-send needs no lookup. A resolution
+    older than the last send says nothing about that send."""
+    resolutions = numbered(journal, step_id, "resolution")
+    sends = numbered(journal, step_id, "intent")
+    return (bool(resolutions) and resolutions[-1].decision == "not_happened"
+            and resolutions[-1].seq > (sends[-1].seq if sends else 0))
 
 
 def approval_step_id(tool_step: str) -> str:

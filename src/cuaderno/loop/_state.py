@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 from cuaderno._json import sorted_compact_nan
 from cuaderno.errors import ReplayDivergence
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.loop.agent import Agent, Session
@@ -171,21 +171,13 @@ class RunState:
 
     def _recorded_count(self, step_id: str, phase: str) -> int:
         """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a
-        step. Probes keys instead of scanning the journal: a resumed run of thousands of events
-        must not pay O(journal) per new step."""
-        if (step_id, phase) not in self.journal:
-            return 0
-        n = 1
-        while (step_id, f"{phase}.{n + 1}") in self.journal:
-            n += 1
-        return n
+        step (probing keys: a resumed run of thousands of events must not pay O(journal) per step)."""
+        return len(numbered(self.journal, step_id, phase))
 
     def _latest(self, step_id: str, phase: str) -> StepEvent | None:
         """The last of a step's numbered events (``phase``, ``phase.2``...) in the journal."""
-        n = self._recorded_count(step_id, phase)
-        if n == 0:
-            return None
-        return self.journal[(step_id, phase if n == 1 else f"{phase}.{n}")]
+        found = numbered(self.journal, step_id, phase)
+        return found[-1] if found else None
 
     def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
         return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind=kind, **fields)

@@ -12,7 +12,7 @@ from pydantic_core import to_jsonable_python
 
 from cuaderno import telemetry
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError, UncertainEffect
-from cuaderno.events import approval_step_id, tool_step_id
+from cuaderno.events import approval_step_id, not_happened_since_sent, tool_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, plus, recorded_effect_key, tool_message
@@ -91,17 +91,14 @@ class ToolSteps(RunState):
             self._tool_result(step_id, call, args_fp, "error", None, decision=None, error=problem.to_json())
             return False
         intent = self._recorded(step_id, "intent", "tool", call.name, args_fp)
-        if intent is None:
-            ekey = effect_key(self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
-        else:
-            # The key the effect was first sent with, whatever this process would derive now (a
-            # resume under another policy version): a lookup must ask about that key, and a
-            # re-send must carry it, or the receiver sees a new effect and does it twice.
-            ekey = recorded_effect_key(intent) or effect_key(self.s.tenant, self.run_id, tool.effect_type,
-                                                             call.arguments, self.agent.policy.version)
-            resolution = self._latest(step_id, "resolution")
+        # A started step keeps the key it was first sent with, whatever this process would derive
+        # now (a resume under another policy version): a lookup must ask about that key, and a
+        # re-send must carry it, or the receiver sees a new effect and does it twice.
+        ekey = (recorded_effect_key(intent) if intent is not None else None) or effect_key(
+            self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
+        if intent is not None:
             last = self._latest(step_id, "intent") or intent
-            if resolution is not None and resolution.decision == "not_happened" and last.seq < resolution.seq:
+            if not_happened_since_sent(self.journal, step_id):
                 # A person established that the effect did not happen, and nothing was sent
                 # since: send it, same key. (A send after the resolution is as unknown as any.)
                 return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,

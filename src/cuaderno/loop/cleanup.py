@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from pydantic_core import to_jsonable_python
 
 from cuaderno import _holds
+from cuaderno.cancellation import derived_cleanup
 from cuaderno.errors import (
     CuadernoError,
     ErrorClass,
@@ -28,7 +29,7 @@ from cuaderno.errors import (
     UncertainEffect,
     UsageError,
 )
-from cuaderno.events import StepEvent, call_arguments, cleanup_step_id
+from cuaderno.events import StepEvent, cleanup_step_id, not_happened_since_sent, numbered
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop._state import effect_key, recorded_effect_key
 from cuaderno.loop.agent import Agent
@@ -96,18 +97,9 @@ def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
     if end is None:
         return []
     by_key = {(e.step_id, e.phase): e for e in events}
-    out = []
-    for ev in events:
-        if (ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
-                and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok"):
-            evidence = (by_key.get((ev.step_id, "uncertain")) or by_key.get((ev.step_id, "intent")) or ev).payload
-            arguments = evidence.get("arguments")
-            if not isinstance(arguments, dict):
-                arguments = call_arguments(events, ev.step_id)
-            out.append({"for_step": ev.step_id, "derive_from": {"tool": ev.name, "arguments": arguments,
-                                                                "value": ev.payload.get("value")},
-                        "status": "scheduled"})
-    return out
+    return [derived_cleanup(ev, events, by_key) for ev in events
+            if ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
+            and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok"]
 
 
 def _check(agent: Agent, entry: dict[str, Any]) -> None:
@@ -168,12 +160,9 @@ class _One:
             self.name = str((entry.get("derive_from") or {}).get("tool"))
             return self.result("nothing_to_do", None, reason="the tool declares no compensation")
         self.name = name
-        tool = self.agent.tools.get(self.name)
-        if tool is None or not isinstance(arguments, dict):
-            error = ToolError(f"compensation {name!r} cannot run: unknown tool or no arguments "
-                              f"({entry.get('error')})")
-            return self.result("error", None, error=error.to_json())
-        intents = _numbered(self.journal, self.step_id, "intent")
+        tool = self.agent.tools[name]  # _check refused, before anything was written, what cannot run
+        assert isinstance(arguments, dict)
+        intents = numbered(self.journal, self.step_id, "intent")
         # A compensation already sent keeps the key it was sent with (the policy version may differ now).
         ekey = (recorded_effect_key(intents[0]) if intents else None) or effect_key(
             self.tenant, self.run_id, f"compensation:{tool.effect_type}",
@@ -195,7 +184,7 @@ class _One:
             payload: dict[str, Any] = {"effect_key": ekey, "for_step": entry.get("for_step")}
             if after is not None:
                 payload["after"] = after
-            sent = len(_numbered(self.journal, self.step_id, "intent"))
+            sent = len(numbered(self.journal, self.step_id, "intent"))
             self.write("intent" if sent == 0 else f"intent.{sent + 1}", "allow", payload)
             try:
                 value = await tool.invoke(tool.validate(arguments), ctx)
@@ -221,9 +210,8 @@ class _One:
     async def _reconcile(self, tool: Tool, ctx: ToolContext, arguments: dict[str, Any],
                          intents: list[StepEvent]) -> str | StepEvent:
         """Sent before, never recorded how it ended. Returns why it is sent again, or its result."""
-        resolutions = _numbered(self.journal, self.step_id, "resolution")
-        if resolutions and resolutions[-1].decision == "not_happened" and resolutions[-1].seq > intents[-1].seq:
-            return "not_happened"  # a person established it did not happen, and nothing was sent since
+        if not_happened_since_sent(self.journal, self.step_id):
+            return "not_happened"
         if tool.idempotent:
             return "unknown"
         found = await self._ask(tool, ctx, arguments, "sent before, never recorded how it ended",
@@ -251,24 +239,24 @@ class _One:
     def _resends(self) -> dict[str, int]:
         """Every send after the first (a retry, a re-send after a lost reply or a proven
         absence), counted as the loop counts its own: ``retries``."""
-        extra = len(_numbered(self.journal, self.step_id, "intent")) - 1
+        extra = len(numbered(self.journal, self.step_id, "intent")) - 1
         return {"retries": extra} if extra > 0 else {}
 
     def _uncertain_since_sent(self, intents: list[StepEvent]) -> bool:
         """Whether it was found uncertain since it was last sent (without a lookup, asking again
         can only say the same)."""
-        tries = _numbered(self.journal, self.step_id, "uncertain")
+        tries = numbered(self.journal, self.step_id, "uncertain")
         return bool(tries) and tries[-1].seq > intents[-1].seq
 
     def _latest_uncertain(self) -> dict[str, Any]:
-        tries = _numbered(self.journal, self.step_id, "uncertain")
+        tries = numbered(self.journal, self.step_id, "uncertain")
         return tries[-1].payload if tries else {}
 
     def _uncertain(self, arguments: dict[str, Any], ekey: str, reason: str) -> NoReturn:
         """Nobody knows whether the compensation happened: journal the evidence (each try its own
         event) and stop. The run stays cancelled; ``resolve`` settles the step, then
         ``compensate`` goes on."""
-        tries = len(_numbered(self.journal, self.step_id, "uncertain"))
+        tries = len(numbered(self.journal, self.step_id, "uncertain"))
         evidence = {"tool": self.name, "arguments": arguments, "effect_key": ekey, "reason": reason}
         self.write("uncertain" if tries == 0 else f"uncertain.{tries + 1}", None, evidence)
         raise UncertainEffect(self.run_id, self.step_id, evidence)
@@ -291,14 +279,6 @@ def _what(agent: Agent, entry: dict[str, Any]) -> tuple[str | None, Any]:
     except Exception:
         return tool.compensation.tool, None
     return tool.compensation.tool, arguments
-
-
-def _numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: str) -> list[StepEvent]:
-    """A step's ``phase``, ``phase.2``, ``phase.3``... events, in order."""
-    out: list[StepEvent] = []
-    while (ev := journal.get((step_id, phase if not out else f"{phase}.{len(out) + 1}"))) is not None:
-        out.append(ev)
-    return out
 
 
 async def _lookup(tool: Tool, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
