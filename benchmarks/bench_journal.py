@@ -1,7 +1,8 @@
 """Durable-step overhead, journal size and resume time, side by side in one run.
 
 Usage: ``python benchmarks/bench_journal.py [--repeats 5] [--sizes 10,100,1000] [--json out.json]``
-(``BENCH_PAYLOAD_BYTES=2000`` sets the tool result size; default 400.)
+(``BENCH_PAYLOAD_BYTES=2000`` sets the tool result size, default 400; ``BENCH_PAYLOAD_KIND=random``
+makes it random base64 instead of English-like text.)
 
 What is compared, for N turns of a scripted model with one tool call per turn (2 journaled steps
 per turn: the model call and the tool call):
@@ -15,14 +16,23 @@ Reported as medians over ``--repeats`` runs, with ratios computed within the sam
 per-step time, ``sqlite / floor`` per commit, flatness ``N=max / N=min``, journal bytes per step
 against the payload bytes, and the time a 1000-turn run takes to resume up to its first new model
 call (load + hash-chain check + replay), in a fresh store object.
+
+The payload is what the journal was given to keep: the JSON bytes of every event (response and
+result envelopes included), before the store compresses them. The tool result and the model's
+text are English-like prose drawn from a fixed vocabulary with a fixed seed: it deflates about as
+well as real model output (0.6 at 400 bytes, 0.45 at 2 KB), where a repeated character would
+flatter compression beyond belief. A last table sets the journal's bytes against the payload for
+both kinds of payload, with compression on and off, so the worst case is in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
+import random
 import sqlite3
 import statistics
 import sys
@@ -36,19 +46,50 @@ from cuaderno import Agent, MemoryCheckpointer, ModelRequest, ModelResponse, Ses
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.gateway.base import ToolCall, Usage
 
-PAYLOAD = "x" * int(os.environ.get("BENCH_PAYLOAD_BYTES", "400"))  # the tool result text
+_WORDS = ("the of and to in is that for it as was with be by on not this are or from at which but have an they "
+          "you were there been one all we their has would when if so no out up into do than more about account "
+          "transfer balance customer invoice refund order status pending approved amount currency file path line "
+          "error result tool model request response report total date name value").split()
 
 
-@tool(idempotent=False)
-def work(i: int) -> str:
-    """A tool with a fixed-size result."""
-    return PAYLOAD
+def payload_text(size: int, kind: str = "text") -> str:
+    """``size`` characters of English-like prose (``text``) or of random base64 (``random``),
+    the same for the same arguments."""
+    rng = random.Random(size)
+    if kind == "random":
+        return base64.b64encode(rng.randbytes(size)).decode()[:size]
+    if kind != "text":
+        raise SystemExit(f"BENCH_PAYLOAD_KIND must be 'text' or 'random', got {kind!r}")
+    words: list[str] = []
+    length = 0
+    while length < size:
+        words.append(rng.choice(_WORDS))
+        length += len(words[-1]) + 1
+    return " ".join(words)[:size]
+
+
+PAYLOAD = payload_text(int(os.environ.get("BENCH_PAYLOAD_BYTES", "400")),
+                       os.environ.get("BENCH_PAYLOAD_KIND", "text"))
+"""The tool result of every turn; the model's text is its first 200 characters."""
+
+
+def work_tool(payload: str) -> Any:
+    @tool(idempotent=False)
+    def work(i: int) -> str:
+        """A tool with a fixed-size result."""
+        return payload
+
+    return work
+
+
+work = work_tool(PAYLOAD)
 
 
 class LoopModel:
     """Asks for one tool call per turn, then answers after ``turns`` turns. Counts calls."""
 
-    def __init__(self, turns: int, fail_at: int | None = None) -> None:
+    def __init__(self, turns: int, fail_at: int | None = None, payload: str = PAYLOAD) -> None:
+        self.payload = payload
         self.turns = turns
         self.fail_at = fail_at
         self.turn = 0
@@ -66,14 +107,15 @@ class LoopModel:
         if turn >= self.turns:
             return ModelResponse(text="done", finish_reason="stop", usage=Usage(input_tokens=1, output_tokens=1),
                                  cost=0.0)
-        return ModelResponse(text=PAYLOAD[:200], tool_calls=(ToolCall(id=f"c{turn}", name="work",
+        return ModelResponse(text=self.payload[:200], tool_calls=(ToolCall(id=f"c{turn}", name="work",
                                                                       arguments={"i": turn}),),
                              finish_reason="tool_calls", usage=Usage(input_tokens=1, output_tokens=1), cost=0.0)
 
 
-async def run_agent(store: Any, n: int, run_id: str = "bench") -> float:
-    agent = Agent(instructions="benchmark", tools=[work], max_turns=n + 2)
-    gw = LoopModel(n)
+async def run_agent(store: Any, n: int, run_id: str = "bench", payload: str = PAYLOAD) -> float:
+    agent = Agent(instructions="benchmark", tools=[work if payload is PAYLOAD else work_tool(payload)],
+                  max_turns=n + 2)
+    gw = LoopModel(n, payload=payload)
     t0 = time.perf_counter()
     async for _ in agent.run("go", session=Session(run_id, gw, store)):
         pass
@@ -106,11 +148,23 @@ def file_bytes(path: str) -> int:
 
 
 def payload_bytes(path: str) -> int:
-    db = sqlite3.connect(path)
-    try:
-        return int(db.execute("SELECT sum(length(payload)) FROM cuaderno_events").fetchone()[0])
-    finally:
-        db.close()
+    """The JSON bytes of every event in the journal, as given to the store (before compression)."""
+    with SqliteCheckpointer(path, readonly=True) as store:
+        return sum(len(ev.encoded_payload()) for cp in store.list_runs(limit=2**40)
+                   for ev in store.load(cp.run_id))
+
+
+async def bytes_by_kind(tmp: Path, turns: int, size: int) -> list[tuple[str, bool, float]]:
+    """Journal bytes / payload bytes for ``turns`` turns, per payload kind, compression on and off."""
+    out = []
+    for kind in ("text", "random"):
+        for compress in (True, False):
+            path = str(tmp / f"bytes-{kind}-{compress}.db")
+            store = SqliteCheckpointer(path, compress=compress)
+            await run_agent(store, turns, payload=payload_text(size, kind))
+            store.close()
+            out.append((kind, compress, file_bytes(path) / payload_bytes(path)))
+    return out
 
 
 async def one_size(n: int, tmp: Path, rep: int) -> dict[str, float]:
@@ -177,6 +231,7 @@ def main() -> int:
                 rows[n].append(asyncio.run(one_size(n, tmp, rep)))
             for k in range(args.resumes):
                 resumes.append(asyncio.run(resume_time(tmp, args.resume_turns, rep * 100 + k)))
+        kinds = asyncio.run(bytes_by_kind(tmp, sizes[-1], len(PAYLOAD)))
     med = {n: {k: statistics.median(r[k] for r in rows[n]) for k in rows[n][0]} for n in sizes}
     print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {args.repeats} repeats, medians")
     print(f"{'N':>6} {'sqlite ms/step':>15} {'memory ms/step':>15} {'floor ms/commit':>16} {'x floor':>8} "
@@ -191,6 +246,9 @@ def main() -> int:
     print(f"flatness: per-step N={sizes[-1]} / N={sizes[0]} = {flat:.2f} (median of per-repeat ratios)")
     print(f"resume of a {args.resume_turns}-turn run to its first new model call: "
           f"{statistics.median(resumes) * 1e3:.1f} ms (min {min(resumes) * 1e3:.1f}, max {max(resumes) * 1e3:.1f})")
+    print(f"journal bytes / payload bytes, N={sizes[-1]}, {len(PAYLOAD)}-byte tool results:")
+    for kind, compress, ratio in kinds:
+        print(f"  {kind:<7} compress={'on ' if compress else 'off'} {ratio:6.2f}")
     worst = max(med[n]["ratio_vs_floor"] for n in sizes)
     largest = med[sizes[-1]]
     targets = [("durable step / raw commit, worst N", worst, 1.5),

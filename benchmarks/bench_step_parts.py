@@ -61,7 +61,8 @@ from cuaderno import SqliteCheckpointer
 from cuaderno._json import compact
 from cuaderno.events import StepEvent, encode_payload, row_hash
 from cuaderno.fingerprint import chain, fingerprint
-from cuaderno.journal._append import RawRow
+from cuaderno.journal._append import RawRow, decode_row
+from cuaderno.journal._compress import pack
 from cuaderno.journal.sqlite import _COLUMNS, _UPSERT_RUN
 
 
@@ -85,7 +86,7 @@ def replay_commits(path: str, commits: list[list[RawRow]], checkpoint: str, *,
     store = SqliteCheckpointer(path)  # the real schema and settings
     db = store._db
     insert = f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"  # noqa: S608
-    decoded = [[(row, json.loads(row[9])) for row in rows] for rows in commits]
+    decoded = [[(row, decode_row(row).payload) for row in rows] for rows in commits]
     cp = json.loads(checkpoint)
     t0 = time.perf_counter()
     for rows in decoded:
@@ -103,14 +104,17 @@ def replay_commits(path: str, commits: list[list[RawRow]], checkpoint: str, *,
 
 def essential_work(rows: list[tuple[RawRow, dict[str, Any]]], cp: dict[str, Any]) -> None:
     """What one durable step must compute whatever the code around it looks like: its two events
-    (objects, payload encoding, chained row hashes), one conversation message's fingerprint
+    (objects, payload encoding, chained row hashes, compression of the large ones), one conversation
+    message's fingerprint
     chained into the request fingerprint, one key derived from it, and the checkpoint's encoding.
     With the SQL, the least a Python step can cost in this journal format."""
     prev = str(cp["last_hash"])
     for row, payload in rows:
         ev = StepEvent(run_id=row[0], step_id=row[1], phase=row[2], kind=row[4], name=row[5], decision=row[6],
                        fingerprint=row[7], payload=payload)
-        prev = row_hash(prev, ev, row[3], encode_payload(payload))
+        data = encode_payload(payload)
+        prev = row_hash(prev, ev, row[3], data)
+        pack(data)  # the store deflates large payloads (compress=True, the default)
     message = {"role": "tool", "tool_call_id": "c1", "name": "work", "content": PAYLOAD, "is_error": False}
     request = chain(prev, fingerprint(message))
     fingerprint(["x", "t0001.model", request])  # the step's idempotency or effect key

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cuaderno import SqliteCheckpointer, approve
+from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.ledger import read_receipts
 from cuaderno.testing.records import read_records
 
@@ -155,11 +156,11 @@ def _journal_rows(db: Path, run_id: str) -> list[tuple[str, str, str]]:
 def _journaled_keys(db: Path, run_id: str) -> set[str]:
     con = sqlite3.connect(db)
     try:
-        rows = con.execute("SELECT payload FROM cuaderno_events WHERE run_id=? AND kind='model' AND phase='result'",
-                           (run_id,)).fetchall()
+        rows = con.execute("SELECT codec, payload FROM cuaderno_events WHERE run_id=? AND kind='model' "
+                           "AND phase='result'", (run_id,)).fetchall()
     finally:
         con.close()
-    return {json.loads(r[0])["key"] for r in rows}
+    return {stored_payload(*r)["key"] for r in rows}
 
 
 def _integrity(db: Path) -> str:

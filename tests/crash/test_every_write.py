@@ -34,6 +34,7 @@ import stories
 from _report import record
 from _sweep import forked
 
+from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.records import read_records
 
 pytestmark = pytest.mark.xdist_group("crash")
@@ -72,10 +73,11 @@ def journaled_keys(work: Path) -> set[str]:
         return set()
     con = sqlite3.connect(work / "runs.db")
     try:
-        found = con.execute("SELECT payload FROM cuaderno_events WHERE kind='model' AND phase='result'").fetchall()
+        found = con.execute("SELECT codec, payload FROM cuaderno_events WHERE kind='model' AND phase='result'"
+                            ).fetchall()
     finally:
         con.close()
-    return {json.loads(p)["key"] for (p,) in found}
+    return {stored_payload(*row)["key"] for row in found}
 
 
 _CLEAN: dict[str, dict[str, Any]] = {}

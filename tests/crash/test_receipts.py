@@ -13,7 +13,6 @@ Ground truth is the ledger's receipts (its own process, its own SQLite file). Va
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import pytest
 from _report import record
 from _sweep import Outcome, case_for, run_case
 
+from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.ledger import LedgerProcess, read_receipts
 
 TRIALS = range(50 if os.environ.get("CUADERNO_SOAK") else 3)
@@ -39,11 +39,11 @@ def ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 def _intent_keys(db: Path, run_id: str) -> set[str]:
     con = sqlite3.connect(db)
     try:
-        rows = con.execute("SELECT payload FROM cuaderno_events WHERE run_id=? AND kind='tool' AND phase='intent'",
-                           (run_id,)).fetchall()
+        rows = con.execute("SELECT codec, payload FROM cuaderno_events WHERE run_id=? AND kind='tool' "
+                           "AND phase='intent'", (run_id,)).fetchall()
     finally:
         con.close()
-    return {json.loads(r[0])["effect_key"] for r in rows}
+    return {stored_payload(*r)["effect_key"] for r in rows}
 
 
 def _report(variant: str, status: str, receipts: int, duplicates: int, resent_nodedup: int,

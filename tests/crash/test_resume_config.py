@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.records import read_records
 
 pytestmark = pytest.mark.xdist_group("crash")
@@ -93,7 +94,8 @@ def child(tmp: Path, *, kind: str, policy_version: str = "1", tenant: str = "acm
 
 def rows(tmp: Path) -> list[tuple[str, str, Any]]:
     with closing(sqlite3.connect(tmp / "runs.db")) as db:
-        return db.execute("SELECT step_id, phase, payload FROM cuaderno_events ORDER BY seq").fetchall()
+        return [(step, phase, stored_payload(codec, payload)) for step, phase, codec, payload in
+                db.execute("SELECT step_id, phase, codec, payload FROM cuaderno_events ORDER BY seq")]
 
 
 def killed_after_the_effect(tmp: Path, kind: str) -> str:

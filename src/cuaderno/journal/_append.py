@@ -23,6 +23,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, row_hash, starts_a_step
+from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal.base import validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
@@ -154,8 +155,16 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
 
 
 def decode_row(row: RawRow) -> StepEvent:
-    """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use)."""
+    """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use).
+
+    A compressed row is inflated here, so the event holds its JSON bytes and codec as written.
+
+    Raises:
+        JournalCorrupt: a compressed payload that does not inflate.
+    """
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
     raw = payload if type(payload) is bytes else str(payload).encode()
+    if codec == CODEC_JSON_ZSTD:
+        codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
     return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
                              rhash)

@@ -1,0 +1,184 @@
+"""Payloads compressed at rest by the SQLite store: invisible to every reader, damage still found.
+
+Every claim is checked on the file itself (raw ``sqlite3``), not only through the store.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from cuaderno.errors import JournalConflict, JournalCorrupt, UsageError
+from cuaderno.events import CODEC_JSON, StepEvent, encode_payload
+from cuaderno.journal import SqliteCheckpointer, _compress
+from cuaderno.journal._compress import CODEC_JSON_ZSTD, COMPRESS_FROM
+
+PROSE = " ".join(random.Random(1).choice(["the", "transfer", "of", "account", "was", "approved", "refund", "to"])
+                 for _ in range(400))
+
+
+def _ev(step: str, payload: dict[str, Any], phase: str = "result") -> StepEvent:
+    return StepEvent(run_id="r", step_id=step, phase=phase, kind="tool", name="work", fingerprint="fp",
+                     payload=payload)
+
+
+@contextmanager
+def _store(path: Path, **kwargs: Any) -> Iterator[SqliteCheckpointer]:
+    store = SqliteCheckpointer(path, **kwargs)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _rows(path: Path) -> list[tuple[str, str, bytes]]:
+    with closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT step_id, codec, payload FROM cuaderno_events ORDER BY seq").fetchall()
+
+
+def _file(path: Path) -> bytes:
+    return path.read_bytes() + (Path(f"{path}-wal").read_bytes() if Path(f"{path}-wal").exists() else b"")
+
+
+def _journal(path: Path, **kwargs: Any) -> list[StepEvent]:
+    with _store(path, **kwargs) as store:
+        return store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"),
+                             _ev("big", {"value": PROSE}), _ev("small", {"value": "short"})])
+
+
+def test_large_payloads_rest_deflated_and_read_back_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    written = _journal(path)
+    rows = {step: (codec, blob) for step, codec, blob in _rows(path)}
+    logical = encode_payload({"value": PROSE})
+    assert rows["big"][0] == CODEC_JSON_ZSTD and len(rows["big"][1]) < len(logical) // 2
+    assert zstandard.ZstdDecompressor().decompress(rows["big"][1]) == logical  # a standard frame
+    assert rows["small"] == (CODEC_JSON, encode_payload({"value": "short"}))
+    for kwargs in ({}, {"readonly": True}, {"compress": False}):
+        with _store(path, **kwargs) as store:
+            loaded = store.load("r")
+        assert loaded == written  # same codec, bytes, hashes: the chain checks out
+        assert loaded[1].codec == CODEC_JSON and loaded[1].payload == {"value": PROSE}
+
+
+def test_compress_false_keeps_plain_json_and_one_journal_holds_both(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    with _store(path, compress=False) as store:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"), _ev("a", {"value": PROSE})])
+    with _store(path) as store:
+        store.append([_ev("b", {"value": PROSE})])
+    assert [codec for _, codec, _ in _rows(path)] == [CODEC_JSON, CODEC_JSON, CODEC_JSON_ZSTD]
+    with closing(sqlite3.connect(path)) as db:  # plain rows stay queryable with SQLite's JSON functions
+        assert db.execute("SELECT json_extract(payload, '$.value') FROM cuaderno_events WHERE step_id='a'"
+                          ).fetchone()[0] == PROSE
+    with _store(path) as store:
+        assert [e.payload.get("value") for e in store.load("r")] == [None, PROSE, PROSE]
+
+
+def test_the_threshold_and_payloads_that_do_not_shrink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _compress.pack(b"{" + b" " * (COMPRESS_FROM - 3) + b"}")[0] == CODEC_JSON  # one byte short
+    assert _compress.pack(b"{" + b" " * (COMPRESS_FROM - 2) + b"}")[0] == CODEC_JSON_ZSTD
+    noise = encode_payload({"v": base64.b64encode(random.Random(2).randbytes(30_000)).decode()})
+    codec, blob = _compress.pack(noise)  # the large-window path
+    assert codec == CODEC_JSON_ZSTD and zstandard.ZstdDecompressor().decompress(blob) == noise
+    # A compression that would save less than a sixteenth is not kept (nothing to gain on reading).
+    monkeypatch.setattr(_compress, "_compressor", lambda: _Fixed(len(noise) - len(noise) // 20))
+    assert _compress.pack(noise) == (CODEC_JSON, noise)
+
+
+class _Fixed:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def compress(self, data: bytes) -> bytes:
+        return b"x" * self.size
+
+
+def test_the_same_event_again_is_a_no_op_and_another_one_a_conflict(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    written = _journal(path)
+    before = _file(path)
+    with _store(path) as store:
+        assert store.append([_ev("big", {"value": PROSE})]) == [written[1]]  # compared on the JSON bytes
+        with pytest.raises(JournalConflict):
+            store.append([_ev("big", {"value": PROSE + "!"})])
+    with _store(path, compress=False) as store:  # also against a store that would not compress
+        assert store.append([_ev("big", {"value": PROSE})]) == [written[1]]
+    assert _file(path) == before  # nothing was written
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    ("UPDATE cuaderno_events SET payload=substr(payload, 1, length(payload) - 5) WHERE step_id='big'",
+     "row 2 .*does not decompress"),
+    ("UPDATE cuaderno_events SET payload=CAST('garbage' AS BLOB) WHERE step_id='big'", "row 2 .*does not decompress"),
+    ("UPDATE cuaderno_events SET codec='json+zstd' WHERE step_id='small'", "row 3 .*does not decompress"),
+    ("UPDATE cuaderno_events SET codec='json' WHERE step_id='big'", "row 2 .* was altered"),
+    ("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", "row 2 .* was altered"),
+], ids=["truncated", "garbage", "plain-row-tagged-compressed", "compressed-row-tagged-plain", "other-text"])
+def test_a_damaged_compressed_row_is_journal_corrupt_and_the_file_untouched(tmp_path: Path, damage: str,
+                                                                           message: str) -> None:
+    path = tmp_path / "j.db"
+    _journal(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        params = (zstandard.ZstdCompressor().compress(encode_payload({"value": PROSE.upper()})),) if "?" in damage else ()
+        assert db.execute(damage, params).rowcount == 1
+    before = _file(path)
+    with _store(path) as store:
+        with pytest.raises(JournalCorrupt, match=message):
+            store.load("r")
+    assert _file(path) == before
+
+
+def test_a_flipped_bit_in_a_compressed_payload_is_never_silent(tmp_path: Path) -> None:
+    """R7 for compressed rows: each flipped bit is caught (the frame's own checks or the row hash),
+    or it changed nothing anybody reads (a bit the decoder ignores), so the same payload comes back."""
+    path = tmp_path / "j.db"
+    written = _journal(path)
+    blob = {s: b for s, _, b in _rows(path)}["big"]
+    caught = 0
+    for bit in range(len(blob) * 8):
+        flipped = bytearray(blob)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        with closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (bytes(flipped),))
+        with _store(path, readonly=True) as store:
+            try:
+                loaded = store.load("r")
+            except JournalCorrupt:
+                caught += 1
+                continue
+        assert loaded == written, f"bit {bit} changed what the journal says without an error"
+    assert caught >= len(blob) * 8 - 8  # at most the last byte's padding goes unnoticed
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_compress_must_be_a_bool(tmp_path: Path, value: Any) -> None:
+    with pytest.raises(UsageError, match="compress must be True or False"):
+        SqliteCheckpointer(tmp_path / "j.db", compress=value)
+    assert not (tmp_path / "j.db").exists()
+
+
+def test_a_frame_claiming_an_impossible_size_is_refused_before_any_memory_is_asked_for(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _journal(path)
+    blob = {s: b for s, _, b in _rows(path)}["big"]
+    header = zstandard.get_frame_parameters(blob)
+    assert header.content_size == len(encode_payload({"value": PROSE})) and blob[4] >> 6 == 1  # a 2-byte size
+    # The same frame with an 8-byte content size of 1 TB (single segment: that is also its window).
+    huge = blob[:4] + bytes([0xE0 | (blob[4] & 0x3F)]) + (2**40).to_bytes(8, "little") + blob[7:]
+    assert zstandard.frame_content_size(huge) == 2**40
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (huge,))
+    before = _file(path)
+    with _store(path) as store:
+        with pytest.raises(JournalCorrupt, match=r"row 2 .*claims 1099511627776 bytes"):
+            store.load("r")
+    assert _file(path) == before
