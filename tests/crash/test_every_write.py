@@ -26,6 +26,7 @@ import json
 import os
 import sqlite3
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import stories
 from _report import record
 from _sweep import forked
 
-from cuaderno.journal._compress import stored_payload
+from cuaderno.journal._compress import CODEC_JSON_ZSTD, stored_payload
 from cuaderno.testing.records import read_records
 
 pytestmark = pytest.mark.xdist_group("crash")
@@ -90,6 +91,10 @@ def clean(story: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
         rc, result = child(story, work, None, count=True)
         assert rc == 0
         result["effects"] = stories.effects(work)
+        with closing(sqlite3.connect(work / "runs.db")) as con:
+            codecs = dict(con.execute("SELECT codec, count(*) FROM cuaderno_events GROUP BY codec").fetchall())
+        # The kills below land around commits of compressed rows too, and their resumes read them.
+        assert codecs.get(CODEC_JSON_ZSTD, 0) >= 3 and codecs.get("json", 0) >= 5, codecs
         _CLEAN[story] = result
     return _CLEAN[story]
 
