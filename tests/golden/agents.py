@@ -410,10 +410,11 @@ def resume_choice(recorded: dict[str, Any], current: dict[str, Any]) -> Literal[
     """How a golden history is resumed by this code.
 
     Today every fixture was recorded under the current versions, so this is ``"refuse"`` (the
-    default, never triggered). After a journal schema bump, histories recorded under an older
-    schema differ from the current versions in ``schema`` only: a library upgrade, which is
-    accepted by a named migration. Any other difference means a program changed, which must
-    stay a :class:`~cuaderno.errors.VersionMismatch`.
+    default, never triggered): the ``schema`` a run records is the event schema
+    (``EVENT_SCHEMA_VERSION``), which file schema 2 (compressed payloads) left at 1. After a bump
+    of the event schema, histories recorded under an older one differ from the current versions
+    in ``schema`` only: a library upgrade, which is accepted by a named migration. Any other
+    difference means a program changed, which must stay a :class:`~cuaderno.errors.VersionMismatch`.
     """
     if recorded == current:
         return "refuse"

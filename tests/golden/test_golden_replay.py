@@ -418,6 +418,25 @@ async def test_committed_schema_journal_resumes_without_re_execution(fixture: Pa
     assert sha256(fixture) == committed, "the committed journal file was modified"
 
 
+@pytest.mark.parametrize("fixture", SCHEMA_FILES, ids=_schema_id)
+def test_committed_schema_journal_is_read_as_it_is_and_its_runs_need_no_version_choice(fixture: Path,
+                                                                                     tmp_path: Path) -> None:
+    """A read-only store (``cuaderno list``/``show``) reads every schema whose tables are unchanged
+    without migrating it, and a run recorded under an older file schema carries the same versions
+    as this code: how rows are stored is not a reason to stop a run (schema 2 only added a codec)."""
+    path = tmp_path / fixture.name
+    shutil.copyfile(fixture, path)
+    before = sha256(path)
+    with SqliteCheckpointer(path, readonly=True) as store:
+        runs = store.list_runs()
+        assert runs
+        for cp in runs:
+            assert store.load(cp.run_id)[-1].seq == cp.last_seq
+            assert cp.versions == PROGRAM_BY_RUN_ID[cp.run_id].agent(World()).versions(), cp.run_id
+    assert sha256(path) == before and sorted(p.name for p in tmp_path.iterdir()) in (
+        [fixture.name], sorted([fixture.name, f"{fixture.name}-shm", f"{fixture.name}-wal"]))
+
+
 def _bump_schema(path: Path, version: int) -> None:
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(version),))

@@ -16,8 +16,11 @@ CPython 3.11, on the loop's path rather than in a tight loop, where caches are w
 step against 22 us for zlib at level 1 with a 4 KB window (58 us with the default 32 KB one, whose
 set-up dominates small inputs), for the same journal size; LZ4 costs 2 us but saves too little
 on small payloads to change the file at all. A frame is standard (RFC 8878): the ``zstd`` tool
-and Python 3.14's ``compression.zstd`` read it. Each frame records its content size, which is
-checked before anything is allocated for it.
+and Python 3.14's ``compression.zstd`` read it. A row holds exactly one frame: bytes after it
+are refused, since another reader would decode them as more payload.
+
+Each frame records its content size, and a row is read only if that size is one a frame of its
+length could really hold: a damaged header cannot make a reader ask for a gigabyte.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from typing import Any
 
 import zstandard
 
-from cuaderno.errors import JournalCorrupt
+from cuaderno.errors import JournalCorrupt, JournalError
 from cuaderno.events import CODEC_JSON, decode_payload
 
-__all__ = ["CODEC_JSON_ZSTD", "COMPRESS_FROM", "pack", "stored_payload", "unpack"]
+__all__ = ["CODEC_JSON_ZSTD", "COMPRESS_FROM", "MAX_PAYLOAD", "pack", "stored_payload", "unpack"]
 
 CODEC_JSON_ZSTD = "json+zstd"
 """The storage codec of a compressed JSON payload (never an event's own codec)."""
@@ -39,10 +42,15 @@ COMPRESS_FROM = 256
 """Payloads shorter than this are stored as they are: intents, decisions and short answers save
 a few dozen bytes at most, not worth a compression each."""
 
-_MAX_CONTENT = 1_000_000_000
-"""The largest payload a frame may claim: SQLite's own limit on a stored value, so nothing larger
-could have been written uncompressed either. A damaged header claiming more is refused before
-any memory is asked for."""
+MAX_PAYLOAD = 1_000_000_000
+"""The largest JSON payload the journal stores, compressed or not: SQLite's own limit on a value,
+so a payload that could not be stored plain is not stored compressed either (it could then be
+read back only by a reader that allows more)."""
+
+_MAX_RATIO = 32_768
+"""No Zstandard frame expands more than this: a block holds at most 128 KB and takes at least
+4 bytes (an RLE block: a 3-byte header and the byte to repeat); compressed blocks cost more.
+A frame claiming more than this many times its own length was not written by a compressor."""
 
 # Compression contexts are reused (their set-up is most of the cost on small payloads) and are
 # not safe to share between threads, so each thread keeps its own.
@@ -82,19 +90,27 @@ def unpack(codec: str, data: bytes, where: str) -> tuple[str, bytes]:
     (the event decodes them, and refuses one it does not know).
 
     Raises:
-        JournalCorrupt: a ``json+zstd`` blob that does not decompress (damaged or truncated), or
-            that claims an impossible size; the message names ``where``.
+        JournalCorrupt: a ``json+zstd`` blob that does not decompress (damaged or truncated),
+            claims a size no frame of its length can hold, or has bytes after its frame; the
+            message names ``where``.
+        JournalError: a believable size this process has not the memory for.
     """
     if codec != CODEC_JSON_ZSTD:
         return codec, data
+    size = -1
     try:
         size = zstandard.frame_content_size(data)
-        if not 0 <= size <= _MAX_CONTENT:
-            raise zstandard.ZstdError(f"the frame claims {size} bytes")
-        return CODEC_JSON, _decompressor().decompress(data)
+        if size < 0:
+            raise zstandard.ZstdError("the frame does not say its content size")
+        if size > min(MAX_PAYLOAD, _MAX_RATIO * len(data)):
+            raise zstandard.ZstdError(f"a frame of {len(data)} bytes claims {size} bytes")
+        return CODEC_JSON, _decompressor().decompress(data, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise JournalCorrupt(f"{where}: the compressed payload does not decompress ({exc}); the row was "
                              "altered or damaged") from exc
+    except MemoryError:
+        # A size a real frame can have, so not proof of damage: this process lacks the memory.
+        raise JournalError(f"{where}: not enough memory to decompress a payload of {size} bytes") from None
 
 
 def stored_payload(codec: str, data: bytes | str) -> dict[str, Any]:

@@ -21,11 +21,18 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["SCHEMA_VERSION", "Checkpointer", "validate_event"]
+__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "validate_event"]
 
-SCHEMA_VERSION = 1
-"""The journal schema this cuaderno writes. A journal with a higher number is refused
+SCHEMA_VERSION = 2
+"""The journal file schema this cuaderno writes: its tables and how rows are stored (schema 2
+added compressed payloads). A journal with a higher number is refused
 (:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
+
+EVENT_SCHEMA_VERSION = 1
+"""What the events mean: their kinds, phases and the payload fields replay reads. Recorded as
+``schema`` in every run's versions, so resuming a run under another one needs an explicit choice
+(``on_version_mismatch``). How rows are stored is :data:`SCHEMA_VERSION`'s business: a run
+started before schema 2 resumes after it as it is."""
 
 MAX_ID_CHARS = 1024
 _MAX_DECISION_CHARS = 64

@@ -52,7 +52,7 @@ from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, 
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
-from cuaderno.journal._compress import pack
+from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
 
@@ -73,8 +73,16 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
     ),
+    # Schema 2: the same tables; a payload's codec may be ``json+zstd`` (compressed at rest). Only
+    # the number changes, so that a cuaderno that reads schema 1 refuses the file (SchemaTooNew)
+    # instead of taking a compressed row for a tampered one.
+    (),
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_READ_AS_IS_FROM = 1
+"""The oldest schema whose files this cuaderno reads without migrating them (a read-only store
+cannot migrate): up to schema 2 only the codecs grew, and every older codec is still read."""
 
 _COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
 _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
@@ -98,29 +106,32 @@ class SqliteCheckpointer:
             never changed, not even its journal mode, and every write is refused with a
             :class:`~cuaderno.errors.UsageError`. Implies ``create=False``. A journal whose schema
             is older than this cuaderno's is refused: opening it for writing migrates it first.
-        compress: compress payloads of 256 bytes and more as they are written (codec
-            ``json+zstd`` in the row; see :mod:`cuaderno.journal._compress`): model responses
-            and tool results take about half the space. Reading is the same either way, and one
-            journal may hold both forms. ``False`` keeps every payload as plain JSON, readable
-            with SQLite's own JSON functions; ``cuaderno show RUN --json`` reads either.
+        compress: whether payloads of 256 bytes and more are compressed as they are written
+            (codec ``json+zstd`` in the row; see :mod:`cuaderno.journal._compress`): model
+            responses and tool results take about half the space. It is the journal's setting:
+            ``True`` or ``False`` records it in the file, and a store opened with ``None`` (the
+            default) follows what the file says (compressed, if nobody said). So
+            ``compress=False`` once keeps every later write plain JSON, readable with SQLite's
+            own JSON functions, whoever makes it (the ``cuaderno`` CLI included). Reading is the
+            same either way, and one journal may hold both forms. Ignored when ``readonly``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
                  busy_timeout_ms: int = 30_000, create: bool = True, readonly: bool = False,
-                 compress: bool = True) -> None:
+                 compress: bool | None = None) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise UsageError(f"the journal path must be a file path or ':memory:', got {path!r:.80}")
-        if not isinstance(compress, bool):
-            raise UsageError(f"compress must be True or False, got {compress!r:.40}")
+        if compress is not None and not isinstance(compress, bool):
+            raise UsageError(f"compress must be True, False or None, got {compress!r:.40}")
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, (int, float)) or busy_timeout_ms < 0:
             raise UsageError("busy_timeout_ms must be a number of milliseconds")
         self.path = str(path)
         self._readonly = bool(readonly) and self.path != ":memory:"
         self._create = create and not self._readonly
         self._closed = False
-        self._compress = compress
+        self._compress = False
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
         self._lock = threading.Lock()
@@ -148,7 +159,7 @@ class SqliteCheckpointer:
             if self.path != ":memory:" and mode != "wal":
                 raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
             self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
-            self._migrate()
+            self._compress = self._migrate(compress)
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise JournalCorrupt(f"{self.path!r} is not a readable cuaderno journal: {exc}") from exc
@@ -172,11 +183,12 @@ class SqliteCheckpointer:
         version = _schema_version(row[0]) if row is not None else 0
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(version, SCHEMA_VERSION)
-        if older_too and version < SCHEMA_VERSION:
+        if older_too and version < _READ_AS_IS_FROM:
             raise JournalError(f"{self.path!r} has journal schema {version}; this cuaderno reads {SCHEMA_VERSION}. "
                                "Open it once for writing to migrate it; nothing was changed")
 
-    def _migrate(self) -> None:
+    def _migrate(self, compress: bool | None) -> bool:
+        """Create or migrate the schema; return whether this store compresses payloads."""
         with self._txn() as db:
             has_meta = db.execute(
                 "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
@@ -197,6 +209,14 @@ class SqliteCheckpointer:
             if version < SCHEMA_VERSION:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
                            (str(SCHEMA_VERSION),))
+            # Whether payloads are compressed is the journal's setting, so that every writer (the
+            # CLI's included) keeps to what the owner chose; a store that says nothing follows it.
+            row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
+            if compress is not None and (row is None or row[0] != _ON_OFF[compress]):
+                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
+                           (_ON_OFF[compress],))
+                return compress
+            return compress if compress is not None else (row is None or row[0] != "off")
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
@@ -274,6 +294,10 @@ class SqliteCheckpointer:
     def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> None:
         rows = []
         for e, payload in new:
+            if len(payload) > MAX_PAYLOAD:  # compressed it would fit, and no reader could open it
+                raise JournalError(f"journal {self.path!r}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
+                                   f"bytes of JSON, more than the {MAX_PAYLOAD:,} a journal row holds; nothing "
+                                   "was committed")
             # The row hash and deduplication cover the JSON bytes; compression is how they rest.
             codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
             rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
@@ -429,6 +453,9 @@ class SqliteCheckpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_ON_OFF = {True: "on", False: "off"}
 
 
 class _Duplicate(Exception):

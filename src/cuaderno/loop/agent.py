@@ -20,7 +20,7 @@ from cuaderno.budgets import Budgets
 from cuaderno.errors import UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelGateway
-from cuaderno.journal.base import SCHEMA_VERSION, Checkpointer
+from cuaderno.journal.base import EVENT_SCHEMA_VERSION, Checkpointer
 from cuaderno.loop.steps import Step
 from cuaderno.loop.versions import Migration
 from cuaderno.tools.definition import Tool
@@ -171,7 +171,7 @@ class Agent:
     def versions(self) -> dict[str, Any]:
         """Schema, loop, policy and capability versions, recorded when a run starts."""
         return {
-            "schema": SCHEMA_VERSION,
+            "schema": EVENT_SCHEMA_VERSION,
             "loop": LOOP_VERSION,
             "policy": self.policy.version,
             "capabilities": fingerprint(sorted(t.schema_fingerprint() for t in self.tools.values()))[:16],
