@@ -19,8 +19,9 @@ call (load + hash-chain check + replay), in a fresh store object.
 
 The payload is what the journal was given to keep: the JSON bytes of every event (response and
 result envelopes included), before the store compresses them. The tool result and the model's
-text are English-like prose drawn from a fixed vocabulary with a fixed seed: it deflates about as
-well as real model output (0.6 at 400 bytes, 0.45 at 2 KB), where a repeated character would
+text are English-like prose drawn from a fixed vocabulary with a fixed seed. Compressed, it keeps
+0.59 of its bytes at 400 bytes and 0.39 at 2 KB, where real prose (the GPL-3 text, in chunks of
+the same sizes) keeps 0.64 and 0.47: a little flattering, where a repeated character would
 flatter compression beyond belief. A last table sets the journal's bytes against the payload for
 both kinds of payload, with compression on and off, so the worst case is in the same run.
 """

@@ -105,8 +105,8 @@ def replay_commits(path: str, commits: list[list[RawRow]], checkpoint: str, *,
 def essential_work(rows: list[tuple[RawRow, dict[str, Any]]], cp: dict[str, Any]) -> None:
     """What one durable step must compute whatever the code around it looks like: its two events
     (objects, payload encoding, chained row hashes, compression of the large ones), one conversation
-    message's fingerprint
-    chained into the request fingerprint, one key derived from it, and the checkpoint's encoding.
+    message's fingerprint chained into the request fingerprint, one key derived from it, and the
+    checkpoint's encoding.
     With the SQL, the least a Python step can cost in this journal format."""
     prev = str(cp["last_hash"])
     for row, payload in rows:
@@ -114,7 +114,7 @@ def essential_work(rows: list[tuple[RawRow, dict[str, Any]]], cp: dict[str, Any]
                        fingerprint=row[7], payload=payload)
         data = encode_payload(payload)
         prev = row_hash(prev, ev, row[3], data)
-        pack(data)  # the store deflates large payloads (compress=True, the default)
+        pack(data)  # the store compresses large payloads (the default)
     message = {"role": "tool", "tool_call_id": "c1", "name": "work", "content": PAYLOAD, "is_error": False}
     request = chain(prev, fingerprint(message))
     fingerprint(["x", "t0001.model", request])  # the step's idempotency or effect key

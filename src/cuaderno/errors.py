@@ -268,7 +268,7 @@ class NotUncertain(CuadernoError):
 
 
 class VersionMismatch(CuadernoError):
-    """The run was started under other versions (schema, loop, policy, capabilities).
+    """The run was started under other versions (event schema, loop, policy, capabilities, agent).
 
     Resume with an explicit choice: unchanged, migrate, drain on the old worker, or cancel.
     """

@@ -16,17 +16,18 @@ from typing import Any
 import pytest
 import zstandard
 
-from cuaderno.errors import JournalConflict, JournalCorrupt, JournalError, UsageError
+from cuaderno.errors import JournalConflict, JournalCorrupt, JournalError, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent, encode_payload
 from cuaderno.journal import SqliteCheckpointer, _compress
 from cuaderno.journal import sqlite as sqlite_module
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, COMPRESS_FROM
+from cuaderno.journal.base import SCHEMA_VERSION
 
 _RNG = random.Random(1)
 PROSE = " ".join(_RNG.choice(["the", "transfer", "of", "account", "was", "approved", "refund", "to", "ana", "from",
                               "balance", "on", "order", "invoice", "paid", "pending", "and", "a", "with", "for"])
                  for _ in range(400))
-"""About 2 KB of English-like words (deflates to about 0.4, as model output does)."""
+"""About 2 KB of English-like words (compressed to about 0.4 of that; English prose to about 0.5)."""
 
 
 def _ev(step: str, payload: dict[str, Any], phase: str = "result") -> StepEvent:
@@ -56,6 +57,15 @@ def _journal(path: Path, **kwargs: Any) -> list[StepEvent]:
     with _store(path, **kwargs) as store:
         return store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"),
                              _ev("big", {"value": PROSE}), _ev("small", {"value": "short"})])
+
+
+def _load_refused(path: Path, error: type[Exception], match: str) -> None:
+    """Loading the run raises ``error`` and leaves the file byte-identical."""
+    before = _file(path)
+    with _store(path) as store:
+        with pytest.raises(error, match=match):
+            store.load("r")
+    assert _file(path) == before
 
 
 def test_large_payloads_rest_compressed_and_read_back_as_written(tmp_path: Path) -> None:
@@ -136,11 +146,7 @@ def test_a_damaged_compressed_row_is_journal_corrupt_and_the_file_untouched(tmp_
     with closing(sqlite3.connect(path)) as db, db:
         params = (zstandard.ZstdCompressor().compress(encode_payload({"value": PROSE.upper()})),) if "?" in damage else ()
         assert db.execute(damage, params).rowcount == 1
-    before = _file(path)
-    with _store(path) as store:
-        with pytest.raises(JournalCorrupt, match=message):
-            store.load("r")
-    assert _file(path) == before
+    _load_refused(path, JournalCorrupt, message)
 
 
 def test_a_flipped_bit_in_a_compressed_payload_is_never_silent(tmp_path: Path) -> None:
@@ -222,11 +228,7 @@ def test_bytes_after_the_frame_are_refused(tmp_path: Path) -> None:
     blob = {s: b for s, _, b in _rows(path)}["big"]
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (blob + extra,))
-    before = _file(path)
-    with _store(path) as store:
-        with pytest.raises(JournalCorrupt, match="row 2 .*unused data"):
-            store.load("r")
-    assert _file(path) == before
+    _load_refused(path, JournalCorrupt, "row 2 .*unused data")
 
 
 def test_a_believable_size_without_the_memory_for_it_is_a_typed_error(tmp_path: Path,
@@ -260,9 +262,56 @@ def test_a_frame_claiming_more_than_it_can_hold_is_refused_before_any_memory_is_
     assert zstandard.frame_content_size(huge) == claim
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (huge,))
-    before = _file(path)
     monkeypatch.setattr(_compress, "_decompressor", None)  # proof that no decompression is attempted
-    with _store(path) as store:
-        with pytest.raises(JournalCorrupt, match=rf"row 2 .*claims {claim} bytes"):
-            store.load("r")
+    _load_refused(path, JournalCorrupt, rf"row 2 .*claims {claim} bytes")
+
+
+def test_an_open_store_follows_the_setting_another_store_records(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _journal(path)
+    with _store(path) as follower, _store(path, compress=True) as keeper:
+        with _store(path, compress=False):  # the owner turns compression off while both are open
+            pass
+        follower.append([_ev("after-off", {"value": PROSE})])  # said nothing: follows the file
+        keeper.append([_ev("keeper", {"value": PROSE})])  # said so itself: keeps to it
+        with _store(path, compress=True):
+            pass
+        follower.append([_ev("after-on", {"value": PROSE})])
+    codecs = {s: c for s, c, _ in _rows(path)}
+    assert (codecs["after-off"], codecs["keeper"], codecs["after-on"]) == (CODEC_JSON, CODEC_JSON_ZSTD,
+                                                                          CODEC_JSON_ZSTD)
+
+
+@pytest.mark.parametrize("setting", ["OFF", "false", "0", "", "off ", "garbage"])
+def test_an_unknown_compress_setting_is_journal_corrupt_unless_a_store_sets_it(tmp_path: Path, setting: str) -> None:
+    path = tmp_path / "j.db"
+    _journal(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)", (setting,))
+    before = _file(path)
+    with pytest.raises(JournalCorrupt, match="compress setting is"):
+        SqliteCheckpointer(path)
     assert _file(path) == before
+    with _store(path, compress=False) as store:  # an explicit setting replaces it
+        store.append([_ev("plain", {"value": PROSE})])
+    assert {s: c for s, c, _ in _rows(path)}["plain"] == CODEC_JSON
+
+
+def test_a_store_open_while_a_newer_cuaderno_migrates_the_file_refuses_to_read_or_write(tmp_path: Path) -> None:
+    """Checked when the store opens, and again on every read and whenever another connection has
+    committed: a process left running across an upgrade stops instead of misreading new rows."""
+    path = tmp_path / "j.db"
+    _journal(path)
+    with _store(path) as old, _store(path, readonly=True) as reader:
+        old.load("r")
+        reader.load("r")
+        with closing(sqlite3.connect(path)) as db, db:  # what a newer cuaderno's migration does
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
+        before = _file(path)
+        with pytest.raises(SchemaTooNew):
+            old.load("r")
+        with pytest.raises(SchemaTooNew):
+            reader.load("r")
+        with pytest.raises(SchemaTooNew):
+            old.append([_ev("late", {"value": "x"})])
+        assert _file(path) == before

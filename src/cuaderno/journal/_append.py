@@ -157,10 +157,10 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
 def decode_row(row: RawRow) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use).
 
-    A compressed row is inflated here, so the event holds its JSON bytes and codec as written.
+    A compressed row is decompressed here, so the event holds its JSON bytes and codec as written.
 
     Raises:
-        JournalCorrupt: a compressed payload that does not inflate.
+        JournalCorrupt: a compressed payload that does not decompress.
     """
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
     raw = payload if type(payload) is bytes else str(payload).encode()

@@ -42,10 +42,11 @@ COMPRESS_FROM = 256
 """Payloads shorter than this are stored as they are: intents, decisions and short answers save
 a few dozen bytes at most, not worth a compression each."""
 
-MAX_PAYLOAD = 1_000_000_000
-"""The largest JSON payload the journal stores, compressed or not: SQLite's own limit on a value,
-so a payload that could not be stored plain is not stored compressed either (it could then be
-read back only by a reader that allows more)."""
+MAX_PAYLOAD = 999_000_000
+"""The largest JSON payload the journal stores, compressed or not: SQLite's limit on a row
+(1,000,000,000 bytes by default) less room for the row's other columns, so that no payload is
+stored compressed that could not have been stored plain (it could then be read back only by a
+reader that allows more)."""
 
 _MAX_RATIO = 32_768
 """No Zstandard frame expands more than this: a block holds at most 128 KB and takes at least

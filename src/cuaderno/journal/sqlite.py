@@ -29,7 +29,7 @@ binary hashes, larger pages made the file bigger (1.65x at 8 KB, 1.69x at 16 KB)
 ones did not help (the same journal rebuilt with VACUUM: 1.61x at 2 KB and at 4 KB, 2.37x at
 1 KB). So a storage change that only narrows columns is not worth a schema version.
 
-What does shrink rows is compressing the payloads themselves (``compress=True``, the default; see
+What does shrink rows is compressing the payloads themselves (the default; see
 :mod:`cuaderno.journal._compress`). The same run with English-like text instead of a repeated
 character: 1.63x uncompressed, 1.33x compressed (ten rows fit a leaf where eight did), and with
 2 KB tool results 1.44x against 0.85x. Random base64 does not compress enough to change the
@@ -104,16 +104,19 @@ class SqliteCheckpointer:
             refused (:class:`~cuaderno.errors.JournalError`) before anything in it is changed.
         readonly: open for reading only (``load``, ``checkpoint``, ``list_runs``): the file is
             never changed, not even its journal mode, and every write is refused with a
-            :class:`~cuaderno.errors.UsageError`. Implies ``create=False``. A journal whose schema
-            is older than this cuaderno's is refused: opening it for writing migrates it first.
+            :class:`~cuaderno.errors.UsageError`. Implies ``create=False``. Reads every schema
+            since the tables last changed (schema 1) as it is; an older one is refused (opening it
+            for writing migrates it), and so is a newer one (:class:`~cuaderno.errors.SchemaTooNew`).
         compress: whether payloads of 256 bytes and more are compressed as they are written
             (codec ``json+zstd`` in the row; see :mod:`cuaderno.journal._compress`): model
             responses and tool results take about half the space. It is the journal's setting:
-            ``True`` or ``False`` records it in the file, and a store opened with ``None`` (the
-            default) follows what the file says (compressed, if nobody said). So
-            ``compress=False`` once keeps every later write plain JSON, readable with SQLite's
-            own JSON functions, whoever makes it (the ``cuaderno`` CLI included). Reading is the
-            same either way, and one journal may hold both forms. Ignored when ``readonly``.
+            ``True`` or ``False`` records it in the file (the last store to say so wins) and
+            this store keeps to it; a store opened with ``None`` (the default) follows what the
+            file says, also when it changes while the store is open (compressed, if nobody
+            said). So ``compress=False`` keeps later writes plain JSON, readable with SQLite's
+            own JSON functions, by every writer that does not say otherwise (the ``cuaderno``
+            CLI included). Reading is the same either way, and one journal may hold both forms.
+            Ignored when ``readonly``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
@@ -131,6 +134,7 @@ class SqliteCheckpointer:
         self._readonly = bool(readonly) and self.path != ":memory:"
         self._create = create and not self._readonly
         self._closed = False
+        self._compress_choice = compress
         self._compress = False
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
@@ -211,12 +215,32 @@ class SqliteCheckpointer:
                            (str(SCHEMA_VERSION),))
             # Whether payloads are compressed is the journal's setting, so that every writer (the
             # CLI's included) keeps to what the owner chose; a store that says nothing follows it.
-            row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
-            if compress is not None and (row is None or row[0] != _ON_OFF[compress]):
-                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
-                           (_ON_OFF[compress],))
+            if compress is not None:
+                row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
+                if row is None or row[0] != _ON_OFF[compress]:
+                    db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
+                               (_ON_OFF[compress],))
                 return compress
-            return compress if compress is not None else (row is None or row[0] != "off")
+            return self._follow_meta(db)
+
+    def _follow_meta(self, db: sqlite3.Connection) -> bool:
+        """Read the file's schema and compression setting again (another connection may have
+        changed them since this store opened); return whether this store compresses.
+
+        Raises:
+            SchemaTooNew: a newer cuaderno migrated the file while this store had it open.
+            JournalCorrupt: a compression setting that is neither ``on`` nor ``off``.
+        """
+        meta = dict(db.execute("SELECT key, value FROM cuaderno_meta WHERE key IN ('schema_version', 'compress')"))
+        version = _schema_version(meta.get("schema_version", SCHEMA_VERSION))
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(version, SCHEMA_VERSION)
+        if self._compress_choice is not None:
+            return self._compress_choice
+        setting = meta.get("compress", "on")
+        if setting not in ("on", "off"):
+            raise JournalCorrupt(f"{self.path!r}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
+        return bool(setting == "on")
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
@@ -262,6 +286,7 @@ class SqliteCheckpointer:
                 version = db.execute("PRAGMA data_version").fetchone()[0]
                 if version != self._data_version:
                     self._cache.clear()  # another connection committed: any cached row may be stale
+                    self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
                 cp = self._current(db, run_id, use_cache=not lookups)
 
                 def existing(ev: StepEvent) -> StepEvent | None:
@@ -327,6 +352,12 @@ class SqliteCheckpointer:
                 # checkpoint named, which would look exactly like a tampered journal.
                 self._db.execute("BEGIN")
                 try:
+                    # A newer cuaderno may have migrated the file since this store opened it: its
+                    # rows would not read as this version expects (schema 2's compressed rows
+                    # looked tampered with to schema 1, which checked only on opening).
+                    row = self._db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+                    if row is not None and _schema_version(row[0]) > SCHEMA_VERSION:
+                        raise SchemaTooNew(_schema_version(row[0]), SCHEMA_VERSION)
                     head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
                                             (run_id,)).fetchone()
                     rows: list[RawRow] = [] if head is None else self._db.execute(

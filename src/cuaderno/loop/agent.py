@@ -169,7 +169,7 @@ class Agent:
         return config
 
     def versions(self) -> dict[str, Any]:
-        """Schema, loop, policy and capability versions, recorded when a run starts."""
+        """Event schema, loop, policy, capability and agent versions, recorded when a run starts."""
         return {
             "schema": EVENT_SCHEMA_VERSION,
             "loop": LOOP_VERSION,
