@@ -20,7 +20,8 @@ and Python 3.14's ``compression.zstd`` read it. A row holds exactly one frame: b
 are refused, since another reader would decode them as more payload.
 
 Each frame records its content size, and a row is read only if that size is one a frame of its
-length could really hold: a damaged header cannot make a reader ask for a gigabyte.
+length could really hold: a damaged header can make a reader ask for at most 32,768 times the
+row's own size (32 MB for a 1 KB row), never for whatever its size field names.
 """
 
 from __future__ import annotations
