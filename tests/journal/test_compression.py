@@ -6,8 +6,14 @@ Every claim is checked on the file itself (raw ``sqlite3``), not only through th
 from __future__ import annotations
 
 import base64
+import os
 import random
+import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -314,4 +320,80 @@ def test_a_store_open_while_a_newer_cuaderno_migrates_the_file_refuses_to_read_o
             reader.load("r")
         with pytest.raises(SchemaTooNew):
             old.append([_ev("late", {"value": "x"})])
+        assert _file(path) == before
+
+
+# -- schema 1 files: raised to 2 by the first compressed row, and only then -------------------------
+
+GOLDEN_V1 = Path(__file__).resolve().parents[1] / "golden" / "journals" / "schema_v1.sqlite"
+
+
+def _schema(path: Path) -> int:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()[0])
+
+
+def _v1(tmp_path: Path) -> Path:
+    path = tmp_path / "v1.db"
+    shutil.copyfile(GOLDEN_V1, path)
+    assert _schema(path) == 1
+    return path
+
+
+def test_a_schema_1_file_stays_1_until_a_compressed_row_is_written(tmp_path: Path) -> None:
+    """A cuaderno of schema 1 can go on reading it while nothing it cannot read is in it: after an
+    open for writing, a refused write, or plain writes (``compress=False``)."""
+    path = _v1(tmp_path)
+    run = "golden-payments"
+    with _store(path) as store:
+        store.load(run)
+        with pytest.raises(Exception):  # noqa: B017 - any refusal: what matters is the schema after it
+            store.append([StepEvent(run_id=run, step_id="t9999.tool00.approval", phase="decision", kind="approval",
+                                    payload={})])
+    assert _schema(path) == 1
+    with _store(path, compress=False) as store:
+        store.append([StepEvent(run_id=run, step_id="note", phase="result", kind="tool", payload={"v": PROSE})])
+    assert _schema(path) == 1
+    with _store(path, compress=True) as store:
+        store.append([StepEvent(run_id=run, step_id="note2", phase="result", kind="tool", payload={"v": PROSE})])
+        assert _schema(path) == 2  # in the same transaction as the first compressed row
+        assert len(store.load(run)) > 2
+
+
+@pytest.mark.parametrize(("point", "schema", "compressed"), [("append.W1", 1, 0), ("append.W2", 2, 1)])
+def test_killed_around_the_first_compressed_row_the_file_is_at_the_schema_its_rows_need(
+        tmp_path: Path, point: str, schema: int, compressed: int) -> None:
+    path = _v1(tmp_path)
+    code = textwrap.dedent(f"""
+        from cuaderno.events import StepEvent
+        from cuaderno.journal import SqliteCheckpointer
+        store = SqliteCheckpointer({str(path)!r})
+        store.append([StepEvent(run_id="golden-payments", step_id="note", phase="result", kind="tool",
+                                payload={{"v": {PROSE!r}}})])
+        print("not killed")
+    """)
+    env = {**os.environ, "CUADERNO_CRASH_AT": f"{point}:1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert _schema(path) == schema
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        assert db.execute("SELECT count(*) FROM cuaderno_events WHERE codec=?", (CODEC_JSON_ZSTD,)
+                          ).fetchone()[0] == compressed
+    with _store(path) as store:  # and it reads, either way
+        assert len(store.load("golden-payments")) > 2
+
+
+def test_every_read_and_lease_write_refuses_a_file_migrated_past_this_cuaderno(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _journal(path)
+    with _store(path) as store:
+        store.checkpoint("r")
+        with closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
+        before = _file(path)
+        for call in (lambda: store.checkpoint("r"), lambda: store.list_runs(), lambda: store.load("r"),
+                     lambda: store.acquire("r", "me"), lambda: store.release("r", 1)):
+            with pytest.raises(SchemaTooNew):
+                call()
         assert _file(path) == before

@@ -1,7 +1,8 @@
 """Payload compression at rest: a storage form, invisible above the backend.
 
 A model response or a tool result is mostly text (prose, JSON, code), which Zstandard stores in
-a half to a third of its bytes. SQLite, unlike Postgres (whose TOAST compresses large values by
+fewer bytes the longer it is: English prose (the GPL-3 text, in JSON) keeps 0.65 of its bytes at
+400 bytes, 0.48 at 2 KB and 0.41 at 8 KB. SQLite, unlike Postgres (whose TOAST compresses large values by
 itself), stores a blob as given, so :class:`~cuaderno.journal.sqlite.SqliteCheckpointer`
 compresses large payloads itself and tags the row's codec ``json+zstd``.
 

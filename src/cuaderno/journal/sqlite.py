@@ -52,7 +52,7 @@ from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, 
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
-from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
 
@@ -79,6 +79,9 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     (),
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+_COMPRESSED_SINCE = 2
+"""The schema from which rows may be compressed (``json+zstd``)."""
 
 _READ_AS_IS_FROM = 1
 """The oldest schema whose files this cuaderno reads without migrating them (a read-only store
@@ -108,8 +111,9 @@ class SqliteCheckpointer:
             since the tables last changed (schema 1) as it is; an older one is refused (opening it
             for writing migrates it), and so is a newer one (:class:`~cuaderno.errors.SchemaTooNew`).
         compress: whether payloads of 256 bytes and more are compressed as they are written
-            (codec ``json+zstd`` in the row; see :mod:`cuaderno.journal._compress`): model
-            responses and tool results take about half the space. It is the journal's setting:
+            (codec ``json+zstd`` in the row; see :mod:`cuaderno.journal._compress`): a model
+            response or tool result of a few KB takes about half the space, a short one two
+            thirds. It is the journal's setting:
             ``True`` or ``False`` records it in the file (the last store to say so wins) and
             this store keeps to it; a store opened with ``None`` (the default) follows what the
             file says, also when it changes while the store is open (compressed, if nobody
@@ -136,6 +140,8 @@ class SqliteCheckpointer:
         self._closed = False
         self._compress_choice = compress
         self._compress = False
+        self._file_schema = SCHEMA_VERSION
+        """The schema the file is at, as this store last saw it (1 until a compressed row is written)."""
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
         self._lock = threading.Lock()
@@ -210,9 +216,15 @@ class SqliteCheckpointer:
             for step in _MIGRATIONS[version:]:
                 for statement in step:
                     db.execute(statement)
-            if version < SCHEMA_VERSION:
+            # A new file starts at the current schema. An existing one is raised only as far as its
+            # tables need; the step to schema 2 is taken by the first transaction that writes a
+            # compressed row (see _append), so that opening a file, a refused command, or a
+            # journal kept plain leaves it readable by a cuaderno of schema 1.
+            target = SCHEMA_VERSION if version == 0 else max(version, _READ_AS_IS_FROM)
+            if version < target:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
-                           (str(SCHEMA_VERSION),))
+                           (str(target),))
+            self._file_schema = target
             # Whether payloads are compressed is the journal's setting, so that every writer (the
             # CLI's included) keeps to what the owner chose; a store that says nothing follows it.
             if compress is not None:
@@ -222,6 +234,13 @@ class SqliteCheckpointer:
                                (_ON_OFF[compress],))
                 return compress
             return self._follow_meta(db)
+
+    def _check_schema(self, db: sqlite3.Connection) -> None:
+        """Refuse a file a newer cuaderno has migrated since this store opened it (its rows may
+        not read as this version expects: schema 1 took compressed rows for tampered ones)."""
+        row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+        if row is not None and _schema_version(row[0]) > SCHEMA_VERSION:
+            raise SchemaTooNew(_schema_version(row[0]), SCHEMA_VERSION)
 
     def _follow_meta(self, db: sqlite3.Connection) -> bool:
         """Read the file's schema and compression setting again (another connection may have
@@ -235,6 +254,7 @@ class SqliteCheckpointer:
         version = _schema_version(meta.get("schema_version", SCHEMA_VERSION))
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(version, SCHEMA_VERSION)
+        self._file_schema = version
         if self._compress_choice is not None:
             return self._compress_choice
         setting = meta.get("compress", "on")
@@ -297,13 +317,19 @@ class SqliteCheckpointer:
                 # Optimistic: insert without looking first. A key that is already stored makes the
                 # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
                 new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
+                bump = False
                 if new:
                     try:
-                        self._insert(db, new)
+                        compressed = self._insert(db, new)
                     except sqlite3.IntegrityError as exc:
                         if lookups:
                             raise
                         raise _Duplicate from exc
+                    if compressed and self._file_schema < _COMPRESSED_SINCE:
+                        # The first compressed row: from this commit on, schema 1 must refuse the file.
+                        db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
+                                   (str(_COMPRESSED_SINCE),))
+                        bump = True
                 if new:
                     crash.in_txn("checkpoint")
                     db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
@@ -311,13 +337,17 @@ class SqliteCheckpointer:
                     crash.point("append.W1")  # everything written, before COMMIT
                 self._cache[run_id] = cp
                 self._data_version = version
-                return out
+            if bump:
+                self._file_schema = _COMPRESSED_SINCE  # committed
+            return out
         except BaseException:
             self._cache.pop(run_id, None)
             raise
 
-    def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> None:
+    def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> bool:
+        """Insert the rows; return whether any of them was stored compressed."""
         rows = []
+        compressed = False
         for e, payload in new:
             if len(payload) > MAX_PAYLOAD:  # compressed it would fit, and no reader could open it
                 raise JournalError(f"journal {self.path!r}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
@@ -325,11 +355,13 @@ class SqliteCheckpointer:
                                    "was committed")
             # The row hash and deduplication cover the JSON bytes; compression is how they rest.
             codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
+            compressed = compressed or codec == CODEC_JSON_ZSTD
             rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
                          stored, e.created_at, e.row_hash))
         db.executemany(
             f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",  # noqa: S608 - constant
             rows)
+        return compressed
 
     def _current(self, db: sqlite3.Connection, run_id: str, *, use_cache: bool = True) -> Checkpoint:
         cached = self._cache.get(run_id) if use_cache else None
@@ -352,12 +384,7 @@ class SqliteCheckpointer:
                 # checkpoint named, which would look exactly like a tampered journal.
                 self._db.execute("BEGIN")
                 try:
-                    # A newer cuaderno may have migrated the file since this store opened it: its
-                    # rows would not read as this version expects (schema 2's compressed rows
-                    # looked tampered with to schema 1, which checked only on opening).
-                    row = self._db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-                    if row is not None and _schema_version(row[0]) > SCHEMA_VERSION:
-                        raise SchemaTooNew(_schema_version(row[0]), SCHEMA_VERSION)
+                    self._check_schema(self._db)
                     head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
                                             (run_id,)).fetchone()
                     rows: list[RawRow] = [] if head is None else self._db.execute(
@@ -378,6 +405,7 @@ class SqliteCheckpointer:
             return None
         with self._reading(run_id):
             with self._lock:
+                self._check_schema(self._db)
                 row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
                                        (run_id,)).fetchone()
             if row is None:
@@ -394,6 +422,7 @@ class SqliteCheckpointer:
         limit = min(limit, 2**62)  # "no limit" for SQLite, whose integers have 64 bits
         with self._reading("*"):
             with self._lock:
+                self._check_schema(self._db)
                 rows = self._db.execute(
                     "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
                     "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
@@ -421,6 +450,7 @@ class SqliteCheckpointer:
         if not _storable(run_id):
             raise RunNotFound(run_id)
         with self._txn() as db:
+            self._check_schema(db)
             row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
@@ -440,6 +470,7 @@ class SqliteCheckpointer:
         if not _storable(run_id):
             return
         with self._txn() as db:
+            self._check_schema(db)
             row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             mine = row is not None and row[0] == epoch
             if mine:
