@@ -114,8 +114,7 @@ class LoopModel:
 
 
 async def run_agent(store: Any, n: int, run_id: str = "bench", payload: str = PAYLOAD) -> float:
-    agent = Agent(instructions="benchmark", tools=[work if payload is PAYLOAD else work_tool(payload)],
-                  max_turns=n + 2)
+    agent = Agent(instructions="benchmark", tools=[work_tool(payload)], max_turns=n + 2)
     gw = LoopModel(n, payload=payload)
     t0 = time.perf_counter()
     async for _ in agent.run("go", session=Session(run_id, gw, store)):

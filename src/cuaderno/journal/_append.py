@@ -164,7 +164,7 @@ def decode_row(row: RawRow) -> StepEvent:
     """
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
     raw = payload if type(payload) is bytes else str(payload).encode()
-    if codec == CODEC_JSON_ZSTD:
+    if codec == CODEC_JSON_ZSTD:  # tested here too, so that plain rows do not build the message
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
     return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
                              rhash)

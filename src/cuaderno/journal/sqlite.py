@@ -209,10 +209,7 @@ class SqliteCheckpointer:
                 db.execute("CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
                 version = 0
             else:
-                row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-                version = _schema_version(row[0]) if row else 0
-            if version > SCHEMA_VERSION:
-                raise SchemaTooNew(version, SCHEMA_VERSION)
+                version = self._schema_of(db)
             for step in _MIGRATIONS[version:]:
                 for statement in step:
                     db.execute(statement)
@@ -224,23 +221,23 @@ class SqliteCheckpointer:
             if version < target:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
                            (str(target),))
-            self._file_schema = target
             # Whether payloads are compressed is the journal's setting, so that every writer (the
             # CLI's included) keeps to what the owner chose; a store that says nothing follows it.
-            if compress is not None:
-                row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
-                if row is None or row[0] != _ON_OFF[compress]:
-                    db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
-                               (_ON_OFF[compress],))
-                return compress
+            if compress is not None and _compress_setting(db) != _ON_OFF[compress]:
+                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
+                           (_ON_OFF[compress],))
             return self._follow_meta(db)
 
-    def _check_schema(self, db: sqlite3.Connection) -> None:
-        """Refuse a file a newer cuaderno has migrated since this store opened it (its rows may
-        not read as this version expects: schema 1 took compressed rows for tampered ones)."""
+    def _schema_of(self, db: sqlite3.Connection) -> int:
+        """The file's schema version (0 if it records none), refusing one newer than this
+        cuaderno: also checked on every read and lease write, since a newer cuaderno may have
+        migrated the file while this store had it open (its rows may not read as this version
+        expects: schema 1 took compressed rows for tampered ones)."""
         row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-        if row is not None and _schema_version(row[0]) > SCHEMA_VERSION:
-            raise SchemaTooNew(_schema_version(row[0]), SCHEMA_VERSION)
+        version = _schema_version(row[0]) if row is not None else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(version, SCHEMA_VERSION)
+        return version
 
     def _follow_meta(self, db: sqlite3.Connection) -> bool:
         """Read the file's schema and compression setting again (another connection may have
@@ -250,14 +247,12 @@ class SqliteCheckpointer:
             SchemaTooNew: a newer cuaderno migrated the file while this store had it open.
             JournalCorrupt: a compression setting that is neither ``on`` nor ``off``.
         """
-        meta = dict(db.execute("SELECT key, value FROM cuaderno_meta WHERE key IN ('schema_version', 'compress')"))
-        version = _schema_version(meta.get("schema_version", SCHEMA_VERSION))
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(version, SCHEMA_VERSION)
-        self._file_schema = version
+        self._file_schema = self._schema_of(db)
         if self._compress_choice is not None:
             return self._compress_choice
-        setting = meta.get("compress", "on")
+        setting = _compress_setting(db)
+        if setting is None:
+            return True  # compressed, if nobody said
         if setting not in ("on", "off"):
             raise JournalCorrupt(f"{self.path!r}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
         return bool(setting == "on")
@@ -384,7 +379,7 @@ class SqliteCheckpointer:
                 # checkpoint named, which would look exactly like a tampered journal.
                 self._db.execute("BEGIN")
                 try:
-                    self._check_schema(self._db)
+                    self._schema_of(self._db)
                     head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
                                             (run_id,)).fetchone()
                     rows: list[RawRow] = [] if head is None else self._db.execute(
@@ -405,7 +400,7 @@ class SqliteCheckpointer:
             return None
         with self._reading(run_id):
             with self._lock:
-                self._check_schema(self._db)
+                self._schema_of(self._db)
                 row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
                                        (run_id,)).fetchone()
             if row is None:
@@ -422,7 +417,7 @@ class SqliteCheckpointer:
         limit = min(limit, 2**62)  # "no limit" for SQLite, whose integers have 64 bits
         with self._reading("*"):
             with self._lock:
-                self._check_schema(self._db)
+                self._schema_of(self._db)
                 rows = self._db.execute(
                     "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
                     "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
@@ -450,7 +445,7 @@ class SqliteCheckpointer:
         if not _storable(run_id):
             raise RunNotFound(run_id)
         with self._txn() as db:
-            self._check_schema(db)
+            self._schema_of(db)
             row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
@@ -470,7 +465,7 @@ class SqliteCheckpointer:
         if not _storable(run_id):
             return
         with self._txn() as db:
-            self._check_schema(db)
+            self._schema_of(db)
             row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             mine = row is not None and row[0] == epoch
             if mine:
@@ -518,6 +513,12 @@ class SqliteCheckpointer:
 
 
 _ON_OFF = {True: "on", False: "off"}
+
+
+def _compress_setting(db: sqlite3.Connection) -> str | None:
+    """The journal's recorded compression setting, as stored (``None`` if nobody set one)."""
+    row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
+    return None if row is None else str(row[0])
 
 
 class _Duplicate(Exception):
