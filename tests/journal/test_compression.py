@@ -384,6 +384,57 @@ def test_killed_around_the_first_compressed_row_the_file_is_at_the_schema_its_ro
         assert len(store.load("golden-payments")) > 2
 
 
+def _killed_opening(path: Path, point: str, **kwargs: Any) -> None:
+    """Open ``path`` for writing in another process that SIGKILLs itself at ``point``."""
+    code = f"from cuaderno.journal import SqliteCheckpointer\nSqliteCheckpointer({str(path)!r}, **{kwargs!r})\n"
+    env = {**os.environ, "CUADERNO_CRASH_AT": f"{point}:1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+def _meta(path: Path) -> dict[str, str]:
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return dict(db.execute("SELECT key, value FROM cuaderno_meta").fetchall())
+
+
+@pytest.mark.parametrize(("point", "recorded", "codec"), [("open.M1", None, CODEC_JSON_ZSTD),
+                                                         ("open.M2", "off", CODEC_JSON)])
+def test_killed_while_recording_the_setting_the_journal_keeps_the_old_one_or_the_new_one(
+        tmp_path: Path, point: str, recorded: str | None, codec: str) -> None:
+    """The setting is written in the opening transaction: a death before its commit leaves the old
+    setting (here none: compressed), after it the new one, and the next writer that does not
+    choose keeps to whichever the file holds."""
+    path = tmp_path / "j.db"
+    _journal(path)
+    before = _rows(path)
+    _killed_opening(path, point, compress=False)
+    assert _meta(path).get("compress") == recorded
+    assert _rows(path) == before
+    with _store(path) as store:
+        store.append([_ev("after", {"value": PROSE})])
+        assert len(store.load("r")) == 4
+    assert _rows(path)[-1][:2] == ("after", codec)
+
+
+@pytest.mark.parametrize("point", ["open.M1", "open.M2"])
+def test_killed_while_creating_a_journal_the_file_is_empty_or_whole(tmp_path: Path, point: str) -> None:
+    path = tmp_path / "new.db"
+    _killed_opening(path, point, compress=False)
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if point == "open.M1":  # nothing of the creation committed: still no journal, and one can start
+        assert tables == set()
+        with pytest.raises(JournalError, match="not a cuaderno journal"):
+            SqliteCheckpointer(path, create=False)
+    else:
+        assert tables == {"cuaderno_meta", "cuaderno_events", "cuaderno_runs"}
+        assert _meta(path) == {"schema_version": str(SCHEMA_VERSION), "compress": "off"}
+    _journal(path)  # a store that does not choose: compressed unless "off" committed
+    big = CODEC_JSON_ZSTD if point == "open.M1" else CODEC_JSON
+    assert [codec for _, codec, _ in _rows(path)] == [CODEC_JSON, big, CODEC_JSON]
+
+
 def test_every_read_and_lease_write_refuses_a_file_migrated_past_this_cuaderno(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     _journal(path)

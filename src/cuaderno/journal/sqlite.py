@@ -226,7 +226,10 @@ class SqliteCheckpointer:
             if compress is not None and _compress_setting(db) != _ON_OFF[compress]:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
                            (_ON_OFF[compress],))
-            return self._follow_meta(db)
+            compressing = self._follow_meta(db)
+            crash.point("open.M1")  # tables, schema and setting written, before COMMIT
+        crash.point("open.M2")  # after the commit
+        return compressing
 
     def _schema_of(self, db: sqlite3.Connection) -> int:
         """The file's schema version (0 if it records none), refusing one newer than this

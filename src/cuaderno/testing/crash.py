@@ -22,6 +22,9 @@ Every append to the SQLite journal, whoever makes it (the loop, ``approve``, ``r
 COMMIT) and ``append.W2`` after the commit. ``append.W1:7`` kills inside the seventh append of
 the process: a sweep over ``n`` kills around every journal write a story makes.
 
+Opening a SQLite journal for writing passes ``open.M1`` inside the transaction that creates or
+migrates its tables and records its compression setting (before COMMIT) and ``open.M2`` after it.
+
 When the variable is unset every call is one global read and a branch, so the points stay in
 production code at no measurable cost.
 """
