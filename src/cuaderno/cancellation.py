@@ -23,14 +23,13 @@ import time
 from typing import Any
 
 from cuaderno import _holds
-from cuaderno.checkpoint import Checkpoint
+from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     JournalConflict,
     JournalError,
     RunBusy,
     RunChanged,
     RunClosed,
-    RunNotFound,
     UsageError,
 )
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
@@ -71,9 +70,9 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
     # one still working (a lookup settling an uncertain step) meets the request at its next step.
     deadline = time.monotonic() + _WAIT_FOR_HOLDER_S
     for tries in range(_MAX_TRIES):
-        cp = store.checkpoint(run_id)
-        if cp is None:
-            raise RunNotFound(run_id)
+        # Read from the journal, not the summary alone, before anything is written (the takeover
+        # included): a damaged journal or summary is left as it was found (JournalCorrupt).
+        cp, _ = verified(store, run_id)
         waiting = cp.status in ("suspended", "needs_human")
         if cp.status == "cancelled" or (cp.cancel_requested is not None and not waiting):
             return cp  # closed, or its loop closes it at its next step
@@ -87,16 +86,16 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
             continue  # the run moved on since the read: look again
         except JournalConflict:
             pass  # another process cancelled first: its request stands
-        cp = store.checkpoint(run_id)
-        assert cp is not None
-        if (cp.status in ("suspended", "needs_human") and cp.cancel_requested is not None
+        after = store.checkpoint(run_id)
+        assert after is not None
+        if (after.status in ("suspended", "needs_human") and after.cancel_requested is not None
                 and not _holds.busy_on_this_thread(_holds.key(store, run_id))):
             # Held while it waits for a person: its holder is stopping. (Not when the holder is a
             # loop on this very thread, say the caller's own: it cannot stop while we wait, and
             # it meets the request itself.)
             time.sleep(0.01 * min(tries + 1, 10))
             continue
-        return cp
+        return after
     raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while it was being cancelled; nothing was "
                        "written, try again")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuaderno.checkpoint import Checkpoint
+from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     ApprovalMismatch,
     JournalConflict,
@@ -66,9 +66,9 @@ def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
         raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
-    cp = store.checkpoint(run_id)
-    if cp is None:
-        raise RunNotFound(run_id)
+    # The summary the decision is taken from must be the journal's (a damaged or edited one
+    # could show other arguments than the ones the decision binds): JournalCorrupt otherwise.
+    cp, _ = verified(store, run_id)
     if not cp.is_open:
         raise RunClosed(run_id, cp.status)
     return cp
@@ -95,7 +95,6 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
     event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
                       decision=decision, fingerprint=shown,
                       payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
-    store.load(run_id)  # a journal whose hash chain is broken is left as it was found (JournalCorrupt)
     try:
         return store.append([event])[0]
     except JournalConflict as exc:

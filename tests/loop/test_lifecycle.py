@@ -254,8 +254,9 @@ class Meanwhile:
     """The store as one process sees it, while another process writes at the worst moment: right
     before this process's first append (after its checks) or right after its first load."""
 
-    def __init__(self, store: Any, *, before_append: Any = None, after_load: Any = None) -> None:
+    def __init__(self, store: Any, *, before_append: Any = None, after_load: Any = None, load: int = 1) -> None:
         self.store, self.before_append, self.after_load = store, before_append, after_load
+        self.loads_left = load  # the hook runs after this load (1: the first)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -268,6 +269,9 @@ class Meanwhile:
 
     def load(self, run_id: str) -> Any:
         events = self.store.load(run_id)
+        self.loads_left -= 1
+        if self.loads_left:
+            return events
         hook, self.after_load = self.after_load, None
         if hook is not None:
             hook()
@@ -310,11 +314,25 @@ async def test_a_cancellation_never_closes_a_run_that_completed_while_it_was_dec
 
 async def test_a_cancellation_record_lists_what_happened_while_it_was_being_computed(store: Any) -> None:
     await _waiting_for_approval(store, "r3")
-    racing = Meanwhile(store, after_load=lambda: approve(store, "r3", "t0000.tool00"))
+    # cancel reads the journal (1) to decide, then again (2) after taking the run over.
+    racing = Meanwhile(store, after_load=lambda: approve(store, "r3", "t0000.tool00"), load=2)
     cp = cancel(racing, "r3", "stop")
-    # The approval landed after the first read: the run is running again, so the request waits for
-    # its loop (a record computed from the stale read would have listed the call as not started).
+    # The approval landed after the record's read: the record's write is refused (compare-and-set),
+    # and read again the run is running, so the request waits for its loop (a record computed
+    # from the stale read would have listed the call as not started).
     assert cp.status == "running" and cp.cancel_requested is not None and cp.outcome is None
+
+
+async def test_an_approval_landing_before_the_takeover_is_in_the_cancellation_record(store: Any) -> None:
+    await _waiting_for_approval(store, "r3b")
+    racing = Meanwhile(store, after_load=lambda: approve(store, "r3b", "t0000.tool00"), load=1)
+    cp = cancel(racing, "r3b", "stop")
+    # Decided from a read taken before the approval, closed from one taken after it: the record
+    # lists the approved call as not started, as the next resume's would have.
+    assert cp.status == "cancelled" and cp.outcome is not None
+    assert cp.outcome["not_started"] == ["t0000.tool00.approval"] and cp.outcome["completed"] == []
+    decision = next(e for e in store.load("r3b") if e.kind == "approval" and e.phase == "decision")
+    assert decision.decision == "approved"
 
 
 async def test_an_approved_call_that_never_started_is_listed_as_not_started(store: Any) -> None:

@@ -130,14 +130,15 @@ RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None"
 """(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash)"""
 
 
-def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[StepEvent]:
+def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq: int | None = None) -> list[StepEvent]:
     """Rebuild events from stored rows in seq order, checking the hash chain and its head.
 
     Payloads decode on first use.
 
     Raises:
         JournalCorrupt: a gap in ``seq``, a row whose hash does not chain, or a chain head that
-            is not the one the checkpoint recorded (a removed tail).
+            is not the one the checkpoint recorded (a removed tail), or a checkpoint that counts
+            another number of events than the chain holds (``head_seq``).
     """
     prev = ""
     out: list[StepEvent] = []
@@ -151,6 +152,11 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None) -> list[S
         out.append(ev)
     if head is not None and prev != head:
         raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed)")
+    if head_seq is not None and len(out) != head_seq:
+        # The chain checks out but the summary counts other rows: the next append would number
+        # its row after the summary's count and break the journal it was asked to extend.
+        raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) says {head_seq} events, the journal "
+                             f"holds {len(out)}; it was altered or damaged")
     return out
 
 

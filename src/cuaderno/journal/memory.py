@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import RunNotFound
+from cuaderno.errors import JournalCorrupt, RunNotFound
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
 
@@ -55,8 +55,8 @@ class MemoryCheckpointer:
             if stored is None:
                 raise RunNotFound(run_id)
             rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
-            head = Checkpoint.from_json(_loads(stored)).last_hash
-        return check_chain(run_id, rows, head)
+            head = Checkpoint.from_json(_loads(stored))
+        return check_chain(run_id, rows, head.last_hash, head.last_seq)
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         with self._lock:
@@ -87,6 +87,9 @@ class MemoryCheckpointer:
         pass
 
 
-def _loads(s: str) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(s)
-    return value
+def _loads(s: str) -> Any:
+    """A stored checkpoint's JSON (:meth:`Checkpoint.from_json` checks its shape)."""
+    try:
+        return json.loads(s)
+    except ValueError as exc:
+        raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or damaged") from None

@@ -392,7 +392,8 @@ class SqliteCheckpointer:
             if head is None:
                 raise RunNotFound(run_id)
             rows.sort(key=lambda r: r[3])
-            events = check_chain(run_id, rows, Checkpoint.from_json(_loads(head[0])).last_hash)
+            summary = Checkpoint.from_json(_loads(head[0]))
+            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
             for ev in events:
                 if ev.kind != "model" and ev.kind != "tool":
                     ev.payload  # noqa: B018 - small payloads: decode now so damage shows here, not later
@@ -544,12 +545,21 @@ def _no_existing(ev: StepEvent) -> StepEvent | None:
 
 
 def _schema_version(value: object) -> int:
+    """A recorded schema version: a whole number from 1 (a file records one only once its
+    tables exist; 0 or less would send the migration to the wrong step)."""
     try:
-        return int(str(value))
+        version = int(str(value))
     except ValueError:
         raise JournalCorrupt(f"the journal's schema version {value!r:.40} is not a number") from None
+    if version < 1:
+        raise JournalCorrupt(f"the journal's schema version {version} is not one any cuaderno writes; nothing was "
+                             "changed")
+    return version
 
 
-def _loads(text: str) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(text)
-    return value
+def _loads(text: str) -> Any:
+    """A stored checkpoint's JSON (:meth:`Checkpoint.from_json` checks its shape)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or damaged") from None
