@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -193,8 +194,9 @@ def test_readonly_refuses_files_that_are_not_journals(tmp_path: Path) -> None:
     before = _fingerprint(other)
     with pytest.raises(JournalError, match="not a cuaderno journal"):
         SqliteCheckpointer(other, readonly=True)
-    with pytest.raises(JournalCorrupt):
+    with pytest.raises(JournalError, match="does not exist: there is no journal there") as info:
         SqliteCheckpointer(tmp_path / "missing.db", readonly=True)
+    assert not isinstance(info.value, JournalCorrupt)  # nothing is damaged: there is no file
     assert _fingerprint(other) == before
     assert not (tmp_path / "missing.db").exists()
 
@@ -683,3 +685,58 @@ def test_no_string_built_sql_in_src() -> None:
 ], ids=["f-string", "percent", "format", "concat", "pragma", "columns", "bound", "like-literal", "prose", "lower"])
 def test_the_static_check_can_fail(snippet: str, expected: list[str]) -> None:
     assert [how for _, how, _ in _string_built_sql(snippet)] == expected
+
+
+# -- why a journal cannot be opened --------------------------------------------------------------------
+
+
+def test_a_journal_locked_by_another_process_says_so(tmp_path: Path) -> None:
+    """Before, a lock was reported as 'not a readable cuaderno journal: database is locked'."""
+    path = tmp_path / "j.db"
+    with _store(path) as store:
+        store.append([_ev("r", "run", "start", "run")])
+    before = path.read_bytes()
+    with closing(sqlite3.connect(path, isolation_level=None)) as other:
+        other.execute("PRAGMA locking_mode=EXCLUSIVE")
+        other.execute("BEGIN EXCLUSIVE")
+        for readonly in (False, True):
+            with pytest.raises(JournalError, match="is locked by another process \\(waited 0.05 s") as info:
+                SqliteCheckpointer(path, busy_timeout_ms=50, readonly=readonly)
+            assert not isinstance(info.value, JournalCorrupt)
+        other.execute("ROLLBACK")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.skipif(sys.platform != "linux" or (os.geteuid() == 0 and shutil.which("setpriv") is None),
+                    reason="needs another user than root (setpriv) to meet a folder's permissions")
+def test_a_journal_in_a_folder_this_process_cannot_write_says_so(tmp_path: Path) -> None:
+    """SQLite creates the -wal and -shm files beside a WAL journal even to read it. Before, a
+    folder without write access was reported as 'not a readable cuaderno journal'."""
+    folder = Path(tempfile.mkdtemp(prefix="cuaderno-ro-"))  # not under tmp_path: that is private to root
+    try:
+        path = folder / "j.db"
+        with _store(path) as store:
+            store.append([_ev("r", "run", "start", "run")])
+        folder.chmod(0o555)
+        path.chmod(0o644)
+        code = textwrap.dedent(f"""
+            from cuaderno.errors import JournalCorrupt, JournalError
+            from cuaderno.journal import SqliteCheckpointer
+            for readonly in (False, True):
+                try:
+                    SqliteCheckpointer({str(path)!r}, readonly=readonly)
+                except JournalCorrupt as exc:
+                    print("corrupt", exc)
+                except JournalError as exc:
+                    print("error", exc)
+        """)
+        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        done = subprocess.run([*as_other, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              check=False, cwd=folder)
+        lines = done.stdout.splitlines()
+        assert len(lines) == 2, done.stderr
+        assert all(line.startswith("error ") and "its folder is not writable" in line for line in lines), lines
+        assert sorted(p.name for p in folder.iterdir()) == ["j.db"]
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)

@@ -172,7 +172,7 @@ class SqliteCheckpointer:
             self._compress = self._migrate(compress)
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
-            raise JournalCorrupt(f"{self.path!r} is not a readable cuaderno journal: {exc}") from exc
+            raise _open_failure(self.path, exc, busy_timeout_ms) from exc
         except BaseException:
             self._close_quietly()
             raise
@@ -542,6 +542,29 @@ def _storable(run_id: str) -> bool:
 
 def _no_existing(ev: StepEvent) -> StepEvent | None:
     return None
+
+
+def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
+    """What SQLite's refusal to open ``path`` means, named by its cause: only a file that is not
+    a database, or a damaged one, is :class:`JournalCorrupt`; a lock, a permission or the disk
+    is a :class:`JournalError` that says what to do. Nothing was changed in any case."""
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return JournalError(f"{path!r} is locked by another process (waited {busy_timeout_ms / 1000:g} s for it); "
+                            "nothing was changed")
+    if name == "SQLITE_READONLY_DIRECTORY":
+        return JournalError(f"{path!r} cannot be opened: its folder is not writable, and SQLite creates "
+                            f"{Path(path).name}-wal and -shm beside a WAL journal even to read it; give write access "
+                            "to the folder, or copy the journal to one; nothing was changed")
+    if name.startswith("SQLITE_READONLY"):
+        return JournalError(f"{path!r} is read-only for this process; open it read-only to read it (readonly=True; "
+                            "the CLI's list and show do), or give write access; nothing was changed")
+    if name.startswith("SQLITE_CANTOPEN") and not Path(path).exists():
+        return JournalError(f"{path!r} does not exist: there is no journal there; nothing was created")
+    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_NOMEM", "SQLITE_PERM",
+                        "SQLITE_AUTH")):
+        return JournalError(f"{path!r} cannot be opened: {exc} ({name}); nothing was changed")
+    return JournalCorrupt(f"{path!r} is not a readable cuaderno journal: {exc}")
 
 
 def _schema_version(value: object) -> int:
