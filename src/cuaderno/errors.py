@@ -140,15 +140,15 @@ class JournalCorrupt(JournalError):
 class SchemaTooNew(JournalError):
     """The journal was written by a newer cuaderno whose schema this version cannot read."""
 
-    def __init__(self, found: int, supported: int) -> None:
-        self.found, self.supported = found, supported
+    def __init__(self, found: int, supported: int, what: str = "journal schema") -> None:
+        self.found, self.supported, self.what = found, supported, what
         super().__init__(
-            f"journal schema version {found} is newer than this cuaderno supports ({supported}); "
+            f"{what} version {found} is newer than this cuaderno supports ({supported}); "
             "upgrade cuaderno to read it. Nothing was changed."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.found, self.supported))
+        return (type(self), (self.found, self.supported, self.what))
 
 
 class FencedOut(JournalError):

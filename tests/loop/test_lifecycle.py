@@ -32,6 +32,7 @@ from cuaderno import (
     RunCancelled,
     RunClosed,
     RunNotFound,
+    SchemaTooNew,
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
@@ -50,6 +51,7 @@ from cuaderno import (
     resolve,
     tool,
 )
+from cuaderno.journal import EVENT_SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -552,6 +554,24 @@ async def test_version_mismatch_choices(store: Any, tmp_path: Path) -> None:
     with pytest.raises(RunCancelled):
         await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="cancel"))
     assert store.checkpoint("v").status == "cancelled"
+
+
+@pytest.mark.parametrize("choice", ["refuse", "resume", "drain", "cancel", "migrate"])
+async def test_a_run_of_a_newer_event_schema_is_refused_whatever_the_version_choice(store: Any, choice: str) -> None:
+    """Events of a newer schema may not mean what this code reads in them: no choice replays
+    them. Before, on_version_mismatch="resume" replayed such a run to completion."""
+    bank, script = await _suspended_run(store, "v1")
+    agent = Agent(instructions="v1", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    start = store.load("v")[0]
+    newer = {**start.payload, "versions": {**start.payload["versions"], "schema": EVENT_SCHEMA_VERSION + 1}}
+    store.append([StepEvent(run_id="n", step_id="run", phase="start", kind="run", name=start.name,
+                            fingerprint=start.fingerprint, payload=newer)])
+    before = store.load("n")
+    on_mismatch: Any = Migration(name="m", migrate=lambda old, new, events: {}) if choice == "migrate" else choice
+    gw = ScriptedGateway(script)
+    with pytest.raises(SchemaTooNew, match=f"event schema version {EVENT_SCHEMA_VERSION + 1} is newer"):
+        await collect(agent, "t", Session("n", gw, store, on_version_mismatch=on_mismatch))
+    assert store.load("n") == before and gw.calls == 0 and bank.moves == []
 
 
 def _cut(store: Any, source: str, run_id: str, until: tuple[str, str]) -> None:

@@ -23,6 +23,7 @@ from cuaderno import (
     ModelStep,
     NotWaitingForApproval,
     Policy,
+    PolicyDecision,
     ReplayDivergence,
     RetryPolicy,
     RunBusy,
@@ -38,6 +39,7 @@ from cuaderno import (
     ToolError,
     ToolStep,
     UncertainEffect,
+    UsageError,
     VersionMismatch,
     approve,
     cancel,
@@ -227,6 +229,42 @@ async def test_every_re_send_of_a_tool_body_is_journaled_before_it_runs(store: A
         ("absent", intents[0].payload["effect_key"])] * 2
 
 
+@pytest.mark.parametrize("found", [{"receipt": "r-1"}, None])
+async def test_the_re_send_bound_never_keeps_a_lookup_from_settling_the_step(store: Any, found: Any) -> None:
+    """With no re-send allowed (max_resends=0), the lookup is still asked: a receipt it finds
+    settles the step; a proven absence stops the run uncertain instead of sending again. Before,
+    the bound stopped the run before the lookup was asked."""
+    sent: list[int] = []
+    asked: list[str] = []
+
+    def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        asked.append(ctx.effect_key)
+        return found
+
+    @tool(lookup=lookup)
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        sent.append(ctx.attempt)
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
+    sent.clear()
+    session = Session("cut", ScriptedGateway(script), store, retry=RetryPolicy(max_resends=0))
+    if found is not None:
+        steps = await collect(agent, "pay", session)
+        assert isinstance(steps[-1], FinalStep)
+        result = next(e for e in store.load("cut") if e.step_id == "t0000.tool00" and e.phase == "result")
+        assert result.payload["value"] == found
+    else:
+        with pytest.raises(UncertainEffect) as info:
+            await collect(agent, "pay", session)
+        assert info.value.evidence["reason"] == "re-send bound reached"
+        assert info.value.evidence["lookup"] == "found no effect"
+    assert len(asked) == 1 and sent == []
+
+
 async def test_intent_without_result_idempotent_is_executed_again(store: Any) -> None:
     world = World()
     agent = Agent(instructions="i", tools=world.tools())
@@ -252,7 +290,23 @@ async def test_policy_deny_is_a_known_outcome_told_to_the_model(store: Any) -> N
     assert told["role"] == "tool" and told["content"].startswith("denied") and told["is_error"]
     result = next(e for e in store.load("d") if e.step_id == "t0000.tool00")
     assert result.phase == "result" and result.decision == "deny"
+    assert result.payload["policy_version"] == "p1"  # the rules that decided it, as on an intent
     assert store.checkpoint("d").count("tool_denied") == 1
+
+
+@pytest.mark.parametrize("verdict", ["require-approval", "ALLOW", "", None])
+async def test_a_policy_decision_that_is_no_verdict_never_lets_the_tool_run(store: Any, verdict: Any) -> None:
+    """Before, PolicyDecision(decision="require-approval") was taken as allow and the tool ran."""
+    world = World()
+    with pytest.raises(UsageError, match="PolicyDecision.decision must be one of"):
+        PolicyDecision(decision=verdict)
+    agent = Agent(instructions="i", tools=world.tools(),
+                  policy=Policy({"transfer": lambda name, args: PolicyDecision(decision=verdict)}))
+    gw = ScriptedGateway([ScriptedGateway.call("transfer", to="eve", amount=9), ScriptedGateway.text("ok")])
+    with pytest.raises(UsageError):
+        await collect(agent, "pay", Session("typo", gw, store))
+    assert world.transfers == []
+    assert not any(e.kind == "tool" for e in store.load("typo"))
 
 
 async def test_approval_suspends_on_disk_and_runs_exactly_once(store: Any) -> None:

@@ -148,7 +148,8 @@ class ToolSteps(RunState):
         policy = self.agent.policy
         verdict = policy.decide(call.name, call.arguments)
         if verdict.decision == "deny":
-            self._tool_result(step_id, call, args_fp, "denied", None, decision="deny", reason=verdict.reason)
+            self._tool_result(step_id, call, args_fp, "denied", None, decision="deny", reason=verdict.reason,
+                              policy_version=policy.version)
             return "deny"
         if verdict.decision == "require_approval":
             shown = {"tool_step": step_id, "arguments": call.arguments, "reason": verdict.reason,
@@ -266,9 +267,12 @@ class ToolSteps(RunState):
         """
         tool = self.agent.tools[call.name]
         counters = dict(counters or {})
-        if attempt > self.s.retry.max_resends:
-            self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
+        # The bound limits sending again, not finding out: a lookup that finds the receipt settles
+        # the step whatever the bound (before, with max_resends=0 it was never asked).
+        bound_reached = attempt > self.s.retry.max_resends
         if tool.idempotent:
+            if bound_reached:
+                self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="unknown")
         if tool.lookup is None:
@@ -282,6 +286,9 @@ class ToolSteps(RunState):
         except Exception as exc:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
         if found is None:  # absence proven: the only case where sending again is safe
+            if bound_reached:
+                self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached",
+                                                      "lookup": "found no effect"})
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="absent")
         value = to_jsonable_python(found)
@@ -304,7 +311,7 @@ class ToolSteps(RunState):
     def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, value: Any, *,
                      decision: str | None, error: dict[str, Any] | None = None, reason: str | None = None,
                      effect_key: str | None = None, counters: dict[str, int] | None = None,
-                     compensation: dict[str, Any] | None = None) -> None:
+                     compensation: dict[str, Any] | None = None, policy_version: str | None = None) -> None:
         # Each outcome the model is told about is a second attempt of a named kind (seed 001 §2).
         kind = "reflects" if outcome == "denied" else _AFTER_ERROR.get(str((error or {}).get("error_class")))
         if outcome != "ok" and kind is not None:
@@ -318,6 +325,8 @@ class ToolSteps(RunState):
             payload["error"] = error
         if reason is not None:
             payload["reason"] = reason
+        if policy_version is not None:  # a denial names the rules that decided it, as an intent does
+            payload["policy_version"] = policy_version
         if effect_key is not None:
             payload["effect_key"] = effect_key
         if counters:

@@ -47,12 +47,14 @@ from cuaderno.errors import (
     RunCancelled,
     RunChanged,
     RunClosed,
+    SchemaTooNew,
     ToolError,
     UncertainEffect,
     VersionMismatch,
 )
 from cuaderno.events import StepEvent, call_arguments, starts_a_step
 from cuaderno.fingerprint import fingerprint
+from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
@@ -79,6 +81,11 @@ class Runner(ModelSteps, ToolSteps):
                                                   "tenant": self.s.tenant})])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
+            recorded = cp.versions.get("schema")
+            if type(recorded) is int and recorded > EVENT_SCHEMA_VERSION:
+                # Not a version choice: events of a newer schema may not mean what this code reads
+                # in them, so no on_version_mismatch (not even "resume") may replay them.
+                raise SchemaTooNew(recorded, EVENT_SCHEMA_VERSION, what=f"run {self.run_id!r}: event schema")
             closed = self._check_resumable(cp, task_fp)
             if closed is not None:
                 return closed

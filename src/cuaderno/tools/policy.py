@@ -27,6 +27,14 @@ class PolicyDecision:
     decision: Verdict
     reason: str = ""
 
+    def __post_init__(self) -> None:
+        # Checked here, not where it is used: a misspelt verdict ("require-approval") must never
+        # reach the loop, which would otherwise have to guess what it meant.
+        if self.decision not in _VERDICTS:
+            raise UsageError(f"PolicyDecision.decision must be one of {_VERDICTS}, got {self.decision!r:.60}")
+        if not isinstance(self.reason, str):
+            raise UsageError(f"PolicyDecision.reason must be a string, got {type(self.reason).__name__}")
+
 
 Rule = Verdict | Callable[[str, dict[str, Any]], "Verdict | PolicyDecision"]
 """A fixed verdict, or a function of (tool name, arguments)."""
