@@ -21,7 +21,6 @@ from cuaderno.errors import (
     NotUncertain,
     NotWaitingForApproval,
     RunClosed,
-    RunNotFound,
     UsageError,
 )
 from cuaderno.events import StepEvent
@@ -146,15 +145,12 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     if not happened and result is not None:
         raise UsageError("a result (a receipt) goes only with happened=True: with happened=False the next resume "
                          "sends the effect again; nothing was written")
-    cp = store.checkpoint(run_id)
-    if cp is None:
-        raise RunNotFound(run_id)
+    cp, events = verified(store, run_id)  # the evidence shown to the person is the journal's
     evidence = cp.uncertain.get(step_id)
     if evidence is None:
         raise NotUncertain(f"run {run_id!r}: step {step_id!r} is not uncertain "
                                     f"(uncertain: {', '.join(sorted(cp.uncertain)) or 'none'})")
     record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
-    events = store.load(run_id)
     # The uncertain event, or (for an effect in flight when the run was closed) its intent.
     uncertain = next((ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain"), None) or next(
         ev for ev in events if ev.step_id == step_id and ev.phase == "intent")

@@ -143,3 +143,23 @@ def test_an_untouched_journal_verifies(tmp_path: Path) -> None:
         assert cp.pending[APPROVAL]["arguments"] == ARGS and len(events) == cp.last_seq == 2
         harness.approve(store, RUN, APPROVAL)
         assert verified(store, RUN)[0].last_seq == 3
+
+
+def test_an_uncertain_step_whose_summary_was_edited_is_not_settled_from_it(tmp_path: Path) -> None:
+    """``resolve`` records the effect key a person checked: it must be the journal's."""
+    path = tmp_path / "j.db"
+    with SqliteCheckpointer(path) as store:
+        store.append([StepEvent(run_id=RUN, step_id="run", phase="start", kind="run", fingerprint="f",
+                                payload={"task": "t", "versions": {}})])
+        store.append([StepEvent(run_id=RUN, step_id="t0000.tool00", phase="intent", kind="tool", name="transfer",
+                                decision="allow", fingerprint="fp-100", payload={"effect_key": "eff-1"})])
+        store.append([StepEvent(run_id=RUN, step_id="t0000.tool00", phase="uncertain", kind="tool", name="transfer",
+                                fingerprint="fp-100", payload={"tool": "transfer", "effect_key": "eff-1"})])
+        assert store.checkpoint(RUN).uncertain["t0000.tool00"]["effect_key"] == "eff-1"
+    _edit_summary(path, lambda d: d["uncertain"]["t0000.tool00"].update(effect_key="eff-2"))
+    before = _state(path)
+    with SqliteCheckpointer(path) as store:
+        for happened in (True, False):
+            with pytest.raises(JournalCorrupt, match=r"\(uncertain differ\)"):
+                harness.resolve(store, RUN, "t0000.tool00", happened=happened)
+    assert _state(path) == before
