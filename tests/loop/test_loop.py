@@ -168,12 +168,30 @@ async def test_intent_without_result_non_idempotent_is_uncertain_and_not_rerun(s
     assert len(store.load("cut")) == rows and world.transfers == []
 
 
+async def _cut_transfer_with_lookup(store: Any, lookup: Any) -> tuple[Agent, list[ModelResponse], list[ToolContext]]:
+    """An agent with one transfer tool that has ``lookup``, its run cut right after the transfer's
+    intent (what a process killed in the tool body leaves); returns the agent, its script, and the
+    list that every later run of the body appends its context to."""
+    sent: list[ToolContext] = []
+
+    @tool(lookup=lookup)
+    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Move money."""
+        sent.append(ctx)
+        return {"ok": True}
+
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
+    await _run_and_cut_after_the_transfer_intent(agent, store, script)
+    sent.clear()
+    return agent, script, sent
+
+
 @pytest.mark.parametrize("meanwhile", ["cancelled", "taken over"])
 async def test_a_re_send_after_a_lookup_commits_its_own_intent_first(store: Any, meanwhile: str) -> None:
     """A lookup proves the effect absent, so the body is sent again. If, while the lookup ran,
     another process cancelled the run or took it over, that re-send must be refused before the
     body runs: its intent goes through the same transaction checks as the first one."""
-    sent: list[str] = []
 
     def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
         if meanwhile == "cancelled":
@@ -182,16 +200,7 @@ async def test_a_re_send_after_a_lookup_commits_its_own_intent_first(store: Any,
             store.acquire("cut", "another process")
         return None  # absence proven
 
-    @tool(lookup=lookup)
-    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
-        """Move money."""
-        sent.append(ctx.effect_key)
-        return {"ok": True}
-
-    agent = Agent(instructions="i", tools=[transfer])
-    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await _run_and_cut_after_the_transfer_intent(agent, store, script)
-    sent.clear()
+    agent, script, sent = await _cut_transfer_with_lookup(store, lookup)
     with pytest.raises(RunCancelled if meanwhile == "cancelled" else FencedOut):
         await collect(agent, "pay", Session("cut", ScriptedGateway(script), store))
     assert sent == []  # the body did not run a second time
@@ -234,23 +243,13 @@ async def test_the_re_send_bound_never_keeps_a_lookup_from_settling_the_step(sto
     """With no re-send allowed (max_resends=0), the lookup is still asked: a receipt it finds
     settles the step; a proven absence stops the run uncertain instead of sending again. Before,
     the bound stopped the run before the lookup was asked."""
-    sent: list[int] = []
     asked: list[str] = []
 
     def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
         asked.append(ctx.effect_key)
         return found
 
-    @tool(lookup=lookup)
-    def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
-        """Move money."""
-        sent.append(ctx.attempt)
-        return {"ok": True}
-
-    agent = Agent(instructions="i", tools=[transfer])
-    script = [ScriptedGateway.call("transfer", to="bob", amount=5), ScriptedGateway.text("done")]
-    await _run_and_cut_after_the_transfer_intent(agent, store, script)
-    sent.clear()
+    agent, script, sent = await _cut_transfer_with_lookup(store, lookup)
     session = Session("cut", ScriptedGateway(script), store, retry=RetryPolicy(max_resends=0))
     if found is not None:
         steps = await collect(agent, "pay", session)
