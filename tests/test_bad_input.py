@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from cuaderno import (
     Agent,
+    ApprovalMismatch,
+    ErrorClass,
     FinalStep,
     JournalCorrupt,
     ModelRequest,
@@ -23,6 +25,8 @@ from cuaderno import (
     StepEvent,
     ToolCall,
     ToolContext,
+    ToolError,
+    UncertainEffect,
     UsageError,
     approve,
     cancel,
@@ -193,3 +197,73 @@ async def test_reasonable_values_are_still_accepted(store: Any) -> None:
     steps = await collect(agent, "t", Session("deep", gw, store))
     assert isinstance(steps[-1], FinalStep)
     assert parse_tool_call("c", "nested", '{"x": ' + "[" * 150 + "]" * 150 + "}").arguments_error is None
+
+
+@tool
+def lost(to: str) -> str:
+    """A call whose reply never came back."""
+    raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+
+async def needs_human(store: Any, run_id: str = "uh") -> int:
+    """A run stopped on an uncertain effect at t0000.tool00; the number of its events."""
+    gw = ScriptedGateway([ScriptedGateway.call("lost", to="x"), ScriptedGateway.text("ok")])
+    with pytest.raises(UncertainEffect):
+        await collect(Agent(instructions="x", tools=[lost]), "t", Session(run_id, gw, store))
+    assert store.checkpoint(run_id).status == "needs_human"
+    return len(store.load(run_id))
+
+
+async def test_resolve_and_cancel_check_their_arguments_as_approve_does(store: Any) -> None:
+    size = await needs_human(store)
+    for bad, match in (
+        (lambda: resolve(store, "uh", ["t0000.tool00"], happened=True), "step_id must be a string, got list"),  # type: ignore[arg-type]
+        (lambda: resolve(store, "uh", None, happened=True), "step_id"),  # type: ignore[arg-type]
+        (lambda: resolve(None, "uh", "t0000.tool00", happened=True), "store must be a Checkpointer"),  # type: ignore[arg-type]
+        (lambda: resolve(store, "uh", "t0000.tool00", happened=True, by=5), "by must be a string, got int"),  # type: ignore[arg-type]
+        (lambda: resolve(store, "uh", "t0000.tool00", happened=False, note=object()), "note must be a string"),  # type: ignore[arg-type]
+        (lambda: cancel(None, "uh", "r"), "store must be a Checkpointer"),  # type: ignore[arg-type]
+        (lambda: cancel(store, "uh", "r", by=3), "by must be a string, got int"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(UsageError, match=match):
+            bad()
+    assert len(store.load("uh")) == size and store.checkpoint("uh").status == "needs_human"
+
+
+async def test_a_resolved_receipt_is_returned_exactly_as_journaled(store: Any) -> None:
+    """It was returned with its integer keys and journaled with string keys: two receipts."""
+    size = await needs_human(store)
+    deep: Any = []
+    for _ in range(300):
+        deep = [deep]
+    for bad in (float("nan"), {"x": 10**5000}, object(), deep):
+        with pytest.raises(UsageError, match="result is not plain JSON"):
+            resolve(store, "uh", "t0000.tool00", happened=True, result=bad)
+    assert len(store.load("uh")) == size
+    event = resolve(store, "uh", "t0000.tool00", happened=True, result={1: "a", "lines": (1, 2)})
+    journaled = store.load("uh")[-1]
+    assert journaled.seq == event.seq and journaled.payload["value"] == {"1": "a", "lines": [1, 2]}
+    assert event.payload == journaled.payload
+
+
+async def test_a_run_waiting_for_a_person_is_not_said_to_have_ended(store: Any) -> None:
+    await needs_human(store)
+    with pytest.raises(RunClosed) as refused:
+        approve(store, "uh", "t0000.tool00")
+    assert "already ended" not in str(refused.value) and "has not ended" in str(refused.value)
+    assert "cuaderno resolve" in str(refused.value)
+    assert str(RunClosed("r", "completed")) == "run 'r' already ended (completed)"
+
+
+def test_an_empty_fingerprint_through_the_api_is_called_empty(tmp_path: Path) -> None:
+    store = SqliteCheckpointer(tmp_path / "j.db")
+    try:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={})])
+        store.append([StepEvent(run_id="r", step_id="t0000.tool00.approval", phase="request", kind="approval",
+                                name="transfer", decision="require_approval", fingerprint="f" * 64,
+                                payload={"tool_step": "t0000.tool00", "arguments": {}})])
+        with pytest.raises(ApprovalMismatch, match="the fingerprint given is empty"):
+            approve(store, "r", "t0000.tool00", fingerprint="")
+        assert len(store.load("r")) == 2
+    finally:
+        store.close()

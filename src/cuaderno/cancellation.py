@@ -33,6 +33,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
+from cuaderno.harness import check_store, check_strings
 from cuaderno.journal.base import Checkpointer, validate_event
 
 __all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight"]
@@ -50,12 +51,12 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         RunNotFound: no such run.
         RunClosed: the run already completed or failed (a cancelled run is returned as is).
     """
+    check_store(store)
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
     if not isinstance(reason, str):
         raise UsageError("reason must be a string")
-    if by is not None and not isinstance(by, str):
-        raise UsageError("by must be a string")
+    check_strings(("by", by))
     request = StepEvent(run_id=run_id, step_id="cancel", phase="request", kind="cancel",
                         payload={"reason": reason, "by": by})
     validate_event(request)  # before anything is written, the takeover included

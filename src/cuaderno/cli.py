@@ -18,7 +18,9 @@ cuaderno error prints one ``error: ...`` line on stderr and exits with status 2,
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from rich.console import Console
 
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
+from cuaderno._json import MAX_DEPTH
 from cuaderno.errors import CuadernoError
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
@@ -81,10 +84,24 @@ def _stdout() -> Console:
     return Console(markup=False, emoji=False, highlight=False)
 
 
-def _fail(message: str) -> NoReturn:
+def _say_error(message: str) -> None:
     line = render.clean(" ".join(message.split()))
     Console(stderr=True, markup=False, emoji=False, highlight=False).print(f"error: {line}", soft_wrap=True)
+
+
+def _fail(message: str) -> NoReturn:
+    _say_error(message)
     raise typer.Exit(ERROR_EXIT)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device once writing to it failed: the interpreter flushes it at
+    exit, and the output still buffered would fail again there, reported as an ignored exception."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test runner's, a closed one)
+        pass
 
 
 @contextmanager
@@ -194,6 +211,9 @@ def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by
     verb = "approving" if approved else "denying"
     if fingerprint is not None:
         fingerprint = _normal_fingerprint(fingerprint)
+        if not fingerprint:  # every fingerprint starts with "": it would be refused as a 0-character prefix
+            _fail("--fingerprint is empty: pass the full fingerprint shown by `cuaderno show`, or leave the option "
+                  "out to bind the call printed here; nothing was written")
     console = _stdout()
     with _refusals(), _store(ctx) as store:
         pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
@@ -287,6 +307,11 @@ def resolve(
             value = json.loads(result)
         except json.JSONDecodeError as exc:
             _fail(f"--result is not JSON: {exc}")
+        except RecursionError:  # the parser recurses once per level: a hostile depth overflows it
+            _fail(f"--result is nested too deeply (a receipt may nest at most {MAX_DEPTH} levels); "
+                  "nothing was written")
+        except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+            _fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written")
     with _refusals(), _store(ctx) as store:
         event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
         cp = store.checkpoint(run)
@@ -299,8 +324,25 @@ def resolve(
 
 
 def main() -> None:
-    """The ``cuaderno`` console script."""
-    app(prog_name="cuaderno")
+    """The ``cuaderno`` console script.
+
+    Output that cannot be written (a full disk, a terminal gone) ends the command with one
+    ``error:`` line and status 2, not a traceback. A reader that went away (``cuaderno list |
+    head``) ends it quietly with status 1, as Python's documentation advises for a broken pipe
+    (typer does the same for a pipe that breaks while a command writes).
+    """
+    try:
+        try:
+            app(prog_name="cuaderno")
+        finally:
+            sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's shutdown
+    except BrokenPipeError:
+        _discard_stdout()
+        sys.exit(1)
+    except OSError as exc:
+        _discard_stdout()
+        _say_error(f"could not write the output: {exc}")
+        sys.exit(ERROR_EXIT)
 
 
 if __name__ == "__main__":

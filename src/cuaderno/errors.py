@@ -201,7 +201,11 @@ class RunClosed(CuadernoError):
 
     def __init__(self, run_id: str, status: str) -> None:
         self.run_id, self.status = run_id, status
-        super().__init__(f"run {run_id!r} already ended ({status})")
+        if status == "needs_human":  # not ended: it goes on once a person settles the effect
+            super().__init__(f"run {run_id!r} has not ended, it is waiting for a person to settle an uncertain "
+                             f"effect ({status}); settle it first with `cuaderno resolve` (see `cuaderno show`)")
+        else:
+            super().__init__(f"run {run_id!r} already ended ({status})")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.status))

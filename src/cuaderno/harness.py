@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
+from cuaderno._json import not_plain
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     ApprovalMismatch,
@@ -60,9 +63,24 @@ def deny(store: Checkpointer, run_id: str, step_id: str, *, fingerprint: str | N
     return _decide(store, run_id, step_id, "rejected", fingerprint, approver, reason)
 
 
-def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
+def check_store(store: object) -> None:
+    """Refuse a ``store`` that is not a Checkpointer (``None``, a path), before it is used: it
+    would fail later as an ``AttributeError`` that names no argument. Shared by every function
+    that writes while no loop runs (here and :func:`cuaderno.cancellation.cancel`)."""
     if not isinstance(store, Checkpointer):
         raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
+
+
+def check_strings(*fields: tuple[str, object]) -> None:
+    """Refuse any ``(label, value)`` whose value is neither ``None`` nor a string: the names and
+    notes of a record are text, and a number would be journaled as evidence of another type."""
+    for label, value in fields:
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{label} must be a string, got {type(value).__name__}")
+
+
+def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
+    check_store(store)
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
     # The summary the decision is taken from must be the journal's (a damaged or edited one
@@ -75,10 +93,7 @@ def _open_run(store: Checkpointer, run_id: str) -> Checkpoint:
 
 def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, fingerprint: str | None,
             approver: str | None, reason: str | None) -> StepEvent:
-    for label, value in (("step_id", step_id), ("fingerprint", fingerprint), ("approver", approver),
-                         ("reason", reason)):
-        if value is not None and not isinstance(value, str):
-            raise UsageError(f"{label} must be a string, got {type(value).__name__}")
+    check_strings(("step_id", step_id), ("fingerprint", fingerprint), ("approver", approver), ("reason", reason))
     if not step_id:
         raise UsageError("step_id must be a non-empty string")
     cp = _open_run(store, run_id)
@@ -106,6 +121,8 @@ def _mismatch(given: str, shown: str) -> str:
     A prefix is never a match: the decision must name exactly the arguments the person saw. Cut
     both to one length, a prefix would print as the very value it is compared with.
     """
+    if not given.strip():
+        return f"the fingerprint given is empty; pass the one `cuaderno show` prints ({shown}); nothing was written"
     if len(given) != len(shown) and shown.startswith(given):
         return (f"expected the full {len(shown)}-character fingerprint shown by `cuaderno show`, got "
                 f"{len(given)} characters ({given}); a prefix does not bind the arguments; nothing was written")
@@ -131,20 +148,41 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
             the next resume sends it again, with the same effect key (on a run that already
             ended, cancelled or failed, nothing is sent: the answer is only recorded).
         result: only with ``happened=True``. A receipt given with ``happened=False`` is refused:
-            it says the effect exists, and the resume would send it again.
+            it says the effect exists, and the resume would send it again. It is made plain JSON
+            the way a tool's result and a lookup's receipt are (``to_jsonable_python``: a tuple
+            becomes a list, a key that is not a string its text); the event returned holds the
+            value as journaled.
+        by: who checked, for the record.
+        note: what was checked, for the record.
 
     Raises:
-        UsageError: a receipt with ``happened=False``; nothing was written.
+        UsageError: a receipt with ``happened=False``, a receipt JSON cannot hold, an argument of
+            the wrong type; nothing was written.
         RunNotFound, NotUncertain: nothing was written.
     """
+    check_store(store)
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
+    check_strings(("step_id", step_id), ("by", by), ("note", note))
+    if not step_id:
+        raise UsageError("step_id must be a non-empty string")
     if not isinstance(happened, bool):
         raise UsageError(f"happened must be True or False, got {happened!r:.40}: it decides whether a real "
                          "effect is sent again")
     if not happened and result is not None:
         raise UsageError("a result (a receipt) goes only with happened=True: with happened=False the next resume "
                          "sends the effect again; nothing was written")
+    if happened:
+        # Normalised, not refused: a lookup's receipt and a tool's result are journaled through
+        # to_jsonable_python too, and a person's receipt is the same evidence. The event below is
+        # built from the normalised value, so what is returned is exactly what is journaled.
+        try:
+            result = to_jsonable_python(result)
+        except ValueError as exc:  # a type it cannot convert, a cycle, nesting or an integer too long
+            raise UsageError(f"result is not plain JSON ({exc}); nothing was written") from exc
+        problem = not_plain(result)
+        if problem is not None:
+            raise UsageError(f"result is not plain JSON (it holds {problem}); nothing was written")
     cp, events = verified(store, run_id)  # the evidence shown to the person is the journal's
     evidence = cp.uncertain.get(step_id)
     if evidence is None:

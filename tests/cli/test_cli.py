@@ -478,6 +478,72 @@ def test_fingerprint_prefix_is_refused_and_says_why(db: Path, store: SqliteCheck
     assert journal(db, "r-fp")[0][-1].fingerprint == FP64
 
 
+def test_an_empty_fingerprint_is_called_empty(db: Path, store: SqliteCheckpointer) -> None:
+    """It was refused as "got 0 characters (); a prefix does not bind the arguments"."""
+    store.append([start("r-fp"), approval_request("r-fp", fingerprint=FP64)])
+    before = len(journal(db, "r-fp")[0])
+    for empty in ("", "  \n"):
+        result = cli(db, "approve", "r-fp", APPROVAL, "--fingerprint", empty)
+        refused(result, "--fingerprint is empty", "nothing was written")
+        assert "prefix" not in result.stderr
+    assert len(journal(db, "r-fp")[0]) == before
+
+
+def uncertain_run(store: SqliteCheckpointer, run_id: str = "r-u") -> str:
+    """A run waiting for a person to settle the uncertain effect at t0000.tool00 (needs_human)."""
+    store.append([start(run_id), StepEvent(run_id=run_id, step_id="t0000.tool00", phase="uncertain", kind="tool",
+                                           name="transfer", payload={"tool": "transfer", "effect_key": "ek-77"})])
+    return run_id
+
+
+def test_approving_a_run_that_waits_for_a_person_does_not_say_it_ended(db: Path, store: SqliteCheckpointer) -> None:
+    """needs_human goes on after `cuaderno resolve`; it was refused as "already ended (needs_human)"."""
+    run = uncertain_run(store)
+    result = cli(db, "approve", run, "t0000.tool00")
+    refused(result, "has not ended", "settle an uncertain effect", "cuaderno resolve")
+    assert "already ended" not in result.stderr
+
+
+def test_a_receipt_too_deep_or_too_long_to_read_is_one_error_line(db: Path, store: SqliteCheckpointer) -> None:
+    """They ended in a RecursionError and a ValueError traceback (only JSONDecodeError was caught)."""
+    run = uncertain_run(store)
+    size = len(journal(db, run)[0])
+    for receipt, needle in (("[" * 50_000 + "]" * 50_000, "nested too deeply"),
+                            ("9" * 5000, "integer too long"),
+                            ('{"receipt": ' + "[" * 300 + "]" * 300 + "}", "not plain JSON"),
+                            ('{"receipt": ' + "9" * 4250 + "}", "not plain JSON")):
+        refused(cli(db, "resolve", run, "t0000.tool00", "--happened", "--result", receipt), needle)
+    events, cp = journal(db, run)
+    assert len(events) == size and cp.status == "needs_human"
+    ok = cli(db, "resolve", run, "t0000.tool00", "--happened", "--result", '{"receipt": "r-17"}')
+    assert ok.exit_code == 0, ok.output
+    assert journal(db, run)[0][-1].payload["value"] == {"receipt": "r-17"}
+
+
+def test_output_that_cannot_be_written_is_one_error_line(db: Path, store: SqliteCheckpointer) -> None:
+    """A full disk printed a traceback (OSError 28, status 1). A reader that went away ends the
+    command quietly with status 1 (Python's advice for a broken pipe), never a traceback."""
+    suspended_run(store)
+    store.close()
+    env = {k: v for k, v in os.environ.items() if k != "CUADERNO_DB"}
+    argv = [sys.executable, "-m", "cuaderno.cli", "--db", str(db)]
+    for args in (("list",), ("list", "--json"), ("show", "r-pay")):
+        if os.path.exists("/dev/full"):
+            with open("/dev/full", "w") as full:
+                done = subprocess.run([*argv, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                                      timeout=60, check=False)
+            assert done.returncode == 2, done.stderr
+            assert done.stderr == "error: could not write the output: [Errno 28] No space left on device\n"
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before anything is written
+        try:
+            done = subprocess.run([*argv, *args], stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+                                  timeout=60, check=False)
+        finally:
+            os.close(write)
+        assert done.returncode == 1 and done.stderr == "", done.stderr
+
+
 def test_an_ended_run_has_no_pending_approval(db: Path, store: SqliteCheckpointer) -> None:
     """Its approval is still requested in the journal, but no decision is accepted any more."""
     store.append([start("r-done"), approval_request("r-done"), final("r-done")])
