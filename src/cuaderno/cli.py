@@ -33,6 +33,7 @@ from rich.console import Console
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
 from cuaderno._json import MAX_DEPTH
+from cuaderno.checkpoint import verified
 from cuaderno.errors import CuadernoError
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
@@ -179,15 +180,21 @@ def show(
     run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     timeline: Annotated[bool, typer.Option("--timeline/--no-timeline",
-                                           help="Show the journal's events in order.")] = True,
+                                           help="Show the journal's events in order, checked against the "
+                                                "summary (--no-timeline: the stored summary as it is).")] = True,
 ) -> None:
     """Show one run: status, versions, counters, cost, pending approvals, uncertain effects, outcome, timeline."""
     with _refusals(), _store(ctx, readonly=True) as store:
         cp = store.checkpoint(run)
         if cp is None:
             raise _Refused(f"no run {run!r} in {str(ctx.obj.db)!r}")
-        # Read (and hash-check) the whole journal before printing anything: no half output.
-        events = store.load(run) if timeline else None
+        events = None
+        if timeline:
+            # Read (and hash-check) the whole journal before printing anything, and the summary
+            # against it: no half output, and no pending arguments other than the journal's.
+            # --no-timeline prints the stored summary as it is (for a journal that no longer
+            # checks out); approve and deny check it again before anything is written.
+            cp, events = verified(store, run)
     if as_json:
         _print_json(render.run_detail(cp, events))
     else:

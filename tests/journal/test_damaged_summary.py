@@ -163,3 +163,17 @@ def test_an_uncertain_step_whose_summary_was_edited_is_not_settled_from_it(tmp_p
             with pytest.raises(JournalCorrupt, match=r"\(uncertain differ\)"):
                 harness.resolve(store, RUN, "t0000.tool00", happened=happened)
     assert _state(path) == before
+
+
+def test_show_refuses_a_summary_that_does_not_match_its_journal(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cuaderno.cli import app
+
+    path = tmp_path / "j.db"
+    _suspended(path)
+    _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
+    before = _state(path)
+    shown = CliRunner().invoke(app, ["--db", str(path), "show", RUN])
+    assert shown.exit_code == 2 and "does not match its journal (pending differ)" in shown.output
+    assert '"amount": 5' not in shown.output and _state(path) == before
