@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from cuaderno._json import compact, compact_ascii
+from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import StepEvent
 
 if TYPE_CHECKING:
@@ -127,8 +128,6 @@ class Checkpoint:
         """
         problem = _malformed(data)
         if problem is not None:
-            from cuaderno.errors import JournalCorrupt
-
             run = data.get("run_id") if isinstance(data, dict) else None
             where = f"run {run!r}" if isinstance(run, str) else "a run"
             raise JournalCorrupt(f"{where}: its stored summary (checkpoint) {problem}; it was altered or damaged")
@@ -226,8 +225,6 @@ def verified(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEve
         JournalCorrupt: the chain is broken, or the summary differs from the rebuilt projection.
         JournalError: the run kept changing between the two reads (another process is writing).
     """
-    from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
-
     for _ in range(_VERIFY_TRIES):
         stored = store.checkpoint(run_id)
         if stored is None:
