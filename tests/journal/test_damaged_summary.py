@@ -177,3 +177,22 @@ def test_show_refuses_a_summary_that_does_not_match_its_journal(tmp_path: Path) 
     shown = CliRunner().invoke(app, ["--db", str(path), "show", RUN])
     assert shown.exit_code == 2 and "does not match its journal (pending differ)" in shown.output
     assert '"amount": 5' not in shown.output and _state(path) == before
+
+
+async def test_a_closed_run_answers_from_its_journal_not_from_an_edited_summary(tmp_path: Path) -> None:
+    """Before, asking a completed run again returned whatever answer its summary held."""
+    from cuaderno import Agent, ScriptedGateway, Session
+
+    path = tmp_path / "j.db"
+    agent = Agent(instructions="i")
+    with SqliteCheckpointer(path) as store:
+        async for _ in agent.run("t", session=Session(RUN, ScriptedGateway([ScriptedGateway.text("paid 100")]),
+                                                      store)):
+            pass
+    _edit_summary(path, lambda d: d["outcome"].update(output="paid 5"))
+    before = _state(path)
+    gw = ScriptedGateway([])
+    with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt, match=r"\(outcome differ\)"):
+        async for _ in agent.run("t", session=Session(RUN, gw, store)):
+            pass
+    assert gw.calls == 0 and _state(path) == before

@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 
 from cuaderno import _holds
 from cuaderno.cancellation import cancel, close, in_flight
-from cuaderno.checkpoint import Checkpoint
+from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     BudgetExceeded,
     DrainOnOldWorker,
@@ -129,6 +129,10 @@ class Runner(ModelSteps, ToolSteps):
             # request). Runs journaled before the tenant was recorded are not checked.
             raise ReplayDivergence(self.run_id, "run", f"tenant {cp.tenant!r}", f"tenant {self.s.tenant!r}")
         if cp.status == "completed":
+            # The answer of a closed run is the journal's: the summary it is read from must match
+            # the chain-checked journal (JournalCorrupt otherwise). A load and a rebuild, paid only
+            # when a closed run is asked again, never on a live run's path.
+            cp, _ = verified(self.store, self.run_id)
             outcome = cp.outcome or {}
             return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome)
         if cp.status in ("failed", "cancelled"):
