@@ -232,9 +232,8 @@ def verified(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEve
         events = store.load(run_id)  # checks the chain against the summary's head, in one read
         if len(events) != stored.last_seq:
             continue  # appended between the two reads: read both again
-        rebuilt = rebuild(run_id, events, epoch=stored.epoch)
-        if rebuilt.to_json() != stored.to_json():
-            have, want = stored.to_json(), rebuilt.to_json()
+        have, want = stored.to_json(), rebuild(run_id, events, epoch=stored.epoch).to_json()
+        if have != want:
             differ = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
             raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) does not match its journal "
                                  f"({', '.join(differ)} differ); it was altered or damaged, nothing was written")

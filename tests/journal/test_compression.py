@@ -14,13 +14,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zstandard
+from _files import journal_files, load_refused
 
 from cuaderno.errors import JournalConflict, JournalCorrupt, JournalError, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent, encode_payload
@@ -36,18 +36,13 @@ PROSE = " ".join(_RNG.choice(["the", "transfer", "of", "account", "was", "approv
 """About 2 KB of English-like words (compressed to about 0.4 of that; English prose to about 0.5)."""
 
 
+MAIN_AND_WAL = ("-wal",)
+"""What these tests compare: some keep a store open, whose -shm changes with every read."""
+
+
 def _ev(step: str, payload: dict[str, Any], phase: str = "result") -> StepEvent:
     return StepEvent(run_id="r", step_id=step, phase=phase, kind="tool", name="work", fingerprint="fp",
                      payload=payload)
-
-
-@contextmanager
-def _store(path: Path, **kwargs: Any) -> Iterator[SqliteCheckpointer]:
-    store = SqliteCheckpointer(path, **kwargs)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _rows(path: Path) -> list[tuple[str, str, bytes]]:
@@ -55,23 +50,10 @@ def _rows(path: Path) -> list[tuple[str, str, bytes]]:
         return db.execute("SELECT step_id, codec, payload FROM cuaderno_events ORDER BY seq").fetchall()
 
 
-def _file(path: Path) -> bytes:
-    return path.read_bytes() + (Path(f"{path}-wal").read_bytes() if Path(f"{path}-wal").exists() else b"")
-
-
 def _journal(path: Path, **kwargs: Any) -> list[StepEvent]:
-    with _store(path, **kwargs) as store:
+    with SqliteCheckpointer(path, **kwargs) as store:
         return store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"),
                              _ev("big", {"value": PROSE}), _ev("small", {"value": "short"})])
-
-
-def _load_refused(path: Path, error: type[Exception], match: str) -> None:
-    """Loading the run raises ``error`` and leaves the file byte-identical."""
-    before = _file(path)
-    with _store(path) as store:
-        with pytest.raises(error, match=match):
-            store.load("r")
-    assert _file(path) == before
 
 
 def test_large_payloads_rest_compressed_and_read_back_as_written(tmp_path: Path) -> None:
@@ -83,7 +65,7 @@ def test_large_payloads_rest_compressed_and_read_back_as_written(tmp_path: Path)
     assert zstandard.ZstdDecompressor().decompress(rows["big"][1]) == logical  # a standard frame
     assert rows["small"] == (CODEC_JSON, encode_payload({"value": "short"}))
     for kwargs in ({}, {"readonly": True}, {"compress": False}):
-        with _store(path, **kwargs) as store:
+        with SqliteCheckpointer(path, **kwargs) as store:
             loaded = store.load("r")
         assert loaded == written  # same codec, bytes, hashes: the chain checks out
         assert loaded[1].codec == CODEC_JSON and loaded[1].payload == {"value": PROSE}
@@ -91,15 +73,15 @@ def test_large_payloads_rest_compressed_and_read_back_as_written(tmp_path: Path)
 
 def test_compress_false_keeps_plain_json_and_one_journal_holds_both(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path, compress=False) as store:
+    with SqliteCheckpointer(path, compress=False) as store:
         store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"), _ev("a", {"value": PROSE})])
-    with _store(path, compress=True) as store:
+    with SqliteCheckpointer(path, compress=True) as store:
         store.append([_ev("b", {"value": PROSE})])
     assert [codec for _, codec, _ in _rows(path)] == [CODEC_JSON, CODEC_JSON, CODEC_JSON_ZSTD]
     with closing(sqlite3.connect(path)) as db:  # plain rows stay queryable with SQLite's JSON functions
         assert db.execute("SELECT json_extract(payload, '$.value') FROM cuaderno_events WHERE step_id='a'"
                           ).fetchone()[0] == PROSE
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         assert [e.payload.get("value") for e in store.load("r")] == [None, PROSE, PROSE]
 
 
@@ -125,14 +107,14 @@ class _Fixed:
 def test_the_same_event_again_is_a_no_op_and_another_one_a_conflict(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     written = _journal(path)
-    before = _file(path)
-    with _store(path) as store:
+    before = journal_files(path, MAIN_AND_WAL)
+    with SqliteCheckpointer(path) as store:
         assert store.append([_ev("big", {"value": PROSE})]) == [written[1]]  # compared on the JSON bytes
         with pytest.raises(JournalConflict):
             store.append([_ev("big", {"value": PROSE + "!"})])
-    assert _file(path) == before  # nothing was written
+    assert journal_files(path, MAIN_AND_WAL) == before  # nothing was written
     rows = _rows(path)
-    with _store(path, compress=False) as store:  # also against a store that would not compress
+    with SqliteCheckpointer(path, compress=False) as store:  # also against a store that would not compress
         assert store.append([_ev("big", {"value": PROSE})]) == [written[1]]
     assert _rows(path) == rows
 
@@ -152,7 +134,7 @@ def test_a_damaged_compressed_row_is_journal_corrupt_and_the_file_untouched(tmp_
     with closing(sqlite3.connect(path)) as db, db:
         params = (zstandard.ZstdCompressor().compress(encode_payload({"value": PROSE.upper()})),) if "?" in damage else ()
         assert db.execute(damage, params).rowcount == 1
-    _load_refused(path, JournalCorrupt, message)
+    load_refused(path, JournalCorrupt, message)
 
 
 def test_a_flipped_bit_in_a_compressed_payload_is_never_silent(tmp_path: Path) -> None:
@@ -168,7 +150,7 @@ def test_a_flipped_bit_in_a_compressed_payload_is_never_silent(tmp_path: Path) -
         flipped[bit // 8] ^= 1 << (bit % 8)
         with closing(sqlite3.connect(path)) as db, db:
             db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (bytes(flipped),))
-        with _store(path, readonly=True) as store:
+        with SqliteCheckpointer(path, readonly=True) as store:
             try:
                 loaded = store.load("r")
             except JournalCorrupt:
@@ -187,17 +169,17 @@ def test_compress_must_be_a_bool_or_none(tmp_path: Path, value: Any) -> None:
 
 def test_compression_is_the_journals_setting_and_every_writer_keeps_to_it(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path, compress=False) as store:  # the owner's choice, recorded in the file
+    with SqliteCheckpointer(path, compress=False) as store:  # the owner's choice, recorded in the file
         store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run"), _ev("a", {"v": PROSE})])
-    with _store(path) as store:  # another writer that says nothing (the CLI, say) follows it
+    with SqliteCheckpointer(path) as store:  # another writer that says nothing (the CLI, say) follows it
         store.append([_ev("b", {"v": PROSE})])
-    with _store(path, readonly=True, compress=True) as store:  # a reader changes nothing
+    with SqliteCheckpointer(path, readonly=True, compress=True) as store:  # a reader changes nothing
         assert len(store.load("r")) == 3
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("c", {"v": PROSE})])
-    with _store(path, compress=True) as store:  # said again, the other way: from now on
+    with SqliteCheckpointer(path, compress=True) as store:  # said again, the other way: from now on
         store.append([_ev("d", {"v": PROSE})])
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("e", {"v": PROSE})])
     assert [codec for _, codec, _ in _rows(path)] == [CODEC_JSON] * 4 + [CODEC_JSON_ZSTD] * 2
     with closing(sqlite3.connect(path)) as db:
@@ -217,13 +199,13 @@ def test_a_payload_over_the_row_limit_is_refused_even_though_it_would_compress(
     (The limit is lowered here: the real one is a gigabyte.)"""
     path = tmp_path / "j.db"
     _journal(path)
-    before = _file(path)
+    before = journal_files(path, MAIN_AND_WAL)
     monkeypatch.setattr(sqlite_module, "MAX_PAYLOAD", 1000)
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         with pytest.raises(JournalError, match=r"big2:result is 2,\d{3} bytes of JSON, more than the 1,000"):
             store.append([_ev("big2", {"value": PROSE})])
         assert store.checkpoint("r").last_seq == 3  # type: ignore[union-attr]
-    assert _file(path) == before
+    assert journal_files(path, MAIN_AND_WAL) == before
 
 
 def test_bytes_after_the_frame_are_refused(tmp_path: Path) -> None:
@@ -234,7 +216,7 @@ def test_bytes_after_the_frame_are_refused(tmp_path: Path) -> None:
     blob = {s: b for s, _, b in _rows(path)}["big"]
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (blob + extra,))
-    _load_refused(path, JournalCorrupt, "row 2 .*unused data")
+    load_refused(path, JournalCorrupt, "row 2 .*unused data")
 
 
 def test_a_believable_size_without_the_memory_for_it_is_a_typed_error(tmp_path: Path,
@@ -247,7 +229,7 @@ def test_a_believable_size_without_the_memory_for_it_is_a_typed_error(tmp_path: 
             raise MemoryError
 
     monkeypatch.setattr(_compress, "_decompressor", _NoMemory)
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         with pytest.raises(JournalError, match="row 2 .*not enough memory to decompress a payload of"):
             store.load("r")
 
@@ -269,18 +251,18 @@ def test_a_frame_claiming_more_than_it_can_hold_is_refused_before_any_memory_is_
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_events SET payload=? WHERE step_id='big'", (huge,))
     monkeypatch.setattr(_compress, "_decompressor", None)  # proof that no decompression is attempted
-    _load_refused(path, JournalCorrupt, rf"row 2 .*claims {claim} bytes")
+    load_refused(path, JournalCorrupt, rf"row 2 .*claims {claim} bytes")
 
 
 def test_an_open_store_follows_the_setting_another_store_records(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     _journal(path)
-    with _store(path) as follower, _store(path, compress=True) as keeper:
-        with _store(path, compress=False):  # the owner turns compression off while both are open
+    with SqliteCheckpointer(path) as follower, SqliteCheckpointer(path, compress=True) as keeper:
+        with SqliteCheckpointer(path, compress=False):  # the owner turns compression off while both are open
             pass
         follower.append([_ev("after-off", {"value": PROSE})])  # said nothing: follows the file
         keeper.append([_ev("keeper", {"value": PROSE})])  # said so itself: keeps to it
-        with _store(path, compress=True):
+        with SqliteCheckpointer(path, compress=True):
             pass
         follower.append([_ev("after-on", {"value": PROSE})])
     codecs = {s: c for s, c, _ in _rows(path)}
@@ -294,11 +276,11 @@ def test_an_unknown_compress_setting_is_journal_corrupt_unless_a_store_sets_it(t
     _journal(path)
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)", (setting,))
-    before = _file(path)
+    before = journal_files(path, MAIN_AND_WAL)
     with pytest.raises(JournalCorrupt, match="compress setting is"):
         SqliteCheckpointer(path)
-    assert _file(path) == before
-    with _store(path, compress=False) as store:  # an explicit setting replaces it
+    assert journal_files(path, MAIN_AND_WAL) == before
+    with SqliteCheckpointer(path, compress=False) as store:  # an explicit setting replaces it
         store.append([_ev("plain", {"value": PROSE})])
     assert {s: c for s, c, _ in _rows(path)}["plain"] == CODEC_JSON
 
@@ -308,19 +290,19 @@ def test_a_store_open_while_a_newer_cuaderno_migrates_the_file_refuses_to_read_o
     committed: a process left running across an upgrade stops instead of misreading new rows."""
     path = tmp_path / "j.db"
     _journal(path)
-    with _store(path) as old, _store(path, readonly=True) as reader:
+    with SqliteCheckpointer(path) as old, SqliteCheckpointer(path, readonly=True) as reader:
         old.load("r")
         reader.load("r")
         with closing(sqlite3.connect(path)) as db, db:  # what a newer cuaderno's migration does
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
-        before = _file(path)
+        before = journal_files(path, MAIN_AND_WAL)
         with pytest.raises(SchemaTooNew):
             old.load("r")
         with pytest.raises(SchemaTooNew):
             reader.load("r")
         with pytest.raises(SchemaTooNew):
             old.append([_ev("late", {"value": "x"})])
-        assert _file(path) == before
+        assert journal_files(path, MAIN_AND_WAL) == before
 
 
 # -- schema 1 files: raised to 2 by the first compressed row, and only then -------------------------
@@ -345,16 +327,16 @@ def test_a_schema_1_file_stays_1_until_a_compressed_row_is_written(tmp_path: Pat
     open for writing, a refused write, or plain writes (``compress=False``)."""
     path = _v1(tmp_path)
     run = "golden-payments"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.load(run)
         with pytest.raises(Exception):  # noqa: B017 - any refusal: what matters is the schema after it
             store.append([StepEvent(run_id=run, step_id="t9999.tool00.approval", phase="decision", kind="approval",
                                     payload={})])
     assert _schema(path) == 1
-    with _store(path, compress=False) as store:
+    with SqliteCheckpointer(path, compress=False) as store:
         store.append([StepEvent(run_id=run, step_id="note", phase="result", kind="tool", payload={"v": PROSE})])
     assert _schema(path) == 1
-    with _store(path, compress=True) as store:
+    with SqliteCheckpointer(path, compress=True) as store:
         store.append([StepEvent(run_id=run, step_id="note2", phase="result", kind="tool", payload={"v": PROSE})])
         assert _schema(path) == 2  # in the same transaction as the first compressed row
         assert len(store.load(run)) > 2
@@ -380,7 +362,7 @@ def test_killed_around_the_first_compressed_row_the_file_is_at_the_schema_its_ro
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         assert db.execute("SELECT count(*) FROM cuaderno_events WHERE codec=?", (CODEC_JSON_ZSTD,)
                           ).fetchone()[0] == compressed
-    with _store(path) as store:  # and it reads, either way
+    with SqliteCheckpointer(path) as store:  # and it reads, either way
         assert len(store.load("golden-payments")) > 2
 
 
@@ -411,7 +393,7 @@ def test_killed_while_recording_the_setting_the_journal_keeps_the_old_one_or_the
     _killed_opening(path, point, compress=False)
     assert _meta(path).get("compress") == recorded
     assert _rows(path) == before
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("after", {"value": PROSE})])
         assert len(store.load("r")) == 4
     assert _rows(path)[-1][:2] == ("after", codec)
@@ -438,13 +420,13 @@ def test_killed_while_creating_a_journal_the_file_is_empty_or_whole(tmp_path: Pa
 def test_every_read_and_lease_write_refuses_a_file_migrated_past_this_cuaderno(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     _journal(path)
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.checkpoint("r")
         with closing(sqlite3.connect(path)) as db, db:
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
-        before = _file(path)
+        before = journal_files(path, MAIN_AND_WAL)
         for call in (lambda: store.checkpoint("r"), lambda: store.list_runs(), lambda: store.load("r"),
                      lambda: store.acquire("r", "me"), lambda: store.release("r", 1)):
             with pytest.raises(SchemaTooNew):
                 call()
-        assert _file(path) == before
+        assert journal_files(path, MAIN_AND_WAL) == before

@@ -8,7 +8,6 @@ closed (``filterwarnings=error`` turns a leaked one into a failure).
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import random
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _files import journal_files, load_refused
 
 from cuaderno.checkpoint import rebuild
 from cuaderno.errors import (
@@ -51,33 +51,15 @@ def _ev(run: str, step: str, phase: str = "intent", kind: str = "tool", **fields
 
 
 @contextmanager
-def _store(path: Path, **kwargs: Any) -> Iterator[SqliteCheckpointer]:
-    store = SqliteCheckpointer(path, **kwargs)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@contextmanager
 def _raw(path: Path) -> Iterator[sqlite3.Connection]:
     """A plain sqlite3 connection in autocommit mode, closed on exit."""
     with closing(sqlite3.connect(path, isolation_level=None)) as db:
         yield db
 
 
-def _fingerprint(path: Path) -> dict[str, str]:
-    """Hashes of the journal file and of any sidecar (-wal, -shm, -journal) present."""
-    out = {}
-    for candidate in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
-        if candidate.exists():
-            out[candidate.name] = hashlib.sha256(candidate.read_bytes()).hexdigest()
-    return out
-
-
 def _build(path: Path, runs: int = 12, steps: int = 25) -> dict[str, list[tuple[Any, ...]]]:
     """A closed journal with several runs spread over many pages; returns each run's rows."""
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         for r in range(runs):
             run = f"run{r}"
             store.append([_ev(run, "run", "start", "run")] +
@@ -120,7 +102,7 @@ def _never_silent(path: Path, original: dict[str, list[tuple[Any, ...]]]) -> int
 
 def test_default_pragmas_wal_and_full(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         db = store._db
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -130,10 +112,10 @@ def test_default_pragmas_wal_and_full(tmp_path: Path) -> None:
 
 
 def test_normal_only_when_asked(tmp_path: Path) -> None:
-    with _store(tmp_path / "j.db", synchronous="NORMAL", busy_timeout_ms=1234) as store:
+    with SqliteCheckpointer(tmp_path / "j.db", synchronous="NORMAL", busy_timeout_ms=1234) as store:
         assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         assert store._db.execute("PRAGMA busy_timeout").fetchone()[0] == 1234
-    with _store(tmp_path / "j.db", synchronous="FULL") as store:
+    with SqliteCheckpointer(tmp_path / "j.db", synchronous="FULL") as store:
         assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2
 
 
@@ -156,7 +138,7 @@ def test_zero_byte_file_is_a_new_journal(tmp_path: Path) -> None:
     (like deleting the file) cannot be told apart from a fresh journal; its runs are simply unknown."""
     path = tmp_path / "j.db"
     path.touch()
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         with pytest.raises(RunNotFound):
             store.load("run0")
         store.append([_ev("r", "run", "start", "run")])
@@ -167,37 +149,37 @@ def test_readonly_reads_and_refuses_every_write(tmp_path: Path) -> None:
     """A read-only store sees what a writer commits, refuses writes with a UsageError, and the
     file is byte-identical afterwards, even in rollback (DELETE) mode."""
     path = tmp_path / "j.db"
-    with _store(path) as writer:
+    with SqliteCheckpointer(path) as writer:
         writer.append([_ev("r", "run", "start", "run")])
-        with _store(path, readonly=True) as reader:
+        with SqliteCheckpointer(path, readonly=True) as reader:
             assert [e.seq for e in reader.load("r")] == [1]
             writer.append([_ev("r", "s1")])
             assert [e.seq for e in reader.load("r")] == [1, 2]
             assert [cp.run_id for cp in reader.list_runs()] == ["r"]
     with _raw(path) as db:
         assert db.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
-    before = _fingerprint(path)
-    with _store(path, readonly=True) as reader:
+    before = journal_files(path)
+    with SqliteCheckpointer(path, readonly=True) as reader:
         for write in (lambda: reader.append([_ev("r", "s2")]), lambda: reader.acquire("r", "me"),
                       lambda: reader.release("r", 1)):
             with pytest.raises(UsageError, match="read-only"):
                 write()
         cp = reader.checkpoint("r")
         assert cp is not None and cp.last_seq == 2
-    assert _fingerprint(path) == before
+    assert journal_files(path) == before
 
 
 def test_readonly_refuses_files_that_are_not_journals(tmp_path: Path) -> None:
     other = tmp_path / "app.db"
     with _raw(other) as db:
         db.execute("CREATE TABLE t (x)")
-    before = _fingerprint(other)
+    before = journal_files(other)
     with pytest.raises(JournalError, match="not a cuaderno journal"):
         SqliteCheckpointer(other, readonly=True)
     with pytest.raises(JournalError, match="does not exist: there is no journal there") as info:
         SqliteCheckpointer(tmp_path / "missing.db", readonly=True)
     assert not isinstance(info.value, JournalCorrupt)  # nothing is damaged: there is no file
-    assert _fingerprint(other) == before
+    assert journal_files(other) == before
     assert not (tmp_path / "missing.db").exists()
 
 
@@ -206,7 +188,7 @@ def test_readonly_refuses_files_that_are_not_journals(tmp_path: Path) -> None:
 
 def test_two_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as a, _store(path) as b:
+    with SqliteCheckpointer(path) as a, SqliteCheckpointer(path) as b:
         a.append([_ev("r", "run", "start", "run"), _ev("r", "s1")])
         assert [e.step_id for e in b.load("r")] == ["run", "s1"]
         b.append([_ev("r", "s2")])
@@ -243,7 +225,7 @@ def _child_env() -> dict[str, str]:
 
 def test_second_process_appends_to_the_same_file(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run"), _ev("r", "mine.0")])  # this object now caches seq 2
         done = subprocess.run([sys.executable, "-c", CHILD, str(path), "r", "child", "3"], env=_child_env(),
                               capture_output=True, text=True, timeout=60)
@@ -263,14 +245,14 @@ def test_second_process_appends_to_the_same_file(tmp_path: Path) -> None:
 
 def test_concurrent_processes_append_to_one_run(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run")])
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(path), "r", f"p{i}", "10"], env=_child_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
     for proc in procs:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         loaded = store.load("r")
         assert len(loaded) == 1 + 3 * 10 + 10
         assert [e.seq for e in loaded] == list(range(1, len(loaded) + 1))
@@ -285,7 +267,7 @@ def test_concurrent_processes_append_to_one_run(tmp_path: Path) -> None:
 
 def test_cached_checkpoint_is_revalidated_after_another_connection_appends(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as a, _store(path) as b:
+    with SqliteCheckpointer(path) as a, SqliteCheckpointer(path) as b:
         a.append([_ev("r", "run", "start", "run"), _ev("r", "a1")])  # a caches last_seq 2
         b.append([_ev("r", "b1", payload={"from": "b"})])
         out = a.append([_ev("r", "a2")])
@@ -313,7 +295,7 @@ def test_a_commit_by_another_connection_invalidates_every_cached_run(tmp_path: P
     """The cache is trusted only while no other connection has committed (SQLite's data_version).
     Noticing another writer while appending to one run must not leave another run's entry trusted."""
     path = tmp_path / "j.db"
-    with _store(path) as a, _store(path) as b:
+    with SqliteCheckpointer(path) as a, SqliteCheckpointer(path) as b:
         a.append([_ev("x", "run", "start", "run")])
         a.append([_ev("y", "run", "start", "run")])  # a caches x and y at seq 1
         b.append([_ev("y", "b1")])  # y's seq 2, written by b
@@ -344,7 +326,7 @@ def test_load_reads_checkpoint_and_rows_from_one_snapshot(tmp_path: Path) -> Non
     Read apart, the rows would run past the head the checkpoint named and load() would call the
     journal corrupt; read in one transaction, it returns the run as it was when the read began."""
     path = tmp_path / "j.db"
-    with _store(path) as reader, _store(path) as writer:
+    with SqliteCheckpointer(path) as reader, SqliteCheckpointer(path) as writer:
         writer.append([_ev("r", "run", "start", "run"), _ev("r", "s1")])
         real = reader._db
         proxy = _AppendBeforeEventsRead(real, lambda: writer.append([_ev("r", "s2"), _ev("r", "s3")]))
@@ -361,9 +343,9 @@ def test_load_reads_checkpoint_and_rows_from_one_snapshot(tmp_path: Path) -> Non
 
 def test_reopen_continues_the_chain(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         first = store.append([_ev("r", "run", "start", "run"), _ev("r", "s1")])
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         assert [e == f for e, f in zip(store.load("r"), first, strict=True)] == [True, True]
         assert store.append([_ev("r", "s2")])[0].seq == 3
         assert len(store.load("r")) == 3
@@ -373,7 +355,7 @@ def test_append_only_prefix_and_integrity(tmp_path: Path) -> None:
     """I5/I7: refused and duplicate appends never rewrite a stored row; integrity_check stays ok."""
     path = tmp_path / "j.db"
     query = "SELECT * FROM cuaderno_events ORDER BY run_id, seq"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run"), _ev("r", "s1", payload={"a": 1})])
         with _raw(path) as db:
             before = db.execute(query).fetchall()
@@ -398,20 +380,20 @@ def test_append_only_prefix_and_integrity(tmp_path: Path) -> None:
 
 def test_schema_too_new_is_refused_and_file_untouched(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run")])
     with _raw(path) as db:
         db.execute("UPDATE cuaderno_meta SET value='99' WHERE key='schema_version'")
-    before = _fingerprint(path)
+    before = journal_files(path)
     with pytest.raises(SchemaTooNew) as info:
         SqliteCheckpointer(path)
     assert (info.value.found, info.value.supported) == (99, SCHEMA_VERSION)
-    assert _fingerprint(path) == before
+    assert journal_files(path) == before
 
 
 def test_current_schema_version_is_recorded(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path):
+    with SqliteCheckpointer(path):
         pass
     with _raw(path) as db:
         assert db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone() == (
@@ -435,9 +417,9 @@ def test_unreadable_file_is_journal_corrupt_and_untouched(tmp_path: Path, damage
     path = tmp_path / "j.db"
     original = _build(path)
     damage(path)
-    before = _fingerprint(path)
+    before = journal_files(path)
     assert _never_silent(path, original) == len(original)
-    assert _fingerprint(path) == before
+    assert journal_files(path) == before
 
 
 def test_truncated_file_is_journal_corrupt_and_untouched(tmp_path: Path) -> None:
@@ -450,16 +432,16 @@ def test_truncated_file_is_journal_corrupt_and_untouched(tmp_path: Path) -> None
         path = tmp_path / f"cut{cut}.db"
         shutil.copy(base, path)
         os.truncate(path, cut)
-        before = _fingerprint(path)
+        before = journal_files(path)
         refused = _never_silent(path, original)
         assert refused > 0, f"a journal truncated to {cut} of {size} bytes was loaded without an error"
-        assert _fingerprint(path) == before, f"truncated to {cut}: the file was modified"
+        assert journal_files(path) == before, f"truncated to {cut}: the file was modified"
         path.unlink()
 
 
 def _edited(tmp_path: Path, statement: str, params: tuple[Any, ...] = (), rows: int = 1) -> Path:
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run")] +
                      [_ev("r", f"s{i}", name="tool", fingerprint=f"fp{i}", payload={"i": i}) for i in range(1, 6)])
         store.append([_ev("other", "run", "start", "run")])
@@ -490,12 +472,7 @@ def _edited(tmp_path: Path, statement: str, params: tuple[Any, ...] = (), rows: 
         "swapped-seq", "deleted-middle", "deleted-first", "deleted-tail", "moved-tail"])
 def test_edited_rows_are_journal_corrupt(tmp_path: Path, statement: str, params: tuple[Any, ...],
                                          message: str) -> None:
-    path = _edited(tmp_path, statement, params, rows=2 if "CASE" in statement else 1)
-    before = _fingerprint(path)
-    with _store(path) as store:
-        with pytest.raises(JournalCorrupt, match=message):
-            store.load("r")
-    assert _fingerprint(path) == before
+    load_refused(_edited(tmp_path, statement, params, rows=2 if "CASE" in statement else 1), JournalCorrupt, message)
 
 
 def test_seeded_bit_flips_are_never_silent(tmp_path: Path) -> None:
@@ -516,7 +493,7 @@ def test_seeded_bit_flips_are_never_silent(tmp_path: Path) -> None:
             f.seek(offset)
             f.write(bytes([byte ^ (1 << rnd.randrange(8))]))
         try:
-            with _store(path) as store:
+            with SqliteCheckpointer(path) as store:
                 for run, rows in original.items():
                     loaded = [_rows_of(e)[:10] + _rows_of(e)[11:] for e in store.load(run)]
                     assert loaded == [r[:10] + r[11:] for r in rows], f"flip at {offset}: {run} changed silently"
@@ -533,19 +510,19 @@ def test_seeded_bit_flips_are_never_silent(tmp_path: Path) -> None:
 
 def test_damaged_checkpoint_row_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_runs SET checkpoint='{\"run_id\":\"r\",\"sta' WHERE run_id='r'")
-    with _store(path) as store, pytest.raises(JournalCorrupt):
+    with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
 def test_invalid_utf8_in_a_row_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_events SET step_id=CAST(x'ff' AS TEXT) WHERE run_id='r' AND seq=3")
-    with _store(path) as store, pytest.raises(JournalCorrupt):
+    with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
 def test_wrong_column_type_is_journal_corrupt(tmp_path: Path) -> None:
     path = _edited(tmp_path, "UPDATE cuaderno_events SET seq='three' WHERE run_id='r' AND seq=3")
-    with _store(path) as store, pytest.raises(JournalCorrupt):
+    with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt):
         store.load("r")
 
 
@@ -558,12 +535,12 @@ def test_damaged_events_page_is_journal_corrupt(tmp_path: Path) -> None:
     with path.open("r+b") as f:
         f.seek((root - 1) * page_size)
         f.write(b"\x00" * 12)  # the b-tree page header: an invalid page type
-    before = _fingerprint(path)
+    before = journal_files(path)
     try:
-        with _store(path) as store, pytest.raises(JournalCorrupt):
+        with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt):
             store.load("run3")
     finally:
-        assert _fingerprint(path) == before
+        assert journal_files(path) == before
 
 
 # -- R12: identifiers, and no string-built SQL -------------------------------------------------------------------
@@ -580,15 +557,15 @@ def _schema_and_counts(path: Path) -> tuple[list[tuple[Any, ...]], int, int, int
 
 def test_hostile_ids_leave_schema_and_counts_intact(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    with _store(path):
+    with SqliteCheckpointer(path):
         pass
     schema, _, _, meta = _schema_and_counts(path)
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         for value in HOSTILE_IDS:
             store.append([_ev(value, "run", "start", "run", name=value), _ev(value, value, value, name=value)])
             assert [(e.run_id, e.step_id, e.phase, e.name) for e in store.load(value)][1] == (value,) * 4
     assert _schema_and_counts(path) == (schema, 2 * len(HOSTILE_IDS), len(HOSTILE_IDS), meta)
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         for field in ("run_id", "step_id"):
             for bad in INVALID_IDS:
                 fields: dict[str, Any] = {"run_id": "r", "step_id": "s", "phase": "p", "kind": "tool", field: bad}
@@ -693,7 +670,7 @@ def test_the_static_check_can_fail(snippet: str, expected: list[str]) -> None:
 def test_a_journal_locked_by_another_process_says_so(tmp_path: Path) -> None:
     """Before, a lock was reported as 'not a readable cuaderno journal: database is locked'."""
     path = tmp_path / "j.db"
-    with _store(path) as store:
+    with SqliteCheckpointer(path) as store:
         store.append([_ev("r", "run", "start", "run")])
     before = path.read_bytes()
     with closing(sqlite3.connect(path, isolation_level=None)) as other:
@@ -715,7 +692,7 @@ def test_a_journal_in_a_folder_this_process_cannot_write_says_so(tmp_path: Path)
     folder = Path(tempfile.mkdtemp(prefix="cuaderno-ro-"))  # not under tmp_path: that is private to root
     try:
         path = folder / "j.db"
-        with _store(path) as store:
+        with SqliteCheckpointer(path) as store:
             store.append([_ev("r", "run", "start", "run")])
         folder.chmod(0o555)
         path.chmod(0o644)
