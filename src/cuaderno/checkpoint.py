@@ -213,12 +213,14 @@ def rebuild(run_id: str, events: Iterable[StepEvent], epoch: int = 0) -> Checkpo
 def verified(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEvent]]:
     """The run's stored checkpoint, checked against its journal, and the journal's events.
 
-    For what a person decides from the summary (approve, deny, resolve, cancel, ``show``): the
-    summary row is a projection, kept beside the journal but outside its hash chain, so a damaged
-    or edited one could show a person other arguments than the ones the decision binds, or number
-    the next row wrongly. Here it must equal the projection rebuilt from the chain-checked events.
-    Costs a load and a rebuild (about 10 ms for a 1000-turn run), so the loop does not call it on
-    its per-step path.
+    For what is decided from the summary: by a person (approve, deny, resolve, cancel, ``show``),
+    and by a loop that opens a run (closed or not, the budgets already spent). The summary row is
+    a projection, kept beside the journal but outside its hash chain, so a damaged or edited one
+    could show a person other arguments than the ones the decision binds, give a resumed run its
+    budgets back, or number the next row wrongly. Here it must equal the projection rebuilt from
+    the chain-checked events. Costs a load and a rebuild (about 10 ms for a 1000-turn run, of
+    which a resume, which loads and decodes the events anyway, pays about 4 ms more), so the loop
+    calls it when it opens a run, never on its per-step path.
 
     Raises:
         RunNotFound: no such run.

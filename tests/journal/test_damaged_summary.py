@@ -196,3 +196,34 @@ async def test_a_closed_run_answers_from_its_journal_not_from_an_edited_summary(
         async for _ in agent.run("t", session=Session(RUN, gw, store)):
             pass
     assert gw.calls == 0 and _state(path) == before
+
+
+async def test_a_live_run_whose_summary_forgets_the_budget_it_spent_is_refused_before_any_call(
+        tmp_path: Path) -> None:
+    """A resumed run charges the budgets already spent from its summary. Before, an edited summary
+    (one repair instead of two) gave the run its bound back; now the summary must be the
+    journal's projection, checked before the run is taken over."""
+    from cuaderno import Agent, Budgets, Policy, ScriptedGateway, Session, tool
+
+    @tool
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "sent"
+
+    path = tmp_path / "j.db"
+    agent = Agent(instructions="i", tools=[transfer], budgets=Budgets(repairs=1),
+                  policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="x", amount="many"), ScriptedGateway.call("transfer", to="x", amount=1),
+              ScriptedGateway.call("transfer", to="x", amount="again"), ScriptedGateway.text("done")]
+    with SqliteCheckpointer(path) as store:
+        async for _ in agent.run("t", session=Session(RUN, ScriptedGateway(script), store)):
+            pass  # one repair (the bound), then it waits for the approval
+        assert store.checkpoint(RUN).count("repairs") == 1
+        harness.approve(store, RUN, "t0001.tool00")
+    _edit_summary(path, lambda d: d["counters"].pop("repairs"))
+    before = _state(path)
+    gw = ScriptedGateway(script[2:])
+    with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt, match=r"\(counters differ\)"):
+        async for _ in agent.run("t", session=Session(RUN, gw, store)):
+            pass
+    assert gw.calls == 0 and _state(path) == before  # not taken over either: the epoch is as it was

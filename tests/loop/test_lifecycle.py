@@ -337,6 +337,23 @@ async def test_an_approval_landing_before_the_takeover_is_in_the_cancellation_re
     assert decision.decision == "approved"
 
 
+async def test_a_decision_landing_while_a_resume_opens_the_run_is_replayed_not_missed(store: Any) -> None:
+    """A resume checks the journal, then takes the run over: whatever committed in between (here
+    a person's approval; after a forced takeover, the previous owner's last results) must be in
+    the journal it replays. Read only once, the approval would be missed and the run would
+    suspend again with the approved call not run."""
+    bank = Bank()
+    agent = Agent(instructions="i", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
+    script = [ScriptedGateway.call("transfer", to="a", amount=1), ScriptedGateway.text("sent")]
+    await collect(agent, "t", Session("r5", ScriptedGateway(script), store))
+    assert bank.moves == [] and store.checkpoint("r5").status == "suspended"
+    racing = Meanwhile(store, after_load=lambda: approve(store, "r5", "t0000.tool00"), load=1)
+    gw = ScriptedGateway(script[1:])
+    steps = await collect(agent, "t", Session("r5", gw, racing))
+    assert bank.moves == [("a", 1)] and gw.calls == 1
+    assert isinstance(steps[-1], FinalStep) and store.checkpoint("r5").status == "completed"
+
+
 async def test_an_approved_call_that_never_started_is_listed_as_not_started(store: Any) -> None:
     agent = await _waiting_for_approval(store, "r4")
     approve(store, "r4", "t0000.tool00")
