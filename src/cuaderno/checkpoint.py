@@ -193,7 +193,14 @@ def _malformed(data: object) -> str | None:
 
 
 def project(cp: Checkpoint, ev: StepEvent) -> None:
-    """Fold one event into the checkpoint (in place)."""
+    """Fold one event into the checkpoint (in place).
+
+    Part of the journal format: a stored summary must equal the events' projection
+    (:func:`verified`, which every resume calls), so a change to what is computed here makes
+    every summary written before it refuse to open. The committed golden journals
+    (``tests/golden/journals/schema_v*.sqlite``, resumed by R13) fail first; such a change needs a
+    schema step that rewrites the summaries from their events.
+    """
     cp.last_seq = ev.seq
     cp.last_hash = ev.row_hash
     cp.next_step = f"{ev.step_id}:{ev.phase}"
