@@ -44,7 +44,7 @@ from cuaderno.gateway.empty import classify_response
 from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
-from cuaderno.harness import approve, deny, pending_approvals, resolve
+from cuaderno.harness import approve, deny, pending_approvals, rebuild_summary, resolve
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
 from cuaderno.loop.cleanup import compensate
@@ -127,6 +127,7 @@ __all__ = [
     "compensate",
     "deny",
     "pending_approvals",
+    "rebuild_summary",
     "resolve",
     "tool",
 ]

@@ -20,7 +20,7 @@ from cuaderno.events import StepEvent
 if TYPE_CHECKING:
     from cuaderno.journal.base import Checkpointer
 
-__all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "project", "rebuild", "verified"]
+__all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "differing", "project", "rebuild", "verified"]
 
 COUNTERS: Final = (
     "model_calls",            # model responses journaled (each one paid once)
@@ -241,16 +241,24 @@ def verified(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEve
         events = store.load(run_id)  # checks the chain against the summary's head, in one read
         if len(events) != stored.last_seq:
             continue  # appended between the two reads: read both again
-        have, want = stored.to_json(), rebuild(run_id, events, epoch=stored.epoch).to_json()
-        if have != want:
-            differ = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+        differ = differing(stored, rebuild(run_id, events, epoch=stored.epoch))
+        if differ:
             raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) does not match its journal "
-                                 f"({', '.join(differ)} differ); it was altered or damaged, nothing was written")
+                                 f"({', '.join(differ)} differ); it was altered or damaged, nothing was written. "
+                                 "`cuaderno rebuild-summary RUN` rebuilds it from the journal")
         return stored, events
     raise JournalError(f"run {run_id!r} kept changing while it was read; nothing was written, try again")
 
 
 _VERIFY_TRIES: Final = 20
+
+
+def differing(stored: Checkpoint, rebuilt: Checkpoint) -> list[str]:
+    """The fields in which a stored summary differs from the one rebuilt from the journal, sorted."""
+    have, want = stored.to_json(), rebuilt.to_json()
+    if have == want:
+        return []
+    return sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
 
 
 def _on_run(cp: Checkpoint, ev: StepEvent) -> None:

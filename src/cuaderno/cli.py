@@ -330,6 +330,25 @@ def resolve(
                f"(seq {event.seq}); {after}")
 
 
+@app.command("rebuild-summary")
+def rebuild_summary(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    trust_journal: Annotated[bool, typer.Option(
+        "--trust-journal", help="Rebuild even if the summary names events the journal does not hold (rows "
+        "removed from its end look like that) or cannot be read: only for a journal known to be complete.")] = False,
+) -> None:
+    """Rewrite a run's summary from its hash-chained journal, when it no longer matches it."""
+    with _refusals(), _store(ctx) as store:
+        cp, differed = harness.rebuild_summary(store, run, trust_journal=trust_journal)
+    if not differed:
+        typer.echo(f"run {run}: its summary matches its journal ({render.counted(cp.last_seq, 'event')}); "
+                   "nothing was written")
+    else:
+        typer.echo(f"run {run}: summary rebuilt from its {render.counted(cp.last_seq, 'journaled event')} "
+                   f"({', '.join(differed)} differed); status {cp.status}")
+
+
 def main() -> None:
     """The ``cuaderno`` console script.
 

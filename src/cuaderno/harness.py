@@ -12,7 +12,7 @@ refused with the same typed error. A malformed or late decision changes nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic_core import to_jsonable_python
 
@@ -29,7 +29,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 
-__all__ = ["approve", "deny", "pending_approvals", "resolve"]
+__all__ = ["SummaryRebuilt", "approve", "deny", "pending_approvals", "rebuild_summary", "resolve"]
 
 
 def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, dict[str, Any]]:
@@ -208,3 +208,46 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
         return store.append([event])[0]
     except JournalConflict as exc:
         raise NotUncertain(f"run {run_id!r}: step {step_id!r} was already settled otherwise") from exc
+
+
+class SummaryRebuilt(NamedTuple):
+    """What :func:`rebuild_summary` did."""
+
+    checkpoint: Checkpoint
+    """The run's summary as it is now stored."""
+    differed: list[str]
+    """The fields in which the old summary differed from its journal; empty: it matched, and
+    nothing was written."""
+
+
+def rebuild_summary(store: Checkpointer, run_id: str, *, trust_journal: bool = False) -> SummaryRebuilt:
+    """Rebuild a run's stored summary (its checkpoint row) from its hash-chained journal.
+
+    The way forward when a resume, a decision or ``cuaderno show`` refuses a run because its
+    summary "does not match its journal": the journal is the record, the summary only its
+    projection, so the summary is rewritten from the events, never the events from it. No event
+    is written or changed, and the run's epoch and holder are kept. Run it after finding out what
+    changed the file: the refusal named the fields that differ.
+
+    Args:
+        trust_journal: rebuild even when the stored summary names events the journal does not
+            hold (rows removed from the journal's end look exactly like that) or cannot be read.
+            Say so only when the journal is known to be complete.
+
+    Raises:
+        RunNotFound: no such run.
+        JournalCorrupt: the journal's rows do not chain (nothing can be rebuilt from them), or,
+            without ``trust_journal``, rows may be missing from its end; nothing was written.
+        UsageError: a store that cannot rebuild a summary (a custom Checkpointer without
+            ``rebuild_checkpoint``), or an argument of the wrong type.
+    """
+    check_store(store)
+    if not isinstance(run_id, str) or not run_id:
+        raise UsageError("run_id must be a non-empty string")
+    if not isinstance(trust_journal, bool):
+        raise UsageError(f"trust_journal must be True or False, got {trust_journal!r:.40}")
+    rebuild = getattr(store, "rebuild_checkpoint", None)
+    if rebuild is None:
+        raise UsageError(f"{type(store).__name__} cannot rebuild a run's summary (it has no rebuild_checkpoint)")
+    cp, differed = rebuild(run_id, trust_journal=trust_journal)
+    return SummaryRebuilt(cp, list(differed))

@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from cuaderno.checkpoint import Checkpoint
+from cuaderno.checkpoint import Checkpoint, rebuild
 from cuaderno.errors import CuadernoError, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import MemoryCheckpointer
@@ -185,6 +185,16 @@ class Unlocked(MemoryCheckpointer):
         self._checkpoints = _SlowReads()
 
 
+
+class RebuildForgetsEpoch(MemoryCheckpointer):
+    """Rebuilds a summary from the events alone: the takeover's epoch is lost (and always rewritten)."""
+
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        cp = rebuild(run_id, self.load(run_id))
+        self._checkpoints[run_id] = cp.dumps()
+        return cp, []
+
+
 MUTANTS: dict[str, list[Callable[[], MemoryCheckpointer]]] = {
     "append_load_round_trip": [AsciiPayloads, ReturnsInput],
     "duplicate_append_is_noop": [ReturnsInput],
@@ -206,6 +216,7 @@ MUTANTS: dict[str, list[Callable[[], MemoryCheckpointer]]] = {
     "concurrent_appends": [Unlocked],
     "compare_and_set": [IgnoresExpectedSeq],
     "decisions_checked_at_commit": [NoChecksAtCommit],
+    "rebuild_checkpoint": [RebuildForgetsEpoch],
 }
 
 

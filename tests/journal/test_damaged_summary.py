@@ -203,7 +203,7 @@ async def test_a_live_run_whose_summary_forgets_the_budget_it_spent_is_refused_b
     """A resumed run charges the budgets already spent from its summary. Before, an edited summary
     (one repair instead of two) gave the run its bound back; now the summary must be the
     journal's projection, checked before the run is taken over."""
-    from cuaderno import Agent, Budgets, Policy, ScriptedGateway, Session, tool
+    from cuaderno import Agent, BudgetExceeded, Budgets, Policy, ScriptedGateway, Session, tool
 
     @tool
     def transfer(to: str, amount: int) -> str:
@@ -222,8 +222,148 @@ async def test_a_live_run_whose_summary_forgets_the_budget_it_spent_is_refused_b
         harness.approve(store, RUN, "t0001.tool00")
     _edit_summary(path, lambda d: d["counters"].pop("repairs"))
     before = _state(path)
-    gw = ScriptedGateway(script[2:])
+    gw = ScriptedGateway(script)
     with SqliteCheckpointer(path) as store, pytest.raises(JournalCorrupt, match=r"\(counters differ\)"):
         async for _ in agent.run("t", session=Session(RUN, gw, store)):
             pass
     assert gw.calls == 0 and _state(path) == before  # not taken over either: the epoch is as it was
+    with SqliteCheckpointer(path) as store:
+        assert harness.rebuild_summary(store, RUN).differed == ["counters"]
+        with pytest.raises(BudgetExceeded):  # its true budget: the next repair is one too many
+            async for _ in agent.run("t", session=Session(RUN, gw, store)):
+                pass
+    assert gw.calls == 1
+
+
+# -- rebuilding a summary from its journal ------------------------------------------------------
+
+
+def test_a_summary_behind_or_edited_is_rebuilt_from_the_journal_and_nothing_else_changes(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _suspended(path)
+    with SqliteCheckpointer(path) as store:
+        good = store.checkpoint(RUN)
+        store.acquire(RUN, "someone")  # the epoch and holder must survive the rebuild
+    held = _state(path)[1]
+    for damage, differed in ((lambda d: d.update(last_seq=1), ["last_seq"]),
+                             (lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5), ["pending"]),
+                             (lambda d: d.update(status="completed", pending={}), ["pending", "status"])):
+        _edit_summary(path, damage)
+        events = _state(path)[0]
+        with SqliteCheckpointer(path) as store:
+            rebuilt = harness.rebuild_summary(store, RUN)
+            assert rebuilt.differed == differed
+            assert rebuilt.checkpoint.to_json() == {**good.to_json(), "epoch": good.epoch + 1}
+            assert verified(store, RUN)[0].pending[APPROVAL]["arguments"] == ARGS
+        state = _state(path)
+        assert state[0] == events  # not one event row written or changed
+        assert [r[:4] for r in state[1]] == [r[:4] for r in held]  # run, status, epoch, holder
+    with SqliteCheckpointer(path) as store:
+        assert harness.rebuild_summary(store, RUN).differed == []  # matches now: nothing is written
+        before = _state(path)
+        harness.rebuild_summary(store, RUN)
+        assert _state(path) == before
+        harness.approve(store, RUN, APPROVAL)  # and the run goes on
+        assert verified(store, RUN)[0].last_seq == 3
+
+
+def test_a_summary_ahead_of_its_journal_is_rebuilt_only_when_told_the_journal_is_complete(tmp_path: Path) -> None:
+    """Rows removed from the journal's end leave a summary that names an event the journal no
+    longer holds: rebuilding from what is left would hide the loss, unless a person says so."""
+    path = tmp_path / "j.db"
+    _suspended(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM cuaderno_events WHERE seq=2")
+    before = _state(path)
+    with SqliteCheckpointer(path) as store:
+        with pytest.raises(JournalCorrupt, match="rows may have been removed from its end; nothing was written"):
+            harness.rebuild_summary(store, RUN)
+        assert _state(path) == before
+        rebuilt = harness.rebuild_summary(store, RUN, trust_journal=True)
+        assert rebuilt.differed == ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]
+        assert rebuilt.checkpoint.last_seq == 1 and verified(store, RUN)[0].status == "running"
+
+
+def test_an_unreadable_summary_is_rebuilt_only_when_told_the_journal_is_complete(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _suspended(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE cuaderno_runs SET checkpoint=5 WHERE run_id=?", (RUN,))
+    before = _state(path)
+    with SqliteCheckpointer(path) as store:
+        with pytest.raises(JournalCorrupt, match="cannot be read .* whether rows were removed"):
+            harness.rebuild_summary(store, RUN)
+        assert _state(path) == before
+        assert harness.rebuild_summary(store, RUN, trust_journal=True).differed == ["the whole summary (unreadable)"]
+        assert verified(store, RUN)[0].pending[APPROVAL]["arguments"] == ARGS
+
+
+def test_a_journal_whose_rows_do_not_chain_is_never_summarised(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    _suspended(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE cuaderno_events SET name='refund' WHERE seq=2")
+    before = _state(path)
+    with SqliteCheckpointer(path) as store:
+        for trust in (False, True):
+            with pytest.raises(JournalCorrupt, match=r"journal row 2 .* was altered"):
+                harness.rebuild_summary(store, RUN, trust_journal=trust)
+    assert _state(path) == before
+
+
+def test_rebuild_summary_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    from cuaderno.errors import RunNotFound, UsageError
+
+    path = tmp_path / "j.db"
+    _suspended(path)
+    with SqliteCheckpointer(path) as store:
+        with pytest.raises(RunNotFound):
+            harness.rebuild_summary(store, "nope")
+        with pytest.raises(UsageError, match="trust_journal must be True or False"):
+            harness.rebuild_summary(store, RUN, trust_journal="yes")  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="store must be a Checkpointer"):
+            harness.rebuild_summary(None, RUN)  # type: ignore[arg-type]
+
+    class Plain:  # a custom Checkpointer that cannot rebuild a summary
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "rebuild_checkpoint":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+        def append(self, *a: Any, **k: Any) -> Any: ...
+        def load(self, run_id: str) -> Any: ...
+        def checkpoint(self, run_id: str) -> Any: ...
+        def list_runs(self, **k: Any) -> Any: ...
+        def acquire(self, *a: Any, **k: Any) -> Any: ...
+        def release(self, *a: Any) -> Any: ...
+        def close(self) -> Any: ...
+
+    with pytest.raises(UsageError, match="Plain cannot rebuild a run's summary"):
+        harness.rebuild_summary(Plain(None), RUN)
+
+
+def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cuaderno.cli import app
+
+    path = tmp_path / "j.db"
+    _suspended(path)
+    _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
+    shown = CliRunner().invoke(app, ["--db", str(path), "show", RUN])
+    assert shown.exit_code == 2 and "`cuaderno rebuild-summary RUN` rebuilds it from the journal" in shown.output
+    done = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"run {RUN}: summary rebuilt from its 2 journaled events (pending differed); " \
+        "status suspended"
+    again = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
+    assert again.exit_code == 0 and "its summary matches its journal (2 events); nothing was written" in again.output
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("DELETE FROM cuaderno_events WHERE seq=2")
+    refused = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
+    assert refused.exit_code == 2 and "--trust-journal" in refused.output
+    trusted = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN, "--trust-journal"])
+    assert trusted.exit_code == 0 and "status running" in trusted.output

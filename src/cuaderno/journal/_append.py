@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from cuaderno.checkpoint import OPEN_STATUSES, Checkpoint, project
+from cuaderno.checkpoint import OPEN_STATUSES, Checkpoint, differing, project, rebuild
 from cuaderno.errors import (
     ApprovalMismatch,
     FencedOut,
@@ -26,7 +26,7 @@ from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal.base import validate_event
 
-__all__ = ["RawRow", "check_chain", "decode_row", "plan_append"]
+__all__ = ["RawRow", "check_chain", "decode_row", "plan_append", "plan_repair"]
 
 
 def plan_append(
@@ -151,13 +151,22 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
         prev = ev.row_hash
         out.append(ev)
     if head is not None and prev != head:
-        raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed)")
+        behind = next((ev.seq for ev in out if ev.row_hash == head), None)
+        if behind is not None:  # an older summary (a restored copy of the runs table): no row is missing
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) ends at event {behind}, the journal "
+                                 f"holds {len(out)}; it was altered or damaged. {_REBUILD}")
+        raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed, "
+                             "or the summary altered)")
     if head_seq is not None and len(out) != head_seq:
         # The chain checks out but the summary counts other rows: the next append would number
         # its row after the summary's count and break the journal it was asked to extend.
         raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) says {head_seq} events, the journal "
-                             f"holds {len(out)}; it was altered or damaged")
+                             f"holds {len(out)}; it was altered or damaged. {_REBUILD}")
     return out
+
+
+_REBUILD = "`cuaderno rebuild-summary RUN` rebuilds it from the journal"
+
 
 
 def decode_row(row: RawRow) -> StepEvent:
@@ -174,3 +183,44 @@ def decode_row(row: RawRow) -> StepEvent:
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
     return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
                              rhash)
+
+
+def plan_repair(run_id: str, rows: Sequence[RawRow], stored: Checkpoint | None, unreadable: str | None, epoch: int,
+                trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+    """The summary to store for a run, rebuilt from its journal, and the fields in which the stored
+    one differs (none: there is nothing to write).
+
+    The journal is the record and the summary only its projection, so the summary is rebuilt from
+    the rows, never the other way round, and only from rows whose hash chain checks out. A stored
+    summary *behind* the journal (an older copy) is simply replaced. One *ahead* of it, naming an
+    event the journal does not hold, is also exactly what removing rows from the journal's end
+    looks like: rebuilding from what is left would hide that loss, so it is refused unless the
+    caller says the journal is complete (``trust_journal``), and so is a summary too damaged to say
+    where it ended.
+
+    Args:
+        rows: the run's stored rows in ``seq`` order.
+        stored: the stored summary, or ``None`` when it cannot be read (``unreadable`` says why).
+        epoch: the run's fencing epoch, kept as it is.
+
+    Raises:
+        JournalCorrupt: the rows do not chain (nothing can be rebuilt from them), or, without
+            ``trust_journal``, the stored summary names an event the journal does not hold or
+            cannot be read.
+    """
+    events = check_chain(run_id, rows, None)
+    if not trust_journal:
+        anyway = (f"; nothing was written. If the journal is complete, rebuild it from the {len(events)} events the "
+                  "journal holds with `cuaderno rebuild-summary RUN --trust-journal` (trust_journal=True)")
+        if stored is None:
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary cannot be read ({unreadable}), so whether rows "
+                                 f"were removed from the end of its journal cannot be told{anyway}")
+        # Its chain head, not its count, says where the summary ended: a count is easier to alter.
+        if not any(ev.row_hash == stored.last_hash for ev in events):
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at an event the journal ({len(events)} "
+                                 f"events) does not hold (row hash {stored.last_hash[:16]!r}): rows may have been "
+                                 f"removed from its end{anyway}")
+    rebuilt = rebuild(run_id, events, epoch=epoch)
+    if stored is None:
+        return rebuilt, ["the whole summary (unreadable)"]
+    return rebuilt, differing(stored, rebuilt)

@@ -10,7 +10,7 @@ from typing import Any
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, RunNotFound
 from cuaderno.events import StepEvent
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_repair
 
 __all__ = ["MemoryCheckpointer"]
 
@@ -57,6 +57,26 @@ class MemoryCheckpointer:
             rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
             head = Checkpoint.from_json(_loads(stored))
         return check_chain(run_id, rows, head.last_hash, head.last_seq)
+
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        """Rebuild the run's stored summary from its journal (see
+        :meth:`cuaderno.journal.sqlite.SqliteCheckpointer.rebuild_checkpoint`)."""
+        with self._lock:
+            text = self._checkpoints.get(run_id)
+            if text is None:
+                raise RunNotFound(run_id)
+            stored: Checkpoint | None = None
+            unreadable = None
+            try:
+                stored = Checkpoint.from_json(_loads(text))
+            except JournalCorrupt as exc:
+                unreadable = str(exc)
+            rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
+            epoch = stored.epoch if stored is not None else 0
+            cp, differ = plan_repair(run_id, rows, stored, unreadable, epoch, trust_journal)
+            if differ:
+                self._checkpoints[run_id] = cp.dumps()
+        return cp, differ
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         with self._lock:

@@ -51,7 +51,7 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_repair
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
@@ -399,6 +399,42 @@ class SqliteCheckpointer:
                     ev.payload  # noqa: B018 - small payloads: decode now so damage shows here, not later
             return events
 
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        """Rebuild the run's stored summary from its hash-chained journal, under the write lock
+        (no append lands between the read and the rewrite). The epoch and holder are kept.
+
+        Returns:
+            The summary as now stored, and the fields in which the old one differed (none: it
+            matched, and nothing was written).
+
+        Raises:
+            RunNotFound: no such run.
+            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_repair`; nothing was written.
+        """
+        if not _storable(run_id):
+            raise RunNotFound(run_id)
+        with self._reading(run_id), self._txn() as db:
+            self._schema_of(db)
+            row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            stored: Checkpoint | None = None
+            unreadable = None
+            try:
+                stored = Checkpoint.from_json(_loads(row[1]))
+                stored.epoch = int(row[0])  # the column is the epoch (a takeover writes only the column)
+            except JournalCorrupt as exc:
+                unreadable = str(exc)
+            rows: list[RawRow] = db.execute(
+                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+            rows.sort(key=lambda r: r[3])
+            cp, differ = plan_repair(run_id, rows, stored, unreadable, int(row[0]), trust_journal)
+            if differ:
+                db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
+                           (cp.status, cp.dumps(), run_id))
+            self._cache.pop(run_id, None)
+        return cp, differ
+
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         if not _storable(run_id):
             return None
@@ -584,5 +620,5 @@ def _loads(text: str) -> Any:
     """A stored checkpoint's JSON (:meth:`Checkpoint.from_json` checks its shape)."""
     try:
         return json.loads(text)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # TypeError: a value that is not text at all
         raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or damaged") from None

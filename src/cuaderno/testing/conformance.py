@@ -807,6 +807,28 @@ def check_decisions_checked_at_commit(factory: Factory) -> None:
         _assert_projection(store, run, "after refused decisions")
 
 
+def check_rebuild_checkpoint(factory: Factory) -> None:
+    """A store that offers ``rebuild_checkpoint`` (optional: ``cuaderno.rebuild_summary`` refuses a
+    store without it) returns a matching summary with no field differing and writes nothing, keeps
+    the epoch, and refuses an unknown run with RunNotFound."""
+    run = "rebuilt"
+    with _open(factory) as store:
+        rebuild_checkpoint = getattr(store, "rebuild_checkpoint", None)
+        if rebuild_checkpoint is None:
+            return
+        for batch in _mixed_batches(run):
+            store.append(batch)
+        epoch = store.acquire(run, "worker-2")
+        stored = _assert_projection(store, run, "before rebuild_checkpoint()")
+        before = _snapshot(store)
+        cp, differed = rebuild_checkpoint(run)
+        _eq(list(differed), [], "fields rebuild_checkpoint() found different in an untouched summary")
+        _eq(cp.to_json(), stored.to_json(), "rebuild_checkpoint() of an untouched summary")
+        _eq(cp.epoch, epoch, "the epoch after rebuild_checkpoint()")
+        _unchanged(store, before, "rebuild_checkpoint() of a summary that matches its journal")
+        _raises(RunNotFound, lambda: rebuild_checkpoint("no-such-run"), "rebuild_checkpoint() of an unknown run")
+
+
 # -- registry ------------------------------------------------------------------------------------------------------
 
 CASES: tuple[Case, ...] = (
@@ -830,6 +852,7 @@ CASES: tuple[Case, ...] = (
     Case("concurrent_appends", check_concurrent_appends),
     Case("compare_and_set", check_compare_and_set),
     Case("decisions_checked_at_commit", check_decisions_checked_at_commit),
+    Case("rebuild_checkpoint", check_rebuild_checkpoint),
 )
 """Every case, in a stable order. Names are test ids: renaming one is a visible change."""
 
