@@ -267,43 +267,40 @@ def test_a_summary_behind_or_edited_is_rebuilt_from_the_journal_and_nothing_else
         assert verified(store, RUN)[0].last_seq == 3
 
 
-def test_a_summary_ahead_of_its_journal_is_rebuilt_only_when_told_the_journal_is_complete(tmp_path: Path) -> None:
-    """Rows removed from the journal's end leave a summary that names an event the journal no
-    longer holds: rebuilding from what is left would hide the loss, unless a person says so."""
-    path = tmp_path / "j.db"
+def _damaged(path: Path, statement: str) -> tuple[Any, ...]:
+    """A suspended run damaged by one SQL statement; returns the state it leaves."""
     _suspended(path)
     with closing(sqlite3.connect(path)) as db, db:
-        db.execute("DELETE FROM cuaderno_events WHERE seq=2")
-    before = _state(path)
+        db.execute(statement)
+    return _state(path)
+
+
+@pytest.mark.parametrize(("damage", "refusal", "differed"), [
+    ("DELETE FROM cuaderno_events WHERE seq=2", "rows may have been removed from its end; nothing was written",
+     ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]),
+    ("UPDATE cuaderno_runs SET checkpoint=5", "cannot be read .* whether rows were removed",
+     ["the whole summary (unreadable)"]),
+], ids=["rows removed from the end", "unreadable"])
+def test_a_summary_that_may_hide_removed_rows_is_rebuilt_only_when_told_the_journal_is_complete(
+        tmp_path: Path, damage: str, refusal: str, differed: list[str]) -> None:
+    """Rows removed from the journal's end leave a summary that names an event the journal no
+    longer holds (and an unreadable one cannot say): rebuilding from what is left would hide the
+    loss, unless a person says the journal is complete."""
+    path = tmp_path / "j.db"
+    before = _damaged(path, damage)
     with SqliteCheckpointer(path) as store:
-        with pytest.raises(JournalCorrupt, match="rows may have been removed from its end; nothing was written"):
+        with pytest.raises(JournalCorrupt, match=refusal):
             harness.rebuild_summary(store, RUN)
         assert _state(path) == before
         rebuilt = harness.rebuild_summary(store, RUN, trust_journal=True)
-        assert rebuilt.differed == ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]
-        assert rebuilt.checkpoint.last_seq == 1 and verified(store, RUN)[0].status == "running"
-
-
-def test_an_unreadable_summary_is_rebuilt_only_when_told_the_journal_is_complete(tmp_path: Path) -> None:
-    path = tmp_path / "j.db"
-    _suspended(path)
-    with closing(sqlite3.connect(path)) as db, db:
-        db.execute("UPDATE cuaderno_runs SET checkpoint=5 WHERE run_id=?", (RUN,))
-    before = _state(path)
-    with SqliteCheckpointer(path) as store:
-        with pytest.raises(JournalCorrupt, match="cannot be read .* whether rows were removed"):
-            harness.rebuild_summary(store, RUN)
-        assert _state(path) == before
-        assert harness.rebuild_summary(store, RUN, trust_journal=True).differed == ["the whole summary (unreadable)"]
-        assert verified(store, RUN)[0].pending[APPROVAL]["arguments"] == ARGS
+        assert rebuilt.differed == differed
+        cp, events = verified(store, RUN)
+        assert cp.to_json() == rebuilt.checkpoint.to_json() and cp.last_seq == len(events) == len(before[0])
 
 
 def test_a_journal_whose_rows_do_not_chain_is_never_summarised(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
-    _suspended(path)
-    with closing(sqlite3.connect(path)) as db, db:
-        db.execute("UPDATE cuaderno_events SET name='refund' WHERE seq=2")
-    before = _state(path)
+    before = _damaged(path, "UPDATE cuaderno_events SET name='refund' WHERE seq=2")
     with SqliteCheckpointer(path) as store:
         for trust in (False, True):
             with pytest.raises(JournalCorrupt, match=r"journal row 2 .* was altered"):
