@@ -9,6 +9,7 @@ is a pure function of the journal, a checkpoint can always be rebuilt from the e
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -116,6 +117,20 @@ class Checkpoint:
             except UnicodeEncodeError:
                 return compact_ascii(self.to_json())
         return text
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Checkpoint:
+        """Read a stored summary (what :meth:`dumps` wrote).
+
+        Raises:
+            JournalCorrupt: it is not JSON, or not a summary (see :meth:`from_json`).
+        """
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as exc:  # TypeError: a stored value that is not text at all
+            raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or "
+                                 "damaged") from None
+        return cls.from_json(data)
 
     @classmethod
     def from_json(cls, data: Any) -> Checkpoint:

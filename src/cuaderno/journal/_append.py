@@ -26,7 +26,7 @@ from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal.base import validate_event
 
-__all__ = ["RawRow", "check_chain", "decode_row", "plan_append", "plan_repair"]
+__all__ = ["RawRow", "check_chain", "decode_row", "plan_append", "plan_rebuild"]
 
 
 def plan_append(
@@ -126,6 +126,9 @@ def _admit(cp: Checkpoint, ev: StepEvent) -> None:
             raise NotUncertain(f"run {cp.run_id!r}: step {ev.step_id!r} is not uncertain (any more)")
 
 
+_REBUILD = "`cuaderno rebuild-summary RUN` rebuilds it from the journal"
+"""The way forward a refusal names when only the summary is wrong (see :func:`plan_rebuild`)."""
+
 RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]
 """(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash)"""
 
@@ -165,10 +168,6 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
     return out
 
 
-_REBUILD = "`cuaderno rebuild-summary RUN` rebuilds it from the journal"
-
-
-
 def decode_row(row: RawRow) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use).
 
@@ -185,8 +184,8 @@ def decode_row(row: RawRow) -> StepEvent:
                              rhash)
 
 
-def plan_repair(run_id: str, rows: Sequence[RawRow], stored: Checkpoint | None, unreadable: str | None, epoch: int,
-                trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, epoch: int | None,
+                 trust_journal: bool) -> tuple[Checkpoint, list[str]]:
     """The summary to store for a run, rebuilt from its journal, and the fields in which the stored
     one differs (none: there is nothing to write).
 
@@ -200,14 +199,25 @@ def plan_repair(run_id: str, rows: Sequence[RawRow], stored: Checkpoint | None, 
 
     Args:
         rows: the run's stored rows in ``seq`` order.
-        stored: the stored summary, or ``None`` when it cannot be read (``unreadable`` says why).
-        epoch: the run's fencing epoch, kept as it is.
+        stored_text: the stored summary, as stored.
+        epoch: the run's fencing epoch where the backend keeps it beside the summary (``None``:
+            the summary's own); kept as it is.
 
     Raises:
         JournalCorrupt: the rows do not chain (nothing can be rebuilt from them), or, without
             ``trust_journal``, the stored summary names an event the journal does not hold or
             cannot be read.
     """
+    stored: Checkpoint | None = None
+    try:
+        stored = Checkpoint.loads(stored_text)
+        unreadable = ""
+    except JournalCorrupt as exc:
+        unreadable = str(exc)
+    if epoch is None:
+        epoch = stored.epoch if stored is not None else 0
+    elif stored is not None:
+        stored.epoch = epoch
     events = check_chain(run_id, rows, None)
     if not trust_journal:
         anyway = (f"; nothing was written. If the journal is complete, rebuild it from the {len(events)} events the "

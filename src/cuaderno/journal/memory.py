@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalCorrupt, RunNotFound
+from cuaderno.errors import RunNotFound
 from cuaderno.events import StepEvent
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_repair
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 
 __all__ = ["MemoryCheckpointer"]
 
@@ -30,7 +28,7 @@ class MemoryCheckpointer:
         run_id = events[0].run_id
         with self._lock:
             stored = self._checkpoints.get(run_id)
-            cp = Checkpoint.from_json(_loads(stored)) if stored else Checkpoint(run_id=run_id)
+            cp = Checkpoint.loads(stored) if stored else Checkpoint(run_id=run_id)
             rows = self._rows.get(run_id, {})
 
             def existing(ev: StepEvent) -> StepEvent | None:
@@ -55,7 +53,7 @@ class MemoryCheckpointer:
             if stored is None:
                 raise RunNotFound(run_id)
             rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
-            head = Checkpoint.from_json(_loads(stored))
+            head = Checkpoint.loads(stored)
         return check_chain(run_id, rows, head.last_hash, head.last_seq)
 
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
@@ -65,15 +63,8 @@ class MemoryCheckpointer:
             text = self._checkpoints.get(run_id)
             if text is None:
                 raise RunNotFound(run_id)
-            stored: Checkpoint | None = None
-            unreadable = None
-            try:
-                stored = Checkpoint.from_json(_loads(text))
-            except JournalCorrupt as exc:
-                unreadable = str(exc)
             rows = sorted(self._rows.get(run_id, {}).values(), key=lambda r: r[3])
-            epoch = stored.epoch if stored is not None else 0
-            cp, differ = plan_repair(run_id, rows, stored, unreadable, epoch, trust_journal)
+            cp, differ = plan_rebuild(run_id, rows, text, None, trust_journal)
             if differ:
                 self._checkpoints[run_id] = cp.dumps()
         return cp, differ
@@ -81,11 +72,11 @@ class MemoryCheckpointer:
     def checkpoint(self, run_id: str) -> Checkpoint | None:
         with self._lock:
             stored = self._checkpoints.get(run_id)
-        return Checkpoint.from_json(_loads(stored)) if stored else None
+        return Checkpoint.loads(stored) if stored else None
 
     def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
         with self._lock:
-            cps = [Checkpoint.from_json(_loads(s)) for s in self._checkpoints.values()]
+            cps = [Checkpoint.loads(s) for s in self._checkpoints.values()]
         cps = [c for c in cps if status is None or c.status == status]
         return cps[::-1][:max(int(limit), 0)]
 
@@ -95,7 +86,7 @@ class MemoryCheckpointer:
             stored = self._checkpoints.get(run_id)
             if stored is None:
                 raise RunNotFound(run_id)
-            cp = Checkpoint.from_json(_loads(stored))
+            cp = Checkpoint.loads(stored)
             cp.epoch += 1
             self._checkpoints[run_id] = cp.dumps()
             return cp.epoch
@@ -106,10 +97,3 @@ class MemoryCheckpointer:
     def close(self) -> None:
         pass
 
-
-def _loads(s: str) -> Any:
-    """A stored checkpoint's JSON (:meth:`Checkpoint.from_json` checks its shape)."""
-    try:
-        return json.loads(s)
-    except ValueError as exc:
-        raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or damaged") from None

@@ -38,20 +38,19 @@ pages: 1.63x either way.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_repair
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal.base import SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
@@ -368,7 +367,7 @@ class SqliteCheckpointer:
         row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
         if row is None:
             return Checkpoint(run_id=run_id)
-        cp = Checkpoint.from_json(_loads(row[1]))
+        cp = Checkpoint.loads(row[1])
         cp.epoch = row[0]
         return cp
 
@@ -392,7 +391,7 @@ class SqliteCheckpointer:
             if head is None:
                 raise RunNotFound(run_id)
             rows.sort(key=lambda r: r[3])
-            summary = Checkpoint.from_json(_loads(head[0]))
+            summary = Checkpoint.loads(head[0])
             events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
             for ev in events:
                 if ev.kind != "model" and ev.kind != "tool":
@@ -409,7 +408,7 @@ class SqliteCheckpointer:
 
         Raises:
             RunNotFound: no such run.
-            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_repair`; nothing was written.
+            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
         """
         if not _storable(run_id):
             raise RunNotFound(run_id)
@@ -418,17 +417,11 @@ class SqliteCheckpointer:
             row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
-            stored: Checkpoint | None = None
-            unreadable = None
-            try:
-                stored = Checkpoint.from_json(_loads(row[1]))
-                stored.epoch = int(row[0])  # the column is the epoch (a takeover writes only the column)
-            except JournalCorrupt as exc:
-                unreadable = str(exc)
             rows: list[RawRow] = db.execute(
                 f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
             rows.sort(key=lambda r: r[3])
-            cp, differ = plan_repair(run_id, rows, stored, unreadable, int(row[0]), trust_journal)
+            # The epoch column is the run's epoch: a takeover writes only the column.
+            cp, differ = plan_rebuild(run_id, rows, row[1], int(row[0]), trust_journal)
             if differ:
                 db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
                            (cp.status, cp.dumps(), run_id))
@@ -445,7 +438,7 @@ class SqliteCheckpointer:
                                        (run_id,)).fetchone()
             if row is None:
                 return None
-            cp = Checkpoint.from_json(_loads(row[1]))
+            cp = Checkpoint.loads(row[1])
             cp.epoch = int(row[0])
             return cp
 
@@ -463,7 +456,7 @@ class SqliteCheckpointer:
                     "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
             out = []
             for epoch, text in rows:
-                cp = Checkpoint.from_json(_loads(text))
+                cp = Checkpoint.loads(text)
                 cp.epoch = int(epoch)
                 out.append(cp)
             return out
@@ -615,10 +608,3 @@ def _schema_version(value: object) -> int:
                              "changed")
     return version
 
-
-def _loads(text: str) -> Any:
-    """A stored checkpoint's JSON (:meth:`Checkpoint.from_json` checks its shape)."""
-    try:
-        return json.loads(text)
-    except (ValueError, TypeError) as exc:  # TypeError: a value that is not text at all
-        raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or damaged") from None
