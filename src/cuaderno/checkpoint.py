@@ -130,6 +130,9 @@ class Checkpoint:
         except (ValueError, TypeError) as exc:  # TypeError: a stored value that is not text at all
             raise JournalCorrupt(f"a run's stored summary (checkpoint) is not JSON ({exc}); it was altered or "
                                  "damaged") from None
+        except RecursionError:  # the parser recurses once per level; no summary nests that deep
+            raise JournalCorrupt("a run's stored summary (checkpoint) is nested too deeply to be one; it was "
+                                 "altered or damaged") from None
         return cls.from_json(data)
 
     @classmethod
@@ -259,8 +262,9 @@ def verified(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEve
         differ = differing(stored, rebuild(run_id, events, epoch=stored.epoch))
         if differ:
             raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) does not match its journal "
-                                 f"({', '.join(differ)} differ); it was altered or damaged, nothing was written. "
-                                 "`cuaderno rebuild-summary RUN` rebuilds it from the journal")
+                                 f"({', '.join(differ)} differ): it was altered or damaged, or written by a cuaderno "
+                                 "that summarised runs differently; nothing was written. `cuaderno rebuild-summary "
+                                 "RUN` rebuilds it from the journal")
         return stored, events
     raise JournalError(f"run {run_id!r} kept changing while it was read; nothing was written, try again")
 

@@ -47,8 +47,9 @@ def _edit_summary(path: Path, change: Callable[[dict[str, Any]], object]) -> Non
 
 
 def _state(path: Path) -> tuple[Any, ...]:
-    """Every row of both tables (the lease columns included)."""
+    """Every row of both tables (the lease columns included), text as bytes (it may not be UTF-8)."""
     with closing(sqlite3.connect(path)) as db:
+        db.text_factory = bytes
         return (db.execute("SELECT * FROM cuaderno_events ORDER BY rowid").fetchall(),
                 db.execute("SELECT * FROM cuaderno_runs").fetchall(),
                 db.execute("SELECT * FROM cuaderno_meta").fetchall())
@@ -267,20 +268,35 @@ def test_a_summary_behind_or_edited_is_rebuilt_from_the_journal_and_nothing_else
         assert verified(store, RUN)[0].last_seq == 3
 
 
-def _damaged(path: Path, statement: str) -> tuple[Any, ...]:
-    """A suspended run damaged by one SQL statement; returns the state it leaves."""
+def _damaged(path: Path, statements: str) -> tuple[Any, ...]:
+    """A suspended run damaged by SQL statements; returns the state it leaves."""
     _suspended(path)
     with closing(sqlite3.connect(path)) as db, db:
-        db.execute(statement)
+        db.executescript(statements)
     return _state(path)
 
 
+_REMOVED = "rows may have been removed from its end; nothing was written"
+_UNREADABLE = "cannot be read .* whether rows were removed"
+
+
 @pytest.mark.parametrize(("damage", "refusal", "differed"), [
-    ("DELETE FROM cuaderno_events WHERE seq=2", "rows may have been removed from its end; nothing was written",
-     ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]),
-    ("UPDATE cuaderno_runs SET checkpoint=5", "cannot be read .* whether rows were removed",
+    ("DELETE FROM cuaderno_events WHERE seq=2", _REMOVED,
+     ["counters", "last_hash", "last_seq", "next_step", "pending", "status", "status column"]),
+    # The head edited to name the row that is left, its count not: the count says rows are gone.
+    ("DELETE FROM cuaderno_events WHERE seq=2; UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, "
+     "'$.last_hash', (SELECT row_hash FROM cuaderno_events WHERE seq=1))", _REMOVED,
+     ["counters", "last_seq", "next_step", "pending", "status", "status column"]),
+    # Ending at row 1 of 2 with what only row 2 explains: not an older summary of this journal.
+    ("UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, '$.last_seq', 1, '$.last_hash', "
+     "(SELECT row_hash FROM cuaderno_events WHERE seq=1))", "ends at event 1 of 2 but is not the summary of those 1",
+     ["last_hash", "last_seq"]),
+    ("UPDATE cuaderno_runs SET checkpoint=5", _UNREADABLE, ["the whole summary (unreadable)"]),
+    ("UPDATE cuaderno_runs SET checkpoint=CAST(x'7bff7d' AS TEXT)", _UNREADABLE, ["the whole summary (unreadable)"]),
+    ("UPDATE cuaderno_runs SET checkpoint=replace(hex(zeroblob(50000)), '00', '[')", _UNREADABLE,
      ["the whole summary (unreadable)"]),
-], ids=["rows removed from the end", "unreadable"])
+], ids=["rows removed from the end", "head moved to the rows left", "ends early with later facts", "not JSON",
+        "not UTF-8", "nested 50,000 deep"])
 def test_a_summary_that_may_hide_removed_rows_is_rebuilt_only_when_told_the_journal_is_complete(
         tmp_path: Path, damage: str, refusal: str, differed: list[str]) -> None:
     """Rows removed from the journal's end leave a summary that names an event the journal no
@@ -296,6 +312,71 @@ def test_a_summary_that_may_hide_removed_rows_is_rebuilt_only_when_told_the_jour
         assert rebuilt.differed == differed
         cp, events = verified(store, RUN)
         assert cp.to_json() == rebuilt.checkpoint.to_json() and cp.last_seq == len(events) == len(before[0])
+
+
+def test_an_older_summary_of_the_same_journal_is_replaced_without_being_told(tmp_path: Path) -> None:
+    """A copy of the runs table restored from before the last event (a backup): its head is a row
+    the journal holds, and it is exactly the summary of the rows up to there."""
+    path = tmp_path / "j.db"
+    with SqliteCheckpointer(path) as store:
+        store.append([StepEvent(run_id=RUN, step_id="run", phase="start", kind="run", fingerprint="f",
+                                payload={"task": "t", "versions": {}})])
+    with closing(sqlite3.connect(path)) as db:
+        older = db.execute("SELECT checkpoint FROM cuaderno_runs").fetchone()[0]
+    path.unlink()
+    _suspended(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE cuaderno_runs SET checkpoint=?", (older,))
+    with SqliteCheckpointer(path) as store:
+        with pytest.raises(JournalCorrupt, match="ends at event 1, the journal holds 2.*rebuild-summary"):
+            store.load(RUN)
+        rebuilt = harness.rebuild_summary(store, RUN)
+        assert rebuilt.differed == ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]
+        assert verified(store, RUN)[0].status == "suspended"
+
+
+@pytest.mark.parametrize(("damage", "refusal"), [
+    ("UPDATE cuaderno_runs SET epoch=-5", "its epoch is -5, not a count"),
+    ("UPDATE cuaderno_runs SET epoch='two'", "its epoch is 'two', not a count"),
+    ("DELETE FROM cuaderno_runs", "has 2 journaled events but no summary row"),
+], ids=["negative epoch", "text epoch", "summary row deleted"])
+def test_a_damaged_run_record_is_refused_not_rebuilt(tmp_path: Path, damage: str, refusal: str) -> None:
+    """What the summary row holds besides the summary (the fencing epoch) cannot be rebuilt from
+    the events: a typed refusal, never a rebuild the store's own reader would then refuse."""
+    path = tmp_path / "j.db"
+    before = _damaged(path, damage)
+    with SqliteCheckpointer(path) as store:
+        for trust in (False, True):
+            with pytest.raises(JournalCorrupt, match=refusal):
+                harness.rebuild_summary(store, RUN, trust_journal=trust)
+        if "epoch" in damage:  # before, approve wrote its decision with the epoch copied into the summary
+            with pytest.raises(JournalCorrupt, match=refusal):
+                harness.approve(store, RUN, APPROVAL)
+            with pytest.raises(JournalCorrupt, match=refusal):
+                store.append([StepEvent(run_id=RUN, step_id="x", phase="request", kind="cancel", payload={})])
+    assert _state(path) == before
+
+
+def test_a_wrong_status_column_is_rebuilt_too(tmp_path: Path) -> None:
+    """The status column is the copy ``list --status`` filters on."""
+    path = tmp_path / "j.db"
+    _damaged(path, "UPDATE cuaderno_runs SET status='completed'")
+    with SqliteCheckpointer(path) as store:
+        assert [cp.run_id for cp in store.list_runs(status="suspended")] == []
+        assert harness.rebuild_summary(store, RUN).differed == ["status column"]
+        assert [cp.run_id for cp in store.list_runs(status="suspended")] == [RUN]
+
+
+async def test_an_epoch_a_takeover_cannot_follow_is_refused_before_the_takeover(tmp_path: Path) -> None:
+    """Before, the next epoch overflowed SQLite's integers: an OverflowError traceback."""
+    path = tmp_path / "j.db"
+    before = _damaged(path, "UPDATE cuaderno_runs SET epoch=9223372036854775807")  # 2**63 - 1
+    with SqliteCheckpointer(path) as store:
+        with pytest.raises(JournalCorrupt, match="not one a takeover can follow"):
+            store.acquire(RUN, "me")
+        with pytest.raises(JournalCorrupt, match="not one a takeover can follow"):
+            cancel(store, RUN, "stop")
+    assert _state(path) == before
 
 
 def test_a_journal_whose_rows_do_not_chain_is_never_summarised(tmp_path: Path) -> None:

@@ -225,11 +225,19 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
         if stored is None:
             raise JournalCorrupt(f"run {run_id!r}: its stored summary cannot be read ({unreadable}), so whether rows "
                                  f"were removed from the end of its journal cannot be told{anyway}")
-        # Its chain head, not its count, says where the summary ended: a count is easier to alter.
-        if not any(ev.row_hash == stored.last_hash for ev in events):
-            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at an event the journal ({len(events)} "
-                                 f"events) does not hold (row hash {stored.last_hash[:16]!r}): rows may have been "
-                                 f"removed from its end{anyway}")
+        # Its chain head says where the summary ended. It must be a row the journal holds, with the
+        # count the summary gives it, and a summary that ended before the journal's last row must
+        # be exactly an older summary of it. Otherwise it may name rows that are gone. (Rows
+        # removed *and* the summary's head edited to a kept row, consistently, cannot be told
+        # from a summary damaged at the journal's end: the chain is a check, not a signature.)
+        ended = next((ev.seq for ev in events if ev.row_hash == stored.last_hash), None)
+        if ended is None or stored.last_seq > ended:
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {stored.last_seq}, which the "
+                                 f"journal ({len(events)} events) does not hold as recorded (row hash "
+                                 f"{stored.last_hash[:16]!r}): rows may have been removed from its end{anyway}")
+        if ended < len(events) and differing(stored, rebuild(run_id, events[:ended], epoch=epoch)):
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {ended} of {len(events)} but is "
+                                 f"not the summary of those {ended} events: it may count rows that are gone{anyway}")
     rebuilt = rebuild(run_id, events, epoch=epoch)
     if stored is None:
         return rebuilt, ["the whole summary (unreadable)"]

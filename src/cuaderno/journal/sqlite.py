@@ -368,7 +368,7 @@ class SqliteCheckpointer:
         if row is None:
             return Checkpoint(run_id=run_id)
         cp = Checkpoint.loads(row[1])
-        cp.epoch = row[0]
+        cp.epoch = _epoch(run_id, row[0])
         return cp
 
     def load(self, run_id: str) -> list[StepEvent]:
@@ -414,14 +414,28 @@ class SqliteCheckpointer:
             raise RunNotFound(run_id)
         with self._reading(run_id), self._txn() as db:
             self._schema_of(db)
-            row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            try:
+                # As bytes: a summary that is not even UTF-8 is one more unreadable summary.
+                row = db.execute("SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
+                                 (run_id,)).fetchone()
+                rows: list[RawRow] = db.execute(
+                    f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc):  # the driver's "Could not decode to UTF-8 column ..."
+                    raise
+                raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: a row is unreadable ({exc}); nothing "
+                                     "was written") from exc
             if row is None:
+                if rows:
+                    raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
+                                         "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
+                                         "written")
                 raise RunNotFound(run_id)
-            rows: list[RawRow] = db.execute(
-                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
             rows.sort(key=lambda r: r[3])
             # The epoch column is the run's epoch: a takeover writes only the column.
-            cp, differ = plan_rebuild(run_id, rows, row[1], int(row[0]), trust_journal)
+            cp, differ = plan_rebuild(run_id, rows, row[1], _epoch(run_id, row[0]), trust_journal)
+            if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
+                differ = [*differ, "status column"]
             if differ:
                 db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
                            (cp.status, cp.dumps(), run_id))
@@ -439,7 +453,7 @@ class SqliteCheckpointer:
             if row is None:
                 return None
             cp = Checkpoint.loads(row[1])
-            cp.epoch = int(row[0])
+            cp.epoch = _epoch(run_id, row[0])
             return cp
 
     def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
@@ -457,7 +471,7 @@ class SqliteCheckpointer:
             out = []
             for epoch, text in rows:
                 cp = Checkpoint.loads(text)
-                cp.epoch = int(epoch)
+                cp.epoch = _epoch(cp.run_id, epoch)
                 out.append(cp)
             return out
 
@@ -487,7 +501,10 @@ class SqliteCheckpointer:
             if not _lease.take(self.path, run_id, holder) and not force:
                 who = _lease.describe(holder) if holder is not None else "another process"
                 raise RunBusy(run_id, f"{who}, which is still alive")
-            epoch = int(row[0]) + 1
+            epoch = _epoch(run_id, row[0]) + 1
+            if epoch >= 2**63:  # SQLite integers have 64 bits
+                raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
+                                     "run's fencing record is damaged, nothing was written")
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
                        (epoch, _lease.claim(owner), run_id))
             self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
@@ -608,3 +625,16 @@ def _schema_version(value: object) -> int:
                              "changed")
     return version
 
+
+
+def _epoch(run_id: str, value: object) -> int:
+    """A run's epoch column, checked: every write folds it into the summary, and a reader refuses a
+    summary whose epoch is not a count, so a damaged one must stop here, before anything is written.
+
+    Raises:
+        JournalCorrupt: not a non-negative integer.
+    """
+    if type(value) is not int or value < 0:
+        raise JournalCorrupt(f"run {run_id!r}: its epoch is {value!r:.40}, not a count; the run's fencing record is "
+                             "damaged, nothing was written")
+    return value
