@@ -445,3 +445,30 @@ def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> No
     assert refused.exit_code == 2 and "--trust-journal" in refused.output
     trusted = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN, "--trust-journal"])
     assert trusted.exit_code == 0 and "status running" in trusted.output
+
+
+@pytest.mark.parametrize("point", ["rebuild.B1", "rebuild.B2"])
+def test_a_rebuild_killed_leaves_the_old_summary_or_the_new_one(tmp_path: Path, point: str) -> None:
+    """SIGKILLed inside its transaction, a rebuild leaves the damaged summary as it was (and can be
+    run again); after its commit, the rebuilt one. Never half of one, and never an event."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "j.db"
+    before = _damaged(path, "UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, '$.counters.tool_calls', 7)")
+    code = ("from cuaderno import SqliteCheckpointer, rebuild_summary\n"
+            f"rebuild_summary(SqliteCheckpointer({str(path)!r}), {RUN!r})\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CUADERNO_CRASH_AT": f"{point}:1"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    with SqliteCheckpointer(path) as store:
+        if point == "rebuild.B1":
+            assert _state(path)[:2] == before[:2]  # every event and the summary row as they were
+            with pytest.raises(JournalCorrupt, match=r"\(counters differ\)"):
+                verified(store, RUN)
+            assert harness.rebuild_summary(store, RUN).differed == ["counters"]
+        else:
+            assert _state(path)[0] == before[0]
+        assert verified(store, RUN)[0].count("tool_calls") == 0

@@ -440,6 +440,8 @@ class SqliteCheckpointer:
                 db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
                            (cp.status, cp.dumps(), run_id))
             self._cache.pop(run_id, None)
+            crash.point("rebuild.B1")  # the summary rewritten, before COMMIT
+        crash.point("rebuild.B2")  # after the commit
         return cp, differ
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:

@@ -24,6 +24,8 @@ the process: a sweep over ``n`` kills around every journal write a story makes.
 
 Opening a SQLite journal for writing passes ``open.M1`` inside the transaction that creates or
 migrates its tables and records its compression setting (before COMMIT) and ``open.M2`` after it.
+Rebuilding a run's summary (``rebuild_checkpoint``) passes ``rebuild.B1`` inside its transaction,
+the summary rewritten, and ``rebuild.B2`` after the commit.
 
 When the variable is unset every call is one global read and a branch, so the points stay in
 production code at no measurable cost.
