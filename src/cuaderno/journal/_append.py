@@ -154,7 +154,7 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
         prev = ev.row_hash
         out.append(ev)
     if head is not None and prev != head:
-        behind = next((ev.seq for ev in out if ev.row_hash == head), None)
+        behind = _seq_of(out, head)
         if behind is not None:  # an older summary (a restored copy of the runs table): no row is missing
             raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) ends at event {behind}, the journal "
                                  f"holds {len(out)}; it was altered or damaged. {_REBUILD}")
@@ -166,6 +166,11 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
         raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) says {head_seq} events, the journal "
                              f"holds {len(out)}; it was altered or damaged. {_REBUILD}")
     return out
+
+
+def _seq_of(events: Sequence[StepEvent], row_hash: str) -> int | None:
+    """The seq of the event whose row hash is ``row_hash`` (where a summary's head sits), or ``None``."""
+    return next((ev.seq for ev in events if ev.row_hash == row_hash), None)
 
 
 def decode_row(row: RawRow) -> StepEvent:
@@ -230,7 +235,7 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
         # be exactly an older summary of it. Otherwise it may name rows that are gone. (Rows
         # removed *and* the summary's head edited to a kept row, consistently, cannot be told
         # from a summary damaged at the journal's end: the chain is a check, not a signature.)
-        ended = next((ev.seq for ev in events if ev.row_hash == stored.last_hash), None)
+        ended = _seq_of(events, stored.last_hash)
         if ended is None or stored.last_seq > ended:
             raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {stored.last_seq}, which the "
                                  f"journal ({len(events)} events) does not hold as recorded (row hash "

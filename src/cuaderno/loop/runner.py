@@ -97,7 +97,7 @@ class Runner(ModelSteps, ToolSteps):
             if closed is not None:
                 return closed
             if cp.versions != versions and cp.cancel_requested is None:
-                self._version_choice(cp, versions)
+                self._version_choice(cp, versions, events)
         crash.point("recovery.R2")
         # Once the run is taken over, anything a previous owner tries to commit is refused. What
         # was committed before the takeover must all be in the events replayed: read once more,
@@ -153,7 +153,8 @@ class Runner(ModelSteps, ToolSteps):
                     raise UncertainEffect(self.run_id, step_id, evidence)
         return None
 
-    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any]) -> None:
+    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any], events: list[StepEvent]) -> None:
+        """Apply ``on_version_mismatch``; ``events`` is the journal ``cp`` was checked against."""
         choice = self.s.on_version_mismatch
         if choice == "resume":
             return
@@ -164,7 +165,6 @@ class Runner(ModelSteps, ToolSteps):
                    by=self.s.owner)
             return  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
-            events = self.store.load(self.run_id)
             for started in in_flight(events):
                 problem = self._refuses(started["tool"], call_arguments(events, started["step_id"]))
                 if problem is not None:
