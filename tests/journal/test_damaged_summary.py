@@ -9,18 +9,24 @@ summary that disagrees with the journal must never number a new row or bind a de
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
-from cuaderno import harness
+from cuaderno import Agent, BudgetExceeded, Budgets, Policy, ScriptedGateway, Session, harness, tool
 from cuaderno.cancellation import cancel
 from cuaderno.checkpoint import verified
-from cuaderno.errors import JournalCorrupt
+from cuaderno.cli import app
+from cuaderno.errors import JournalCorrupt, RunNotFound, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import SqliteCheckpointer
 
@@ -167,10 +173,6 @@ def test_an_uncertain_step_whose_summary_was_edited_is_not_settled_from_it(tmp_p
 
 
 def test_show_refuses_a_summary_that_does_not_match_its_journal(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from cuaderno.cli import app
-
     path = tmp_path / "j.db"
     _suspended(path)
     _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
@@ -182,8 +184,6 @@ def test_show_refuses_a_summary_that_does_not_match_its_journal(tmp_path: Path) 
 
 async def test_a_closed_run_answers_from_its_journal_not_from_an_edited_summary(tmp_path: Path) -> None:
     """Before, asking a completed run again returned whatever answer its summary held."""
-    from cuaderno import Agent, ScriptedGateway, Session
-
     path = tmp_path / "j.db"
     agent = Agent(instructions="i")
     with SqliteCheckpointer(path) as store:
@@ -204,8 +204,6 @@ async def test_a_live_run_whose_summary_forgets_the_budget_it_spent_is_refused_b
     """A resumed run charges the budgets already spent from its summary. Before, an edited summary
     (one repair instead of two) gave the run its bound back; now the summary must be the
     journal's projection, checked before the run is taken over."""
-    from cuaderno import Agent, BudgetExceeded, Budgets, Policy, ScriptedGateway, Session, tool
-
     @tool
     def transfer(to: str, amount: int) -> str:
         """Move money."""
@@ -390,8 +388,6 @@ def test_a_journal_whose_rows_do_not_chain_is_never_summarised(tmp_path: Path) -
 
 
 def test_rebuild_summary_refuses_what_it_cannot_do(tmp_path: Path) -> None:
-    from cuaderno.errors import RunNotFound, UsageError
-
     path = tmp_path / "j.db"
     _suspended(path)
     with SqliteCheckpointer(path) as store:
@@ -424,10 +420,6 @@ def test_rebuild_summary_refuses_what_it_cannot_do(tmp_path: Path) -> None:
 
 
 def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from cuaderno.cli import app
-
     path = tmp_path / "j.db"
     _suspended(path)
     _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
@@ -451,11 +443,6 @@ def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> No
 def test_a_rebuild_killed_leaves_the_old_summary_or_the_new_one(tmp_path: Path, point: str) -> None:
     """SIGKILLed inside its transaction, a rebuild leaves the damaged summary as it was (and can be
     run again); after its commit, the rebuilt one. Never half of one, and never an event."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     path = tmp_path / "j.db"
     before = _damaged(path, "UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, '$.counters.tool_calls', 7)")
     code = ("from cuaderno import SqliteCheckpointer, rebuild_summary\n"
