@@ -1,31 +1,43 @@
 # Every target creates .venv/ and installs what it needs, so each works on a fresh machine.
+# pyproject.toml declares compatible ranges; requirements.lock pins the versions tests run with
+# (`make lock` regenerates it); `make test-newest` runs the tests on the newest versions the ranges admit.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+LOCK := requirements.lock
+EXTRAS := openai,anthropic,postgres,temporal,dev
+HASH := $(shell cat pyproject.toml $(LOCK) | sha256sum | cut -c1-12)
+CORE := $(VENV)/.core-$(HASH)
+STAMP := $(VENV)/.installed-$(HASH)
+NEWEST := .venv-newest
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: demo demo-local test lint typecheck unit bench install install-local clean
+.PHONY: demo demo-local test test-newest lint typecheck unit bench install install-local lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[openai,anthropic,postgres,temporal,dev]'
-	touch $(STAMP)
+# The demo needs only cuaderno's own runtime dependencies: no SDK, no dev tools.
+$(CORE): $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/pip install -q -c $(LOCK) -e .
+	touch $@
+
+$(STAMP): $(BIN)/python pyproject.toml $(LOCK)
+	$(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS)]'
+	touch $@
 
 install: $(STAMP)
 
 # The local model server (llama.cpp built for these CPUs: a native build crashes on the first
 # decode) is a separate, slower install; pip caches the built wheel for the next time.
-$(VENV)/.installed-local: $(STAMP)
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[openai,anthropic,postgres,temporal,dev,local]'
+$(VENV)/.local-$(HASH): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -c $(LOCK) -e '.[$(EXTRAS),local]'
 	touch $@
 
-install-local: $(VENV)/.installed-local
+install-local: $(VENV)/.local-$(HASH)
 
-demo: install
+demo: $(CORE)
 	$(BIN)/python examples/propiedades/02_durabilidad.py
 
 demo-local: install-local
@@ -41,9 +53,22 @@ unit: install
 test: lint install-local
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
+# The tests again in a fresh venv with the newest versions pyproject's ranges admit (no lock):
+# what an application that installs cuaderno beside its own packages gets today.
+test-newest:
+	rm -rf $(NEWEST)
+	$(PY) -m venv $(NEWEST)
+	$(NEWEST)/bin/pip install -q --upgrade pip
+	$(NEWEST)/bin/pip install -q --upgrade -e '.[$(EXTRAS)]'
+	$(NEWEST)/bin/pip list --format=freeze | grep -iE '^(pydantic|typer|rich|opentelemetry-api|zstandard|rfc8785|openai|anthropic|psycopg|temporalio)=='
+	$(NEWEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not local_model" -p no:cacheprovider
+
+lock: $(BIN)/python
+	$(BIN)/python scripts/lock.py '$(EXTRAS),local' > $(LOCK).new && mv $(LOCK).new $(LOCK)
+
 bench: install
 	$(BIN)/python benchmarks/bench_journal.py
 	$(BIN)/python benchmarks/bench_step_parts.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(NEWEST) .pytest_cache .mypy_cache .ruff_cache
