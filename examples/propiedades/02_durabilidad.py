@@ -34,13 +34,13 @@ def build(workdir: Path) -> tuple[Agent, ScriptedGateway]:
     def read_file(path: str) -> str:
         """Read a file (here: a fake file system that keeps a receipt of every read)."""
         append_receipt(workdir / "tool_calls.jsonl", {"tool": "read_file", "path": path})
-        return f"contenido de {path}: 42"
+        return f"contents of {path}: 42"
 
     gateway = ScriptedGateway(
-        [ScriptedGateway.call("read_file", path="/x"), ScriptedGateway.text("En /x pone 42.")],
+        [ScriptedGateway.call("read_file", path="/x"), ScriptedGateway.text("/x says 42.")],
         billing_log=workdir / "billing.jsonl",
     )
-    agent = Agent(instructions="Responde en una frase.", tools=[read_file])
+    agent = Agent(instructions="Answer in one sentence.", tools=[read_file])
     return agent, gateway
 
 
@@ -48,11 +48,11 @@ async def child(workdir: Path) -> None:
     print(f"pid={os.getpid()}", flush=True)
     agent, gateway = build(workdir)
     store = SqliteCheckpointer(workdir / "runs.db")
-    async for step in agent.run("lee /x", session=Session(RUN_ID, gateway, store)):
-        label = "(ya cerrado) " if isinstance(step, FinalStep) and step.replayed else ""
+    async for step in agent.run("read /x", session=Session(RUN_ID, gateway, store)):
+        label = "(already closed) " if isinstance(step, FinalStep) and step.replayed else ""
         print(f"  {label}{type(step).__name__} {getattr(step, 'step_id', '')}", flush=True)
         if isinstance(step, FinalStep):
-            print(f"  respuesta: {step.output}", flush=True)
+            print(f"  answer: {step.output}", flush=True)
     store.close()
 
 
@@ -67,15 +67,22 @@ def main() -> int:
         cp = store.checkpoint(RUN_ID)
         store.close()
 
-    print("cuaderno: durabilidad (seed 000). Counts come from the provider's billing log and the tool's receipts.\n")
-    notes = ["<- el proceso muere aquí", "<- solo ocurre lo que no llegó a ocurrir", "<- un run cerrado no se reabre"]
-    rows = []
+    print("cuaderno: durability (seed 000). Counts come from the provider's billing log and the tool's receipts.\n")
+    notes = ["<- the process dies here", "<- only what had not happened yet happens", "<- a closed run is not reopened"]
+    seed_notes = ["<- el proceso muere aquí", "<- solo ocurre lo que no llegó a ocurrir", "<- un run cerrado no se reabre"]
+    rows, cells = [], []
     for i, (proc, note) in enumerate(zip(passes, notes, strict=True), start=1):
         pid = pid_of(proc)
         models, tool_calls = billed[pid], tools[pid]
-        cell = f"modelo ×{models}" + (f" · herramienta ×{tool_calls}" if i < 3 else "")
         rows.append((models, tool_calls))
-        print(f"{i}ª vuelta  {cell:<28} {note}   [{died(proc)}]")
+        cells.append((models, tool_calls if i < 3 else None))
+        cell = f"model ×{models}" + (f" · tool ×{tool_calls}" if i < 3 else "")
+        print(f"pass {i}  {cell:<22} {note}   [{died(proc)}]")
+    # Seed 000 names this example and writes its table in Spanish: the same counts, in its words.
+    print("\nseed 000's table, in its own words:")
+    for i, ((models, tool_calls), note) in enumerate(zip(cells, seed_notes, strict=True), start=1):
+        cell = f"modelo ×{models}" + (f" · herramienta ×{tool_calls}" if tool_calls is not None else "")
+        print(f"{i}ª vuelta  {cell:<28} {note}")
     print()
     for i, proc in enumerate(passes, start=1):
         print(f"pass {i} output:\n{proc.stdout.rstrip()}")

@@ -51,12 +51,12 @@ def build(variant: str, url: str) -> Agent:
         except LedgerReplyLost as exc:
             raise ToolError(str(exc), error_class=ErrorClass.AMBIGUOUS, sent=True) from exc
 
-    return Agent(instructions="Paga lo que se pide.", tools=[transfer])
+    return Agent(instructions="Pay what is asked.", tools=[transfer])
 
 
 async def child(workdir: Path, variant: str, url: str) -> None:
     print(f"pid={os.getpid()}", flush=True)
-    gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=100), ScriptedGateway.text("hecho")])
+    gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=100), ScriptedGateway.text("done")])
     store = SqliteCheckpointer(workdir / "runs.db")
     try:
         async for step in build(variant, url).run("paga 100 a ana", session=Session(variant, gateway, store)):
@@ -71,7 +71,7 @@ async def child(workdir: Path, variant: str, url: str) -> None:
 
 def main() -> int:
     script = str(Path(__file__).resolve())
-    print("cuaderno: escritura anticipada (seed 000) and reconciliation (seed 001 §4)\n")
+    print("cuaderno: write-ahead intent (seed 000) and reconciliation (seed 001 §4)\n")
     with example_dir("cuaderno-intent-") as workdir:
         for variant, mode, expected in (("nodedup", "nodedup", "needs_human"), ("lookup", "nodedup", "completed"),
                                         ("dedup", "dedup", "completed")):

@@ -45,13 +45,13 @@ def build(url: str) -> Agent:
         """Move money (not idempotent, no lookup: the strictest case)."""
         return client.post_effect(ctx.effect_key, "transfer", {"to": to, "amount": amount}, business_id=ctx.run_id)
 
-    return Agent(instructions="Paga lo que se pide.", tools=[transfer],
+    return Agent(instructions="Pay what is asked.", tools=[transfer],
                  policy=Policy({"transfer": "require_approval"}, version="aprobacion-1"))
 
 
 async def child(workdir: Path, run_id: str, url: str) -> None:
     print(f"pid={os.getpid()}", flush=True)
-    gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=250), ScriptedGateway.text("pagado")])
+    gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=250), ScriptedGateway.text("paid")])
     store = SqliteCheckpointer(workdir / "runs.db")
     try:
         async for step in build(url).run("paga 250 a ana", session=Session(run_id, gateway, store)):
@@ -77,7 +77,7 @@ def status(proc: subprocess.CompletedProcess[str]) -> str:
 
 def main() -> int:
     script = str(Path(__file__).resolve())
-    print("cuaderno: aprobación humana (seed 000)\n")
+    print("cuaderno: human approval (seed 000)\n")
     with example_dir("cuaderno-approval-") as workdir:
         with LedgerProcess(workdir / "ledger.db", mode="nodedup") as ledger:
             p1 = run_pass(script, workdir, "pago-1", ledger.url)

@@ -38,14 +38,14 @@ async def child(workdir: Path, run_id: str, stripe: str) -> None:
     gateway = ScriptedGateway([ScriptedGateway.text("42")], billing_log=workdir / f"billing-{run_id}.jsonl",
                               stripe=stripe == "1")
     store = SqliteCheckpointer(workdir / "runs.db")
-    async for step in Agent(instructions="Responde.").run("¿cuánto?", session=Session(run_id, gateway, store)):
+    async for step in Agent(instructions="Answer.").run("how much?", session=Session(run_id, gateway, store)):
         print(f"  {type(step).__name__} key={getattr(step, 'idempotency_key', '-')}", flush=True)
     store.close()
 
 
 def main() -> int:
     script = str(Path(__file__).resolve())
-    print("cuaderno: idempotencia hacia el proveedor (seed 000)\n")
+    print("cuaderno: idempotency towards the provider (seed 000)\n")
     with example_dir("cuaderno-keys-") as workdir:
         for run_id, stripe in (("con-dedup", "1"), ("sin-dedup", "0")):
             first = run_pass(script, workdir, run_id, stripe, crash_at="model.K4:1")

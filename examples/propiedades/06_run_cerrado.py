@@ -28,11 +28,11 @@ async def child(workdir: Path) -> None:
         append_receipt(workdir / "tool.jsonl", {"city": city})
         return "sol, 21 °C"
 
-    gateway = ScriptedGateway([ScriptedGateway.call("weather", city="Quito"), ScriptedGateway.text("Hace sol.")],
+    gateway = ScriptedGateway([ScriptedGateway.call("weather", city="Quito"), ScriptedGateway.text("It is sunny.")],
                               billing_log=workdir / "billing.jsonl")
     store = SqliteCheckpointer(workdir / "runs.db")
-    agent = Agent(instructions="Responde corto.", tools=[weather])
-    async for step in agent.run("¿tiempo en Quito?", session=Session("cerrado", gateway, store)):
+    agent = Agent(instructions="Answer briefly.", tools=[weather])
+    async for step in agent.run("weather in Quito?", session=Session("cerrado", gateway, store)):
         replayed = " (replayed)" if isinstance(step, FinalStep) and step.replayed else ""
         print(f"  {type(step).__name__}{replayed}", flush=True)
     store.close()
@@ -40,7 +40,7 @@ async def child(workdir: Path) -> None:
 
 def main() -> int:
     script = str(Path(__file__).resolve())
-    print("cuaderno: un run cerrado no se reabre (seed 000)\n")
+    print("cuaderno: a closed run is not reopened (seed 000)\n")
     with example_dir("cuaderno-closed-") as workdir:
         passes = [run_pass(script, workdir) for _ in range(3)]
         billed = per_pid(read_lines(workdir / "billing.jsonl"))

@@ -50,7 +50,7 @@ def agent(instructions: str) -> Agent:
     return Agent(instructions=instructions, tools=[transfer], policy=Policy({"transfer": "require_approval"}))
 
 
-SCRIPT = [ScriptedGateway.call("transfer", to="ana", amount=40), ScriptedGateway.text("hecho")]
+SCRIPT = [ScriptedGateway.call("transfer", to="ana", amount=40), ScriptedGateway.text("done")]
 
 
 def digest(path: Path) -> str:
@@ -72,7 +72,7 @@ async def main() -> int:
     with example_dir("cuaderno-versiones-") as workdir:
         path = workdir / "runs.db"
         store = SqliteCheckpointer(path)
-        v1, v2 = agent("Paga lo pedido."), agent("Paga exactamente lo pedido, sin redondear.")
+        v1, v2 = agent("Pay what is asked."), agent("Pay exactly what is asked, without rounding.")
         print("v1 starts both runs:", await run(v1, "r1", store), "/", await run(v1, "r2", store))
         approve(store, "r1", "t0000.tool00", approver="ana")
         print("v2 resumes r1 by default     ->", await run(v2, "r1", store))

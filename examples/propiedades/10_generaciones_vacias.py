@@ -47,7 +47,7 @@ def get_weather(city: str) -> str:
 def cheap_script(request: ModelRequest) -> ModelResponse:
     """The cheap tier: an empty 200 on every first attempt of a turn (like the seed's bench)."""
     if request.messages[-1]["role"] == "tool":
-        return ScriptedGateway.text("Hace 21 °C.")
+        return ScriptedGateway.text("It is 21 °C.")
     return ScriptedGateway.empty()
 
 
@@ -56,10 +56,10 @@ def strong_script(request: ModelRequest) -> ModelResponse:
 
 
 async def run(gateway: Any, run_id: str, store: SqliteCheckpointer) -> str:
-    agent = Agent(instructions="Usa la herramienta.", tools=[get_weather], require_tool=False,
+    agent = Agent(instructions="Use the tool.", tools=[get_weather], require_tool=False,
                   budgets=Budgets(rejected_responses=3))
     try:
-        async for _ in agent.run("¿tiempo en Lima?", session=Session(run_id, gateway, store)):
+        async for _ in agent.run("weather in Lima?", session=Session(run_id, gateway, store)):
             pass
     except BudgetExceeded as exc:
         return f"failed: {exc}"

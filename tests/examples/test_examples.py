@@ -121,10 +121,14 @@ def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_readme_demo_table_is_the_real_output() -> None:
+    # The README shows the English table `make demo` prints; the seed's own (Spanish) table
+    # follows it in the demo's output, under its own heading.
     text = README.read_text(encoding="utf-8")
-    table = next(block for block in _blocks(text, "") if "1ª vuelta" in block)
-    printed = [line for line in output("02").splitlines() if "ª vuelta" in line]
+    table = next(block for block in _blocks(text, "") if "pass 1  model" in block)
+    out = output("02").splitlines()
+    printed = [re.sub(r"\s+\[.*\]$", "", line) for line in out if line.startswith("pass ") and " model ×" in line]
     assert table.splitlines() == printed
+    assert [line for line in out if "ª vuelta" in line][0].startswith("1ª vuelta  modelo ×1 · herramienta ×1")
 
 
 def test_gitignore_ignores_no_tracked_file() -> None:
