@@ -5,14 +5,14 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 LOCK := requirements.lock
-EXTRAS := openai,anthropic,postgres,temporal,dev
+EXTRAS := openai,anthropic,postgres,temporal,docs,dev
 HASH := $(shell cat pyproject.toml $(LOCK) | sha256sum | cut -c1-12)
 CORE := $(VENV)/.core-$(HASH)
 STAMP := $(VENV)/.installed-$(HASH)
 NEWEST := .venv-newest
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: demo demo-local test test-newest lint typecheck unit bench install install-local lock clean
+.PHONY: demo demo-local test test-newest lint typecheck unit bench docs install install-local lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -65,6 +65,10 @@ test-newest:
 
 lock: $(BIN)/python
 	$(BIN)/python scripts/lock.py '$(EXTRAS),local' > $(LOCK).new && mv $(LOCK).new $(LOCK)
+
+# The docs site (mkdocs-material + mkdocstrings), built strictly: a broken link or reference fails.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: install
 	$(BIN)/python benchmarks/bench_journal.py
