@@ -117,7 +117,21 @@ def test_readme_tour_runs_as_written(tmp_path: Path) -> None:
     assert runs[1].stdout.split() == ["FinalStep", "final", "FinalStep", "final"]
     # What the command line section says the tour leaves behind.
     with closing(sqlite3.connect(tmp_path / "runs.db")) as db:
-        assert db.execute("SELECT status FROM cuaderno_runs WHERE run_id='run-1'").fetchone() == ("completed",)
+        statuses = dict(db.execute("SELECT run_id, status FROM cuaderno_runs").fetchall())
+    assert statuses == {"run-1": "completed", "run-2": "suspended", "run-3": "suspended", "run-4": "suspended"}
+    # Every command line the README shows for that journal works as written (each exits 0).
+    section = README.read_text(encoding="utf-8").split("### The command line", 1)[1].split("\n## ", 1)[0]
+    lines = [line.split("  #")[0].strip() for line in _blocks(section, "sh")[0].splitlines() if line.strip()]
+    assert [line.split()[3] for line in lines] == ["list", "show", "approve", "deny", "cancel"]
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[0] == "cuaderno"
+        proc = subprocess.run([sys.executable, "-m", "cuaderno.cli", *argv[1:]], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+    with closing(sqlite3.connect(tmp_path / "runs.db")) as db:
+        statuses = dict(db.execute("SELECT run_id, status FROM cuaderno_runs").fetchall())
+    assert statuses["run-4"] == "cancelled"
 
 
 def test_readme_demo_table_is_the_real_output() -> None:
