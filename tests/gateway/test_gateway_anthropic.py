@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import anthropic
 import httpx2
 import pytest
 
+from cuaderno import Agent, FinalStep, Session, SqliteCheckpointer
 from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway.anthropic import AnthropicGateway
 from cuaderno.gateway.base import ModelRequest, ModelResponse
@@ -82,7 +84,7 @@ async def test_tool_use_both_ways(fake: Any, make_anthropic: MakeGw) -> None:
     assert [(c.id, c.arguments) for c in resp.tool_calls] == [("toolu_a", {"q": "x"}), ("toolu_b", {"q": "y"})]
     assert classify_response(resp, require_tool=True).ok
     sent = fake.body()
-    assert sent["tool_choice"] == {"type": "any"}
+    assert sent["tool_choice"] == {"type": "tool", "name": "lookup"}  # the one tool, named
     assert sent["max_tokens"] == 500
     assert sent["tools"] == [{"name": "lookup", "description": "find a thing", "input_schema": TOOLS[0]["parameters"]}]
     assert sent["messages"][1] == {"role": "assistant", "content": [
@@ -240,3 +242,188 @@ async def test_given_client_gets_retries_off(fake: Any) -> None:
         assert len(fake.requests) == 1
     finally:
         await gw.aclose()
+
+
+# -- what reaches the wire: temperature, tool_choice (through the SDK's real request path) -------
+
+TWO_TOOLS = (*TOOLS, {"name": "save", "parameters": {"type": "object", "properties": {}}})
+
+
+@pytest.mark.parametrize(("tools", "require_tool", "choice"), [
+    (TOOLS, False, {"type": "auto"}),
+    (TWO_TOOLS, False, {"type": "auto"}),
+    (TOOLS, True, {"type": "tool", "name": "lookup"}),
+    (TWO_TOOLS, True, {"type": "any"}),
+    ((), False, None),
+])
+async def test_tool_choice_is_sent_whenever_tools_are(fake: Any, make_anthropic: MakeGw, tools: tuple[Any, ...],
+                                                      require_tool: bool, choice: dict[str, Any] | None) -> None:
+    fake.json(body=message(text("ok")))
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), tools=tools,
+                           require_tool=require_tool)
+    await make_anthropic().complete(request, idempotency_key=KEY)
+    assert fake.body().get("tool_choice") == choice
+
+
+async def test_temperature_reaches_a_compatible_server_in_the_body(fake: Any, make_anthropic: MakeGw) -> None:
+    # The SDK's create() has no temperature parameter: passing it was a TypeError for every
+    # agent with a temperature, and no request was ever made.
+    fake.json(body=message(text("ok")))
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), temperature=0.2)
+    resp = await make_anthropic().complete(request, idempotency_key=KEY)
+    assert resp.text == "ok" and len(fake.requests) == 1
+    assert fake.body()["temperature"] == 0.2
+    assert fake.requests[0].headers["anthropic-version"] == "2026-10-21"
+
+
+async def test_no_temperature_no_field(fake: Any, make_anthropic: MakeGw) -> None:
+    fake.json(body=message(text("ok")))
+    await make_anthropic().complete(REQ, idempotency_key=KEY)
+    assert "temperature" not in fake.body()
+
+
+async def test_temperature_rules_for_anthropics_own_api(fake: Any) -> None:
+    """api.anthropic.com at 2026-10-21 answers 400 to any temperature: refused before sending by
+    default, dropped on request, sent for a client pinned to an older API version."""
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), temperature=0.0)
+    refusing = AnthropicGateway("claude-test", api_key="k", http_client=fake.client())
+    dropping = AnthropicGateway("claude-test", api_key="k", http_client=fake.client(), on_temperature="drop")
+    pinned = AnthropicGateway("claude-test", client=anthropic.AsyncAnthropic(
+        api_key="k", http_client=fake.client(), default_headers={"anthropic-version": "2023-06-01"}))
+    try:
+        assert (refusing.on_temperature, dropping.on_temperature, pinned.on_temperature) == ("refuse", "drop", "send")
+        with pytest.raises(GatewayError, match=r"temperature=0.0 .*2026-10-21.*on_temperature=\"drop\"") as info:
+            await refusing.complete(request, idempotency_key=KEY)
+        assert (info.value.error_class, info.value.sent) == (ErrorClass.PERMANENT, False)
+        assert fake.requests == []
+        fake.json(body=message(text("a")))
+        await dropping.complete(request, idempotency_key=KEY)
+        assert "temperature" not in fake.body()
+        fake.json(body=message(text("b")))
+        await pinned.complete(request, idempotency_key=KEY)
+        assert fake.body()["temperature"] == 0.0
+        assert fake.requests[-1].headers["anthropic-version"] == "2023-06-01"
+    finally:
+        for gw in (refusing, dropping, pinned):
+            await gw.aclose()
+
+
+def test_unknown_temperature_rule_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="on_temperature"):
+        AnthropicGateway("claude-test", api_key="k", base_url="http://127.0.0.1:9", on_temperature="ignore")  # type: ignore[arg-type]
+
+
+# -- sent only when a request was made ------------------------------------------------------------
+
+UNENCODABLE = ({"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"default": object()}}}},)
+"""A tool schema the SDK cannot encode as JSON: it raises while building the request, before any
+request exists."""
+
+
+async def test_an_sdk_error_before_any_request_is_not_sent(fake: Any, make_anthropic: MakeGw) -> None:
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), tools=UNENCODABLE)
+    with pytest.raises(GatewayError) as info:
+        await make_anthropic().complete(request, idempotency_key=KEY)
+    assert fake.requests == []
+    assert (info.value.error_class, info.value.sent) == (ErrorClass.BUG, False)
+    assert "nothing was sent" in str(info.value)
+    assert isinstance(info.value.__cause__, TypeError)
+
+
+async def test_the_mark_is_per_call_not_per_gateway(fake: Any, make_anthropic: MakeGw) -> None:
+    """One call's request in flight does not make a concurrent call's pre-send failure "sent"."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: httpx2.Request) -> httpx2.Response:
+        arrived.set()
+        await release.wait()
+        return httpx2.Response(200, json=message(text("a")))
+
+    fake.queue(slow)
+    gw = make_anthropic()
+    first = asyncio.create_task(gw.complete(REQ, idempotency_key=KEY))
+    await arrived.wait()
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), tools=UNENCODABLE)
+    with pytest.raises(GatewayError) as info:
+        await gw.complete(request, idempotency_key=KEY)
+    assert info.value.sent is False
+    release.set()
+    assert (await first).text == "a"
+    assert len(fake.requests) == 1
+
+
+async def test_a_failure_once_the_request_is_handed_over_stays_sent(fake: Any, make_anthropic: MakeGw) -> None:
+    # The transport itself blows up with something that is not an httpx2 error: the request was
+    # handed over, so we cannot prove it did not leave.
+    fake.queue(RuntimeError("transport exploded"))
+    with pytest.raises(GatewayError) as info:
+        await make_anthropic().complete(REQ, idempotency_key=KEY)
+    assert len(fake.requests) == 1
+    assert info.value.sent is True
+
+
+class _MockEndpointGateway(AnthropicGateway):
+    async def preflight(self) -> None:
+        pass  # the endpoint is a mock transport: there is no socket to connect to
+
+
+class _OldTemperatureGateway(_MockEndpointGateway):
+    """The gateway as it was: ``temperature`` passed to ``messages.create()``, which this SDK
+    refuses with a ``TypeError`` before building any request."""
+
+    def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
+        return {**super()._request_kwargs(request), "temperature": request.temperature}
+
+
+async def test_an_agent_with_a_temperature_completes(fake: Any, tmp_path: Any) -> None:
+
+    fake.json(body=message(text("hecho")))
+    gw = _MockEndpointGateway("claude-test", base_url="http://127.0.0.1:9", api_key="k", http_client=fake.client())
+    try:
+        steps = [s async for s in Agent(instructions="i", temperature=0.2).run(
+            "t", session=Session("temp", gw, SqliteCheckpointer(tmp_path / "j.sqlite")))]
+    finally:
+        await gw.aclose()
+    assert isinstance(steps[-1], FinalStep) and steps[-1].output == "hecho"
+    assert len(fake.requests) == 1 and fake.body()["temperature"] == 0.2
+
+
+async def test_a_pre_send_sdk_error_is_journaled_as_not_sent(fake: Any, tmp_path: Any) -> None:
+    """Through the loop and the real SDK: the journal's error row says ``sent: false``, and the
+    server saw nothing."""
+
+    store = SqliteCheckpointer(tmp_path / "j.sqlite")
+    gw = _OldTemperatureGateway("claude-test", base_url="http://127.0.0.1:9", api_key="k", http_client=fake.client())
+    try:
+        with pytest.raises(GatewayError) as info:
+            async for _ in Agent(instructions="i", temperature=0.2).run("t", session=Session("pre-send", gw, store)):
+                pass
+    finally:
+        await gw.aclose()
+    assert fake.requests == []
+    assert isinstance(info.value.__cause__, TypeError) and "temperature" in str(info.value.__cause__)
+    errors = [e for e in store.load("pre-send") if e.phase.startswith("error")]
+    assert [(e.payload["error"]["sent"], e.payload["error"]["error_class"]) for e in errors] == [(False, "bug")]
+
+
+async def test_a_refused_temperature_is_journaled_as_not_sent_and_not_billed_on_resume(fake: Any, tmp_path: Any) -> None:
+
+    store = SqliteCheckpointer(tmp_path / "j.sqlite")
+
+    async def run(gw: AnthropicGateway, agent: Agent) -> list[Any]:
+        try:
+            return [s async for s in agent.run("t", session=Session("refused", gw, store))]
+        finally:
+            await gw.aclose()
+
+    refusing = _MockEndpointGateway("claude-test", api_key="k", http_client=fake.client())  # api.anthropic.com
+    with pytest.raises(GatewayError, match="temperature"):
+        await run(refusing, Agent(instructions="i", temperature=0.5))
+    assert fake.requests == []
+    errors = [e.payload["error"] for e in store.load("refused") if e.phase.startswith("error")]
+    assert [(e["sent"], e["error_class"]) for e in errors] == [(False, "permanent")]
+    fake.json(body=message(text("ok")))
+    dropping = _MockEndpointGateway("claude-test", api_key="k", http_client=fake.client(), on_temperature="drop")
+    steps = await run(dropping, Agent(instructions="i", temperature=0.5))
+    assert isinstance(steps[-1], FinalStep) and "temperature" not in fake.body()
+    assert store.checkpoint("refused").count("possibly_billed_twice") == 0

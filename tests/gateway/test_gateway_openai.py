@@ -464,3 +464,14 @@ async def test_require_tool_without_tools_is_a_usage_error(fake: Any, make_opena
         await make_openai().complete(ModelRequest(instructions="", messages=(), require_tool=True),
                                      idempotency_key=KEY)
     assert fake.requests == []
+
+
+async def test_an_sdk_error_before_any_request_is_not_sent(fake: Any, make_openai: MakeGw) -> None:
+    # A tool schema the SDK cannot encode: it raises while building the request, so nothing left.
+    tools = ({"name": "lookup", "parameters": {"type": "object", "properties": {"q": {"default": object()}}}},)
+    request = ModelRequest(instructions="i", messages=({"role": "user", "content": "x"},), tools=tools)
+    with pytest.raises(GatewayError) as info:
+        await make_openai().complete(request, idempotency_key=KEY)
+    assert fake.requests == []
+    assert (info.value.error_class, info.value.sent) == (ErrorClass.BUG, False)
+    assert isinstance(info.value.__cause__, TypeError)

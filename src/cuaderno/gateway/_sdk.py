@@ -3,17 +3,57 @@
 Subclasses say how to build the request (``_request_kwargs``), how to send it through their SDK's
 raw-response API (``_create``) and how to parse the body (``_parse``); sending, bounding, mapping
 failures and the preflight live here once.
+
+``sent``: a failure is "sent" only if the request reached the HTTP client's send step. An SDK
+that refuses its arguments (a ``TypeError`` for an unknown parameter, a body it cannot encode)
+raises before any request exists; the mapping in ``_errors`` cannot tell that from a failure after
+sending (it has no status and no ``httpx2`` error in its chain), so it says ``sent=True`` to be
+safe, and the journal would then record a send that never happened. A request event hook on the
+SDK's ``httpx2`` client marks the attempt when ``httpx2`` is about to hand the request to its
+transport; without that mark, nothing left the process.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping
 from typing import Any
 
-from cuaderno.gateway._common import enforce_size, preflight_reachable, reraise
+import httpx2
+
+from cuaderno.errors import GatewayError
+from cuaderno.gateway._common import enforce_size, preflight_reachable, reraise, sdk_http_client
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 
 __all__ = ["SdkGateway"]
+
+
+class _Attempt:
+    """One :meth:`SdkGateway.complete` call: did its request reach the HTTP client's send step?"""
+
+    __slots__ = ("handed_over",)
+
+    def __init__(self) -> None:
+        self.handed_over = False
+
+
+# Per call, not per gateway: one gateway serves concurrent calls, and the hook runs in the
+# awaiting task's context (httpx2 calls it inline), so each call sees only its own mark.
+_ATTEMPT: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar("cuaderno_sdk_attempt", default=None)
+
+
+async def _mark_handed_over(request: httpx2.Request) -> None:
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        attempt.handed_over = True
+
+
+def _watch_sends(client: httpx2.AsyncClient) -> None:
+    """Add the hook to ``client`` once (idempotent; a shared client keeps one copy)."""
+    hooks = client.event_hooks
+    if _mark_handed_over not in hooks.get("request", []):
+        client.event_hooks = {"request": [*hooks.get("request", []), _mark_handed_over],
+                              "response": list(hooks.get("response", []))}
 
 
 class SdkGateway:
@@ -52,12 +92,18 @@ class SdkGateway:
         """
         kwargs = self._request_kwargs(request)
         headers = {self.idempotency_header: idempotency_key} if self.idempotency_header else {}
+        _watch_sends(sdk_http_client(self._client))
+        attempt = _Attempt()
+        token = _ATTEMPT.set(attempt)
         try:
             raw = await self._create(kwargs, headers)
             body = await raw.http_response.aread()
             enforce_size(body, self.max_body_bytes)
         except Exception as exc:
-            raise reraise(exc, self.provider_name) from exc
+            err = reraise(exc, self.provider_name)
+            raise (err if attempt.handed_over else _not_sent(err)) from exc
+        finally:
+            _ATTEMPT.reset(token)
         return self._parse(body, raw.http_response.headers, request)
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
@@ -68,3 +114,15 @@ class SdkGateway:
 
     def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
         raise NotImplementedError
+
+
+def _not_sent(err: GatewayError) -> GatewayError:
+    """``err`` for a failure raised before the request reached the HTTP client: provably unsent.
+
+    Its class is kept (an SDK refusing our arguments maps to ``bug``: retrying the same arguments
+    cannot help); only ``sent`` changes, and the message says so.
+    """
+    if not err.sent:
+        return err
+    return GatewayError(f"{err}; raised before any request was made: nothing was sent", error_class=err.error_class,
+                        sent=False, retry_after=err.retry_after, status=err.status)

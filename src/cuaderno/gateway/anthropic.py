@@ -3,8 +3,14 @@
 Drives the official ``anthropic`` SDK with ``max_retries=0`` and reads the raw response, like
 :mod:`cuaderno.gateway.openai`. Translation:
 
-- ``instructions`` → ``system``; tools → ``{"name", "description", "input_schema"}``;
-  ``require_tool`` → ``tool_choice={"type": "any"}``.
+- ``instructions`` → ``system``; tools → ``{"name", "description", "input_schema"}`` with
+  ``tool_choice={"type": "auto"}`` sent explicitly (compatible servers that read a missing
+  ``tool_choice`` as "no tools" answer in prose); ``require_tool`` → ``{"type": "tool", "name": ...}``
+  with one tool (the form every compatible server implements), ``{"type": "any"}`` with several.
+- ``temperature``: this SDK (2.x) has no sampling parameters, and the API version it speaks
+  (``anthropic-version: 2026-10-21``) answers 400 to any of them, even 1.0. Compatible servers
+  (LiteLLM, vLLM, llama.cpp, Ollama) still read ``temperature``, so it goes in the body through
+  the SDK's ``extra_body``; see ``on_temperature`` for Anthropic's own API.
 - assistant tool calls → ``tool_use`` blocks; neutral ``tool`` messages → ``tool_result`` blocks
   (with ``is_error``) inside a user turn. Consecutive user-side messages are merged into one turn,
   tool results first, as the API requires. An assistant message with neither text nor tool calls
@@ -24,12 +30,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import httpx2
 
-from cuaderno.errors import UsageError
+from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
     as_int,
@@ -54,6 +60,9 @@ DEFAULT_TIMEOUT = httpx2.Timeout(240.0, connect=10.0)
 DEFAULT_MAX_TOKENS = 4096
 """The Messages API requires ``max_tokens``; used when the request does not set one."""
 
+TemperatureRule = Literal["send", "drop", "refuse"]
+_TEMPERATURE_RULES: tuple[TemperatureRule, ...] = ("send", "drop", "refuse")
+
 
 class AnthropicGateway(SdkGateway):
     """Messages through the official SDK, one HTTP request per :meth:`complete`.
@@ -72,6 +81,13 @@ class AnthropicGateway(SdkGateway):
             SDK from refusing large non-streaming ``max_tokens``.
         default_max_tokens: ``max_tokens`` when the request has no ``max_output_tokens``.
         zero_cost_is_unpriced: do not believe a *reported* cost of 0 for a call that used tokens.
+        on_temperature: what a request's ``temperature`` becomes. ``"send"``: a ``temperature``
+            field in the body (through ``extra_body``: the SDK has no parameter for it). ``"drop"``:
+            left out, the model samples at its default. ``"refuse"``: a ``permanent``
+            :class:`~cuaderno.errors.GatewayError` with ``sent=False``, before anything is sent. ``None`` (default): ``"refuse"`` to Anthropic's own API when the
+            client sends ``anthropic-version`` 2026-10-21 or later (this SDK's default), which
+            answers 400 to any sampling parameter; ``"send"`` otherwise (a custom ``base_url``, or
+            a ``client=`` whose ``default_headers`` pin an older version).
     """
 
     provider_name = _PROVIDER
@@ -81,9 +97,13 @@ class AnthropicGateway(SdkGateway):
                  client: anthropic.AsyncAnthropic | None = None, http_client: httpx2.AsyncClient | None = None,
                  idempotency_header: str | None = "Idempotency-Key", prices: PriceTable | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, zero_cost_is_unpriced: bool = True) -> None:
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, zero_cost_is_unpriced: bool = True,
+                 on_temperature: TemperatureRule | None = None) -> None:
         if not model:
             raise UsageError("AnthropicGateway needs a default model")
+        if on_temperature is not None and on_temperature not in _TEMPERATURE_RULES:
+            raise UsageError(f"on_temperature must be one of {', '.join(_TEMPERATURE_RULES)} or None, "
+                             f"got {on_temperature!r}")
         self.model = model
         self.idempotency_header = idempotency_header
         self.prices = prices
@@ -92,6 +112,7 @@ class AnthropicGateway(SdkGateway):
         self.max_body_bytes = max_body_bytes
         self._timeout = timeout
         self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
+        self.on_temperature: TemperatureRule = on_temperature or _default_temperature_rule(self._client)
 
     @staticmethod
     def _build_client(client: anthropic.AsyncAnthropic | None, base_url: str | None, api_key: str | None,
@@ -122,13 +143,38 @@ class AnthropicGateway(SdkGateway):
             kwargs["system"] = request.instructions
         if request.tools:
             kwargs["tools"] = [_tool_schema(t) for t in request.tools]
+            # Sent explicitly, like the OpenAI gateway: the API defaults to "auto", but compatible
+            # servers may not, and then answer in prose.
+            kwargs["tool_choice"] = {"type": "auto"}
         if request.require_tool:
             if not request.tools:
                 raise UsageError("require_tool=True needs at least one tool")
-            kwargs["tool_choice"] = {"type": "any"}
+            # With one tool, naming it is the same obligation and the form compatible servers
+            # implement most reliably; with several, "any" of them.
+            only = request.tools[0]["name"] if len(request.tools) == 1 else None
+            kwargs["tool_choice"] = {"type": "tool", "name": only} if only else {"type": "any"}
         if request.temperature is not None:
-            kwargs["temperature"] = request.temperature
+            kwargs.update(self._temperature(request.temperature))
         return kwargs
+
+    def _temperature(self, temperature: float) -> dict[str, Any]:
+        """The ``create()`` arguments that carry ``temperature`` under :attr:`on_temperature`.
+
+        ``messages.create()`` of this SDK takes no ``temperature`` (passing it is a ``TypeError``
+        before any request); the one way to put it in the body is ``extra_body``.
+        """
+        if self.on_temperature == "drop":
+            return {}
+        if self.on_temperature == "refuse":
+            # A GatewayError, not a UsageError: the loop has already journaled the call's intent,
+            # and only a classified failure is journaled beside it as "not sent" (an intent with no
+            # outcome reads as a send lost in a crash, possibly billed).
+            version = _api_version(self._client) or "?"
+            raise GatewayError(f"{_PROVIDER}: temperature={temperature} cannot be sent to {self._client.base_url}: "
+                               f"API version {version} rejects sampling parameters (HTTP 400). Leave the agent's "
+                               'temperature unset, or pass AnthropicGateway(on_temperature="drop") to ignore it; '
+                               "nothing was sent", error_class=ErrorClass.PERMANENT, sent=False)
+        return {"extra_body": {"temperature": temperature}}
 
     def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
         data = parse_body(raw, _PROVIDER)
@@ -226,6 +272,25 @@ def _usage(raw: object) -> Usage:
 
 def _str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+_NO_SAMPLING_SINCE = "2026-10-21"
+"""The first ``anthropic-version`` whose Messages API rejects ``temperature``/``top_p``/``top_k``."""
+
+
+def _default_temperature_rule(client: anthropic.AsyncAnthropic) -> TemperatureRule:
+    """``"refuse"`` where the request would certainly be a 400 (Anthropic's own API at a version
+    without sampling parameters), else ``"send"``: compatible servers still read it."""
+    host = client.base_url.host
+    anthropic_host = host == "anthropic.com" or host.endswith(".anthropic.com")
+    # ISO dates compare as strings; an unreadable version is treated as the SDK's (new) one.
+    return "refuse" if anthropic_host and (_api_version(client) or _NO_SAMPLING_SINCE) >= _NO_SAMPLING_SINCE else "send"
+
+
+def _api_version(client: anthropic.AsyncAnthropic) -> str | None:
+    """The ``anthropic-version`` header the client sends (its default, or the caller's override)."""
+    version = client.default_headers.get("anthropic-version")
+    return version if isinstance(version, str) else None
 
 
 def _resolve_credentials(api_key: str | None, base_url: str | None) -> tuple[str, str | None]:
