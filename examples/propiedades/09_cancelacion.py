@@ -1,7 +1,10 @@
 """Cancelación segura: from another process, while a transfer is in flight (seed 001 §7).
 
 A child process runs an agent that makes two transfers through the ledger service; the first one
-is slow. While it is in flight, the parent runs ``cuaderno cancel``. The cancellation does not
+is in flight (its tool body has started, the ledger has no receipt yet) when the parent runs
+``cuaderno cancel``. The transfer is held there until the command returned: the example waits on
+files each side writes when it reaches its point, never on a guessed delay, so a loaded machine
+cannot let the transfer finish before the cancellation is committed. The cancellation does not
 undo the transfer in flight: it completes and is journaled; no new step is admitted after the
 cancellation committed (the second transfer and the next model call never happen). The
 ``cancelled`` record lists what completed and the cleanup it scheduled: a refund, which is a
@@ -36,14 +39,31 @@ from cuaderno import (
 from cuaderno._cli_render import counted
 from cuaderno.testing.ledger import LedgerClient, LedgerProcess
 
+WAIT_S = 60.0
+"""How long either side waits for the other to reach its point before giving up."""
 
-def build(url: str, slow: float) -> Agent:
+
+def wait_for(path: Path, what: str, child: subprocess.Popen[str] | None = None) -> None:
+    """Return once ``path`` exists: another process wrote it when it reached a point."""
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists():
+        if child is not None and child.poll() is not None:
+            raise SystemExit(f"the child exited ({child.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"waited {WAIT_S:.0f} s for {what}")
+        time.sleep(0.01)
+
+
+def build(url: str, gate: Path | None = None) -> Agent:
+    """The agent; with ``gate``, a transfer writes ``gate.inflight`` and waits for ``gate``."""
     client = LedgerClient(url)
 
     @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
     def transfer(to: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
         """Move money (the ledger is slow today)."""
-        time.sleep(slow)
+        if gate is not None:
+            gate.with_suffix(".inflight").touch()
+            wait_for(gate, "the parent let the transfer go on")
         return client.post_effect(ctx.effect_key, "transfer", {"to": to, "amount": amount}, business_id="pagos")
 
     @tool
@@ -59,7 +79,7 @@ async def child(workdir: Path, url: str) -> None:
               ScriptedGateway.text("hecho")]
     store = SqliteCheckpointer(workdir / "runs.db")
     try:
-        async for step in build(url, 1.5).run("paga", session=Session("pagos", ScriptedGateway(script), store)):
+        async for step in build(url, workdir / "gate").run("paga", session=Session("pagos", ScriptedGateway(script), store)):
             print(f"  child: {type(step).__name__} {step.step_id}", flush=True)
     except RunCancelled as exc:
         record = exc.record
@@ -76,13 +96,21 @@ def main() -> int:
             proc = subprocess.Popen([sys.executable, __file__, "--child", str(workdir), ledger.url], text=True,
                                     stdout=subprocess.PIPE, env={k: v for k, v in os.environ.items()
                                                                  if k != "CUADERNO_CRASH_AT"})
-            while not any(r for r in _intents(workdir)):
-                time.sleep(0.05)  # wait until the first transfer's intent is on disk: it is in flight now
-            cli = subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(workdir / "runs.db"), "cancel",
-                                  "pagos", "--reason", "el cliente se arrepintió", "--by", "ops"],
-                                 capture_output=True, text=True, timeout=60)
-            print(f"$ cuaderno cancel pagos --reason ...   (while the first transfer is in flight)\n  {cli.stdout.strip()}")
-            out, _ = proc.communicate(timeout=60)
+            try:
+                # The first transfer's body has started (its intent is on disk before that): in flight now.
+                wait_for(workdir / "gate.inflight", "the first transfer started", proc)
+                cli = subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(workdir / "runs.db"), "cancel",
+                                      "pagos", "--reason", "el cliente se arrepintió", "--by", "ops"],
+                                     capture_output=True, text=True, timeout=60)
+                print(f"$ cuaderno cancel pagos --reason ...   (while the first transfer is in flight)\n"
+                      f"  {cli.stdout.strip()}")
+                in_flight = ledger.receipts(business_id="pagos")  # the world's word: nothing applied yet
+                (workdir / "gate").touch()  # the cancellation is committed: let the transfer reach the ledger
+                out, _ = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:  # it failed to get there: do not leave it waiting at the gate
+                    proc.kill()
+                    proc.wait()
             print(out.rstrip())
             receipts = ledger.receipts(business_id="pagos")
             store = SqliteCheckpointer(workdir / "runs.db")
@@ -91,8 +119,8 @@ def main() -> int:
             print(f"\nstatus: {cp.status}; completed: {[c['step_id'] for c in cp.outcome['completed']]}; "
                   f"uncertain: {cp.outcome['uncertain']}; cleanup scheduled: {cp.outcome['cleanup']}")
             print(f"ledger receipts after the cancellation: {[(r['effect'], r['request']['args']) for r in receipts]}")
-            results = asyncio.run(compensate(build(ledger.url, 0), store, "pagos"))
-            again = asyncio.run(compensate(build(ledger.url, 0), store, "pagos"))
+            results = asyncio.run(compensate(build(ledger.url), store, "pagos"))
+            again = asyncio.run(compensate(build(ledger.url), store, "pagos"))
             after = ledger.receipts(business_id="pagos")
             store.close()
             print(f"compensate(): {[r['outcome'] for r in results]}; run again: {[r['outcome'] for r in again]}; "
@@ -100,25 +128,10 @@ def main() -> int:
     kept = cuaderno_cli(workdir, "show", "pagos")
     if kept:
         print(f"journal kept; look at it with: {kept}")
+    check(cli.returncode == 0 and in_flight == [], "cancelled while the first transfer was in flight")
     check(cp.status == "cancelled" and len(receipts) == 1, "one transfer completed, none after the cancellation")
     check(len(after) == 2 and after[1]["effect"] == "refund", "exactly one refund")
     return 0
-
-
-def _intents(workdir: Path) -> list[Any]:
-    import sqlite3
-
-    path = workdir / "runs.db"
-    if not path.exists():
-        return []
-    try:
-        con = sqlite3.connect(path)
-        try:
-            return con.execute("SELECT 1 FROM cuaderno_events WHERE kind='tool' AND phase='intent'").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return []
 
 
 if __name__ == "__main__":
