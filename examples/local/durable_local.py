@@ -159,8 +159,11 @@ def server_posts(server: LlamaServer) -> int:
     return sum(1 for line in text.splitlines() if f'"POST {CHAT_PATH} HTTP/1.1"' in line)
 
 
-def settle(server: LlamaServer, expected: int, timeout: float = 3.0) -> int:
-    """The server's count once it reaches ``expected`` (it logs just after answering), or at timeout."""
+def settle(server: LlamaServer, expected: int, timeout: float = 30.0) -> int:
+    """The server's count once it reaches ``expected`` (it logs just after answering), or at timeout.
+
+    Returns as soon as the count is reached: the timeout only bounds a wait for lines that never
+    come, so it is generous (a loaded machine can take seconds to flush a log line)."""
     deadline = time.monotonic() + timeout
     while True:
         n = server_posts(server)

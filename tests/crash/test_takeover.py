@@ -219,7 +219,10 @@ def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], r
             if all(r.poll() is not None for r in started):
                 break
             time.sleep(0.01)
-        time.sleep(0.5 * racers)  # the others reach their takeover while the holder is inside the tool
+        # The others meet a live holder and give up (RunBusy): wait until all of them have, so
+        # every takeover was tried while the holder was inside the tool, however slow the machine.
+        while sum(r.poll() is not None for r in started) < racers - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         world["gate"].touch()
         outs = [r.communicate(timeout=60) for r in started]
     finally:

@@ -417,7 +417,11 @@ async def test_a_cancel_landing_as_the_loop_stops_for_a_person_still_closes_the_
                 answers.append(cancel(other, self.run_id, "late", by="ops"))
         threads.append(threading.Thread(target=go))
         threads[0].start()
-        time.sleep(0.3)  # the request commits while this loop still holds the run
+        # Let go only once the request has committed, while this loop still holds the run.
+        deadline = time.monotonic() + 60
+        while store.checkpoint(self.run_id).cancel_requested is None:
+            assert time.monotonic() < deadline and threads[0].is_alive(), "the cancellation request never committed"
+            time.sleep(0.01)
         real_release(self)
 
     monkeypatch.setattr(Runner, "_release", late_cancel_then_release)
