@@ -32,6 +32,7 @@ from rich.console import Console
 
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
+from cuaderno._cli_ui import ui_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
 from cuaderno.errors import CuadernoError
@@ -347,6 +348,9 @@ def rebuild_summary(
     else:
         typer.echo(f"run {run}: summary rebuilt from its {render.counted(cp.last_seq, 'journaled event')} "
                    f"({', '.join(differed)} differed); status {cp.status}")
+
+
+app.command("ui")(ui_command)
 
 
 def main() -> None:
