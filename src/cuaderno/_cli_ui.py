@@ -76,14 +76,14 @@ def ui_command(
         raise _error(str(exc)) from None
     except OSError as exc:
         raise _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)) from None
+    if not is_loopback(host):
+        typer.echo(f"warning: listening on {host}, not loopback: anyone who can reach this address sees every run "
+                   "in the journal" + (" and can decide its approvals" if allow_decisions else ""), err=True)
     try:
         sock = _bind(host, port)
     except OSError as exc:
         raise _error(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_port = sock.getsockname()[1]
-    if not is_loopback(host):
-        typer.echo(f"warning: listening on {host}, not loopback: anyone who can reach this address sees every run "
-                   "in the journal" + (" and can decide its approvals" if allow_decisions else ""), err=True)
     shown = f"[{host}]" if ":" in host else host
     mode = "decisions allowed" if allow_decisions else "read-only"
     typer.echo(f"cuaderno ui: http://{shown}:{bound_port}/ ({mode}); Ctrl-C stops it", err=True)

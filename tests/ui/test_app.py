@@ -280,3 +280,18 @@ def test_journal_urls() -> None:
     for bad in ("postgresql://localhost/test", "sqlite://", "sqlite:///", ""):
         with pytest.raises(UsageError):
             journal_path(bad)
+
+
+def test_a_long_run_draws_its_last_steps_and_links_to_all(client: TestClient, db: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_timeline, "STEPS_SHOWN", 3)
+    steps = len({e.step_id for e in events(db, "pay-1")})
+    page = client.get("/run", params={"id": "pay-1"}).text
+    assert page.count('<rect class="bar') == 3 and f"Show all {steps} steps" in page
+    assert "t0001.tool00.approval" in page and 'id="s0"' not in page  # the last ones, not the first
+    every = client.get("/run", params={"id": "pay-1", "steps": "all"}).text
+    assert every.count('<rect class="bar') == steps and "Show all" not in every
+    monkeypatch.setattr(_timeline, "INLINE_EVENTS", 2)  # past it, payloads are links
+    page = client.get("/run", params={"id": "pay-1"}).text
+    assert '<pre class="payload">' not in page.split('<section class="steps">')[1].split("</section>")[0]
+    assert "payloads are one click away" in page

@@ -16,10 +16,18 @@ from cuaderno._cli_render import _money as money
 from cuaderno._cli_render import dumps
 from cuaderno.events import StepEvent
 
-__all__ = ["PAYLOAD_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
+__all__ = ["INLINE_EVENTS", "PAYLOAD_SHOWN", "STEPS_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
 
 PAYLOAD_SHOWN: Final = 4_000
 """Characters of a payload shown in a step; the rest behind a link to the whole payload."""
+
+INLINE_EVENTS: Final = 1_200
+"""Up to this many events, a run page holds every payload (cut at :data:`PAYLOAD_SHOWN`); past
+it, each event links to its payload instead."""
+
+STEPS_SHOWN: Final = 300
+"""A run page draws and lists this many steps, the last ones, unless asked for all: a
+1000-turn run's 2,001 steps made a page of 2.4 MB that took a second to render."""
 
 # The picture's geometry, in SVG user units.
 _WIDTH: Final = 1000
@@ -57,6 +65,7 @@ class Step:
     priced: int = 0
     unpriced: int = 0
     # Geometry, set by build().
+    row: int = 0
     x: float = 0.0
     width: float = 0.0
     y: float = 0.0
@@ -97,6 +106,8 @@ class Timeline:
     axis_x1: float = 0.0
     row_h: int = _ROW_H
     span: float = 0.0
+    hidden: int = 0
+    """Steps before the first one drawn (a long run shows its last ones unless asked for all)."""
 
 
 def duration_text(seconds: float) -> str:
@@ -157,8 +168,9 @@ def _ticks(x0: float, x1: float, span: float) -> list[Tick]:
     return [Tick(x0 + (x1 - x0) * i / 4, duration_text(span * i / 4) if i else "0") for i in range(5)]
 
 
-def build(events: Sequence[StepEvent]) -> Timeline:
-    """The steps of a run, in the order each first appears in the journal, laid out on one axis."""
+def build(events: Sequence[StepEvent], *, last: int | None = None) -> Timeline:
+    """The steps of a run, in the order each first appears in the journal, laid out on one axis
+    (only the ``last`` ones when given: ``Timeline.hidden`` says how many came before)."""
     by_id: dict[str, Step] = {}
     for ev in events:
         step = by_id.get(ev.step_id)
@@ -168,7 +180,10 @@ def build(events: Sequence[StepEvent]) -> Timeline:
         if step.name is None and ev.name is not None:
             step.name = ev.name
     steps = list(by_id.values())
-    for step in steps:
+    hidden = max(0, len(steps) - last) if last is not None else 0
+    steps = steps[hidden:]
+    for row, step in enumerate(steps):
+        step.row = row
         _mark(step)
     x0, x1 = float(_LABEL_W + 10), float(_WIDTH - _COST_W - 10)
     t0 = min((s.start for s in steps), default=0.0)
@@ -178,9 +193,9 @@ def build(events: Sequence[StepEvent]) -> Timeline:
         step.x = x0 + (step.start - t0) * scale
         step.width = max(_MIN_BAR, (step.end - step.start) * scale)
         step.x = min(step.x, x1 - _MIN_BAR)
-        step.y = _TOP + step.index * _ROW_H
+        step.y = _TOP + step.row * _ROW_H
     return Timeline(steps=steps, ticks=_ticks(x0, x1, span), height=_TOP + len(steps) * _ROW_H + 8,
-                    axis_x0=x0, axis_x1=x1, span=span)
+                    axis_x0=x0, axis_x1=x1, span=span, hidden=hidden)
 
 
 def payload_text(ev: StepEvent) -> tuple[str, bool]:

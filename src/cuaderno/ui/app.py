@@ -209,23 +209,34 @@ class _UI:
         page = _positive(request.query_params.get("page"), "page", default=1)
         run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size)
         starts = self.index.starts(run_ids)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for run_id in run_ids:
-            cp = self.store.checkpoint(run_id)
+            try:
+                cp = self.store.checkpoint(run_id)
+            except JournalCorrupt as exc:  # one damaged summary does not hide the other runs
+                rows.append({"run_id": run_id, "damaged": str(exc)})
+                continue
             if cp is None:  # removed between the two reads
                 continue
             summary = render.run_summary(cp)
-            rows.append({"cp": cp, "start": starts.get(run_id), "cost": render.cost_text(cp, short=True),
+            rows.append({"run_id": run_id, "damaged": None, "cp": cp, "start": starts.get(run_id), "cost": render.cost_text(cp, short=True),
                          "pending": summary["pending_approvals"], "uncertain": summary["uncertain"]})
         pages = max(1, -(-total // self.page_size))
+        if page > pages:
+            raise _Refusal(404, "No such page", f"there are {pages} page(s) of runs{' with status ' + status if status else ''}")
         return self.page(request, "runs.html", rows=rows, status=status, statuses=STATUSES, page=page, pages=pages,
                          total=total)
 
     def run(self, request: Request) -> Response:
         run_id = _run_id(request)
         cp, events = _verified(self.store, run_id)
-        timeline = _timeline.build(events)
-        payloads = {ev.seq: _timeline.payload_text(ev) for ev in events}
+        every = request.query_params.get("steps") == "all"
+        timeline = _timeline.build(events, last=None if every else _timeline.STEPS_SHOWN)
+        shown = [ev for step in timeline.steps for ev in step.events]
+        # A long run's payloads stay behind their links: every one inline would make a page of
+        # megabytes (a 1000-turn run: 3 MB, 2 s) where the picture and the facts are what is read.
+        inline = len(shown) <= _timeline.INLINE_EVENTS
+        payloads = {ev.seq: _timeline.payload_text(ev) for ev in shown} if inline else {}
         start = next((ev for ev in events if ev.step_id == "run" and ev.phase == "start"), None)
         detail = render.run_detail(cp, events)
         outcome = render.dumps(cp.outcome, indent=2) if cp.outcome is not None else None
