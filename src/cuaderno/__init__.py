@@ -39,6 +39,7 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent
+from cuaderno.forks import export_lines, fork
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.empty import classify_response
 from cuaderno.gateway.pricing import PriceTable
@@ -126,6 +127,8 @@ __all__ = [
     "classify_response",
     "compensate",
     "deny",
+    "export_lines",
+    "fork",
     "pending_approvals",
     "rebuild_summary",
     "resolve",

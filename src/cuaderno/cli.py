@@ -32,6 +32,7 @@ from rich.console import Console
 
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
+from cuaderno._cli_fork import export_command, fork_command
 from cuaderno._cli_ui import ui_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
@@ -351,6 +352,8 @@ def rebuild_summary(
 
 
 app.command("ui")(ui_command)
+app.command("fork")(fork_command)
+app.command("export")(export_command)
 
 
 def main() -> None:

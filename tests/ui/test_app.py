@@ -14,7 +14,8 @@ from starlette.testclient import TestClient
 from cuaderno import SqliteCheckpointer, StepEvent
 from cuaderno.errors import UsageError
 from cuaderno.ui import _timeline
-from cuaderno.ui.app import create_app, journal_path
+from cuaderno.ui._journal import journal_path
+from cuaderno.ui.app import create_app
 
 APPROVAL = "t0001.tool00.approval"
 

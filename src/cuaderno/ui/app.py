@@ -65,6 +65,7 @@ from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.ui import _timeline
 from cuaderno.ui._index import RunIndex
+from cuaderno.ui._journal import journal_path, open_journal
 
 __all__ = ["LOOPBACK_HOSTS", "STATUSES", "create_app", "journal_path"]
 
@@ -74,43 +75,6 @@ PAGE_SIZE: Final = 50
 _HERE: Final = Path(__file__).resolve().parent
 _CSP: Final = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                "frame-ancestors 'none'; base-uri 'none'")
-
-
-def journal_path(url: str | Path) -> Path:
-    """The SQLite file a ``--journal`` value names: a path, or ``sqlite:///relative/path`` and
-    ``sqlite:////absolute/path`` (SQLAlchemy's spelling). Other schemes are refused for now.
-
-    Raises:
-        UsageError: a URL of another scheme, or an empty path.
-    """
-    text = str(url)
-    if "://" in text:
-        scheme, _, rest = text.partition("://")
-        if scheme != "sqlite":
-            raise UsageError(f"journal {text!r}: only SQLite journals (a path or sqlite:///path) are supported "
-                             f"today, not {scheme!r}")
-        if not rest.startswith("/") or rest == "/":
-            raise UsageError(f"journal {text!r}: write sqlite:///relative/path or sqlite:////absolute/path")
-        text = rest[1:]
-    if not text:
-        raise UsageError("the journal path is empty")
-    return Path(text)
-
-
-def open_journal(url: str | Path, *, readonly: bool) -> SqliteCheckpointer:
-    """The journal, opened only if it already exists (opening a missing path would create one).
-
-    Raises:
-        UsageError: no such file, a directory, an empty file; JournalError: not a journal.
-    """
-    path = journal_path(url)
-    if not path.exists():
-        raise UsageError(f"no journal at {str(path)!r}: the file does not exist; nothing was created")
-    if path.is_dir():
-        raise UsageError(f"{str(path)!r} is a directory, not a journal file")
-    if path.stat().st_size == 0:
-        raise UsageError(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
-    return SqliteCheckpointer(path, create=False, readonly=readonly)
 
 
 # -- templates ------------------------------------------------------------------------------------------
