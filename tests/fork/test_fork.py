@@ -102,6 +102,15 @@ def test_a_fork_replays_up_to_its_step_without_paying_or_running_anything_again(
     assert fork_cp.count("model_calls") == 3 and fork_cp.count("tool_calls") == 2
 
 
+def test_a_fork_after_the_effect_keeps_it_and_pays_only_the_last_turn(original: Path, tmp_path: Path) -> None:
+    DONE.clear()
+    with SqliteCheckpointer(original) as store:
+        fork(store, "orig", at="t0002.model", new_run_id="fork-2")
+    billing = tmp_path / "billing-fork-2.jsonl"
+    assert run(original, "fork-2", billing) == "completed"  # approved in the original: no person asked again
+    assert len(read_records(billing)) == 1 and DONE == []  # turns 0 and 1 not paid; no tool ran again
+
+
 @pytest.mark.parametrize(("at", "needle"), [
     ("t0009.model", "has no step 't0009.model'"),
     ("run", "cannot fork at 'run'"),
@@ -197,3 +206,16 @@ def test_the_command_line(original: Path, tmp_path: Path) -> None:
     assert refused.exit_code == 2 and "exists" in refused.stderr
     missing = runner.invoke(app, ["--db", str(original), "export", "nope"])
     assert missing.exit_code == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_the_page_says_where_a_fork_came_from(original: Path) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from cuaderno.ui.app import create_app
+
+    with SqliteCheckpointer(original) as store:
+        fork(store, "orig", at="t0001.model", new_run_id="fork-page")
+    with TestClient(create_app(original, allowed_hosts=["testserver"])) as client:
+        page = client.get("/run", params={"id": "fork-page"}).text
+    assert 'forked from</dt><dd><a href="/run?id=orig">orig</a> at <span class="mono">t0001.model</span>' in page

@@ -249,6 +249,15 @@ def test_the_list_pages_filters_and_refuses_unknown_statuses(tmp_path: Path) -> 
         done = re.findall(r'href="/run\?id=(r\d{4})"', client.get("/", params={"status": "completed"}).text)
         assert len(done) == 40 and all(int(r[1:]) % 3 == 0 for r in done)
         assert "task 119" in client.get("/").text
+        # Ordered by start: r0000 was updated last (its final came after everything), yet started first.
+        with SqliteCheckpointer(db) as store:
+            store.append([StepEvent(run_id="r0000", step_id="run", phase="counters", kind="run",
+                                    payload={"counters": {"retries": 0}})])
+        assert re.findall(r'href="/run\?id=(r\d{4})"', client.get("/").text)[0] == "r0000"
+        by_start = client.get("/", params={"order": "started", "page": "3"}).text
+        assert re.findall(r'href="/run\?id=(r\d{4})"', by_start)[-1] == "r0000"
+        assert 'href="/?page=2&amp;order=started"' in by_start  # the order is kept page to page
+        assert client.get("/", params={"order": "sideways"}).status_code == 400
         assert client.get("/", params={"status": "bogus"}).status_code == 400
         assert client.get("/", params={"page": "0"}).status_code == 400
 

@@ -42,15 +42,22 @@ class RunIndex:
         self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
 
-    def page(self, status: str | None, offset: int, size: int) -> tuple[list[str], int]:
-        """The run ids of one page, and how many runs match in all. Ordered as ``list_runs``
-        orders them (``updated_at`` descending), the run id breaking ties so pages never overlap."""
+    def page(self, status: str | None, offset: int, size: int, *, by_start: bool = False) -> tuple[list[str], int]:
+        """The run ids of one page, and how many runs match in all. Newest first: by last update
+        as ``list_runs`` orders them, or (``by_start``) by when each run started; the run id
+        breaks ties, so pages never overlap."""
         with self._lock:
             total = self._db.execute("SELECT COUNT(*) FROM cuaderno_runs WHERE (? IS NULL OR status = ?)",
                                      (status, status)).fetchone()[0]
-            rows = self._db.execute(
-                "SELECT run_id FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
-                "ORDER BY updated_at DESC, run_id LIMIT ? OFFSET ?", (status, status, size, offset)).fetchall()
+            if by_start:
+                rows = self._db.execute(
+                    "SELECT r.run_id FROM cuaderno_runs r LEFT JOIN cuaderno_events e ON e.run_id = r.run_id "
+                    "AND e.step_id = 'run' AND e.phase = 'start' WHERE (? IS NULL OR r.status = ?) "
+                    "ORDER BY e.created_at DESC, r.run_id LIMIT ? OFFSET ?", (status, status, size, offset)).fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT run_id FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
+                    "ORDER BY updated_at DESC, run_id LIMIT ? OFFSET ?", (status, status, size, offset)).fetchall()
         return [row[0] for row in rows], int(total)
 
     def starts(self, run_ids: list[str]) -> dict[str, RunStart]:

@@ -171,7 +171,11 @@ class _UI:
         if status is not None and status not in STATUSES:
             raise _Refusal(400, "Unknown status", f"{status!r} is not a run status; use one of: {', '.join(STATUSES)}")
         page = _positive(request.query_params.get("page"), "page", default=1)
-        run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size)
+        order = request.query_params.get("order") or "updated"
+        if order not in ("updated", "started"):
+            raise _Refusal(400, "Bad request", f"order must be 'updated' or 'started', got {order[:40]!r}")
+        run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size,
+                                         by_start=order == "started")
         starts = self.index.starts(run_ids)
         rows: list[dict[str, Any]] = []
         for run_id in run_ids:
@@ -188,8 +192,10 @@ class _UI:
         pages = max(1, -(-total // self.page_size))
         if page > pages:
             raise _Refusal(404, "No such page", f"there are {pages} page(s) of runs{' with status ' + status if status else ''}")
+        # The filters and the order every link of the list keeps.
+        keep = {k: v for k, v in (("status", status), ("order", order if order != "updated" else None)) if v}
         return self.page(request, "runs.html", rows=rows, status=status, statuses=STATUSES, page=page, pages=pages,
-                         total=total)
+                         total=total, order=order, keep=keep)
 
     def run(self, request: Request) -> Response:
         run_id = _run_id(request)
@@ -210,6 +216,7 @@ class _UI:
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
                          task=start.payload.get("task") if start is not None else None,
+                         forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
                          groups=_counter_groups(cp), cost=render.cost_text(cp, short=False),
                          outcome=outcome if outcome is None else outcome[:_timeline.PAYLOAD_SHOWN],
@@ -289,6 +296,12 @@ class _UI:
     def done(self, run_id: str, message: str) -> Response:
         token = self.flash.put(message)
         return RedirectResponse("/run?" + urlencode({"id": run_id, "flash": token}), status_code=303)
+
+
+def _forked_from(start: StepEvent | None) -> dict[str, Any] | None:
+    """Where a fork came from (``cuaderno fork`` records it in the run's start), if it is one."""
+    origin = start.payload.get("forked_from") if start is not None else None
+    return origin if isinstance(origin, dict) and isinstance(origin.get("run_id"), str) else None
 
 
 def _counter_groups(cp: Checkpoint) -> list[tuple[str, list[tuple[str, int]]]]:
