@@ -145,6 +145,7 @@ def test_a_stale_page_is_refused_and_nothing_is_written_twice(client: TestClient
     for action in ("/approve", "/deny"):
         again = client.post(action, data={**fields, "by": "bea"}, follow_redirects=False)
         assert again.status_code == 409 and "out of date" in again.text, again.text
+        assert '<a href="/run?id=pay-1">Reload the run</a>' in again.text
     assert len(events(db, "pay-1")) == n
 
 

@@ -161,8 +161,9 @@ class _UI:
         return self.templates.TemplateResponse(request, name, context, status_code=code)
 
     def refused(self, request: Request, exc: _Refusal) -> Response:
-        return self.page(request, "error.html", exc.status, title=exc.title, message=exc.message,
-                         run_id=request.query_params.get("id"))
+        # A refused decision links back to its run (the POST named it in its form).
+        run_id = getattr(request.state, "run_id", None) or request.query_params.get("id")
+        return self.page(request, "error.html", exc.status, title=exc.title, message=exc.message, run_id=run_id)
 
     # -- reading ------------------------------------------------------------------------------------
 
@@ -249,6 +250,7 @@ class _UI:
             raise _Refusal(400, "Bad form", f"the form could not be read ({type(exc).__name__}); nothing was written") \
                 from exc
         fields = {k: v for k, v in raw.items() if isinstance(v, str)}
+        request.state.run_id = fields.get("run")
         token = fields.get("csrf", "")
         if not secrets.compare_digest(token.encode(), self.csrf.encode()):
             raise _Refusal(403, "Refused", "the form carries no valid CSRF token (it was not sent by this page, or "
