@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +307,21 @@ def test_a_long_run_draws_its_last_steps_and_links_to_all(client: TestClient, db
     page = client.get("/run", params={"id": "pay-1"}).text
     assert '<pre class="payload">' not in page.split('<section class="steps">')[1].split("</section>")[0]
     assert "payloads are one click away" in page
+
+
+def test_a_hostile_step_id_in_a_decision_is_refused_and_shown_escaped(client: TestClient, db: Path) -> None:
+    fields = form_of(client.get("/run", params={"id": "pay-1"}).text)
+    reply = client.post("/approve", data={**fields, "step": "<script>x</script>\u202e", "by": "ana"})
+    assert reply.status_code == 409 and "&lt;script&gt;x&lt;/script&gt;" in reply.text
+    assert "<script>" not in reply.text and "\u202e" not in reply.text
+    assert status(db, "pay-1") == "suspended"
+
+
+def test_a_journal_gone_under_the_server_is_a_page_not_a_traceback(db: Path) -> None:
+    with TestClient(create_app(db, allowed_hosts=["testserver"]), raise_server_exceptions=False) as client:
+        app_state = client.get("/")
+        assert app_state.status_code == 200
+        with sqlite3.connect(db) as raw:
+            raw.execute("DROP TABLE cuaderno_runs")
+        for reply in (client.get("/"), client.get("/run", params={"id": "pay-1"})):
+            assert reply.status_code == 500 and "refusal" in reply.text and "Traceback" not in reply.text

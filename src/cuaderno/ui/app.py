@@ -366,16 +366,20 @@ def _refusing(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with cuaderno's typed errors turned into a refusal shown on the page."""
     try:
         return fn(*args, **kwargs)
-    except RunNotFound as exc:
-        raise _Refusal(404, "No such run", str(exc)) from exc
-    except (ApprovalMismatch, NotWaitingForApproval, NotUncertain, RunClosed) as exc:
-        raise _Refusal(409, "Refused", _STALE + str(exc)) from exc
-    except JournalCorrupt as exc:
-        raise _Refusal(500, "Journal damaged", str(exc)) from exc
-    except (UsageError, JournalError, CuadernoError) as exc:
-        raise _Refusal(409, "Refused", str(exc) or type(exc).__name__) from exc
-    except sqlite3.Error as exc:
-        raise _Refusal(500, "Journal error", f"the journal refused the operation: {exc}") from exc
+    except (CuadernoError, sqlite3.Error) as exc:
+        raise _refusal(exc) from exc
+
+
+def _refusal(exc: CuadernoError | sqlite3.Error) -> _Refusal:
+    if isinstance(exc, RunNotFound):
+        return _Refusal(404, "No such run", str(exc))
+    if isinstance(exc, (ApprovalMismatch, NotWaitingForApproval, NotUncertain, RunClosed)):
+        return _Refusal(409, "Refused", _STALE + str(exc))
+    if isinstance(exc, JournalCorrupt):
+        return _Refusal(500, "Journal damaged", str(exc))
+    if isinstance(exc, sqlite3.Error):  # the file went away or was replaced under the server
+        return _Refusal(500, "Journal error", f"the journal refused the operation: {exc}")
+    return _Refusal(409, "Refused", str(exc) or type(exc).__name__)
 
 
 def _handler(ui: _UI, fn: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
@@ -388,6 +392,8 @@ def _handler(ui: _UI, fn: Callable[[Request], Any]) -> Callable[[Request], Await
             return response
         except _Refusal as exc:
             return ui.refused(request, exc)
+        except (CuadernoError, sqlite3.Error) as exc:  # a read outside _refusing (the list, its index)
+            return ui.refused(request, _refusal(exc))
     return endpoint
 
 
@@ -398,6 +404,8 @@ def _sync_handler(ui: _UI, fn: Callable[[Request], Response]) -> Callable[[Reque
             return response
         except _Refusal as exc:
             return ui.refused(request, exc)
+        except (CuadernoError, sqlite3.Error) as exc:  # a read outside _refusing (the list, its index)
+            return ui.refused(request, _refusal(exc))
     return endpoint
 
 
