@@ -54,12 +54,10 @@ from cuaderno.errors import (
     ApprovalMismatch,
     CuadernoError,
     JournalCorrupt,
-    JournalError,
     NotUncertain,
     NotWaitingForApproval,
     RunClosed,
     RunNotFound,
-    UsageError,
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
