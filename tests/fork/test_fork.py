@@ -219,3 +219,14 @@ def test_the_page_says_where_a_fork_came_from(original: Path) -> None:
     with TestClient(create_app(original, allowed_hosts=["testserver"])) as client:
         page = client.get("/run", params={"id": "fork-page"}).text
     assert 'forked from</dt><dd><a href="/run?id=orig">orig</a> at <span class="mono">t0001.model</span>' in page
+
+
+def test_export_keeps_unicode_readable_and_escapes_a_lone_surrogate(tmp_path: Path) -> None:
+    with SqliteCheckpointer(tmp_path / "u.db") as store:
+        store.append([StepEvent(run_id="u", step_id="run", phase="start", kind="run", fingerprint="f",
+                                payload={"task": "pagar a Añá", "versions": {}})])
+        store.append([StepEvent(run_id="u", step_id="final", phase="result", kind="final",
+                                payload={"output": "half a pair: \ud800"})])
+        lines = list(export_lines(store, "u"))
+    assert "Añá" in lines[0]  # readable as it is
+    assert lines[1].isascii() and json.loads(lines[1])["payload"]["output"] == "half a pair: \ud800"

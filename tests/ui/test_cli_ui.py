@@ -103,3 +103,16 @@ def test_an_unreadable_summary_is_one_row_of_the_list(db: Path) -> None:
         assert reply.status_code == 200 and "damaged" in reply.text and "is not JSON" in reply.text
         assert "pay-1" in reply.text and "r-uncertain" in reply.text
         assert client.get("/run", params={"id": "pay-2"}).status_code == 500
+
+
+@pytest.mark.parametrize(("bound", "host", "code"), [
+    ("127.0.0.1", "127.0.0.1:8765", 200), ("127.0.0.1", "localhost:8765", 200), ("::1", "[::1]:8765", 200),
+    ("127.0.0.1", "attacker.example:8765", 400), ("127.0.0.1", "127.0.0.1.attacker.example", 400),
+])
+def test_the_host_header_must_name_where_the_server_was_bound(db: Path, bound: str, host: str, code: int) -> None:
+    from starlette.testclient import TestClient
+
+    from cuaderno.ui.app import create_app
+
+    with TestClient(create_app(db, allowed_hosts=allowed_hosts(bound))) as client:
+        assert client.get("/", headers={"host": host}).status_code == code
