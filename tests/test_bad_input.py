@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from cuaderno import (
     Agent,
     ApprovalMismatch,
+    Compensation,
     ErrorClass,
     FinalStep,
     JournalCorrupt,
@@ -26,6 +27,7 @@ from cuaderno import (
     ToolCall,
     ToolContext,
     ToolError,
+    ToolResultInvalid,
     UncertainEffect,
     UsageError,
     approve,
@@ -92,8 +94,24 @@ async def test_a_paid_response_with_unusable_arguments_is_journaled_once(store: 
     assert store.checkpoint("nan").count("model_calls") == 2  # the first response was journaled, not lost
 
 
-@pytest.mark.parametrize("value", [float("nan"), {"x": float("inf")}, 10**5000], ids=["nan", "inf", "bigint"])
+def _circular() -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    value["self"] = value
+    return value
+
+
+def _deep(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value", [float("nan"), {"x": float("inf")}, 10**5000, object(), _circular(), _deep(3000),
+                                   _deep(250)],
+                         ids=["nan", "inf", "bigint", "object", "circular", "deep-3000", "deep-250"])
 async def test_a_result_json_cannot_hold_ends_the_run_as_a_bug_with_its_evidence(store: Any, value: Any) -> None:
+    """Issue 19 item 7a: the caller used to get a plain TypeError or ValueError (pydantic's)."""
     ran: list[int] = []
 
     @tool
@@ -104,13 +122,70 @@ async def test_a_result_json_cannot_hold_ends_the_run_as_a_bug_with_its_evidence
 
     agent = Agent(instructions="x", tools=[pay])
     script = [ScriptedGateway.call("pay", to="a"), ScriptedGateway.text("x")]
-    with pytest.raises(TypeError):
+    with pytest.raises(ToolResultInvalid) as caught:
         await collect(agent, "t", Session("r", ScriptedGateway(script), store))
+    err = caught.value
+    assert isinstance(err, UsageError)
+    assert (err.run_id, err.step_id, err.tool) == ("r", "t0000.tool00", "pay")
+    assert "'pay'" in str(err) and "'t0000.tool00'" in str(err)
     cp = store.checkpoint("r")
     assert cp.status == "failed" and cp.outcome["reason"] == "bug" and ran == [1]
+    # The evidence is journaled whole (the error, the run's end), and nothing of the value.
+    result = next(e for e in store.load("r") if e.step_id == "t0000.tool00" and e.phase == "result")
+    assert result.payload["outcome"] == "error" and "value" not in result.payload
+    assert result.payload["error"]["type"] == "ToolResultInvalid" and "'pay'" in result.payload["error"]["message"]
     with pytest.raises(RunClosed):
         await collect(agent, "t", Session("r", ScriptedGateway(script), store))
     assert ran == [1]
+
+
+async def test_a_lookup_receipt_the_journal_cannot_hold_leaves_the_effect_uncertain(store: Any) -> None:
+    """The effect happened (the lookup found it) but its receipt cannot be journaled: a person settles it.
+    Before, the result's write failed with a UsageError naming neither the tool nor why."""
+    looked: list[str] = []
+
+    def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
+        looked.append(ctx.effect_key)
+        return {"receipt": float("nan")}
+
+    @tool(lookup=lookup)
+    def pay(to: str) -> Any:
+        """Pay."""
+        raise ToolError("timed out after sending", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+    agent = Agent(instructions="x", tools=[pay])
+    script = [ScriptedGateway.call("pay", to="a"), ScriptedGateway.text("x")]
+    with pytest.raises(UncertainEffect) as caught:
+        await collect(agent, "t", Session("r", ScriptedGateway(script), store))
+    evidence = caught.value.evidence
+    assert evidence["reason"] == "lookup failed" and "ToolResultInvalid" in evidence["lookup_error"]
+    assert "(nan)" in evidence["lookup_error"] and len(looked) == 1
+    cp = store.checkpoint("r")
+    assert cp.status == "needs_human" and "t0000.tool00" in cp.uncertain
+    assert not any(e.phase == "result" for e in store.load("r") if e.step_id == "t0000.tool00")
+
+
+async def test_compensation_arguments_the_journal_cannot_hold_do_not_lose_the_result(store: Any) -> None:
+    """The tool ran; a compensation whose arguments hold a NaN is recorded as unusable, and the result
+    is journaled. Before, the result's write failed (UsageError) after the effect happened."""
+    @tool
+    def undo(to: str) -> Any:
+        """Undo."""
+        return {"ok": True}
+
+    @tool(compensation=Compensation("undo", lambda arguments, value: {"to": float("nan")}))
+    def pay(to: str) -> Any:
+        """Pay."""
+        return {"receipt": "r-1"}
+
+    agent = Agent(instructions="x", tools=[pay, undo])
+    script = [ScriptedGateway.call("pay", to="a"), ScriptedGateway.text("x")]
+    steps = await collect(agent, "t", Session("r", ScriptedGateway(script), store))
+    assert isinstance(steps[-1], FinalStep)
+    result = next(e for e in store.load("r") if e.step_id == "t0000.tool00" and e.phase == "result")
+    assert result.payload["value"] == {"receipt": "r-1"}
+    compensation = result.payload["compensation"]
+    assert compensation["arguments"] is None and "(nan)" in compensation["error"]
 
 
 def test_the_cli_never_changes_a_file_that_is_not_a_journal(tmp_path: Path) -> None:

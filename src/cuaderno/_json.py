@@ -23,8 +23,12 @@ from collections.abc import Callable
 from json import encoder as _encoder
 from typing import Any, NoReturn
 
-__all__ = ["MAX_DEPTH", "compact", "compact_ascii", "loads_object", "not_plain", "shown", "sorted_compact",
-           "sorted_compact_ascii", "sorted_compact_nan"]
+from pydantic_core import to_jsonable_python
+
+from cuaderno.errors import ToolResultInvalid
+
+__all__ = ["MAX_DEPTH", "compact", "compact_ascii", "journalable", "loads_object", "not_plain", "shown",
+           "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
 
 
 def _default(value: object) -> NoReturn:
@@ -112,6 +116,29 @@ def not_plain(value: Any) -> str | None:
         else:
             return f"a value of type {type(item).__name__}"
     return None
+
+
+def journalable(value: Any, *, run_id: str, step_id: str, tool: str) -> Any:
+    """What a tool (or its lookup) returned, as the plain JSON the journal stores.
+
+    Converted the way pydantic serialises (``to_jsonable_python``: a tuple or a set becomes a
+    list, a model or a dataclass a dict, a datetime ISO text), then checked with
+    :func:`not_plain`, so the value staged is one every encoder here accepts and the
+    transaction that writes it cannot fail half-way on it.
+
+    Raises:
+        ToolResultInvalid: naming the run, the step and the tool, for a value with no JSON form
+            (an unknown type, a circular reference, nesting past pydantic's limit) or one the
+            journal refuses (NaN, infinity, an integer too long, nesting past :data:`MAX_DEPTH`).
+    """
+    try:
+        plain = to_jsonable_python(value)
+    except (ValueError, TypeError, RecursionError) as exc:  # PydanticSerializationError is a ValueError
+        raise ToolResultInvalid(run_id, step_id, tool, f"no JSON form: {exc}") from None
+    problem = not_plain(plain)
+    if problem is not None:
+        raise ToolResultInvalid(run_id, step_id, tool, problem)
+    return plain
 
 
 # The scanner behind json.loads (C when available), called without json.loads's per-call set-up.

@@ -12,7 +12,11 @@ The command line is a client of the public API only: it reads through the
 nothing but what :func:`cuaderno.harness.approve` and :func:`cuaderno.harness.deny` append.
 
 A journal that does not exist is never created: every command needs an existing file. Every
-cuaderno error prints one ``error: ...`` line on stderr and exits with status 2, as do usage errors.
+cuaderno error prints one ``error: ...`` line on stderr and exits with status 2, as do usage errors
+(an unknown option, a missing argument, a mistyped command: click's three lines are one here). A
+long value is cut in that line and its length given. Text the terminal's encoding cannot show
+(``PYTHONIOENCODING=ascii``, a run id with an accent) is printed as backslash escapes, never as a
+traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 import os
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +34,24 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 from rich.console import Console
 
+from typer.core import TyperGroup
+
+# typer 0.29 carries its own copy of click, whose exceptions are not click's; older typers use
+# click itself. Either way these are the classes the command group raises.
+try:
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.exceptions import UsageError as ClickUsageError
+except ImportError:  # pragma: no cover - typer without a bundled click
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+    from click.exceptions import UsageError as ClickUsageError  # type: ignore[no-redef]
+
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
 from cuaderno._cli_fork import export_command, fork_command
 from cuaderno._cli_ui import ui_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
-from cuaderno.errors import CuadernoError
+from cuaderno.errors import CuadernoError, clipped, quoted
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
 __all__ = ["ERROR_EXIT", "STATUSES", "app", "main"]
@@ -49,8 +64,42 @@ DEFAULT_DB: Final = "runs.db"
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (``--status`` accepts only these: a typo would list nothing, silently)."""
 
+class _OneLineUsageErrors(TyperGroup):
+    """The command group, printing a usage error as the one ``error:`` line every refusal is.
+
+    In standalone mode click prints a usage error as three lines (``Usage:``, ``Try ...``,
+    ``Error: ...``); the command is run here in non-standalone mode and its exceptions are
+    turned into what standalone mode does, except that line. ``cuaderno`` alone still prints
+    the help (click raises that as a usage error too).
+    """
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
+        except NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except ClickUsageError as exc:
+            command = exc.ctx.command_path if exc.ctx is not None else "cuaderno"
+            _say_error(f"{exc.format_message()} (see `{command} --help`)")
+            sys.exit(ERROR_EXIT)
+        except ClickException as exc:
+            _say_error(exc.format_message())
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        # Non-standalone, click returns the code of a typer.Exit, or the command's value (None).
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
     name="cuaderno",
+    cls=_OneLineUsageErrors,
     help="Inspect durable agent runs and decide their pending approvals.",
     no_args_is_help=True,
     add_completion=False,
@@ -88,7 +137,8 @@ def _stdout() -> Console:
 
 
 def _say_error(message: str) -> None:
-    line = render.clean(" ".join(message.split()))
+    # One line, and a bounded one: a megabyte run id or option is cut, with its length.
+    line = render.clean(clipped(" ".join(message.split())))
     Console(stderr=True, markup=False, emoji=False, highlight=False).print(f"error: {line}", soft_wrap=True)
 
 
@@ -132,12 +182,12 @@ def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[SqliteChec
     options: _Options = ctx.obj
     path = options.db
     if not path.exists():
-        raise _Refused(f"no journal at {str(path)!r}: the file does not exist "
+        raise _Refused(f"no journal at {quoted(str(path))}: the file does not exist "
                        "(pass --db PATH or set CUADERNO_DB); nothing was created")
     if path.is_dir():
-        raise _Refused(f"{str(path)!r} is a directory, not a journal file")
+        raise _Refused(f"{quoted(str(path))} is a directory, not a journal file")
     if path.stat().st_size == 0:
-        raise _Refused(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
+        raise _Refused(f"{quoted(str(path))} is an empty file, not a cuaderno journal; nothing was written")
     store = SqliteCheckpointer(path, create=False, readonly=readonly)
     try:
         yield store
@@ -163,7 +213,7 @@ def list_runs(
     """List runs, most recently updated first: status, model and tool calls, cost, pending approvals,
     uncertain effects."""
     if status is not None and status not in STATUSES:
-        _fail(f"--status {status!r} is not a run status; use one of: {', '.join(STATUSES)}")
+        _fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}")
     with _refusals(), _store(ctx, readonly=True) as store:
         runs = store.list_runs(status=status, limit=limit)
     if as_json:
@@ -189,7 +239,7 @@ def show(
     with _refusals(), _store(ctx, readonly=True) as store:
         cp = store.checkpoint(run)
         if cp is None:
-            raise _Refused(f"no run {run!r} in {str(ctx.obj.db)!r}")
+            raise _Refused(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
         events = None
         if timeline:
             # Read (and hash-check) the whole journal before printing anything, and the summary
@@ -356,6 +406,23 @@ app.command("fork")(fork_command)
 app.command("export")(export_command)
 
 
+def _escape_what_cannot_be_encoded() -> None:
+    """Write characters the output's encoding lacks as backslash escapes (``\\xe9``), not fail.
+
+    Under ``PYTHONIOENCODING=ascii`` (or a C locale), printing a run id with an accent raised
+    ``UnicodeEncodeError`` out of rich: a traceback instead of the run. The escape is visible
+    and unambiguous; the JSON output is ASCII already.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is None:  # not a text file (replaced by an embedding program)
+            continue
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # closed, or already written to in a way that forbids it
+            pass
+
+
 def main() -> None:
     """The ``cuaderno`` console script.
 
@@ -364,6 +431,7 @@ def main() -> None:
     head``) ends it quietly with status 1, as Python's documentation advises for a broken pipe
     (typer does the same for a pipe that breaks while a command writes).
     """
+    _escape_what_cannot_be_encoded()
     try:
         try:
             app(prog_name="cuaderno")

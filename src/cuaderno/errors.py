@@ -4,11 +4,14 @@ The tree::
 
     CuadernoError
     ├── UsageError                 a developer mistake (bad tool declaration, bad config)
+    │   └── ToolResultInvalid      a tool returned a value the journal cannot hold (NaN, a cycle...)
     ├── JournalError               the journal refused a read or a write
     │   ├── JournalConflict        another event already sits under the same (run_id, step_id, phase)
+    │   ├── RunChanged             the run changed between a read and a compare-and-set write
     │   ├── JournalCorrupt         the file or its row hash chain does not check out
     │   ├── SchemaTooNew           the journal was written by a newer cuaderno
-    │   └── FencedOut              another process took the run over; this one must stop
+    │   ├── FencedOut              another process took the run over; this one must stop
+    │   └── RunBusy                a live process is running the run; taking it over could repeat a step
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
@@ -28,13 +31,15 @@ The tree::
     └── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
 
 Errors never carry live objects: every field is plain data, so they can be journaled as evidence
-and read back by the CLI or a later version.
+and read back by the CLI or a later version. A message quotes what it was given through
+:func:`quoted`, which cuts a long value and says how long it was: a megabyte run id or tool
+output must not become a megabyte message (or a megabyte line on a terminal).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "ApprovalError",
@@ -53,16 +58,45 @@ __all__ = [
     "NotUncertain",
     "NotWaitingForApproval",
     "ReplayDivergence",
+    "RunBusy",
     "RunCancelled",
+    "RunChanged",
     "RunClosed",
     "RunNotFound",
     "SchemaTooNew",
     "ToolArgumentsInvalid",
     "ToolError",
+    "ToolResultInvalid",
     "UncertainEffect",
     "UsageError",
     "VersionMismatch",
+    "clipped",
+    "quoted",
 ]
+
+QUOTE_LIMIT: Final = 200
+"""Characters of a value (a run id, a step id, a tool name) quoted in a message before it is cut."""
+LINE_LIMIT: Final = 2_000
+"""Characters of a whole message (a description, a command line's error line) before it is cut."""
+
+
+def clipped(text: str, limit: int = LINE_LIMIT) -> str:
+    """``text``, or its first ``limit`` characters followed by ``...(N chars)``, N its full length.
+
+    ASCII on purpose: the marker must print on any terminal (``PYTHONIOENCODING=ascii``).
+    """
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for a message, cut like :func:`clipped` when long.
+
+    A string is cut *before* its repr is taken (a repr of a megabyte costs a megabyte), and the
+    length given is the string's own; anything else is cut after its repr.
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}...({len(value)} chars)"
+    return clipped(repr(value), limit)
 
 
 class ErrorClass(enum.StrEnum):
@@ -93,6 +127,25 @@ class UsageError(CuadernoError):
     """A developer mistake: fix the code, retrying will not help."""
 
 
+class ToolResultInvalid(UsageError):
+    """A tool (or its lookup) returned a value the journal cannot hold.
+
+    Not JSON (an object of no JSON form, a circular reference), a NaN or an infinity, an integer
+    too long to write in decimal, or nesting deeper than the journal accepts. The tool *ran*: its
+    effect may have happened, and its result is lost, so the loop ends the run ``failed`` (a bug)
+    with this error journaled as the step's evidence, in one transaction; no part of the value is
+    written. Fix the tool to return plain JSON (a dict, list, str, int, finite float, bool, None).
+    """
+
+    def __init__(self, run_id: str, step_id: str, tool: str, problem: str) -> None:
+        self.run_id, self.step_id, self.tool, self.problem = run_id, step_id, tool, problem
+        super().__init__(f"run {quoted(run_id)} step {quoted(step_id)}: tool {quoted(tool)} returned a value the "
+                         f"journal cannot hold ({clipped(problem)}); nothing of it was written")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.tool, self.problem))
+
+
 class JournalError(CuadernoError):
     """The journal refused a read or a write. Nothing was changed."""
 
@@ -107,7 +160,8 @@ class JournalConflict(JournalError):
     def __init__(self, run_id: str, step_id: str, phase: str) -> None:
         self.run_id, self.step_id, self.phase = run_id, step_id, phase
         super().__init__(
-            f"run {run_id!r}: a different event is already journaled at step {step_id!r} phase {phase!r}; "
+            f"run {quoted(run_id)}: a different event is already journaled at step {quoted(step_id)} "
+            f"phase {quoted(phase)}; "
             "the journal is append-only and was not changed"
         )
 
@@ -123,7 +177,7 @@ class RunChanged(JournalError):
 
     def __init__(self, run_id: str, expected: int, found: int) -> None:
         self.run_id, self.expected, self.found = run_id, expected, found
-        super().__init__(f"run {run_id!r} changed since it was read (event {found}, expected {expected}); "
+        super().__init__(f"run {quoted(run_id)} changed since it was read (event {found}, expected {expected}); "
                          "nothing was written")
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -143,8 +197,8 @@ class SchemaTooNew(JournalError):
     def __init__(self, found: int, supported: int, what: str = "journal schema") -> None:
         self.found, self.supported, self.what = found, supported, what
         super().__init__(
-            f"{what} version {found} is newer than this cuaderno supports ({supported}); "
-            "upgrade cuaderno to read it. Nothing was changed."
+            f"{clipped(what)} version {clipped(str(found), QUOTE_LIMIT)} is newer than this cuaderno supports "
+            f"({supported}); upgrade cuaderno to read it. Nothing was changed."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -161,7 +215,7 @@ class FencedOut(JournalError):
     def __init__(self, run_id: str, epoch: int, current: int) -> None:
         self.run_id, self.epoch, self.current = run_id, epoch, current
         super().__init__(
-            f"run {run_id!r}: this process holds epoch {epoch} but epoch {current} owns the run now; stopping"
+            f"run {quoted(run_id)}: this process holds epoch {epoch} but epoch {current} owns the run now; stopping"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -178,8 +232,8 @@ class RunBusy(JournalError):
 
     def __init__(self, run_id: str, holder: str) -> None:
         self.run_id, self.holder = run_id, holder
-        super().__init__(f"run {run_id!r} is being run by {holder}; wait for it, stop it, or take the run over "
-                         "with force (its step in flight may then run twice)")
+        super().__init__(f"run {quoted(run_id)} is being run by {clipped(str(holder), QUOTE_LIMIT)}; wait for it, "
+                         "stop it, or take the run over with force (its step in flight may then run twice)")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.holder))
@@ -190,7 +244,7 @@ class RunNotFound(CuadernoError):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(f"no run {run_id!r} in this journal")
+        super().__init__(f"no run {quoted(run_id)} in this journal")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id,))
@@ -202,10 +256,10 @@ class RunClosed(CuadernoError):
     def __init__(self, run_id: str, status: str) -> None:
         self.run_id, self.status = run_id, status
         if status == "needs_human":  # not ended: it goes on once a person settles the effect
-            super().__init__(f"run {run_id!r} has not ended, it is waiting for a person to settle an uncertain "
+            super().__init__(f"run {quoted(run_id)} has not ended, it is waiting for a person to settle an uncertain "
                              f"effect ({status}); settle it first with `cuaderno resolve` (see `cuaderno show`)")
         else:
-            super().__init__(f"run {run_id!r} already ended ({status})")
+            super().__init__(f"run {quoted(run_id)} already ended ({clipped(str(status), QUOTE_LIMIT)})")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.status))
@@ -220,7 +274,8 @@ class RunCancelled(CuadernoError):
     def __init__(self, run_id: str, record: dict[str, Any]) -> None:
         self.run_id, self.record = run_id, record
         completed, cleanup = len(record.get("completed") or []), len(record.get("cleanup") or [])
-        super().__init__(f"run {run_id!r} was cancelled ({record.get('reason') or 'no reason given'}): "
+        reason = clipped(str(record.get("reason") or "no reason given"))
+        super().__init__(f"run {quoted(run_id)} was cancelled ({reason}): "
                          f"{completed} effect{'' if completed == 1 else 's'} completed, "
                          f"{len(record.get('uncertain') or [])} uncertain, "
                          f"{cleanup} cleanup action{'' if cleanup == 1 else 's'} scheduled")
@@ -240,7 +295,8 @@ class ReplayDivergence(CuadernoError):
     def __init__(self, run_id: str, step_id: str, expected: str, found: str) -> None:
         self.run_id, self.step_id, self.expected, self.found = run_id, step_id, expected, found
         super().__init__(
-            f"run {run_id!r} step {step_id!r}: the journal recorded {expected}, but the code now asks for {found}. "
+            f"run {quoted(run_id)} step {quoted(step_id)}: the journal recorded {clipped(expected)}, "
+            f"but the code now asks for {clipped(found)}. "
             "Check that the agent (instructions, tools, code) is the one the run started with."
         )
 
@@ -259,8 +315,8 @@ class UncertainEffect(CuadernoError):
         self.run_id, self.step_id, self.evidence = run_id, step_id, evidence
         tool = evidence.get("tool", "?")
         super().__init__(
-            f"run {run_id!r} step {step_id!r}: tool {tool!r} was started and never recorded a result; "
-            "it may or may not have taken effect. Reconcile it by hand (see `cuaderno show`) before resuming."
+            f"run {quoted(run_id)} step {quoted(step_id)}: tool {quoted(tool)} was started and never recorded a "
+            "result; it may or may not have taken effect. Reconcile it by hand (see `cuaderno show`) before resuming."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -282,7 +338,8 @@ class VersionMismatch(CuadernoError):
         diff = {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
                 if recorded.get(k) != current.get(k)}
         super().__init__(
-            f"run {run_id!r} was started under other versions {diff}; choose explicitly how to resume "
+            f"run {quoted(run_id)} was started under other versions {clipped(str(diff))}; "
+            "choose explicitly how to resume "
             "(on_version_mismatch='resume'|'migrate'|'drain'|'cancel')"
         )
 
@@ -401,7 +458,7 @@ class BudgetExceeded(CuadernoError):
 
     def __init__(self, run_id: str, budget: str, limit: int) -> None:
         self.run_id, self.budget, self.limit = run_id, budget, limit
-        super().__init__(f"run {run_id!r}: budget {budget!r} exhausted (limit {limit})")
+        super().__init__(f"run {quoted(run_id)}: budget {quoted(budget)} exhausted (limit {limit})")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.budget, self.limit))

@@ -25,6 +25,8 @@ from cuaderno.errors import (
     NotWaitingForApproval,
     RunClosed,
     UsageError,
+    clipped,
+    quoted,
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
@@ -100,19 +102,20 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
     appr_id = step_id if step_id.endswith(".approval") else f"{step_id}.approval"
     pending = cp.pending.get(appr_id)
     if pending is None:
-        waiting = ", ".join(sorted(cp.pending)) or "none"
-        raise NotWaitingForApproval(f"run {run_id!r}: step {step_id!r} is not waiting for a decision "
+        waiting = clipped(", ".join(sorted(cp.pending)) or "none")
+        raise NotWaitingForApproval(f"run {quoted(run_id)}: step {quoted(step_id)} is not waiting for a decision "
                                     f"(waiting: {waiting})")
     shown = pending.get("fingerprint")
     if fingerprint is not None and fingerprint != shown:
-        raise ApprovalMismatch(f"run {run_id!r} step {appr_id!r}: {_mismatch(fingerprint, str(shown))}")
+        raise ApprovalMismatch(f"run {quoted(run_id)} step {quoted(appr_id)}: {_mismatch(fingerprint, str(shown))}")
     event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
                       decision=decision, fingerprint=shown,
                       payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
     try:
         return store.append([event])[0]
     except JournalConflict as exc:
-        raise NotWaitingForApproval(f"run {run_id!r}: step {appr_id!r} was already decided otherwise") from exc
+        raise NotWaitingForApproval(f"run {quoted(run_id)}: step {quoted(appr_id)} was already decided "
+                                    "otherwise") from exc
 
 
 def _mismatch(given: str, shown: str) -> str:
@@ -129,12 +132,8 @@ def _mismatch(given: str, shown: str) -> str:
     # Show both up to a few characters past the first difference, so they never look alike.
     differ = next((i for i, (a, b) in enumerate(zip(given, shown, strict=False)) if a != b), min(len(given), len(shown)))
     cut = max(12, differ + 4)
-
-    def part(value: str) -> str:
-        return value if len(value) <= cut else f"{value[:cut]}… ({len(value)} characters)"
-
-    return (f"the decision names arguments {part(given)}, but the pending call has {part(shown)}; show the person "
-            "the current arguments and decide again; nothing was written")
+    return (f"the decision names arguments {clipped(given, cut)}, but the pending call has {clipped(shown, cut)}; "
+            "show the person the current arguments and decide again; nothing was written")
 
 
 def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, result: Any = None,
@@ -186,8 +185,8 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     cp, events = verified(store, run_id)  # the evidence shown to the person is the journal's
     evidence = cp.uncertain.get(step_id)
     if evidence is None:
-        raise NotUncertain(f"run {run_id!r}: step {step_id!r} is not uncertain "
-                                    f"(uncertain: {', '.join(sorted(cp.uncertain)) or 'none'})")
+        raise NotUncertain(f"run {quoted(run_id)}: step {quoted(step_id)} is not uncertain "
+                           f"(uncertain: {clipped(', '.join(sorted(cp.uncertain)) or 'none')})")
     record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
     # The uncertain event, or (for an effect in flight when the run was closed) its intent.
     uncertain = next((ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain"), None) or next(
@@ -207,7 +206,7 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     try:
         return store.append([event])[0]
     except JournalConflict as exc:
-        raise NotUncertain(f"run {run_id!r}: step {step_id!r} was already settled otherwise") from exc
+        raise NotUncertain(f"run {quoted(run_id)}: step {quoted(step_id)} was already settled otherwise") from exc
 
 
 class SummaryRebuilt(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from pydantic_core import to_jsonable_python
 
 from cuaderno import telemetry
+from cuaderno._json import journalable, not_plain
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, not_happened_since_sent, tool_step_id
 from cuaderno.fingerprint import fingerprint
@@ -46,6 +47,8 @@ def _compensation(tool: Tool, call: ToolCall, value: Any) -> dict[str, Any] | No
         return None
     try:
         arguments = to_jsonable_python(tool.compensation.arguments(call.arguments, value))
+        if (problem := not_plain(arguments)) is not None:  # would fail the result's write, after the effect
+            raise ValueError(f"the compensation's arguments hold {problem}")
     except Exception as exc:
         return {"tool": tool.compensation.tool, "arguments": None, "error": f"{type(exc).__name__}: {exc}"}
     return {"tool": tool.compensation.tool, "arguments": arguments}
@@ -283,6 +286,7 @@ class ToolSteps(RunState):
             found = tool.lookup(self._context(step_id, call, ekey, attempt + 1), call.arguments)
             if inspect.isawaitable(found):
                 found = await found
+            found = journalable(found, run_id=self.run_id, step_id=step_id, tool=call.name)  # a receipt it can hold
         except Exception as exc:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
         if found is None:  # absence proven: the only case where sending again is safe
@@ -291,7 +295,7 @@ class ToolSteps(RunState):
                                                       "lookup": "found no effect"})
             return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="absent")
-        value = to_jsonable_python(found)
+        value = found
         # Found: the effect happened, so a cancellation must be able to undo it like any other.
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
                           counters=plus(counters, "reconciled", 1), compensation=_compensation(tool, call, value))

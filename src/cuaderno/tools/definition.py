@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints, overload
 
 import pydantic
-from pydantic_core import to_jsonable_python
 
-from cuaderno._json import not_plain
+from cuaderno._json import journalable
 from cuaderno.errors import ToolArgumentsInvalid, UsageError
 from cuaderno.fingerprint import fingerprint
 
@@ -131,11 +130,9 @@ class Tool:
             result = self.fn(**kwargs)
             if inspect.isawaitable(result):
                 result = await result
-        value = to_jsonable_python(result)
-        problem = not_plain(value)
-        if problem is not None:  # an unclassified failure of the tool: journaled as a bug, with evidence
-            raise TypeError(f"tool {self.name!r} returned a result JSON cannot hold: {problem}")
-        return value
+        # A value the journal refuses is a bug of the tool (ToolResultInvalid): the loop journals
+        # it as the step's evidence and ends the run failed, in one transaction.
+        return journalable(result, run_id=ctx.run_id, step_id=ctx.step_id, tool=self.name)
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, idempotent={self.idempotent})"
