@@ -166,7 +166,7 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     if not step_id:
         raise UsageError("step_id must be a non-empty string")
     if not isinstance(happened, bool):
-        raise UsageError(f"happened must be True or False, got {happened!r:.40}: it decides whether a real "
+        raise UsageError(f"happened must be True or False, got {quoted(happened, 40)}: it decides whether a real "
                          "effect is sent again")
     if not happened and result is not None:
         raise UsageError("a result (a receipt) goes only with happened=True: with happened=False the next resume "
@@ -244,7 +244,7 @@ def rebuild_summary(store: Checkpointer, run_id: str, *, trust_journal: bool = F
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
     if not isinstance(trust_journal, bool):
-        raise UsageError(f"trust_journal must be True or False, got {trust_journal!r:.40}")
+        raise UsageError(f"trust_journal must be True or False, got {quoted(trust_journal, 40)}")
     rebuild = getattr(store, "rebuild_checkpoint", None)
     if rebuild is None:
         raise UsageError(f"{type(store).__name__} cannot rebuild a run's summary (it has no rebuild_checkpoint)")
