@@ -42,8 +42,8 @@ try:
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
     from typer._click.exceptions import UsageError as ClickUsageError
 except ImportError:  # pragma: no cover - typer without a bundled click
-    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
-    from click.exceptions import UsageError as ClickUsageError  # type: ignore[no-redef]
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[assignment]
+    from click.exceptions import UsageError as ClickUsageError  # type: ignore[assignment]
 
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
