@@ -33,7 +33,6 @@ from typing import Annotated, Any, Final, NoReturn
 
 import typer
 from rich.console import Console
-
 from typer.core import TyperGroup
 
 # typer 0.29 carries its own copy of click, whose exceptions are not click's; older typers use
