@@ -21,7 +21,11 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "validate_event"]
+__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "validate_event"]
+
+CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
+"""Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
+over (``acquire(open_only=True)``)."""
 
 SCHEMA_VERSION = 2
 """The journal file schema this cuaderno writes: its tables and how rows are stored (schema 2
@@ -86,13 +90,17 @@ class Checkpointer(Protocol):
         """Checkpoints of the most recently updated runs, optionally of one status."""
         ...
 
-    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
         """Take the run over: bump and return its fencing epoch.
 
         Any process still holding an older epoch is refused at its next intent or result write.
         A backend shared by several processes refuses the takeover with
         :class:`~cuaderno.errors.RunBusy` while the holder is alive and has not released the run
         (its step in flight would otherwise run twice); ``force`` takes it over anyway.
+        ``open_only`` (the loop's): a run that ended (:data:`CLOSED_STATUSES`) is refused with
+        :class:`~cuaderno.errors.RunClosed`, checked in the same transaction as the bump, so a
+        run another process closed after the caller read it is never taken over; nothing is
+        written, and the run's lock is not taken.
         """
         ...
 

@@ -6,9 +6,10 @@ import threading
 from collections.abc import Sequence
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import RunNotFound
+from cuaderno.errors import RunClosed, RunNotFound
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
+from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["MemoryCheckpointer"]
 
@@ -80,13 +81,15 @@ class MemoryCheckpointer:
         cps = [c for c in cps if status is None or c.status == status]
         return cps[::-1][:max(int(limit), 0)]
 
-    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
         # One process holds this store, so every takeover comes from the process that holds it.
         with self._lock:
             stored = self._checkpoints.get(run_id)
             if stored is None:
                 raise RunNotFound(run_id)
             cp = Checkpoint.loads(stored)
+            if open_only and cp.status in CLOSED_STATUSES:
+                raise RunClosed(run_id, cp.status)
             cp.epoch += 1
             self._checkpoints[run_id] = cp.dumps()
             return cp.epoch

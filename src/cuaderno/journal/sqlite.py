@@ -47,12 +47,12 @@ from pathlib import Path
 from typing import Literal
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
-from cuaderno.journal.base import SCHEMA_VERSION, validate_event
+from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
 
 __all__ = ["SqliteCheckpointer"]
@@ -490,14 +490,16 @@ class SqliteCheckpointer:
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
                                  "the file was not changed") from exc
 
-    def acquire(self, run_id: str, owner: str, *, force: bool = False) -> int:
+    def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
         if not _storable(run_id):
             raise RunNotFound(run_id)
         with self._txn() as db:
             self._schema_of(db)
-            row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+            row = db.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
             if row is None:
                 raise RunNotFound(run_id)
+            if open_only and row[2] in CLOSED_STATUSES:  # before the lock: nothing to give back
+                raise RunClosed(run_id, row[2])
             # Checked under the write lock: two resumers cannot both see the run free.
             holder = _lease.parse(row[1])
             if not _lease.take(self.path, run_id, holder) and not force:

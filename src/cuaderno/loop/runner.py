@@ -52,7 +52,7 @@ from cuaderno.errors import (
     UncertainEffect,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent, call_arguments, starts_a_step
+from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop._model_steps import ModelSteps
@@ -82,30 +82,29 @@ class Runner(ModelSteps, ToolSteps):
                                                   "tenant": self.s.tenant})])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
-            # Everything decided from here on (closed or not, the versions, the budgets already
-            # spent) is read from the summary row, which sits beside the hash chain, not in it: it
-            # must be the projection of the chain-checked journal, or the run is refused before
-            # anything is written (JournalCorrupt). The events are replayed below: only their
-            # rebuild is extra (about 3 ms for a 1000-turn run).
-            cp, events = verified(self.store, self.run_id)
-            recorded = cp.versions.get("schema")
-            if type(recorded) is int and recorded > EVENT_SCHEMA_VERSION:
-                # Not a version choice: events of a newer schema may not mean what this code reads
-                # in them, so no on_version_mismatch (not even "resume") may replay them.
-                raise SchemaTooNew(recorded, EVENT_SCHEMA_VERSION, what=f"run {self.run_id!r}: event schema")
-            closed = self._check_resumable(cp, task_fp)
+            checked = self._checked(task_fp, versions)
+            if isinstance(checked, FinalStep):
+                return checked
+            cp, events = checked
+        crash.point("recovery.R2")
+        # Once the run is taken over, anything a previous owner tries to commit is refused. Every
+        # check that can refuse the resume ran above, so a refused resume has written nothing (not
+        # even the takeover). A run that ended since it was read (another process finished it) is
+        # not taken over (``open_only``, checked in the takeover's transaction): it is answered
+        # as the closed run it now is.
+        try:
+            self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover, open_only=True)
+        except RunClosed:
+            cp, _ = verified(self.store, self.run_id)
+            closed = self._check_resumable(cp, task_fp, versions)
             if closed is not None:
                 return closed
-            if cp.versions != versions and cp.cancel_requested is None:
-                self._version_choice(cp, versions, events)
-        crash.point("recovery.R2")
-        # Once the run is taken over, anything a previous owner tries to commit is refused. What
-        # was committed before the takeover must all be in the events replayed: read once more,
-        # and if the journal grew since it was checked (a forced takeover's previous owner, a
-        # person's decision, the version choice above), check it again.
-        self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover)
+            raise  # ended for the store, open for its journal: a damaged status column, refused
         _holds.took(self.where, self)
         crash.point("recovery.R3")
+        # What was committed before the takeover must all be in the events replayed: read once
+        # more, and if the journal grew since it was checked (a forced takeover's previous owner,
+        # a person's decision, the version choice above), check it again.
         latest = self.store.checkpoint(self.run_id)
         if not events or latest is None or (latest.last_seq, latest.last_hash) != (len(events), events[-1].row_hash):
             cp, events = verified(self.store, self.run_id)
@@ -127,10 +126,58 @@ class Runner(ModelSteps, ToolSteps):
         self.spent = {}
         self.charge(cp.counters)
         self.cancel_found = cp.cancel_requested is not None
-        self._add_message({"role": "user", "content": self.task})
+        if not self.messages:  # not added yet by the first request's check
+            self._add_message({"role": "user", "content": self.task})
         return None
 
-    def _check_resumable(self, cp: Checkpoint, task_fp: str) -> FinalStep | None:
+    def _checked(self, task_fp: str, versions: dict[str, Any]) -> tuple[Checkpoint, list[StepEvent]] | FinalStep:
+        """Everything that can refuse to resume an existing run, before anything is written: the
+        run's summary and journal (checked against each other), or the answer of a closed run.
+
+        Everything decided here (closed or not, the versions, the budgets already spent) is read
+        from the summary row, which sits beside the hash chain, not in it: it must be the
+        projection of the chain-checked journal, or the run is refused (JournalCorrupt). The
+        events are replayed after the takeover: only their rebuild is extra (about 3 ms for a
+        1000-turn run).
+        """
+        cp, events = verified(self.store, self.run_id)
+        recorded = cp.versions.get("schema")
+        if type(recorded) is int and recorded > EVENT_SCHEMA_VERSION:
+            # Not a version choice: events of a newer schema may not mean what this code reads
+            # in them, so no on_version_mismatch (not even "resume") may replay them.
+            raise SchemaTooNew(recorded, EVENT_SCHEMA_VERSION, what=f"run {self.run_id!r}: event schema")
+        closed = self._check_resumable(cp, task_fp, versions)
+        if closed is not None:
+            return closed
+        if cp.cancel_requested is not None:
+            return cp, events  # closed on opening, as a cancellation: nothing is replayed
+        if cp.versions != versions and self._version_choice(cp, versions, events):
+            return cp, events
+        if not any(e.kind == "run" and e.phase.startswith("migrate") for e in events):
+            self._check_first_request(events)
+        return cp, events
+
+    def _check_first_request(self, events: list[StepEvent]) -> None:
+        """The first request must be the recorded one (the loop checks it again on replay).
+
+        It depends only on the agent's configuration and the task, so a resume under other
+        instructions or tools (``on_version_mismatch="resume"``) is refused here, before the run
+        is taken over, instead of at its first replayed turn. After a migration the recorded
+        turns stand as they were sent: nothing to compare.
+        """
+        if not self.messages:
+            self._add_message({"role": "user", "content": self.task})
+        fp = self._request_fingerprint()  # the loop's turn 0 finds it computed (the same chain)
+        step_id = model_step_id(0)
+        for ev in events:
+            if ev.kind in ("model", "tool", "final") and ev.step_id != step_id:
+                break  # turn 0's model call is the first step the loop writes
+            if ev.step_id == step_id and ev.phase in ("intent", "result") and ev.fingerprint is not None \
+                    and ev.fingerprint != fp:
+                raise ReplayDivergence(self.run_id, step_id, f"model request {ev.fingerprint[:12]}",
+                                       f"model request {fp[:12]}")
+
+    def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
         if cp.task_fingerprint != task_fp:
             raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
         if cp.tenant is not None and cp.tenant != self.s.tenant:
@@ -139,9 +186,7 @@ class Runner(ModelSteps, ToolSteps):
             # request). Runs journaled before the tenant was recorded are not checked.
             raise ReplayDivergence(self.run_id, "run", f"tenant {cp.tenant!r}", f"tenant {self.s.tenant!r}")
         if cp.status == "completed":
-            # The answer of a closed run is the journal's (``cp`` was checked against it).
-            outcome = cp.outcome or {}
-            return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome)
+            return self._closed_answer(cp, versions)
         if cp.status in ("failed", "cancelled"):
             raise RunClosed(self.run_id, cp.status)
         if cp.status == "needs_human" and cp.uncertain and cp.cancel_requested is None:
@@ -153,17 +198,42 @@ class Runner(ModelSteps, ToolSteps):
                     raise UncertainEffect(self.run_id, step_id, evidence)
         return None
 
-    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any], events: list[StepEvent]) -> None:
-        """Apply ``on_version_mismatch``; ``events`` is the journal ``cp`` was checked against."""
+    def _closed_answer(self, cp: Checkpoint, versions: dict[str, Any]) -> FinalStep:
+        """The answer of a completed run (``cp`` was checked against the journal), under the
+        same version rule as an open run; nothing is written either way.
+
+        ``"refuse"`` raises :class:`VersionMismatch` and ``"drain"`` :class:`DrainOnOldWorker`,
+        as for an open run. The choices that would go on with an open run (``"resume"``,
+        ``"cancel"``, a :class:`Migration`) return the recorded answer with
+        ``FinalStep.version_mismatch`` set: there is nothing left to continue, cancel or migrate
+        (no record is written, the migration function is not called), but the caller learns the
+        answer came from other code.
+        """
+        mismatch = None
+        if cp.versions != versions:
+            choice = self.s.on_version_mismatch
+            if choice == "refuse":
+                raise VersionMismatch(self.run_id, cp.versions, versions)
+            if choice == "drain":
+                raise DrainOnOldWorker(self.run_id, cp.versions, versions)
+            mismatch = {"recorded": cp.versions, "current": versions}
+        outcome = cp.outcome or {}
+        return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome,
+                         version_mismatch=mismatch)
+
+    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any], events: list[StepEvent]) -> bool:
+        """Apply ``on_version_mismatch``; ``events`` is the journal ``cp`` was checked against.
+        Returns whether the recorded turns are left uncompared: the run was migrated (they stand
+        as they were sent), or its cancellation was requested (nothing is replayed)."""
         choice = self.s.on_version_mismatch
         if choice == "resume":
-            return
+            return False
         if choice == "drain":
             raise DrainOnOldWorker(self.run_id, cp.versions, versions)
         if choice == "cancel":
             cancel(self.store, self.run_id, f"version mismatch: {cp.versions} -> {versions}; start a new run",
                    by=self.s.owner)
-            return  # finalized below, like any cancellation found on opening
+            return True  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
             for started in in_flight(events):
                 problem = self._refuses(started["tool"], call_arguments(events, started["step_id"]))
@@ -182,7 +252,7 @@ class Runner(ModelSteps, ToolSteps):
             self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase=f"migrate.{n}", kind="run",
                                          name=choice.name, payload={"from": cp.versions, "to": versions,
                                                                     "name": choice.name, "record": record})])
-            return
+            return True
         raise VersionMismatch(self.run_id, cp.versions, versions)
 
     def _refuses(self, name: str, arguments: dict[str, Any] | None) -> str | None:

@@ -72,6 +72,12 @@ class FinalStep:
     data: dict[str, Any] = field(default_factory=dict[str, Any])
     """The journaled final record (``output``, ``turn``), the same on the first answer and on
     every replay of the closed run."""
+    version_mismatch: dict[str, Any] | None = None
+    """Set only on the replay of a run that closed under other versions than the agent replaying
+    it, which an explicit ``on_version_mismatch`` choice let through (``"refuse"``, the default,
+    raises :class:`~cuaderno.errors.VersionMismatch` instead): ``{"recorded": ..., "current":
+    ...}``, the versions the run was started (or last migrated) under and the replaying agent's.
+    The answer is the journal's, given by other code than this agent's."""
 
 
 Step = ModelStep | ToolStep | ApprovalStep | FinalStep

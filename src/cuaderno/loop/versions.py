@@ -13,6 +13,19 @@ takes ``on_version_mismatch``:
 - a :class:`Migration`: a tested function decides whether the recorded history can continue under
   the new versions; its record is journaled with the new versions, or nothing is written.
 
+A closed run follows the same rule, and nothing is ever written to it. A completed run under
+other versions is refused by ``"refuse"`` and ``"drain"`` as an open one is; ``"resume"``,
+``"cancel"`` and a :class:`Migration` return its recorded answer as a replayed
+:class:`~cuaderno.loop.steps.FinalStep` whose ``version_mismatch`` holds both sets of versions
+(there is nothing left to continue, cancel or migrate: no record is written and the migration
+function is not called). A failed or cancelled run is :class:`~cuaderno.errors.RunClosed`
+whatever the versions.
+
+Every choice is applied before the run is taken over, and so is the check of the first request
+(which depends only on the agent's configuration and the task): a resume refused there, by a
+``VersionMismatch`` or by the ``ReplayDivergence`` that ``"resume"`` meets under other
+instructions or tools, leaves the journal files byte-identical.
+
 Old state is never read with silent defaults for permissions or effects: after a migration the
 recorded steps stand as they were decided, and only new steps follow the new policy and tools.
 """
