@@ -42,7 +42,7 @@ from _files import journal_files
 
 
 def agent(receipts: Path, *, instructions: str = "pay", extra: bool = False, currency: bool = False,
-          approval: bool = False) -> Agent:
+          approval: bool = False, max_turns: int = 32) -> Agent:
     """The agent a run starts under, or a changed one: other instructions, one more tool, or a
     changed tool schema (``transfer`` takes a currency)."""
     if currency:
@@ -64,7 +64,7 @@ def agent(receipts: Path, *, instructions: str = "pay", extra: bool = False, cur
         return 0
 
     tools = [transfer, balance] if extra else [transfer]
-    return Agent(instructions=instructions, tools=tools,
+    return Agent(instructions=instructions, tools=tools, max_turns=max_turns,
                  policy=Policy({"transfer": "require_approval"}) if approval else None)
 
 
@@ -269,6 +269,29 @@ async def test_a_resume_refused_as_divergent_leaves_the_journal_byte_identical(t
         steps = await collect(agent(receipts, approval=True), Session("r", ScriptedGateway(SCRIPT[1:]), store))
         assert store.checkpoint("r").epoch == 2  # type: ignore[union-attr]  # the first run's, then this one's
     assert isinstance(steps[-1], FinalStep) and not steps[-1].replayed and len(read_records(receipts)) == 1
+
+
+@pytest.mark.parametrize("migrated", [False, True])
+async def test_a_resume_with_fewer_turns_than_recorded_leaves_the_journal_byte_identical(
+        tmp_path: Path, migrated: bool) -> None:
+    """Turn 0 read the balance, turn 1's transfer waits for a person; resumed with max_turns=1
+    the loop would end without reaching turn 1: a ReplayDivergence, found before the takeover
+    (it used to be found after replaying turn 0, with the run already taken over) and, when the
+    resume migrates the run, before the migration is recorded."""
+    db, receipts = tmp_path / "runs.db", tmp_path / "receipts"
+    script = [ScriptedGateway.call("balance"), *SCRIPT]
+    with SqliteCheckpointer(db) as store:
+        await collect(agent(receipts, extra=True, approval=True), Session("r", ScriptedGateway(script), store))
+        assert store.checkpoint("r").status == "suspended"  # type: ignore[union-attr]
+    before = journal_files(db)
+    gw = ScriptedGateway(script)
+    calls: list[Any] = []
+    choice: Any = Migration(name="m", migrate=lambda old, new, events: calls.append(old) or {}) if migrated \
+        else "refuse"
+    fewer = agent(receipts, extra=True, approval=True, max_turns=1, instructions="pay, v2" if migrated else "pay")
+    with SqliteCheckpointer(db) as store, pytest.raises(ReplayDivergence, match="max_turns=1 without reaching"):
+        await collect(fewer, Session("r", gw, store, on_version_mismatch=choice))
+    assert journal_files(db) == before and gw.calls == 0 and calls == []
 
 
 HOLDS = "import sys; from cuaderno.journal import _lease; print(_lease.lock(sys.argv[1], sys.argv[2]))"

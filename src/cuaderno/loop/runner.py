@@ -155,6 +155,7 @@ class Runner(ModelSteps, ToolSteps):
             return cp, events
         if not any(e.kind == "run" and e.phase.startswith("migrate") for e in events):
             self._check_first_request(events)
+        self._check_turns(cp, events)
         return cp, events
 
     def _check_first_request(self, events: list[StepEvent]) -> None:
@@ -176,6 +177,23 @@ class Runner(ModelSteps, ToolSteps):
                     and ev.fingerprint != fp:
                 raise ReplayDivergence(self.run_id, step_id, f"model request {ev.fingerprint[:12]}",
                                        f"model request {fp[:12]}")
+
+    def _check_turns(self, cp: Checkpoint, events: list[StepEvent]) -> None:
+        """A journal with turns at or past ``max_turns`` (lowered since): the loop would end the
+        run without reaching them, which it refuses (``_diverged``) after replaying the turns
+        below it. Refused here instead, the same way, before the run is taken over. Not when a
+        bound is already exceeded: the loop fails that run (a record) before replaying anything.
+        """
+        beyond = model_step_id(self.agent.max_turns)
+        seen = next((e for e in events if e.step_id == beyond), None)
+        if seen is None:
+            return
+        budgets = self.agent.budgets
+        if any((limit := budgets.limit(name)) is not None and n > limit for name, n in cp.counters.items()):
+            return
+        name = f" ({seen.name})" if seen.name else ""
+        raise ReplayDivergence(self.run_id, beyond, f"{seen.kind} step {beyond}{name} ({seen.phase}) at this point",
+                               f"the end of the run at max_turns={self.agent.max_turns} without reaching it")
 
     def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
         if cp.task_fingerprint != task_fp:
@@ -244,6 +262,7 @@ class Runner(ModelSteps, ToolSteps):
                                            f"tool {started['tool']!r} started and not finished",
                                            f"an agent that refuses that call ({problem}); the migration was "
                                            "not recorded")
+            self._check_turns(cp, events)  # the migrated run would diverge as well: refused unrecorded
             try:
                 record = choice.migrate(dict(cp.versions), dict(versions), events)
             except Exception as exc:
