@@ -32,6 +32,7 @@ from cuaderno import (
     SqliteCheckpointer,
     VersionMismatch,
     approve,
+    cancel,
     tool,
 )
 from cuaderno.testing.records import append_synced, read_records
@@ -197,6 +198,22 @@ async def test_a_late_resumer_never_takes_over_a_run_completed_while_it_was_open
     assert cp is not None and cp.status == "completed" and cp.epoch == epochs[0]  # not taken over after it closed
     assert [(type(s).__name__, s.replayed) for s in steps] == [("FinalStep", True)]
     assert gw.calls == 0 and len(read_records(receipts)) == 1
+
+
+async def test_a_late_resumer_never_takes_over_a_run_cancelled_while_it_was_opening(tmp_path: Path) -> None:
+    """The same race with a cancellation that closes the run (it waits for a person and nobody
+    held it): refused as the closed run it now is, its epoch and its cancellation record as the
+    canceller left them. It used to be taken over and closed a second time by this loop."""
+    store, receipts = MemoryCheckpointer(), tmp_path / "receipts"
+    await collect(agent(receipts, approval=True), Session("r", ScriptedGateway(SCRIPT), store))
+    assert store.checkpoint("r").status == "suspended"  # type: ignore[union-attr]
+    closed: list[Any] = []
+    late = AfterFirstLoad(store, lambda: closed.append(cancel(store, "r", "stop", by="ops")))
+    gw = ScriptedGateway(SCRIPT[1:])
+    with pytest.raises(RunClosed, match="cancelled"):
+        await collect(agent(receipts, approval=True), Session("r", gw, late))  # type: ignore[arg-type]
+    assert closed[0].status == "cancelled" and store.checkpoint("r") == closed[0]
+    assert gw.calls == 0 and read_records(receipts) == []
 
 
 OTHER_PROCESS = textwrap.dedent("""
