@@ -70,7 +70,9 @@ class Session:
         owner: names this process in the fencing record (default: host and pid).
         on_version_mismatch: what to do when the run was started under other versions (see
             :mod:`cuaderno.loop.versions`): ``"refuse"`` (default), ``"resume"``, ``"drain"``,
-            ``"cancel"`` or a :class:`~cuaderno.loop.versions.Migration`.
+            ``"cancel"`` or a :class:`~cuaderno.loop.versions.Migration`. A completed run follows
+            the same rule: refused by default; an explicit choice replays its answer with
+            ``FinalStep.version_mismatch`` set.
         retry: the retry layer's bounds.
         sleep: how to wait between retries (injectable for tests).
         seed: seeds the retry jitter.
