@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import httpx2
@@ -15,7 +16,7 @@ from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway import _errors
 from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway.base import ToolCall, Usage
-from cuaderno.gateway.pricing import PriceTable
+from cuaderno.gateway.pricing import Prices, default_prices
 
 __all__ = [
     "LITELLM_COST_HEADER",
@@ -24,6 +25,7 @@ __all__ = [
     "capped_http_client",
     "choose_cost",
     "enforce_size",
+    "key_headers",
     "parse_body",
     "parse_tool_call",
     "reraise",
@@ -36,6 +38,34 @@ LITELLM_COST_HEADER = "x-litellm-response-cost"
 NO_KEY_PLACEHOLDER = "cuaderno-no-key"
 """Sent as the key to a custom ``base_url`` when none is configured: local servers (llama.cpp,
 vLLM, Ollama) ignore it; a hosted endpoint answers 401, which maps to a ``permanent`` error."""
+
+
+KeyHeaders = str | Sequence[str] | None
+"""Which header(s) carry a call's idempotency key: one name, several (each gets the key), or none."""
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
+
+
+def key_header_names(spec: KeyHeaders) -> tuple[str, ...]:
+    """The header names of ``spec``, checked.
+
+    Raises:
+        UsageError: a name that is empty or not an HTTP header name, or a repeated one.
+    """
+    if spec is None or spec == "":  # "" has always meant "send none"
+        return ()
+    names = (spec,) if isinstance(spec, str) else tuple(spec)
+    for name in names:
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise UsageError(f"idempotency_header: {name!r} is not an HTTP header name")
+    if len({n.lower() for n in names}) != len(names):
+        raise UsageError(f"idempotency_header names a header twice: {names!r}")
+    return names
+
+
+def key_headers(spec: KeyHeaders, key: str) -> dict[str, str]:
+    """The headers that carry ``key``: each name of ``spec`` gets it."""
+    return dict.fromkeys(key_header_names(spec), key)
 
 
 def sha256_hex(raw: bytes) -> str:
@@ -111,12 +141,15 @@ def _as_cost(value: object) -> float | None:
     return None
 
 
-def choose_cost(*, headers: Mapping[str, str], body_cost: object, usage: Usage, prices: PriceTable | None,
-                models: tuple[str | None, ...], zero_cost_is_unpriced: bool) -> float | None:
+def choose_cost(*, headers: Mapping[str, str], body_cost: object, usage: Usage, prices: Prices | None,
+                models: tuple[str | None, ...], zero_cost_is_unpriced: bool,
+                api_url: str | None = None) -> float | None:
     """The call's cost: the endpoint's own report first, then the price table, else ``None``.
 
     Order: the LiteLLM proxy's ``x-litellm-response-cost`` header, then a ``usage.cost`` field in
-    the body (OpenRouter), then ``prices``. With ``zero_cost_is_unpriced`` (the default in the
+    the body (OpenRouter), then ``prices``; with no ``prices``, the maintained table's prices for
+    the endpoint ``api_url`` (:func:`~cuaderno.gateway.pricing.default_prices`; ``None`` infers
+    the provider from the model's name), which leaves unknown models and endpoints unpriced. With ``zero_cost_is_unpriced`` (the default in the
     gateways), a *reported* 0 for a call that used tokens is not believed: LiteLLM reports 0 for
     models it has no price for, which is exactly the "looks free" failure. An explicit 0 in your
     own price table is always believed.
@@ -128,7 +161,8 @@ def choose_cost(*, headers: Mapping[str, str], body_cost: object, usage: Usage, 
         if reported == 0 and used_tokens and zero_cost_is_unpriced:
             continue
         return reported
-    return prices.cost(usage, *models) if prices is not None else None
+    table = prices if prices is not None else default_prices(api_url)
+    return table.cost(usage, *models) if table is not None else None
 
 
 def capped_http_client(http_client: httpx2.AsyncClient | None, *, default: type[httpx2.AsyncClient],

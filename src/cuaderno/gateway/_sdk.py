@@ -22,7 +22,14 @@ from typing import Any
 import httpx2
 
 from cuaderno.errors import GatewayError
-from cuaderno.gateway._common import enforce_size, preflight_reachable, reraise, sdk_http_client
+from cuaderno.gateway._common import (
+    KeyHeaders,
+    enforce_size,
+    key_headers,
+    preflight_reachable,
+    reraise,
+    sdk_http_client,
+)
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 
 __all__ = ["SdkGateway"]
@@ -64,7 +71,7 @@ class SdkGateway:
     """``gen_ai.provider.name`` for telemetry, and the name errors are mapped under."""
     _client: Any
     _timeout: Any
-    idempotency_header: str | None
+    idempotency_header: KeyHeaders
     max_body_bytes: int
 
     async def aclose(self) -> None:
@@ -91,7 +98,7 @@ class SdkGateway:
             UsageError: the request cannot be expressed (unknown role, ``require_tool`` without tools).
         """
         kwargs = self._request_kwargs(request)
-        headers = {self.idempotency_header: idempotency_key} if self.idempotency_header else {}
+        headers = key_headers(self.idempotency_header, idempotency_key)
         _watch_sends(sdk_http_client(self._client))
         attempt = _Attempt()
         token = _ATTEMPT.set(attempt)

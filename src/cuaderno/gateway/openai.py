@@ -27,9 +27,11 @@ import openai
 from cuaderno.errors import UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
+    KeyHeaders,
     as_int,
     capped_http_client,
     choose_cost,
+    key_header_names,
     parse_body,
     parse_tool_call,
     sdk_http_client,
@@ -39,14 +41,19 @@ from cuaderno.gateway._errors import impossible_shape
 from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
-from cuaderno.gateway.pricing import PriceTable
+from cuaderno.gateway.pricing import Prices
 
-__all__ = ["OpenAIGateway"]
+__all__ = ["DEFAULT_KEY_HEADERS", "OpenAIGateway"]
 
 _PROVIDER = "openai"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_TIMEOUT = httpx2.Timeout(240.0, connect=10.0)
 """The model-call activity profile (seed 002): 180-240 s, one attempt. Connecting gets 10 s."""
+
+DEFAULT_KEY_HEADERS: tuple[str, ...] = ("Idempotency-Key", "X-Idempotency-Key")
+"""Both carry the key by default. ``Idempotency-Key`` is the conventional name; proxies that forward
+only ``x-`` headers to the backend (LiteLLM with ``forward_client_headers_to_llm_api``) drop it and
+pass ``X-Idempotency-Key`` on, so the backend's logs can still be matched with the journal."""
 
 
 class OpenAIGateway(SdkGateway):
@@ -59,8 +66,13 @@ class OpenAIGateway(SdkGateway):
         client: a ready ``openai.AsyncOpenAI``; it is copied with ``max_retries=0`` and the body
             limit is installed on its HTTP client. Excludes ``base_url``/``api_key``/``http_client``.
         http_client: an ``httpx2.AsyncClient`` to send through (proxies, TLS, tests' mock transport).
-        idempotency_header: header carrying the idempotency key; ``None`` sends none.
-        prices: prices for endpoints that do not report a cost.
+        idempotency_header: the header, or headers, carrying the idempotency key (each gets it);
+            ``None`` sends none. By default both ``Idempotency-Key`` and ``X-Idempotency-Key``
+            (see :data:`DEFAULT_KEY_HEADERS` and the README's table of which reaches which backend).
+        prices: prices for endpoints that do not report a cost (a :class:`PriceTable`, or any
+            :class:`~cuaderno.gateway.pricing.Prices`). ``None``: the maintained ``genai-prices``
+            table for this ``base_url`` when the ``[prices]`` extra is installed, which leaves
+            unknown models and local endpoints unpriced; ``PriceTable()`` turns defaults off.
         max_body_bytes: larger responses are refused unread (``permanent``, ``sent=True``).
         timeout: seconds, or an ``httpx2.Timeout``.
         max_tokens_field: ``"max_completion_tokens"`` or ``"max_tokens"``; by default the former
@@ -73,13 +85,13 @@ class OpenAIGateway(SdkGateway):
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  client: openai.AsyncOpenAI | None = None, http_client: httpx2.AsyncClient | None = None,
-                 idempotency_header: str | None = "Idempotency-Key", prices: PriceTable | None = None,
+                 idempotency_header: KeyHeaders = DEFAULT_KEY_HEADERS, prices: Prices | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
                  max_tokens_field: str | None = None, zero_cost_is_unpriced: bool = True) -> None:
         if not model:
             raise UsageError("OpenAIGateway needs a default model")
         self.model = model
-        self.idempotency_header = idempotency_header
+        self.idempotency_header = key_header_names(idempotency_header)  # a bad name fails here, not per call
         self.prices = prices
         self.zero_cost_is_unpriced = zero_cost_is_unpriced
         self.max_body_bytes = max_body_bytes
@@ -132,7 +144,7 @@ class OpenAIGateway(SdkGateway):
         model = data.get("model") if isinstance(data.get("model"), str) else None
         cost = choose_cost(headers=headers, body_cost=body_cost, usage=usage, prices=self.prices,
                            models=(model, request.model or self.model),
-                           zero_cost_is_unpriced=self.zero_cost_is_unpriced)
+                           zero_cost_is_unpriced=self.zero_cost_is_unpriced, api_url=str(self._client.base_url))
         request_id = headers.get("x-request-id") or _str(data.get("id"))
         common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "provider_request_id": request_id,
                                   "body_sha256": sha256_hex(raw)}
