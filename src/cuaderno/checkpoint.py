@@ -21,7 +21,7 @@ from cuaderno.events import StepEvent
 if TYPE_CHECKING:
     from cuaderno.journal.base import Checkpointer
 
-__all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "differing", "project", "rebuild", "verified"]
+__all__ = ["COUNTERS", "OPEN_STATUSES", "Checkpoint", "cost_upper_usd", "differing", "project", "rebuild", "verified"]
 
 COUNTERS: Final = (
     "model_calls",            # model responses journaled (each one paid once)
@@ -414,3 +414,33 @@ def _on_cancel(cp: Checkpoint, ev: StepEvent) -> None:
 
 _HANDLERS = {"run": _on_run, "model": _on_model, "tool": _on_tool, "approval": _on_approval,
              "final": _on_final, "cancel": _on_cancel}
+
+
+def cost_upper_usd(cp: Checkpoint, events: Iterable[StepEvent]) -> float:
+    """What the providers may have billed the run: ``cp.cost_usd`` plus, for every re-send counted
+    in ``possibly_billed_twice``, the cost of the answer that step finally got.
+
+    ``cost_usd`` sums the journaled answers, each paid once; a request re-sent after a crash in
+    flight or an ambiguous failure (``intent.N`` with ``after`` ``crash``/``ambiguous``) may have
+    been billed for the lost answer too, at about the same price (same body, same model). The
+    answer's own cost and its rejected lower-tier calls (``escalations``) are both counted, as in
+    ``cost_usd``. A doubled send whose step got no priced answer adds nothing (it is unpriced, and
+    counted as such): this is an upper bound of the *priced* calls, like ``cost_usd`` a lower one.
+
+    Computed from the events, not stored in the summary, so summaries written before it open as they
+    did; ``cp`` must be the projection of ``events`` (:func:`verified` returns both).
+    """
+    doubled: dict[str, int] = {}
+    extra = 0.0
+    for ev in events:
+        if ev.kind != "model":
+            continue
+        if ev.phase.startswith("intent.") and ev.payload.get("after") in ("crash", "ambiguous"):
+            doubled[ev.step_id] = doubled.get(ev.step_id, 0) + 1  # the same test as _on_model's counter
+        elif ev.phase == "result" and ev.step_id in doubled:
+            response = ev.payload.get("response")
+            times = doubled.pop(ev.step_id)
+            if isinstance(response, dict):
+                costs = [response.get("cost")] + [e.get("cost") for e in response.get("escalations") or ()]
+                extra += times * sum(float(c) for c in costs if c is not None)
+    return round(cp.cost_usd + extra, 10)
