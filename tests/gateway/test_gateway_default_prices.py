@@ -87,3 +87,16 @@ def test_maintained_prices_infer_the_provider_from_the_model_without_an_endpoint
     usage = Usage(input_tokens=1_000_000, output_tokens=200_000, cached_tokens=400_000)
     assert prices.cost(usage, None, "not-a-model", "gpt-4o-mini") == pytest.approx(EXPECTED)
     assert prices.cost(usage, "smollm2-135m-instruct") is None
+
+
+async def test_a_failing_table_leaves_the_answer_unpriced_not_failed(fake: Any, make_openai: MakeGw,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import genai_prices
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a table this version cannot read")
+
+    monkeypatch.setattr(genai_prices, "calc_price", broken)
+    fake.json(body=completion("gpt-4o-mini"))
+    resp = await make_openai(base_url=OPENAI).complete(request("gpt-4o-mini"), idempotency_key=KEY)
+    assert resp.text == "hi" and resp.cost is None

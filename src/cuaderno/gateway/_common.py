@@ -25,6 +25,8 @@ __all__ = [
     "capped_http_client",
     "choose_cost",
     "enforce_size",
+    "KeyHeaders",
+    "key_header_names",
     "key_headers",
     "parse_body",
     "parse_tool_call",
@@ -149,8 +151,8 @@ def choose_cost(*, headers: Mapping[str, str], body_cost: object, usage: Usage, 
     Order: the LiteLLM proxy's ``x-litellm-response-cost`` header, then a ``usage.cost`` field in
     the body (OpenRouter), then ``prices``; with no ``prices``, the maintained table's prices for
     the endpoint ``api_url`` (:func:`~cuaderno.gateway.pricing.default_prices`; ``None`` infers
-    the provider from the model's name), which leaves unknown models and endpoints unpriced. With ``zero_cost_is_unpriced`` (the default in the
-    gateways), a *reported* 0 for a call that used tokens is not believed: LiteLLM reports 0 for
+    the provider from the model's name), which leaves unknown models and endpoints unpriced.
+    With ``zero_cost_is_unpriced`` (the default in the gateways), a *reported* 0 for a call that used tokens is not believed: LiteLLM reports 0 for
     models it has no price for, which is exactly the "looks free" failure. An explicit 0 in your
     own price table is always believed.
     """

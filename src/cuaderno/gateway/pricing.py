@@ -145,6 +145,10 @@ class MaintainedPrices:
                     result = g.calc_price(priced, model, provider_api_url=self.api_url)
             except LookupError:  # an unknown provider or model: unpriced, never free
                 continue
+            # Pricing runs after a paid answer arrived: a failure of the table must never turn that
+            # answer into a failed step. Unpriced is the honest figure then.
+            except Exception:
+                return None
             return float(result.total_price)
         return None
 
