@@ -10,6 +10,9 @@ HASH := $(shell cat pyproject.toml $(LOCK) | sha256sum | cut -c1-12)
 CORE := $(VENV)/.core-$(HASH)
 STAMP := $(VENV)/.installed-$(HASH)
 NEWEST := .venv-newest
+# The LiteLLM proxy (header tests) lives in a venv of its own: litellm[proxy] pins rich<14.
+LITELLM := .venv-litellm
+LITELLM_STAMP := $(LITELLM)/.installed-$(shell cat requirements-litellm.lock | sha256sum | cut -c1-12)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: demo demo-local test test-newest lint typecheck unit bench docs install install-local lock clean
@@ -37,6 +40,12 @@ $(VENV)/.local-$(HASH): $(STAMP)
 
 install-local: $(VENV)/.local-$(HASH)
 
+$(LITELLM_STAMP): requirements-litellm.lock
+	$(PY) -m venv $(LITELLM)
+	$(LITELLM)/bin/pip install -q --upgrade pip
+	$(LITELLM)/bin/pip install -q -r requirements-litellm.lock
+	touch $@
+
 demo: $(CORE)
 	$(BIN)/python examples/propiedades/02_durabilidad.py
 
@@ -50,8 +59,8 @@ lint: install
 unit: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
-test: lint install-local
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+test: lint install-local $(LITELLM_STAMP)
+	CUADERNO_LITELLM_PYTHON=$(CURDIR)/$(LITELLM)/bin/python $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The tests again in a fresh venv with the newest versions pyproject's ranges admit (no lock):
 # what an application that installs cuaderno beside its own packages gets today.
@@ -61,7 +70,7 @@ test-newest:
 	$(NEWEST)/bin/pip install -q --upgrade pip
 	$(NEWEST)/bin/pip install -q --upgrade -e '.[$(EXTRAS)]'
 	$(NEWEST)/bin/pip list --format=freeze | grep -iE '^(pydantic|typer|rich|opentelemetry-api|zstandard|rfc8785|openai|anthropic|psycopg|temporalio)=='
-	$(NEWEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not local_model" -p no:cacheprovider
+	$(NEWEST)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not local_model and not litellm_proxy" -p no:cacheprovider
 
 lock: $(BIN)/python
 	$(BIN)/python scripts/lock.py '$(EXTRAS),local' > $(LOCK).new && mv $(LOCK).new $(LOCK)
@@ -75,4 +84,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_step_parts.py
 
 clean:
-	rm -rf $(VENV) $(NEWEST) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(NEWEST) $(LITELLM) .pytest_cache .mypy_cache .ruff_cache
