@@ -59,7 +59,7 @@ async def child(workdir: Path, variant: str, url: str) -> None:
     gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=100), ScriptedGateway.text("done")])
     store = SqliteCheckpointer(workdir / "runs.db")
     try:
-        async for step in build(variant, url).run("paga 100 a ana", session=Session(variant, gateway, store)):
+        async for step in build(variant, url).run("pay ana 100", session=Session(variant, gateway, store)):
             print(f"  {type(step).__name__} {step.step_id}", flush=True)
         print(f"status={store.checkpoint(variant).status}", flush=True)  # type: ignore[union-attr]
     except UncertainEffect as exc:

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, died, entry, example_dir, journal_note, run_pass
+from _comun import check, died, entry, example_dir, journal_note, journal_url, run_pass
 
 from cuaderno import (
     Agent,
@@ -29,9 +29,9 @@ from cuaderno import (
     Policy,
     ScriptedGateway,
     Session,
-    SqliteCheckpointer,
     ToolContext,
     UncertainEffect,
+    open_journal,
     tool,
 )
 from cuaderno.testing.ledger import LedgerClient, LedgerProcess
@@ -52,9 +52,9 @@ def build(url: str) -> Agent:
 async def child(workdir: Path, run_id: str, url: str) -> None:
     print(f"pid={os.getpid()}", flush=True)
     gateway = ScriptedGateway([ScriptedGateway.call("transfer", to="ana", amount=250), ScriptedGateway.text("paid")])
-    store = SqliteCheckpointer(workdir / "runs.db")
+    store = open_journal(journal_url(workdir))
     try:
-        async for step in build(url).run("paga 250 a ana", session=Session(run_id, gateway, store)):
+        async for step in build(url).run("pay ana 250", session=Session(run_id, gateway, store)):
             # Shortened for the line; `cuaderno show` prints all 64 characters, and a decision needs them all.
             extra = (f" status={step.status} fingerprint={step.fingerprint[:12]}… (shortened)"
                      if isinstance(step, ApprovalStep) else "")
@@ -67,7 +67,7 @@ async def child(workdir: Path, run_id: str, url: str) -> None:
 
 
 def cli(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(workdir / "runs.db"), *args],
+    return subprocess.run([sys.executable, "-m", "cuaderno", "--db", journal_url(workdir), *args],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -60,7 +60,7 @@ def digest(path: Path) -> str:
 async def run(a: Agent, run_id: str, store: SqliteCheckpointer, **session: Any) -> str:
     gw = ScriptedGateway(SCRIPT)
     try:
-        async for _ in a.run("paga 40", session=Session(run_id, gw, store, **session)):
+        async for _ in a.run("pay 40", session=Session(run_id, gw, store, **session)):
             pass
     except (VersionMismatch, RunCancelled) as exc:
         return f"{type(exc).__name__} ({counted(gw.calls, 'model call')})"

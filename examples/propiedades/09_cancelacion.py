@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _comun import check, cuaderno_cli, entry, example_dir
+from _comun import check, cuaderno_cli, entry, example_dir, journal_url
 
 from cuaderno import (
     Agent,
@@ -31,9 +31,9 @@ from cuaderno import (
     RunCancelled,
     ScriptedGateway,
     Session,
-    SqliteCheckpointer,
     ToolContext,
     compensate,
+    open_journal,
     tool,
 )
 from cuaderno._cli_render import counted
@@ -71,15 +71,15 @@ def build(url: str, gate: Path | None = None) -> Agent:
         """Give money back."""
         return client.post_effect(ctx.effect_key, "refund", {"to": to, "amount": amount}, business_id="pagos")
 
-    return Agent(instructions="Paga.", tools=[transfer, refund])
+    return Agent(instructions="Pay.", tools=[transfer, refund])
 
 
 async def child(workdir: Path, url: str) -> None:
     script = [ScriptedGateway.call("transfer", to="ana", amount=10), ScriptedGateway.call("transfer", to="eva", amount=20),
-              ScriptedGateway.text("hecho")]
-    store = SqliteCheckpointer(workdir / "runs.db")
+              ScriptedGateway.text("done")]
+    store = open_journal(journal_url(workdir))
     try:
-        async for step in build(url, workdir / "gate").run("paga", session=Session("pagos", ScriptedGateway(script), store)):
+        async for step in build(url, workdir / "gate").run("pay", session=Session("pagos", ScriptedGateway(script), store)):
             print(f"  child: {type(step).__name__} {step.step_id}", flush=True)
     except RunCancelled as exc:
         record = exc.record
@@ -99,8 +99,8 @@ def main() -> int:
             try:
                 # The first transfer's body has started (its intent is on disk before that): in flight now.
                 wait_for(workdir / "gate.inflight", "the first transfer started", proc)
-                cli = subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(workdir / "runs.db"), "cancel",
-                                      "pagos", "--reason", "el cliente se arrepintió", "--by", "ops"],
+                cli = subprocess.run([sys.executable, "-m", "cuaderno", "--db", journal_url(workdir), "cancel",
+                                      "pagos", "--reason", "the customer changed their mind", "--by", "ops"],
                                      capture_output=True, text=True, timeout=60)
                 print(f"$ cuaderno cancel pagos --reason ...   (while the first transfer is in flight)\n"
                       f"  {cli.stdout.strip()}")
@@ -113,7 +113,7 @@ def main() -> int:
                     proc.wait()
             print(out.rstrip())
             receipts = ledger.receipts(business_id="pagos")
-            store = SqliteCheckpointer(workdir / "runs.db")
+            store = open_journal(journal_url(workdir))
             cp = store.checkpoint("pagos")
             assert cp is not None and cp.outcome is not None
             print(f"\nstatus: {cp.status}; completed: {[c['step_id'] for c in cp.outcome['completed']]}; "

@@ -23,8 +23,8 @@ from typing import Any, NoReturn
 from cuaderno.testing.records import append_synced as append_receipt
 from cuaderno.testing.records import read_records as read_lines
 
-__all__ = ["KEEP_ENV", "append_receipt", "check", "cuaderno_cli", "died", "entry", "journal_note", "per_pid",
-           "pid_of", "read_lines", "run_pass", "example_dir"]
+__all__ = ["KEEP_ENV", "append_receipt", "check", "cuaderno_cli", "died", "entry", "journal_note", "journal_url",
+           "per_pid", "pid_of", "read_lines", "run_pass", "example_dir"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,6 +49,12 @@ def example_dir(prefix: str) -> Iterator[Path]:
     root = Path(keep).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     yield Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+
+
+def journal_url(work: Path) -> str:
+    """The URL of the example's journal: what the library (``open_journal``) and the command line
+    (``--db``) both take, so the two processes name one journal the same way."""
+    return f"sqlite:///{(work / 'runs.db').resolve()}"
 
 
 def cuaderno_cli(work: Path, *args: str) -> str | None:

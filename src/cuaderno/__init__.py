@@ -47,7 +47,7 @@ from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
 from cuaderno.harness import approve, deny, pending_approvals, rebuild_summary, resolve
-from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer
+from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer, open_journal
 from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
 from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.versions import Migration
@@ -131,6 +131,7 @@ __all__ = [
     "deny",
     "export_lines",
     "fork",
+    "open_journal",
     "pending_approvals",
     "rebuild_summary",
     "resolve",

@@ -51,7 +51,9 @@ from cuaderno._cli_ui import ui_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
 from cuaderno.errors import CuadernoError, clipped, quoted
-from cuaderno.journal.sqlite import SqliteCheckpointer
+from cuaderno.journal import open_journal
+from cuaderno.journal._open import parse_journal_url
+from cuaderno.journal.base import Checkpointer
 
 __all__ = ["ERROR_EXIT", "STATUSES", "app", "main"]
 
@@ -109,7 +111,7 @@ app = typer.Typer(
 
 @dataclass(frozen=True, slots=True)
 class _Options:
-    db: Path
+    db: str
 
 
 class _Refused(Exception):
@@ -119,9 +121,10 @@ class _Refused(Exception):
 @app.callback()
 def _root(
     ctx: typer.Context,
-    db: Annotated[Path, typer.Option("--db", envvar="CUADERNO_DB", metavar="PATH",
-                                     help="The run journal (an existing SQLite file); never created by this command.")]
-    = Path(DEFAULT_DB),
+    db: Annotated[str, typer.Option("--db", envvar="CUADERNO_DB", metavar="URL",
+                                    help="The run journal: a path to an existing SQLite file, or a URL "
+                                    "(sqlite:///runs.db, sqlite:////abs/runs.db); never created by this command.")]
+    = DEFAULT_DB,
 ) -> None:
     ctx.obj = _Options(db=db)
 
@@ -174,12 +177,23 @@ def _refusals() -> Iterator[None]:
 
 
 @contextmanager
-def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[SqliteCheckpointer]:
+def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[Checkpointer]:
     """The journal, opened only if it already exists: opening a missing path would create one.
     Commands that only read open it read-only, so they never change the file (not even its
     journal mode)."""
     options: _Options = ctx.obj
-    path = options.db
+    target = parse_journal_url(options.db)
+    if target.scheme == "sqlite" and target.path != ":memory:":
+        _check_sqlite_file(Path(target.path))
+    store = open_journal(options.db, create=False, readonly=readonly)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """Refuse what is certainly not a journal before SQLite touches it."""
     if not path.exists():
         raise _Refused(f"no journal at {quoted(str(path))}: the file does not exist "
                        "(pass --db PATH or set CUADERNO_DB); nothing was created")
@@ -187,11 +201,6 @@ def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[SqliteChec
         raise _Refused(f"{quoted(str(path))} is a directory, not a journal file")
     if path.stat().st_size == 0:
         raise _Refused(f"{quoted(str(path))} is an empty file, not a cuaderno journal; nothing was written")
-    store = SqliteCheckpointer(path, create=False, readonly=readonly)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _print_json(value: Any) -> None:

@@ -347,6 +347,39 @@ def test_default_and_env_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert [r["run_id"] for r in rows] == ["r-env"]
 
 
+def test_db_takes_a_journal_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "runs.db"
+    with SqliteCheckpointer(path) as s:
+        suspended_run(s, "r-url")
+    for url in (f"sqlite:///{path}", f"sqlite:///{path}?mode=ro"):
+        rows = json.loads(cli(None, "--db", url, "list", "--json").stdout)
+        assert [r["run_id"] for r in rows] == ["r-url"]
+    monkeypatch.chdir(tmp_path)
+    rows = json.loads(cli(None, "list", "--json", env={"CUADERNO_DB": "sqlite:///runs.db"}).stdout)
+    assert [r["run_id"] for r in rows] == ["r-url"]
+    result = cli(None, "--db", "sqlite:///runs.db", "approve", "r-url", APPROVAL, "--fingerprint", FP, "--by", "ana")
+    assert result.exit_code == 0, result.output
+    assert journal(path, "r-url")[1].pending == {}
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("mysql://127.0.0.1/runs", "unknown scheme"),
+    ("sqlite://", "names no file"),
+    ("sqlite:///runs.db?timeout=5", "unknown parameter 'timeout'"),
+    ("postgresql://ana:s3cret@127.0.0.1/test", "PostgreSQL backend is not built"),
+    ("memory://", "no existing journal"),
+    ("sqlite:///nope.db", "does not exist"),
+])
+def test_bad_journal_urls_are_refused_and_create_nothing(url: str, needle: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for args in (("list",), ("approve", "r", APPROVAL)):
+        result = cli(None, "--db", url, *args)
+        refused(result, needle)
+        assert "s3cret" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_files_that_are_not_journals(tmp_path: Path) -> None:
     empty = tmp_path / "empty.db"
     empty.touch()

@@ -13,11 +13,12 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuaderno import SqliteCheckpointer, approve
+from cuaderno import approve, open_journal
 from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.ledger import read_receipts
 from cuaderno.testing.records import read_records
@@ -51,6 +52,11 @@ class Case:
     def replay_command(self) -> str:
         second = f" --second {self.second}" if self.second else ""
         return (f"python tests/crash/_sweep.py --kind {self.kind} --point {self.point} --seed {self.seed}{second}")
+
+
+def journal_url(db: Path) -> str:
+    """The journal's URL, as the workload and every recovery open it (an absolute file: four slashes)."""
+    return f"sqlite:///{db.resolve()}"
 
 
 def case_for(kind: str, point: str, seed: int, second: str | None = None) -> Case:
@@ -89,7 +95,7 @@ def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None,
     half a second, which is what keeps hundreds of kills inside the default test run.
     ``CUADERNO_CRASH_SUBPROCESS=1`` runs fresh interpreters instead.
     """
-    argv = ["--db", str(work / "runs.db"), "--run", case.run_id, "--kind", case.kind, "--turns", str(case.turns),
+    argv = ["--db", journal_url(work / "runs.db"), "--run", case.run_id, "--kind", case.kind, "--turns", str(case.turns),
             "--work", str(work)]
     if ledger:
         argv += ["--ledger", ledger]
@@ -213,7 +219,7 @@ def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str
         if result.get("status") in ("completed", "needs_human"):
             break
         if result.get("status") == "suspended":
-            with SqliteCheckpointer(db) as store:
+            with closing(open_journal(journal_url(db))) as store:
                 for step_id in list((store.checkpoint(case.run_id) or _never()).pending):
                     approve(store, case.run_id, step_id, approver="crash-test")
                     out.approvals_written += 1
@@ -315,7 +321,7 @@ def run_cancel_case(kind: str, point: str, work: Path, ledgers: dict[str, Any]) 
     finally:
         con.close()
     cancel_seq = next((r[0] for r in rows if r[1] == "cancel"), None)
-    with SqliteCheckpointer(db) as store:
+    with closing(open_journal(journal_url(db))) as store:
         status = (store.checkpoint(case.run_id) or _never()).status  # the cancellation may land after the child's view
     if cancel_seq is None:
         if status not in ("completed", "suspended"):
@@ -341,7 +347,7 @@ def run_cancel_case(kind: str, point: str, work: Path, ledgers: dict[str, Any]) 
         violations.append(f"in-flight effects neither journaled nor uncertain: {sorted(unsettled)}")
     if status not in ("cancelled", "completed"):
         violations.append(f"run ended {status}")
-    with SqliteCheckpointer(db) as store:
+    with closing(open_journal(journal_url(db))) as store:
         from cuaderno import cancel
 
         before = len(store.load(case.run_id))

@@ -1,6 +1,6 @@
 """The child program the crash tests kill: one agent run of one step kind, resumable.
 
-``python workload.py --db D --run R --kind K --turns N --work W [--ledger URL]``
+``python workload.py --db URL --run R --kind K --turns N --work W [--ledger URL]``
 
 It prints ``pid=N`` first and a JSON status line last (``{"status": ...}``); a SIGKILL at an
 armed crash point (``CUADERNO_CRASH_AT``) ends it in between. Everything it does to the world is
@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,10 @@ from cuaderno import (
     RunClosed,
     ScriptedGateway,
     Session,
-    SqliteCheckpointer,
     ToolContext,
     ToolError,
     UncertainEffect,
+    open_journal,
     tool,
 )
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
@@ -90,7 +91,7 @@ def build(kind: str, run_id: str, turns: int, work: Path, ledger: str | None) ->
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work)
     agent, gateway = build(args.kind, args.run, args.turns, work, args.ledger)
-    store = SqliteCheckpointer(args.db)
+    store = open_journal(args.db)
     try:
         last = None
         async for step in agent.run(f"task {args.kind}", session=Session(args.run, gateway, store)):
@@ -119,7 +120,7 @@ def cancel_from_another_connection(db: str, run_id: str, *, wait: bool) -> None:
     from cuaderno import cancel
 
     def go() -> None:
-        with SqliteCheckpointer(db) as other:
+        with closing(open_journal(db)) as other:
             cancel(other, run_id, "R16", by="test")
 
     thread = threading.Thread(target=go)
