@@ -29,7 +29,7 @@ from cuaderno.errors import (
     quoted,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.base import Checkpointer, SupportsRebuild
 
 __all__ = ["SummaryRebuilt", "approve", "deny", "pending_approvals", "rebuild_summary", "resolve"]
 
@@ -238,15 +238,15 @@ def rebuild_summary(store: Checkpointer, run_id: str, *, trust_journal: bool = F
         JournalCorrupt: the journal's rows do not chain (nothing can be rebuilt from them), or,
             without ``trust_journal``, rows may be missing from its end; nothing was written.
         UsageError: a store that cannot rebuild a summary (a custom Checkpointer without
-            ``rebuild_checkpoint``), or an argument of the wrong type.
+            :class:`~cuaderno.journal.base.SupportsRebuild`), or an argument of the wrong type.
     """
     check_store(store)
     if not isinstance(run_id, str) or not run_id:
         raise UsageError("run_id must be a non-empty string")
     if not isinstance(trust_journal, bool):
         raise UsageError(f"trust_journal must be True or False, got {quoted(trust_journal, 40)}")
-    rebuild = getattr(store, "rebuild_checkpoint", None)
-    if rebuild is None:
-        raise UsageError(f"{type(store).__name__} cannot rebuild a run's summary (it has no rebuild_checkpoint)")
-    cp, differed = rebuild(run_id, trust_journal=trust_journal)
+    if not isinstance(store, SupportsRebuild):
+        raise UsageError(f"{type(store).__name__} cannot rebuild a run's summary (it does not declare the "
+                         "SupportsRebuild capability: no rebuild_checkpoint)")
+    cp, differed = store.rebuild_checkpoint(run_id, trust_journal=trust_journal)
     return SummaryRebuilt(cp, list(differed))

@@ -19,9 +19,19 @@ import pytest
 
 from cuaderno.errors import UsageError
 from cuaderno.events import StepEvent
+from cuaderno.harness import rebuild_summary
 from cuaderno.journal import MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.journal.base import Checkpointer
-from cuaderno.testing.conformance import CASES, Case, Factory, conformance_cases, run_conformance
+from cuaderno.testing.conformance import (
+    CASES,
+    Capability,
+    Case,
+    ConformanceFailure,
+    Factory,
+    capabilities,
+    conformance_cases,
+    run_conformance,
+)
 
 BACKENDS = ("memory", "sqlite")
 
@@ -47,7 +57,34 @@ def _params() -> Iterator[object]:
 
 @pytest.mark.parametrize(("backend", "case"), list(_params()))
 def test_conformance(backend: str, case: Case, tmp_path: Path) -> None:
-    case.check(_factory(backend, tmp_path))
+    factory = _factory(backend, tmp_path)
+    missing = case.needs - capabilities(factory)
+    if missing:
+        pytest.skip(f"{backend} does not declare {sorted(missing)}")
+    case.check(factory)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedded_backends_declare_every_capability(backend: str, tmp_path: Path) -> None:
+    assert capabilities(_factory(backend, tmp_path)) == set(Capability)
+
+
+class _NoRebuild(MemoryCheckpointer):
+    """A store that does not offer rebuilding a summary (a custom backend may not)."""
+
+    rebuild_checkpoint = None  # type: ignore[assignment]
+
+
+def test_a_capability_a_store_does_not_declare_is_not_checked() -> None:
+    assert Capability.REBUILD not in capabilities(_NoRebuild)
+    needing = [c for c in CASES if Capability.REBUILD in c.needs]
+    assert [c.name for c in needing] == ["rebuild_checkpoint"]
+    assert run_conformance(_NoRebuild) == []  # the case is left out, not failed
+    with pytest.raises(ConformanceFailure, match="does not declare SupportsRebuild"):
+        needing[0].check(_NoRebuild)  # run anyway, it says why it cannot pass
+    # And what needs the capability refuses the store by the declaration, not by trying.
+    with pytest.raises(UsageError, match="_NoRebuild cannot rebuild a run's summary.*SupportsRebuild"):
+        rebuild_summary(_NoRebuild(), "r")
 
 
 def test_known_bugs_name_real_cases() -> None:

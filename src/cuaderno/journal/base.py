@@ -5,6 +5,13 @@ for fencing and ``close``. The loop calls them, and so does the harness: approva
 cancellations are appended while no loop is running, so the checkpointer is the run's diary, not a
 private store of the framework.
 
+What a backend may offer beyond that is an *optional capability*: a small protocol of its own
+(:class:`SupportsRebuild`), declared by implementing it and detected with ``isinstance``, never a
+method the base grows (LangGraph's checkpoint-conformance splits its base and extended
+capabilities the same way). Callers that need one refuse a store without it with a
+:class:`~cuaderno.errors.UsageError`, and the conformance suite runs its cases only where it is
+declared.
+
 The calls are synchronous on purpose. A durable step is one synced commit; doing it inline costs
 one fsync, while hopping to a thread pool costs more than the commit itself on the fast path.
 Backends: :class:`~cuaderno.journal.memory.MemoryCheckpointer` (tests) and
@@ -21,7 +28,8 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "validate_event"]
+__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "SupportsRebuild",
+           "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
@@ -111,6 +119,34 @@ class Checkpointer(Protocol):
 
     def close(self) -> None:
         """Release connections. The store must not be used afterwards."""
+        ...
+
+
+@runtime_checkable
+class SupportsRebuild(Protocol):
+    """Optional capability: rewrite a run's stored summary from its journal.
+
+    ``cuaderno.rebuild_summary`` (and ``cuaderno rebuild-summary``) needs it; a store without it is
+    refused with a :class:`~cuaderno.errors.UsageError`. Both embedded backends declare it.
+    """
+
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        """Rebuild the run's stored summary from its hash-chained journal, atomically with respect
+        to appends (none lands between the read and the rewrite). The epoch and holder are kept.
+
+        Args:
+            trust_journal: rebuild even when the stored summary names events the journal does not
+                hold, or cannot be read (see :func:`~cuaderno.journal._append.plan_rebuild`).
+
+        Returns:
+            The summary as now stored, and the fields in which the old one differed (none: it
+            matched, and nothing was written).
+
+        Raises:
+            RunNotFound: no such run.
+            JournalCorrupt: the rows do not chain, or (without ``trust_journal``) rows may be
+                missing from the journal's end; nothing was written.
+        """
         ...
 
 

@@ -22,6 +22,12 @@ Each case is a plain ``check_<name>(factory)`` function too, and :func:`conforma
 
 Outside pytest, :func:`run_conformance` runs every case and returns the failures.
 
+Some cases check an optional capability (:class:`Capability`): they run only against a backend
+that declares it, as :func:`capabilities` detects it (a store that implements
+:class:`~cuaderno.journal.base.SupportsRebuild`, say). A case's ``needs`` names what it requires;
+:func:`run_conformance` leaves out the cases a backend cannot run, and a pytest module skips them
+(``case.needs <= capabilities(factory)``).
+
 The factory must return a new, *empty* store on every call; a case opens exactly one store and
 closes it when it ends. Cases observe a backend only through the protocol (``append``, ``load``,
 ``checkpoint``, ``list_runs``, ``acquire``), so "nothing was written" means: every run's stored
@@ -36,6 +42,7 @@ imports no test framework.
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -57,9 +64,10 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import CODEC_JSON, StepEvent, approval_step_id, model_step_id, row_hash, tool_step_id
-from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.base import Checkpointer, SupportsRebuild
 
-__all__ = ["CASES", "Case", "ConformanceFailure", "Factory", "conformance_cases", "run_conformance"]
+__all__ = ["CASES", "Capability", "Case", "ConformanceFailure", "Factory", "capabilities", "conformance_cases",
+           "run_conformance"]
 
 Factory = Callable[[], Checkpointer]
 """Returns a new, empty store on every call."""
@@ -74,11 +82,46 @@ class ConformanceFailure(AssertionError):
     """A backend broke the contract; the message says which expectation failed."""
 
 
+class Capability(enum.StrEnum):
+    """An optional capability a backend may declare; the cases that check it need it."""
+
+    REBUILD = "rebuild"
+    """The store implements :class:`~cuaderno.journal.base.SupportsRebuild`."""
+
+
+def capabilities(factory: Factory) -> frozenset[Capability]:
+    """The optional capabilities the factory's stores declare (one store is opened, then closed)."""
+    found = set()
+    with _open(factory) as store:
+        if isinstance(store, SupportsRebuild):
+            found.add(Capability.REBUILD)
+    return frozenset(found)
+
+
+Check = Callable[[Factory], None]
+
+_NEEDS: dict[Check, frozenset[Capability]] = {}
+"""The capabilities each check needs (see :func:`_needs`); a check not listed needs none."""
+
+
+def _needs(*needed: Capability) -> Callable[[Check], Check]:
+    """Declare the optional capabilities a check needs: it runs only where they are declared."""
+    def mark(check: Check) -> Check:
+        _NEEDS[check] = frozenset(needed)
+        return check
+    return mark
+
+
 class Case(NamedTuple):
     """One conformance case: a name (stable, used as the test id) and the check to run."""
 
     name: str
-    check: Callable[[Factory], None]
+    check: Check
+
+    @property
+    def needs(self) -> frozenset[Capability]:
+        """The optional capabilities the case checks: it runs only against backends declaring them."""
+        return _NEEDS.get(self.check, frozenset())
 
     @property
     def doc(self) -> str:
@@ -807,15 +850,15 @@ def check_decisions_checked_at_commit(factory: Factory) -> None:
         _assert_projection(store, run, "after refused decisions")
 
 
+@_needs(Capability.REBUILD)
 def check_rebuild_checkpoint(factory: Factory) -> None:
-    """A store that offers ``rebuild_checkpoint`` (optional: ``cuaderno.rebuild_summary`` refuses a
-    store without it) returns a matching summary with no field differing and writes nothing, keeps
-    the epoch, and refuses an unknown run with RunNotFound."""
+    """rebuild_checkpoint (the optional SupportsRebuild) of an untouched summary: no field differs, nothing is written,
+    the epoch is kept, and an unknown run is RunNotFound."""
     run = "rebuilt"
     with _open(factory) as store:
-        rebuild_checkpoint = getattr(store, "rebuild_checkpoint", None)
-        if rebuild_checkpoint is None:
-            return
+        if not isinstance(store, SupportsRebuild):
+            raise ConformanceFailure(f"{type(store).__name__} does not declare SupportsRebuild; this case needs it")
+        rebuild_checkpoint = store.rebuild_checkpoint
         for batch in _mixed_batches(run):
             store.append(batch)
         epoch = store.acquire(run, "worker-2")
@@ -863,13 +906,15 @@ def conformance_cases() -> Iterator[Case]:
 
 
 def run_conformance(factory: Factory, *, skip: Sequence[str] = ()) -> list[str]:
-    """Run every case (except ``skip``) against ``factory``; return ``"name: error"`` per failed case."""
+    """Run every case (except ``skip``, and those needing a capability the factory's stores do not
+    declare) against ``factory``; return ``"name: error"`` per failed case."""
     unknown = set(skip) - {c.name for c in CASES}
     if unknown:
         raise UsageError(f"unknown conformance cases to skip: {sorted(unknown)}")
     failures: list[str] = []
+    declared = capabilities(factory)
     for case in CASES:
-        if case.name in skip:
+        if case.name in skip or not case.needs <= declared:
             continue
         try:
             case.check(factory)
