@@ -13,7 +13,7 @@ import math
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -28,6 +28,7 @@ from cuaderno.testing.conformance import (
     Case,
     ConformanceFailure,
     Factory,
+    TwoHandles,
     capabilities,
     conformance_cases,
     run_conformance,
@@ -40,11 +41,14 @@ KNOWN_BUGS: dict[tuple[str, str], str] = {}
 
 def _factory(backend: str, tmp_path: Path) -> Factory:
     if backend == "memory":
-        return MemoryCheckpointer
+        # One object is the whole journal: the second handle is that object again.
+        return TwoHandles(MemoryCheckpointer, lambda store: store)
     # A fresh directory per factory: the factory must hand out new, empty stores.
     base = Path(tempfile.mkdtemp(dir=tmp_path))
     names = (base / f"journal{i}.db" for i in itertools.count())
-    return lambda: SqliteCheckpointer(next(names))
+    # A second worker opens its own connection on the same file.
+    return TwoHandles(lambda: SqliteCheckpointer(next(names)),
+                      lambda store: SqliteCheckpointer(cast(SqliteCheckpointer, store).path))
 
 
 def _params() -> Iterator[object]:
@@ -75,6 +79,16 @@ class _NoRebuild(MemoryCheckpointer):
     rebuild_checkpoint = None  # type: ignore[assignment]
 
 
+def test_a_plain_factory_does_not_declare_a_second_handle() -> None:
+    assert Capability.SECOND_HANDLE not in capabilities(MemoryCheckpointer)
+    two_worker = [c.name for c in CASES if Capability.SECOND_HANDLE in c.needs]
+    assert two_worker == ["two_handles_same_key", "two_handles_fencing", "two_handles_see_each_other"]
+    failed = [f.split(":", 1)[0] for f in run_conformance(MemoryCheckpointer)]
+    assert not set(failed) & set(two_worker)  # left out, not failed
+    with pytest.raises(ConformanceFailure, match="cannot open a second handle"):
+        next(c for c in CASES if c.name == two_worker[0]).check(MemoryCheckpointer)
+
+
 def test_a_capability_a_store_does_not_declare_is_not_checked() -> None:
     assert Capability.REBUILD not in capabilities(_NoRebuild)
     needing = [c for c in CASES if Capability.REBUILD in c.needs]
@@ -95,7 +109,7 @@ def test_known_bugs_name_real_cases() -> None:
 
 def test_cases_are_unique_documented_and_yielded() -> None:
     names = [c.name for c in CASES]
-    assert len(names) == len(set(names)) == 21
+    assert len(names) == len(set(names)) == 24
     assert list(conformance_cases()) == list(CASES)
     for name, check in conformance_cases():  # the (name, fn) form
         assert callable(check)

@@ -18,7 +18,8 @@ from cuaderno.checkpoint import Checkpoint, rebuild
 from cuaderno.errors import CuadernoError, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import MemoryCheckpointer
-from cuaderno.testing.conformance import CASES, Case
+from cuaderno.journal.base import Checkpointer
+from cuaderno.testing.conformance import CASES, Case, Factory, TwoHandles
 
 
 def _rebuilt(ev: StepEvent, **changes: Any) -> StepEvent:
@@ -195,7 +196,72 @@ class RebuildForgetsEpoch(MemoryCheckpointer):
         return cp, []
 
 
-MUTANTS: dict[str, list[Callable[[], MemoryCheckpointer]]] = {
+# -- second handles: what a backend whose handles do not share one journal gets wrong ---------------------
+
+
+def _separate(store: Checkpointer) -> Checkpointer:
+    """A 'second handle' that is another journal altogether (a second file, a wrong database)."""
+    return MemoryCheckpointer()
+
+
+class _CachedSummaries(dict[str, str]):
+    """The shared summaries, through a cache of the ones this handle last read or wrote that
+    nobody invalidates (what SQLite's data_version check exists to prevent)."""
+
+    def __init__(self, shared: dict[str, str]) -> None:
+        super().__init__()
+        self.shared, self.cache = shared, dict[str, str]()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self.cache:
+            if key not in self.shared:
+                return default
+            self.cache[key] = self.shared[key]
+        return self.cache[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.cache[key] = self.shared[key] = value
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.shared.pop(key, default)
+
+    def values(self) -> Any:
+        return self.shared.values()
+
+
+def _stale_summaries(store: Checkpointer) -> Checkpointer:
+    """A handle that shares the journal but decides from the summaries it cached: it misses the
+    other handle's takeovers and appends made since it last looked."""
+    assert isinstance(store, MemoryCheckpointer)
+    other = MemoryCheckpointer()
+    other._rows, other._lock = store._rows, store._lock
+    other._checkpoints = _CachedSummaries(store._checkpoints)
+    return other
+
+
+def _own_rows(store: Checkpointer) -> Checkpointer:
+    """A handle that shares the summaries but looks up existing rows only among its own writes
+    (deduplication by a check in the handle instead of the journal's key)."""
+    assert isinstance(store, MemoryCheckpointer)
+    other = MemoryCheckpointer()
+    other._checkpoints, other._lock = store._checkpoints, store._lock
+    return other
+
+
+class _Handles(TwoHandles):
+    """Memory stores whose second handle is made by ``second``; named like the mutant classes (test ids)."""
+
+    def __init__(self, name: str, second: Callable[[Checkpointer], Checkpointer]) -> None:
+        super().__init__(MemoryCheckpointer, second)
+        self.__name__ = name
+
+
+SeparateHandles = _Handles("SeparateHandles", _separate)
+StaleSummaries = _Handles("StaleSummaries", _stale_summaries)
+OwnRows = _Handles("OwnRows", _own_rows)
+
+
+MUTANTS: dict[str, list[Factory]] = {
     "append_load_round_trip": [AsciiPayloads, ReturnsInput],
     "duplicate_append_is_noop": [ReturnsInput],
     "conflict_writes_nothing": [OneAtATime],
@@ -217,6 +283,9 @@ MUTANTS: dict[str, list[Callable[[], MemoryCheckpointer]]] = {
     "compare_and_set": [IgnoresExpectedSeq],
     "decisions_checked_at_commit": [NoChecksAtCommit],
     "rebuild_checkpoint": [RebuildForgetsEpoch],
+    "two_handles_same_key": [SeparateHandles, OwnRows],
+    "two_handles_fencing": [SeparateHandles, StaleSummaries],
+    "two_handles_see_each_other": [SeparateHandles, StaleSummaries],
 }
 
 
@@ -226,7 +295,7 @@ def test_every_case_has_a_mutant() -> None:
 
 @pytest.mark.parametrize(("case", "mutant"), [(c, m) for c in CASES for m in MUTANTS[c.name]],
                          ids=lambda v: v.name if isinstance(v, Case) else v.__name__)
-def test_case_rejects_mutant(case: Case, mutant: Callable[[], MemoryCheckpointer]) -> None:
+def test_case_rejects_mutant(case: Case, mutant: Factory) -> None:
     # The case must fail by its own verdict (ConformanceFailure) or by a journal error the bug causes,
     # not by a crash of the mutant itself.
     with pytest.raises((AssertionError, CuadernoError)):

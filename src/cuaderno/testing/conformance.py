@@ -28,8 +28,17 @@ that declares it, as :func:`capabilities` detects it (a store that implements
 :func:`run_conformance` leaves out the cases a backend cannot run, and a pytest module skips them
 (``case.needs <= capabilities(factory)``).
 
-The factory must return a new, *empty* store on every call; a case opens exactly one store and
-closes it when it ends. Cases observe a backend only through the protocol (``append``, ``load``,
+Two workers sharing one journal are two *handles* on it (two connections, two processes). The
+two-worker cases are written here once for every backend: a factory that can open a second handle
+on a store's journal (:class:`SharedFactory`; build one with :class:`TwoHandles`) declares
+:attr:`Capability.SECOND_HANDLE`. For SQLite the second handle is a new store on the same file,
+for PostgreSQL a new connection pool on the same database; a memory journal, which lives in one
+object, may hand out that object again::
+
+    factory = TwoHandles(lambda: SqliteCheckpointer(next(paths)), lambda s: SqliteCheckpointer(s.path))
+
+The factory must return a new, *empty* store on every call; a case opens exactly one store (and
+the two-worker cases a second handle on its journal) and closes it when it ends. Cases observe a backend only through the protocol (``append``, ``load``,
 ``checkpoint``, ``list_runs``, ``acquire``), so "nothing was written" means: every run's stored
 checkpoint and every row that ``load`` returns are exactly what they were before, and no run
 appeared. Backend-specific checks (row counts of tables, file bytes, pragmas) belong in the
@@ -49,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from cuaderno.checkpoint import Checkpoint, rebuild
 from cuaderno.errors import (
@@ -66,8 +75,8 @@ from cuaderno.errors import (
 from cuaderno.events import CODEC_JSON, StepEvent, approval_step_id, model_step_id, row_hash, tool_step_id
 from cuaderno.journal.base import Checkpointer, SupportsRebuild
 
-__all__ = ["CASES", "Capability", "Case", "ConformanceFailure", "Factory", "capabilities", "conformance_cases",
-           "run_conformance"]
+__all__ = ["CASES", "Capability", "Case", "ConformanceFailure", "Factory", "SharedFactory", "TwoHandles", "capabilities",
+           "conformance_cases", "run_conformance"]
 
 Factory = Callable[[], Checkpointer]
 """Returns a new, empty store on every call."""
@@ -87,14 +96,45 @@ class Capability(enum.StrEnum):
 
     REBUILD = "rebuild"
     """The store implements :class:`~cuaderno.journal.base.SupportsRebuild`."""
+    SECOND_HANDLE = "second_handle"
+    """The factory opens a second handle on a store's journal (:class:`SharedFactory`)."""
+
+
+@runtime_checkable
+class SharedFactory(Protocol):
+    """A factory that also opens a second handle on the journal of a store it made."""
+
+    def __call__(self) -> Checkpointer:
+        """A new store on a new, empty journal."""
+        ...
+
+    def open_second(self, store: Checkpointer) -> Checkpointer:
+        """Another handle on ``store``'s journal, as a second worker would open it: what either
+        writes, the other reads. The case closes it."""
+        ...
+
+
+class TwoHandles:
+    """A :class:`SharedFactory` from two callables: ``new()`` and ``second(store)``."""
+
+    def __init__(self, new: Factory, second: Callable[[Checkpointer], Checkpointer]) -> None:
+        self._new, self._second = new, second
+
+    def __call__(self) -> Checkpointer:
+        return self._new()
+
+    def open_second(self, store: Checkpointer) -> Checkpointer:
+        return self._second(store)
 
 
 def capabilities(factory: Factory) -> frozenset[Capability]:
-    """The optional capabilities the factory's stores declare (one store is opened, then closed)."""
+    """The optional capabilities the factory and its stores declare (one store is opened, then closed)."""
     found = set()
     with _open(factory) as store:
         if isinstance(store, SupportsRebuild):
             found.add(Capability.REBUILD)
+    if isinstance(factory, SharedFactory):
+        found.add(Capability.SECOND_HANDLE)
     return frozenset(found)
 
 
@@ -140,6 +180,20 @@ def _open(factory: Factory) -> Iterator[Checkpointer]:
         yield store
     finally:
         store.close()
+
+
+@contextmanager
+def _two(factory: Factory) -> Iterator[tuple[Checkpointer, Checkpointer]]:
+    """Two handles, A and B, on one new journal."""
+    if not isinstance(factory, SharedFactory):
+        raise ConformanceFailure(f"{factory!r} cannot open a second handle (no open_second); this case needs it")
+    with _open(factory) as a:
+        b = factory.open_second(a)
+        try:
+            yield a, b
+        finally:
+            if b is not a:
+                b.close()
 
 
 def _short(value: object, limit: int = 60) -> str:
@@ -872,6 +926,110 @@ def check_rebuild_checkpoint(factory: Factory) -> None:
         _raises(RunNotFound, lambda: rebuild_checkpoint("no-such-run"), "rebuild_checkpoint() of an unknown run")
 
 
+# -- two workers: two handles on one journal ----------------------------------------------------------------------
+
+
+@_needs(Capability.SECOND_HANDLE)
+def check_two_handles_same_key(factory: Factory) -> None:
+    """Two handles appending the same (run, step, phase): one row; the other append returns it, a different event conflicts."""
+    run = "two-same-key"
+    rounds = 6
+    with _two(factory) as (a, b):
+        started = a.append([_start(run)])
+        _eq([_row(e) for e in b.append([_start(run)])], [_row(e) for e in started],
+            "B appending the event A stored returns A's stored event")
+        intent = _e(run, model_step_id(0), "intent", "model", fingerprint="f0", payload={"attempt": 1})
+        stored = b.append([intent])
+        _eq([_row(e) for e in a.append([intent])], [_row(e) for e in stored],
+            "A appending the event B stored returns B's stored event")
+        before = _snapshot(a)
+        exc = _raises(JournalConflict, lambda: b.append([_copy(intent, payload={"attempt": 2})]),
+                      "B appending another event under a key A's journal holds")
+        _unchanged(a, before, "a conflicting append through B, seen through A")
+        assert isinstance(exc, JournalConflict)
+        _eq((exc.run_id, exc.step_id, exc.phase), intent.key, "JournalConflict names the key")
+        # Racing: both handles append the same events at once (the first insert wins, the other
+        # finds the key taken and returns the stored row, in the same transaction).
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(2)
+
+        def work(store: Checkpointer, who: str) -> None:
+            try:
+                for i in range(rounds):
+                    barrier.wait(timeout=30)
+                    store.append([_e(run, f"shared.{i}", "intent", "tool", payload={"i": i})])
+                    store.append([_e(run, f"{who}.{i}", "intent", "tool", payload={"i": i})])
+            except BaseException as exc:  # reported below; a thread must not die silently
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(store, who)) for store, who in ((a, "a"), (b, "b"))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        _eq([f"{type(e).__name__}: {e}" for e in errors], [], "errors raised by the racing handles")
+        for name, store in (("A", a), ("B", b)):
+            loaded = store.load(run)
+            _eq(len(loaded), 2 + 3 * rounds, f"rows through {name} after two handles raced on the same keys")
+            _eq(len({e.key for e in loaded}), len(loaded), f"keys through {name} are unique")
+            _assert_projection(store, run, f"through {name} after two handles raced")
+        _eq([_row(e) for e in a.load(run)], [_row(e) for e in b.load(run)], "A and B load the same rows")
+
+
+@_needs(Capability.SECOND_HANDLE)
+def check_two_handles_fencing(factory: Factory) -> None:
+    """A takeover through A fences B: B's write with its older epoch is FencedOut, nothing written; B sees A's epoch."""
+    run = "two-fenced"
+    with _two(factory) as (a, b):
+        a.append([_start(run)])
+        e_b = b.acquire(run, "worker-b")
+        b.append([_e(run, tool_step_id(0, 0), "intent", "tool", name="pay", fingerprint="p0")], epoch=e_b)
+        b.release(run, e_b)  # B's loop stopped (say it paused); A's worker takes the run
+        e_a = a.acquire(run, "worker-a")
+        _expect(e_a > e_b, f"a takeover through A must return an epoch above B's {e_b}, got {e_a}")
+        result = _e(run, tool_step_id(0, 0), "result", "tool", name="pay", fingerprint="p0", payload={"ok": True})
+        before = _snapshot(a)
+        exc = _raises(FencedOut, lambda: b.append([result], epoch=e_b), "B writing with the epoch A took over")
+        assert isinstance(exc, FencedOut)
+        _eq((exc.run_id, exc.epoch, exc.current), (run, e_b, e_a), "FencedOut names the run, B's epoch and A's")
+        _unchanged(a, before, "B's fenced write, seen through A")
+        _unchanged(b, before, "B's fenced write, seen through B")
+        cp = b.checkpoint(run)
+        _eq(cp and cp.epoch, e_a, "the epoch B reads after A's takeover")
+        out = a.append([result], epoch=e_a)
+        _eq(out[0].seq, 3, "A writing with the epoch it took")
+        _raises(FencedOut, lambda: b.append([_e(run, "t", "intent", "tool")], epoch=e_b),
+                "B again, after A wrote")
+        a.release(run, e_a)
+        _assert_projection(b, run, "through B after fencing")
+
+
+@_needs(Capability.SECOND_HANDLE)
+def check_two_handles_see_each_other(factory: Factory) -> None:
+    """What one handle commits the other reads at once (checkpoint, load, list_runs), and appends continue its chain."""
+    run = "two-seen"
+    with _two(factory) as (a, b):
+        _eq(b.checkpoint(run), None, "B's checkpoint of a run nobody started")
+        for batch in _mixed_batches(run)[:2]:
+            a.append(batch)
+        through_a = a.checkpoint(run)
+        through_b = b.checkpoint(run)
+        _expect(through_a is not None and through_b is not None, "a run A started has a checkpoint through B")
+        assert through_a is not None and through_b is not None
+        _eq(through_b.to_json(), through_a.to_json(), "the checkpoint B reads vs the one A wrote")
+        _eq([_row(e) for e in b.load(run)], [_row(e) for e in a.load(run)], "the rows B loads vs A's")
+        _eq(_run_ids(b, limit=_ALL), [run], "the runs B lists")
+        # Each handle appends after the other: each must see the other's last row (a handle that
+        # kept the summary it last wrote would number its row after a stale head).
+        for i, (writer, reader) in enumerate(((b, a), (a, b), (b, a))):
+            out = writer.append([_e(run, f"turn.{i}", "intent", "tool", payload={"i": i})])
+            _eq(out[0].seq, through_a.last_seq + 1 + i, f"seq of append {i + 1} after the other handle wrote")
+            _eq([_row(e) for e in reader.load(run)], [_row(e) for e in writer.load(run)],
+                f"the rows read through the other handle after append {i + 1}")
+        _assert_projection(a, run, "through A after both handles wrote")
+        _assert_projection(b, run, "through B after both handles wrote")
+
+
 # -- registry ------------------------------------------------------------------------------------------------------
 
 CASES: tuple[Case, ...] = (
@@ -896,6 +1054,9 @@ CASES: tuple[Case, ...] = (
     Case("compare_and_set", check_compare_and_set),
     Case("decisions_checked_at_commit", check_decisions_checked_at_commit),
     Case("rebuild_checkpoint", check_rebuild_checkpoint),
+    Case("two_handles_same_key", check_two_handles_same_key),
+    Case("two_handles_fencing", check_two_handles_fencing),
+    Case("two_handles_see_each_other", check_two_handles_see_each_other),
 )
 """Every case, in a stable order. Names are test ids: renaming one is a visible change."""
 
