@@ -12,8 +12,49 @@ capabilities the same way). Callers that need one refuse a store without it with
 :class:`~cuaderno.errors.UsageError`, and the conformance suite runs its cases only where it is
 declared.
 
-The calls are synchronous on purpose. A durable step is one synced commit; doing it inline costs
-one fsync, while hopping to a thread pool costs more than the commit itself on the fast path.
+The calls are synchronous, and stay so: decided by measurement (``benchmarks/bench_sync_contract.py``,
+M runs on one event loop, 50 appends each, one INSERT and one synced COMMIT per append; this
+machine: 2 cores shared with other work, fsync of a few ms; durable steps/s, medians of 3, two
+runs of the benchmark a few minutes apart, as ``first / second``):
+
+==========================  =========  ===========  ============
+                            M=1        M=8          M=32
+==========================  =========  ===========  ============
+SQLite (this store) sync    127 / 223  180 / 241    183 / 308
+SQLite (this store) thread  107 / 179  639 / 940    772 / 1,420
+PostgreSQL sync             90 / 223   144 / 463    187 / 236
+PostgreSQL thread           112 / 114  770 / 1,213  1,995 / 2,053
+PostgreSQL async (psycopg)  124 / 116  548 / 780    935 / 1,065
+PG + 0.5 ms RTT sync        163 / 124  102 / 155    137 / 212
+PG + 0.5 ms RTT thread      123 / 96   777 / 1,000  1,757 / 2,101
+PG + 0.5 ms RTT async       83 / 81    413 / 677    885 / 1,016
+==========================  =========  ===========  ============
+
+What the figures say:
+
+- A blocking append *on the event loop* serialises every run sharing it: one commit at a time,
+  about flat in M (90-460 steps/s here whatever M is). For PostgreSQL that wastes the server's
+  own group commit of concurrent transactions: the same appends from M threads, one connection
+  each, reach 2,000 steps/s at M=32, 9-11x the loop's.
+- An async contract would not buy more than threads do: psycopg's ``AsyncConnection`` reached
+  about half the threads' figure at M=32 (its per-statement work runs on the one loop), with or
+  without a simulated round trip. At M=1 the three are within this machine's noise, so the
+  embedded default's inline commit loses nothing against a hop there.
+- For SQLite, one writer, threads cannot overlap two commits (the store holds one connection
+  under a lock), yet they measured 4-5x at M=32. Much of that is this machine rather than
+  concurrency: the same strictly serial commits ran 246-274/s issued from the main thread, 424/s
+  from one worker thread and 800/s from eight taking turns (an idle virtual CPU wakes late from
+  each fsync). Either way, what raises SQLite's ceiling for real is putting several runs' events
+  in one commit.
+
+So the contract stays a small synchronous protocol (what the harness, the CLI and a Temporal
+activity call, with no loop of their own), and what changes is *where* it is called from when
+runs share a loop: off the loop, by a writer that groups the appends of concurrent runs into one
+transaction and one sync and resolves each run's future once its events are durable (issue 21,
+part 5: group commit). That writer needs at most one more optional capability from a backend
+(the events of several runs in one transaction), not a second, async contract that every backend
+would have to implement twice.
+
 Backends: :class:`~cuaderno.journal.memory.MemoryCheckpointer` (tests) and
 :class:`~cuaderno.journal.sqlite.SqliteCheckpointer` (the embedded default). Every backend passes
 the conformance suite in ``cuaderno.testing.conformance``.
