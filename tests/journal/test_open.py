@@ -97,6 +97,8 @@ def test_memory_url_is_a_new_empty_memory_journal() -> None:
     assert [cp.run_id for cp in a.list_runs()] == ["m"] and b.list_runs() == []
     with pytest.raises(JournalError, match="no existing journal"):
         open_journal("memory://", create=False)
+    with pytest.raises(JournalError, match="no existing journal"):
+        open_journal("memory://", readonly=True)  # not a writable journal that was asked to be read-only
 
 
 def test_create_false_and_readonly_keyword_arguments(tmp_path: Path) -> None:

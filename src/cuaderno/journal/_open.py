@@ -133,7 +133,7 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
     """
     target = parse_journal_url(url)
     if target.scheme == "memory":
-        if not create:
+        if not create or readonly:  # nothing to read either: a memory journal starts empty every time
             raise JournalError(f"{target.url!r} is a new, empty journal in memory: there is no existing journal to "
                                "open there")
         from cuaderno.journal.memory import MemoryCheckpointer
