@@ -52,6 +52,12 @@ from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
+from cuaderno.journal._rows import Duplicate as _Duplicate
+from cuaderno.journal._rows import checked_epoch as _epoch
+from cuaderno.journal._rows import decode_small_payloads as _decode_small_payloads
+from cuaderno.journal._rows import no_existing as _no_existing
+from cuaderno.journal._rows import schema_version as _schema_version
+from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, validate_event
 from cuaderno.testing import crash
 
@@ -393,9 +399,7 @@ class SqliteCheckpointer:
             rows.sort(key=lambda r: r[3])
             summary = Checkpoint.loads(head[0])
             events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
-            for ev in events:
-                if ev.kind != "model" and ev.kind != "tool":
-                    ev.payload  # noqa: B018 - small payloads: decode now so damage shows here, not later
+            _decode_small_payloads(events)
             return events
 
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
@@ -575,25 +579,6 @@ def _compress_setting(db: sqlite3.Connection) -> str | None:
     return None if row is None else str(row[0])
 
 
-class _Duplicate(Exception):
-    """An optimistic insert met a stored key: redo the append with lookups."""
-
-
-def _storable(run_id: str) -> bool:
-    """Whether ``run_id`` could ever have been stored (appends refuse the rest)."""
-    if not isinstance(run_id, str):
-        return False
-    try:
-        run_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _no_existing(ev: StepEvent) -> StepEvent | None:
-    return None
-
-
 def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
     """What SQLite's refusal to open ``path`` means, named by its cause: only a file that is not
     a database, or a damaged one, is :class:`JournalCorrupt`; a lock, a permission or the disk
@@ -615,30 +600,3 @@ def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float)
                         "SQLITE_AUTH")):
         return JournalError(f"{path!r} cannot be opened: {exc} ({name}); nothing was changed")
     return JournalCorrupt(f"{path!r} is not a readable cuaderno journal: {exc}")
-
-
-def _schema_version(value: object) -> int:
-    """A recorded schema version: a whole number from 1 (a file records one only once its
-    tables exist; 0 or less would send the migration to the wrong step)."""
-    try:
-        version = int(str(value))
-    except ValueError:
-        raise JournalCorrupt(f"the journal's schema version {value!r:.40} is not a number") from None
-    if version < 1:
-        raise JournalCorrupt(f"the journal's schema version {version} is not one any cuaderno writes; nothing was "
-                             "changed")
-    return version
-
-
-
-def _epoch(run_id: str, value: object) -> int:
-    """A run's epoch column, checked: every write folds it into the summary, and a reader refuses a
-    summary whose epoch is not a count, so a damaged one must stop here, before anything is written.
-
-    Raises:
-        JournalCorrupt: not a non-negative integer.
-    """
-    if type(value) is not int or value < 0:
-        raise JournalCorrupt(f"run {run_id!r}: its epoch is {value!r:.40}, not a count; the run's fencing record is "
-                             "damaged, nothing was written")
-    return value
