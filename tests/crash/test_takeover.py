@@ -235,5 +235,7 @@ def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], r
             "rebilled_journaled": max(bills - 1, 0), "rebilled_in_flight": 0,
             "violations": int(not set(verdicts) <= {"busy", "done"})})
     assert set(verdicts) <= {"busy", "done"} and "done" in verdicts, outs
+    # Every other resumer met the live holder (none came late, after the run was done).
+    assert sorted(verdicts) == ["busy"] * (racers - 1) + ["done"], outs
     assert receipts == 1, "the effect ran more than once"
     assert bills == 1, "the last model turn was billed twice"
