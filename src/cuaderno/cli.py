@@ -396,7 +396,8 @@ def rebuild_summary(
     run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
     trust_journal: Annotated[bool, typer.Option(
         "--trust-journal", help="Rebuild even if the summary names events the journal does not hold (rows "
-        "removed from its end look like that) or cannot be read: only for a journal known to be complete.")] = False,
+        "removed from its end look like that), ends before the journal's last row (nothing proves who wrote the "
+        "rows after it) or cannot be read: only for a journal known to be complete and the run's own.")] = False,
 ) -> None:
     """Rewrite a run's summary from its hash-chained journal, when it no longer matches it."""
     with _refusals(), _store(ctx) as store:

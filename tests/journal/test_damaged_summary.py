@@ -285,9 +285,9 @@ _UNREADABLE = "cannot be read .* whether rows were removed"
     ("DELETE FROM cuaderno_events WHERE seq=2; UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, "
      "'$.last_hash', (SELECT row_hash FROM cuaderno_events WHERE seq=1))", _REMOVED,
      ["counters", "last_seq", "next_step", "pending", "status", "status column"]),
-    # Ending at row 1 of 2 with what only row 2 explains: not an older summary of this journal.
+    # Ending at row 1 of 2: nothing proves who wrote row 2.
     ("UPDATE cuaderno_runs SET checkpoint=json_set(checkpoint, '$.last_seq', 1, '$.last_hash', "
-     "(SELECT row_hash FROM cuaderno_events WHERE seq=1))", "ends at event 1 of 2 but is not the summary of those 1",
+     "(SELECT row_hash FROM cuaderno_events WHERE seq=1))", "ends at event 1, the journal holds 2: 1 row past",
      ["last_hash", "last_seq"]),
     ("UPDATE cuaderno_runs SET checkpoint=5", _UNREADABLE, ["the whole summary (unreadable)"]),
     ("UPDATE cuaderno_runs SET checkpoint=CAST(x'7bff7d' AS TEXT)", _UNREADABLE, ["the whole summary (unreadable)"]),
@@ -312,9 +312,11 @@ def test_a_summary_that_may_hide_removed_rows_is_rebuilt_only_when_told_the_jour
         assert cp.to_json() == rebuilt.checkpoint.to_json() and cp.last_seq == len(events) == len(before[0])
 
 
-def test_an_older_summary_of_the_same_journal_is_replaced_without_being_told(tmp_path: Path) -> None:
+def test_an_older_summary_of_the_same_journal_is_replaced_only_when_told(tmp_path: Path) -> None:
     """A copy of the runs table restored from before the last event (a backup): its head is a row
-    the journal holds, and it is exactly the summary of the rows up to there."""
+    the journal holds, and it is exactly the summary of the rows up to there. That is also what a
+    row appended by something else looks like (the chain is not a signature), so the rows past
+    its head count only once a person says they are the run's own."""
     path = tmp_path / "j.db"
     with SqliteCheckpointer(path) as store:
         store.append([StepEvent(run_id=RUN, step_id="run", phase="start", kind="run", fingerprint="f",
@@ -326,9 +328,11 @@ def test_an_older_summary_of_the_same_journal_is_replaced_without_being_told(tmp
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_runs SET checkpoint=?", (older,))
     with SqliteCheckpointer(path) as store:
-        with pytest.raises(JournalCorrupt, match="ends at event 1, the journal holds 2.*rebuild-summary"):
+        with pytest.raises(JournalCorrupt, match="ends at event 1, the journal holds 2.*rebuild-summary RUN --trust"):
             store.load(RUN)
-        rebuilt = harness.rebuild_summary(store, RUN)
+        with pytest.raises(JournalCorrupt, match="1 row past the end of its summary"):
+            harness.rebuild_summary(store, RUN)
+        rebuilt = harness.rebuild_summary(store, RUN, trust_journal=True)
         assert rebuilt.differed == ["counters", "last_hash", "last_seq", "next_step", "pending", "status"]
         assert verified(store, RUN)[0].status == "suspended"
 

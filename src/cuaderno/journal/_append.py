@@ -129,6 +129,16 @@ def _admit(cp: Checkpoint, ev: StepEvent) -> None:
 _REBUILD = "`cuaderno rebuild-summary RUN` rebuilds it from the journal"
 """The way forward a refusal names when only the summary is wrong (see :func:`plan_rebuild`)."""
 
+
+def _past_head(n: int) -> str:
+    """Why rows past a summary's head are refused, and what a person who knows better can do."""
+    rows = "1 row" if n == 1 else f"{n} rows"
+    return (f"{rows} past the end of its summary, which every cuaderno write updates in the same transaction; "
+            "nothing proves who wrote them (the hash chain is a check, not a signature: anyone who can write the "
+            "file can append rows that chain). If you know they are the run's own (an older copy of the summary "
+            "was restored), `cuaderno rebuild-summary RUN --trust-journal` (trust_journal=True) counts them; "
+            "nothing was written")
+
 RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]
 """(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash)"""
 
@@ -155,9 +165,9 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
         out.append(ev)
     if head is not None and prev != head:
         behind = _seq_of(out, head)
-        if behind is not None:  # an older summary (a restored copy of the runs table): no row is missing
+        if behind is not None:  # rows past the summary's head: an older summary, or rows added since
             raise JournalCorrupt(f"run {run_id!r}: its stored summary (checkpoint) ends at event {behind}, the journal "
-                                 f"holds {len(out)}; it was altered or damaged. {_REBUILD}")
+                                 f"holds {len(out)}: {_past_head(len(out) - behind)}")
         raise JournalCorrupt(f"run {run_id!r}: the journal ends before the checkpoint's last event (rows removed, "
                              "or the summary altered)")
     if head_seq is not None and len(out) != head_seq:
@@ -195,12 +205,26 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
     one differs (none: there is nothing to write).
 
     The journal is the record and the summary only its projection, so the summary is rebuilt from
-    the rows, never the other way round, and only from rows whose hash chain checks out. A stored
-    summary *behind* the journal (an older copy) is simply replaced. One *ahead* of it, naming an
-    event the journal does not hold, is also exactly what removing rows from the journal's end
-    looks like: rebuilding from what is left would hide that loss, so it is refused unless the
-    caller says the journal is complete (``trust_journal``), and so is a summary too damaged to say
-    where it ended.
+    the rows, never the other way round, and only from rows whose hash chain checks out.
+
+    What the chain proves, and so what is rebuilt without being told: the chain is unkeyed, so it
+    shows that no row was changed, removed or reordered *by accident or by an edit that did not
+    recompute the hashes after it*; it does not show who wrote a row. The summary is the second
+    record every cuaderno write updates in the same transaction, and its head (``last_hash``,
+    ``last_seq``) says which rows cuaderno wrote. So, without ``trust_journal``, only a summary
+    whose head is the journal's last row is rebuilt (its other fields are rewritten from rows it
+    already vouches for). Refused unless the caller says the journal is complete and its own:
+
+    - a summary *behind* the journal: rows past its head may be an older summary restored, or rows
+      appended by something else (a result forged for an effect that never ran chains as well as
+      a real one), and nothing tells the two apart;
+    - a summary *ahead* of it, naming an event the journal does not hold: exactly what removing
+      rows from the journal's end looks like; rebuilding from what is left would hide that loss;
+    - a summary too damaged to say where it ended.
+
+    Rows added *and* the summary rewritten to match, or rows removed *and* the summary's head moved
+    consistently, cannot be told from a journal cuaderno wrote: that needs a key kept outside the
+    file, which this journal does not have.
 
     Args:
         rows: the run's stored rows in ``seq`` order.
@@ -231,18 +255,16 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
             raise JournalCorrupt(f"run {run_id!r}: its stored summary cannot be read ({unreadable}), so whether rows "
                                  f"were removed from the end of its journal cannot be told{anyway}")
         # Its chain head says where the summary ended. It must be a row the journal holds, with the
-        # count the summary gives it, and a summary that ended before the journal's last row must
-        # be exactly an older summary of it. Otherwise it may name rows that are gone. (Rows
-        # removed *and* the summary's head edited to a kept row, consistently, cannot be told
-        # from a summary damaged at the journal's end: the chain is a check, not a signature.)
+        # count the summary gives it (otherwise it may name rows that are gone), and it must be the
+        # journal's last row (otherwise nothing proves who wrote the rows after it).
         ended = _seq_of(events, stored.last_hash)
         if ended is None or stored.last_seq > ended:
             raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {stored.last_seq}, which the "
                                  f"journal ({len(events)} events) does not hold as recorded (row hash "
                                  f"{stored.last_hash[:16]!r}): rows may have been removed from its end{anyway}")
-        if ended < len(events) and differing(stored, rebuild(run_id, events[:ended], epoch=epoch)):
-            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {ended} of {len(events)} but is "
-                                 f"not the summary of those {ended} events: it may count rows that are gone{anyway}")
+        if ended < len(events):
+            raise JournalCorrupt(f"run {run_id!r}: its stored summary ends at event {ended}, the journal holds "
+                                 f"{len(events)}: {_past_head(len(events) - ended)}")
     rebuilt = rebuild(run_id, events, epoch=epoch)
     if stored is None:
         return rebuilt, ["the whole summary (unreadable)"]
