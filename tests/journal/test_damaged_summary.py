@@ -28,7 +28,7 @@ from cuaderno.checkpoint import verified
 from cuaderno.cli import app
 from cuaderno.errors import JournalCorrupt, RunNotFound, UsageError
 from cuaderno.events import StepEvent
-from cuaderno.journal import SqliteCheckpointer
+from cuaderno.journal import JournalRolledBack, SqliteCheckpointer
 
 RUN = "r-pay"
 APPROVAL = "t0000.tool00.approval"
@@ -302,7 +302,12 @@ def test_a_summary_that_may_hide_removed_rows_is_rebuilt_only_when_told_the_jour
     loss, unless a person says the journal is complete."""
     path = tmp_path / "j.db"
     before = _damaged(path, damage)
-    with SqliteCheckpointer(path) as store:
+    removed = "DELETE" in damage
+    if removed:  # this machine saw row 2 committed: the journal is refused at open, before anything else
+        with pytest.raises(JournalRolledBack, match="older than the last one this machine saw"):
+            SqliteCheckpointer(path)
+        assert _state(path) == before
+    with SqliteCheckpointer(path, accept_rollback=removed) as store:
         with pytest.raises(JournalCorrupt, match=refusal):
             harness.rebuild_summary(store, RUN)
         assert _state(path) == before
@@ -437,6 +442,9 @@ def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> No
     assert again.exit_code == 0 and "its summary matches its journal (2 events); nothing was written" in again.output
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("DELETE FROM cuaderno_events WHERE seq=2")
+    rolled_back = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
+    assert rolled_back.exit_code == 2 and "older than the last one this machine saw" in rolled_back.output
+    Path(f"{path}-anchor").unlink()  # how the refusal says a person accepts it from the command line
     refused = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
     assert refused.exit_code == 2 and "--trust-journal" in refused.output
     trusted = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN, "--trust-journal"])

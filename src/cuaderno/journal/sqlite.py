@@ -49,7 +49,7 @@ from typing import Literal
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
-from cuaderno.journal import _lease
+from cuaderno.journal import _anchor, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal._rows import Duplicate as _Duplicate
@@ -126,11 +126,25 @@ class SqliteCheckpointer:
             own JSON functions, by every writer that does not say otherwise (the ``cuaderno``
             CLI included). Reading is the same either way, and one journal may hold both forms.
             Ignored when ``readonly``.
+        accept_rollback: open a journal that is older than the last one this machine saw at this
+            path (an older copy restored, a hot ``-wal`` deleted or truncated; see
+            :mod:`cuaderno.journal._anchor`), which is otherwise refused at open and at every
+            ``load`` with :class:`~cuaderno.journal._anchor.JournalRolledBack`. The runs then go on
+            from the steps the journal holds, and effects done after them are done again: say so
+            only for a rollback you made on purpose. A writable store records the journal as it
+            is now as the new high-water mark.
+
+    Refusals leave the files as they were: when a ``-wal`` with commits in it is there at open
+    (a process was killed, or a ``-wal`` was put beside the file), the checks run first on a
+    connection that cannot write (``mode=ro``; ``readonly_shm`` when a ``-shm`` is there, so that
+    not even SQLite's index of the ``-wal`` is rebuilt), and a store that committed nothing closes
+    without folding the ``-wal`` into the database file (SQLite does that when its last
+    connection closes), so a refused command never rewrites the evidence.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
                  busy_timeout_ms: int = 30_000, create: bool = True, readonly: bool = False,
-                 compress: bool | None = None) -> None:
+                 compress: bool | None = None, accept_rollback: bool = False) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
         if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -149,6 +163,16 @@ class SqliteCheckpointer:
         """The schema the file is at, as this store last saw it (1 until a compressed row is written)."""
         if self.path != ":memory:" and Path(self.path).is_dir():
             raise UsageError(f"{self.path!r} is a directory, not a journal file")
+        if not isinstance(accept_rollback, bool):
+            raise UsageError(f"accept_rollback must be True or False, got {accept_rollback!r:.40}")
+        self._accept_rollback = accept_rollback
+        on_disk = self.path != ":memory:"
+        self._anchor = _anchor.Anchor(self.path) if on_disk else None
+        fresh = not on_disk or _size(self.path) == 0
+        if fresh and self._create and self._anchor is not None:
+            self._anchor.reset()  # a journal created anew at this path: what was seen at it is gone
+        self._hot_wal = on_disk and not fresh and _size(self.path + "-wal") > 0
+        """A -wal with commits in it was there at open: a store that writes nothing must not fold it."""
         self._lock = threading.Lock()
         # Checkpoints this connection wrote last, keyed by run, so an append does not read back and
         # decode the row it wrote itself. Inside every write transaction (under the write lock) the
@@ -162,19 +186,34 @@ class SqliteCheckpointer:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             if self._readonly:
                 # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
-                self._db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?mode=ro", uri=True,
-                                           timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
-                                           check_same_thread=False)
+                self._db = _read_only(self.path, busy_timeout_ms)
                 self._refuse_newer_schema(older_too=True)
+                self._accept_rollback = self._accept_rollback or not self._check_anchor()
                 return
+            if self._hot_wal:
+                # Every check at open first on a connection that cannot fold the -wal into the file.
+                probe = _read_only(self.path, busy_timeout_ms)
+                try:
+                    self._refuse_newer_schema(probe)
+                    self._check_anchor(probe)
+                finally:
+                    probe.close()
             self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                                        check_same_thread=False)
             self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
+            rolled_back = not self._check_anchor()
             mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if self.path != ":memory:" and mode != "wal":
                 raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
             self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
             self._compress = self._migrate(compress)
+            if rolled_back and self._anchor is not None:  # accepted: the journal as it is is the new mark
+                with self._lock:
+                    mark = _anchor.last_row(self._db)
+                if mark is None:
+                    self._anchor.reset()
+                else:
+                    self._anchor.write(*mark)
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise _open_failure(self.path, exc, busy_timeout_ms) from exc
@@ -184,15 +223,38 @@ class SqliteCheckpointer:
 
     # -- schema -------------------------------------------------------------------------------
 
-    def _refuse_newer_schema(self, *, older_too: bool = False) -> None:
-        has_meta = self._db.execute(
+    def _check_anchor(self, db: sqlite3.Connection | None = None) -> bool:
+        """Whether the journal still holds the last row this machine committed to it; refuses it
+        (:class:`~cuaderno.journal._anchor.JournalRolledBack`) unless ``accept_rollback``."""
+        db = db or self._db
+        if self._anchor is None:
+            return True
+        mark = self._anchor.read()  # before the read transaction below begins
+        if mark is None:
+            return True
+        try:
+            with _read_txn(db):
+                # No events table under an anchor: the file lost even its tables (a -wal deleted
+                # before the first checkpoint), not a journal created anew (that one starts empty).
+                has_events = db.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_events'").fetchone()
+                _anchor.check(db if has_events else None, self.path, mark)
+        except _anchor.JournalRolledBack:
+            if not self._accept_rollback:
+                raise
+            return False
+        return True
+
+    def _refuse_newer_schema(self, db: sqlite3.Connection | None = None, *, older_too: bool = False) -> None:
+        db = db or self._db
+        has_meta = db.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
         if has_meta is None:
             if not self._create:  # before the WAL switch: another application's file stays as it was
                 raise JournalError(f"{self.path!r} is not a cuaderno journal (no cuaderno tables); nothing was "
                                    "changed")
             return
-        row = self._db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+        row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
         if row is None and not self._create:
             raise JournalCorrupt(f"{self.path!r} has a cuaderno_meta table without a schema version")
         version = _schema_version(row[0]) if row is not None else 0
@@ -321,6 +383,7 @@ class SqliteCheckpointer:
                 # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
                 new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
                 bump = False
+                mark = None
                 if new:
                     try:
                         compressed = self._insert(db, new)
@@ -328,6 +391,7 @@ class SqliteCheckpointer:
                         if lookups:
                             raise
                         raise _Duplicate from exc
+                    mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], new[-1][0].row_hash)
                     if compressed and self._file_schema < _COMPRESSED_SINCE:
                         # The first compressed row: from this commit on, schema 1 must refuse the file.
                         db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
@@ -342,6 +406,8 @@ class SqliteCheckpointer:
                 self._data_version = version
             if bump:
                 self._file_schema = _COMPRESSED_SINCE  # committed
+            if mark is not None and self._anchor is not None:
+                self._anchor.write(*mark)  # after the commit: the anchor may lag the journal, never lead it
             return out
         except BaseException:
             self._cache.pop(run_id, None)
@@ -380,6 +446,8 @@ class SqliteCheckpointer:
     def load(self, run_id: str) -> list[StepEvent]:
         if not _storable(run_id):
             raise RunNotFound(run_id)
+        # Read before the transaction begins: a commit the anchor records is then in its snapshot.
+        mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
         with self._reading(run_id):
             with self._lock:
                 # One read transaction, so both statements see the same snapshot: read apart, a
@@ -388,6 +456,7 @@ class SqliteCheckpointer:
                 self._db.execute("BEGIN")
                 try:
                     self._schema_of(self._db)
+                    _anchor.check(self._db, self.path, mark)  # a journal rolled back since it was opened
                     head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
                                             (run_id,)).fetchone()
                     rows: list[RawRow] = [] if head is None else self._db.execute(
@@ -550,8 +619,28 @@ class SqliteCheckpointer:
             except JournalError:
                 pass
         with self._lock:
-            self._db.close()
+            self._close_db()
             self._closed = True
+            if self._anchor is not None:
+                self._anchor.close()
+
+    def _close_db(self) -> None:
+        """Close the connection; when it found a -wal with commits in it and wrote nothing, without
+        folding that -wal into the database file. SQLite folds it when the last connection to the
+        file closes, so a read-only connection holds the file open meanwhile: a refused command
+        (and any command that only read) leaves the file and its -wal as they were."""
+        witness = None
+        if self._hot_wal and not self._readonly and self._db.total_changes == 0:
+            try:
+                witness = _read_only(self.path, 0)
+                witness.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # takes its shared lock
+            except sqlite3.Error:
+                pass
+        try:
+            self._db.close()
+        finally:
+            if witness is not None:
+                witness.close()  # read-only: it cannot fold the -wal either
 
     def _refuse_if_closed(self, exc: sqlite3.Error) -> None:
         if self._closed:  # a usage error, not damage to the file
@@ -559,9 +648,11 @@ class SqliteCheckpointer:
 
     def _close_quietly(self) -> None:
         try:
-            self._db.close()
+            self._close_db()
         except Exception:
             pass
+        if self._anchor is not None:
+            self._anchor.close()
 
     def __enter__(self) -> SqliteCheckpointer:
         return self
@@ -571,6 +662,36 @@ class SqliteCheckpointer:
 
 
 _ON_OFF = {True: "on", False: "off"}
+
+
+def _size(path: str) -> int:
+    """The file's size, 0 when it does not exist."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _read_only(path: str, busy_timeout_ms: float) -> sqlite3.Connection:
+    """A connection that cannot change the file or its -wal (``mode=ro``: it never folds the -wal
+    in). With ``readonly_shm`` when a -shm is there, so that it is not rebuilt either: SQLite then
+    reads the -wal itself when no live connection keeps the -shm (and uses the -shm when one
+    does)."""
+    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+    if _size(path + "-shm") > 0:
+        uri += "&readonly_shm=1"
+    return sqlite3.connect(uri, uri=True, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
+                           check_same_thread=False)
+
+
+@contextmanager
+def _read_txn(db: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction (statements in it see one snapshot)."""
+    db.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.execute("COMMIT")
 
 
 def _compress_setting(db: sqlite3.Connection) -> str | None:
