@@ -182,6 +182,10 @@ class SqliteCheckpointer:
         self._taken: dict[str, int] = {}
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._data_version: int | None = None
+        self._writer: tuple[str, float, bool | None] | None = None
+        """Set while a store that opened on a -wal with commits reads on a read-only connection:
+        how to open the writer at its first write."""
+        self._writer_lock = threading.Lock()
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             if self._readonly:
@@ -191,35 +195,69 @@ class SqliteCheckpointer:
                 self._accept_rollback = self._accept_rollback or not self._check_anchor()
                 return
             if self._hot_wal:
-                # Every check at open first on a connection that cannot fold the -wal into the file.
-                probe = _read_only(self.path, busy_timeout_ms)
-                try:
-                    self._refuse_newer_schema(probe)
-                    self._check_anchor(probe)
-                finally:
-                    probe.close()
-            self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
-                                       check_same_thread=False)
-            self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
-            rolled_back = not self._check_anchor()
-            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if self.path != ":memory:" and mode != "wal":
-                raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
-            self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
-            self._compress = self._migrate(compress)
-            if rolled_back and self._anchor is not None:  # accepted: the journal as it is is the new mark
-                with self._lock:
-                    mark = _anchor.last_row(self._db)
-                if mark is None:
-                    self._anchor.reset()
-                else:
-                    self._anchor.write(*mark)
+                # A -wal with commits in it: every check at open, and every read until this store
+                # first writes, on a connection that can neither fold the -wal into the file nor
+                # rebuild the -shm (a refused command leaves all three as they were).
+                self._db = _read_only(self.path, busy_timeout_ms)
+                self._refuse_newer_schema()
+                self._check_anchor()
+                if self._reads_as_is(compress):
+                    self._compress = self._follow_meta(self._db)
+                    self._writer = (synchronous, busy_timeout_ms, compress)
+                    return
+                self._db.close()  # opening writes (tables, a migration, a setting): the writer does it now
+            self._open_writer(synchronous, busy_timeout_ms, compress)
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise _open_failure(self.path, exc, busy_timeout_ms) from exc
         except BaseException:
             self._close_quietly()
             raise
+
+    def _open_writer(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
+        """Open the connection that writes (at open, or at the first write of a store that opened
+        on a -wal with commits in it), checking and migrating the file."""
+        self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
+                                   check_same_thread=False)
+        self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
+        rolled_back = not self._check_anchor()
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if self.path != ":memory:" and mode != "wal":
+            raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
+        self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
+        self._compress = self._migrate(compress)
+        if rolled_back and self._anchor is not None:  # accepted: the journal as it is is the new mark
+            with self._lock:
+                mark = _anchor.last_row(self._db)
+            if mark is None:
+                self._anchor.reset()
+            else:
+                self._anchor.write(*mark)
+
+    def _reads_as_is(self, compress: bool | None) -> bool:
+        """Whether opening the file writes nothing: a journal with its tables and schema record
+        whose compression setting is the one this store asks for (or it asks for none)."""
+        db = self._db
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_runs'").fetchone() is None:
+            return False
+        if db.execute("SELECT 1 FROM cuaderno_meta WHERE key='schema_version'").fetchone() is None:
+            return False
+        return compress is None or _compress_setting(db) == _ON_OFF[compress]
+
+    def _start_writing(self) -> None:
+        """Swap the read-only connection a store opened with for the writer, once (see __init__)."""
+        with self._writer_lock:
+            pending, self._writer = self._writer, None
+            if pending is None:
+                return
+            with self._lock:
+                if self._closed:
+                    raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer")
+                self._db.close()  # read-only: closing it folds nothing
+            try:
+                self._open_writer(*pending)
+            except sqlite3.DatabaseError as exc:
+                raise _open_failure(self.path, exc, pending[1]) from exc
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -331,6 +369,8 @@ class SqliteCheckpointer:
     def _txn(self) -> Iterator[sqlite3.Connection]:
         if self._readonly:
             raise UsageError(f"journal {self.path!r} was opened read-only; nothing was written")
+        if self._writer is not None:
+            self._start_writing()
         with self._lock:
             db = self._db
             try:
@@ -485,36 +525,47 @@ class SqliteCheckpointer:
         """
         if not _storable(run_id):
             raise RunNotFound(run_id)
+        if self._writer is not None:
+            # Still on the read-only connection (a -wal with commits was there at open): a rebuild
+            # that will be refused is refused from it, before the writer touches the -shm.
+            with self._reading(run_id), self._lock:
+                with _read_txn(self._db):
+                    self._plan_rebuild(self._db, run_id, trust_journal)
         with self._reading(run_id), self._txn() as db:
-            self._schema_of(db)
-            try:
-                # As bytes: a summary that is not even UTF-8 is one more unreadable summary.
-                row = db.execute("SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
-                                 (run_id,)).fetchone()
-                rows: list[RawRow] = db.execute(
-                    f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
-            except sqlite3.OperationalError as exc:
-                if "decode" not in str(exc):  # the driver's "Could not decode to UTF-8 column ..."
-                    raise
-                raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: a row is unreadable ({exc}); nothing "
-                                     "was written") from exc
-            if row is None:
-                if rows:
-                    raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
-                                         "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
-                                         "written")
-                raise RunNotFound(run_id)
-            rows.sort(key=lambda r: r[3])
-            # The epoch column is the run's epoch: a takeover writes only the column.
-            cp, differ = plan_rebuild(run_id, rows, row[1], _epoch(run_id, row[0]), trust_journal)
-            if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
-                differ = [*differ, "status column"]
+            cp, differ = self._plan_rebuild(db, run_id, trust_journal)
             if differ:
                 db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
                            (cp.status, cp.dumps(), run_id))
             self._cache.pop(run_id, None)
             crash.point("rebuild.B1")  # the summary rewritten, before COMMIT
         crash.point("rebuild.B2")  # after the commit
+        return cp, differ
+
+    def _plan_rebuild(self, db: sqlite3.Connection, run_id: str, trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+        """What :meth:`rebuild_checkpoint` writes, read in ``db``'s transaction."""
+        self._schema_of(db)
+        try:
+            # As bytes: a summary that is not even UTF-8 is one more unreadable summary.
+            row = db.execute("SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
+                             (run_id,)).fetchone()
+            rows: list[RawRow] = db.execute(
+                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+        except sqlite3.OperationalError as exc:
+            if "decode" not in str(exc):  # the driver's "Could not decode to UTF-8 column ..."
+                raise
+            raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: a row is unreadable ({exc}); nothing "
+                                 "was written") from exc
+        if row is None:
+            if rows:
+                raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
+                                     "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
+                                     "written")
+            raise RunNotFound(run_id)
+        rows.sort(key=lambda r: r[3])
+        # The epoch column is the run's epoch: a takeover writes only the column.
+        cp, differ = plan_rebuild(run_id, rows, row[1], _epoch(run_id, row[0]), trust_journal)
+        if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
+            differ = [*differ, "status column"]
         return cp, differ
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:
@@ -630,7 +681,7 @@ class SqliteCheckpointer:
         file closes, so a read-only connection holds the file open meanwhile: a refused command
         (and any command that only read) leaves the file and its -wal as they were."""
         witness = None
-        if self._hot_wal and not self._readonly and self._db.total_changes == 0:
+        if self._hot_wal and not self._readonly and self._writer is None and self._db.total_changes == 0:
             try:
                 witness = _read_only(self.path, 0)
                 witness.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # takes its shared lock
