@@ -134,12 +134,13 @@ class SqliteCheckpointer:
             only for a rollback you made on purpose. A writable store records the journal as it
             is now as the new high-water mark.
 
-    Refusals leave the files as they were: when a ``-wal`` with commits in it is there at open
-    (a process was killed, or a ``-wal`` was put beside the file), the checks run first on a
-    connection that cannot write (``mode=ro``; ``readonly_shm`` when a ``-shm`` is there, so that
-    not even SQLite's index of the ``-wal`` is rebuilt), and a store that committed nothing closes
-    without folding the ``-wal`` into the database file (SQLite does that when its last
-    connection closes), so a refused command never rewrites the evidence.
+    Refusals leave the files as they were. SQLite folds a ``-wal`` into the database file when the
+    last connection to it closes, so a store that finds a ``-wal`` with commits in it at open (a
+    process was killed, another one is running, or a ``-wal`` was put beside the file) checks the
+    file, and reads, on a connection that cannot write (``mode=ro``; ``readonly_shm`` when a
+    ``-shm`` is there, so that not even SQLite's index of the ``-wal`` is rebuilt) until its first
+    write; and one that opened its writer but committed nothing closes while a read-only
+    connection still holds the file, which keeps SQLite from folding the ``-wal`` in.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
@@ -261,10 +262,10 @@ class SqliteCheckpointer:
 
     # -- schema -------------------------------------------------------------------------------
 
-    def _check_anchor(self, db: sqlite3.Connection | None = None) -> bool:
+    def _check_anchor(self) -> bool:
         """Whether the journal still holds the last row this machine committed to it; refuses it
         (:class:`~cuaderno.journal._anchor.JournalRolledBack`) unless ``accept_rollback``."""
-        db = db or self._db
+        db = self._db
         if self._anchor is None:
             return True
         mark = self._anchor.read()  # before the read transaction below begins
@@ -283,8 +284,8 @@ class SqliteCheckpointer:
             return False
         return True
 
-    def _refuse_newer_schema(self, db: sqlite3.Connection | None = None, *, older_too: bool = False) -> None:
-        db = db or self._db
+    def _refuse_newer_schema(self, *, older_too: bool = False) -> None:
+        db = self._db
         has_meta = db.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
         if has_meta is None:
