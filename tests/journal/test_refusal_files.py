@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from cuaderno import harness
 from cuaderno.checkpoint import verified
 from cuaderno.cli import app
-from cuaderno.errors import JournalCorrupt
+from cuaderno.errors import JournalCorrupt, SchemaTooNew, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import JournalRolledBack, SqliteCheckpointer
 
@@ -109,3 +109,26 @@ def test_a_stale_wal_refused_at_open_leaves_every_file_as_it_was(tmp_path: Path)
     done = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
     assert done.exit_code == 2 and "older than the last one" in done.output, done.output
     assert _files(path) == before
+
+
+def test_a_journal_refused_at_open_with_a_hot_wal_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    """A refusal at open (a newer schema, recorded in the -wal by a process killed since)."""
+    path = tmp_path / "j.db"
+    _hot(path, tamper=False)
+    _killed(f"""
+        import sqlite3
+        db = sqlite3.connect({str(path)!r}, isolation_level=None)
+        db.execute("UPDATE cuaderno_meta SET value='99' WHERE key='schema_version'")
+    """)  # noqa: S608 - a test's own constant SQL, in a child's source
+    before = _files(path)
+    with pytest.raises(SchemaTooNew):
+        SqliteCheckpointer(path)
+    assert _files(path) == before
+    done = CliRunner().invoke(app, ["--db", str(path), "approve", RUN, "x"])
+    assert done.exit_code == 2 and "99" in done.output, done.output
+    assert _files(path) == before
+
+
+def test_accept_rollback_must_be_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="accept_rollback must be True or False"):
+        SqliteCheckpointer(tmp_path / "j.db", accept_rollback="yes")  # type: ignore[arg-type]
