@@ -9,6 +9,7 @@ The tree::
     │   ├── JournalConflict        another event already sits under the same (run_id, step_id, phase)
     │   ├── RunChanged             the run changed between a read and a compare-and-set write
     │   ├── JournalCorrupt         the file or its row hash chain does not check out
+    │   │   └── JournalRolledBack  older than the journal this machine last saw at this path
     │   ├── SchemaTooNew           the journal was written by a newer cuaderno
     │   ├── FencedOut              another process took the run over; this one must stop
     │   └── RunBusy                a live process is running the run; taking it over could repeat a step
@@ -54,6 +55,7 @@ __all__ = [
     "JournalConflict",
     "JournalCorrupt",
     "JournalError",
+    "JournalRolledBack",
     "MigrationFailed",
     "NotUncertain",
     "NotWaitingForApproval",
@@ -189,6 +191,25 @@ class JournalCorrupt(JournalError):
 
     The file is left exactly as it was found, for forensics.
     """
+
+
+class JournalRolledBack(JournalCorrupt):
+    """The journal is older than the last one this machine saw at this path, or another one.
+
+    Resuming from it would repeat effects that already happened. Nothing was changed; open it with
+    ``accept_rollback=True`` (or delete the ``-anchor`` file beside it) to accept it deliberately.
+    """
+
+    def __init__(self, message: str, *, path: str = "", seen_row: int = 0, holds_row: int = 0) -> None:
+        super().__init__(message)
+        self.path, self.seen_row, self.holds_row = path, seen_row, holds_row
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_rolled_back, (str(self), self.path, self.seen_row, self.holds_row))
+
+
+def _rebuild_rolled_back(message: str, path: str, seen_row: int, holds_row: int) -> JournalRolledBack:
+    return JournalRolledBack(message, path=path, seen_row=seen_row, holds_row=holds_row)
 
 
 class SchemaTooNew(JournalError):

@@ -44,30 +44,11 @@ import os
 import sqlite3
 import zlib
 
-from cuaderno.errors import JournalCorrupt
+from cuaderno.errors import JournalRolledBack
 
 __all__ = ["Anchor", "JournalRolledBack", "check", "last_row"]
 
 _MAGIC = b"cuaderno-anchor 1 "
-
-
-class JournalRolledBack(JournalCorrupt):
-    """The journal is older than the last one this machine saw at this path, or another one.
-
-    Resuming from it would repeat effects that already happened. Nothing was changed; open it with
-    ``accept_rollback=True`` (or delete the ``-anchor`` file beside it) to accept it deliberately.
-    """
-
-    def __init__(self, message: str, *, path: str = "", seen_row: int = 0, holds_row: int = 0) -> None:
-        super().__init__(message)
-        self.path, self.seen_row, self.holds_row = path, seen_row, holds_row
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_error, (str(self), self.path, self.seen_row, self.holds_row))
-
-
-def _rebuild_error(message: str, path: str, seen_row: int, holds_row: int) -> JournalRolledBack:
-    return JournalRolledBack(message, path=path, seen_row=seen_row, holds_row=holds_row)
 
 
 def anchor_path(journal: str) -> str:
