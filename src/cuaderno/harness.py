@@ -229,14 +229,18 @@ def rebuild_summary(store: Checkpointer, run_id: str, *, trust_journal: bool = F
     changed the file: the refusal named the fields that differ.
 
     Args:
-        trust_journal: rebuild even when the stored summary names events the journal does not
-            hold (rows removed from the journal's end look exactly like that) or cannot be read.
-            Say so only when the journal is known to be complete.
+        trust_journal: rebuild even when the stored summary's head is not the journal's last row:
+            when it names events the journal does not hold (rows removed from its end look
+            exactly like that), cannot be read, or ends *before* the journal's last row (rows
+            appended with correct hashes by something other than cuaderno look exactly like
+            that: the chain is a check, not a signature). Say so only when the journal is known
+            to be complete and every row in it to be cuaderno's.
 
     Raises:
         RunNotFound: no such run.
         JournalCorrupt: the journal's rows do not chain (nothing can be rebuilt from them), or,
-            without ``trust_journal``, rows may be missing from its end; nothing was written.
+            without ``trust_journal``, rows may be missing from its end or appended past the
+            summary's head; nothing was written.
         UsageError: a store that cannot rebuild a summary (a custom Checkpointer without
             :class:`~cuaderno.journal.base.SupportsRebuild`), or an argument of the wrong type.
     """
