@@ -36,11 +36,17 @@ from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
 from cuaderno.harness import check_store, check_strings
 from cuaderno.journal.base import Checkpointer, validate_event
 
-__all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight"]
+__all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight", "request_cancel",
+           "wait_for_holder"]
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
     """Ask the run to stop. Idempotent; safe from any process, while the run runs or not.
+
+    Two steps, each its own function so that a caller with its own clock (a workflow) can do the
+    second one its own way: :func:`request_cancel` writes the request (and closes a run that waits
+    for a person and is not held), then :func:`wait_for_holder` closes a waiting run whose holder
+    is just letting it go.
 
     Returns:
         The run's checkpoint after the request. Its status is ``cancelled`` at once when no loop
@@ -50,6 +56,19 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
     Raises:
         RunNotFound: no such run.
         RunClosed: the run already completed or failed (a cancelled run is returned as is).
+    """
+    cp = request_cancel(store, run_id, reason, by=by)
+    if _held_while_waiting(store, run_id, cp):
+        cp = wait_for_holder(store, run_id, by=by)
+    return cp
+
+
+def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
+    """Write the cancellation request; for a run that waits for a person and that nobody holds,
+    close it in the same transaction. Never waits.
+
+    Returns the run's checkpoint after the write (``cancel_requested`` set, or ``cancelled``).
+    Raises as :func:`cancel` does.
     """
     check_store(store)
     if not isinstance(run_id, str) or not run_id:
@@ -63,44 +82,69 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
     # Decided from a read, written in a later transaction: the write re-checks what the decision
     # rests on (the run is still open; for a record, that nothing was appended since it was
     # computed) and the whole decision is taken again when it no longer holds.
-    #
-    # A request can land just after the loop holding the run last looked for one, as that loop
-    # stops for a person (it checks, then lets the run go). Nobody would close the run then: so
-    # while a run that waits for a person has a request and is still held, keep trying to take
-    # it over and close it here, for a bounded time. A loop stopping lets go within moments;
-    # one still working (a lookup settling an uncertain step) meets the request at its next step.
-    deadline = time.monotonic() + _WAIT_FOR_HOLDER_S
-    for tries in range(_MAX_TRIES):
+    for _ in range(_MAX_TRIES):
         # Read from the journal, not the summary alone, before anything is written (the takeover
         # included): a damaged journal or summary is left as it was found (JournalCorrupt).
         cp, _ = verified(store, run_id)
-        waiting = cp.status in ("suspended", "needs_human")
-        if cp.status == "cancelled" or (cp.cancel_requested is not None and not waiting):
-            return cp  # closed, or its loop closes it at its next step
+        if cp.status == "cancelled" or cp.cancel_requested is not None:
+            return cp  # closed, or asked already: closing it is the holder's (or wait_for_holder's)
         if cp.status in ("completed", "failed"):
             raise RunClosed(run_id, cp.status)
-        if cp.cancel_requested is not None and tries and time.monotonic() > deadline:
-            return cp  # still held: its holder (or the next resume) closes it
         try:
-            _write(store, run_id, None if cp.cancel_requested is not None else request, finalize=waiting, by=by)
+            _write(store, run_id, request, finalize=cp.status in _WAITING, by=by)
         except (RunChanged, RunClosed):
             continue  # the run moved on since the read: look again
         except JournalConflict:
             pass  # another process cancelled first: its request stands
         after = store.checkpoint(run_id)
         assert after is not None
-        if (after.status in ("suspended", "needs_human") and after.cancel_requested is not None
-                and not _holds.busy_on_this_thread(_holds.key(store, run_id))):
-            # Held while it waits for a person: its holder is stopping. (Not when the holder is a
-            # loop on this very thread, say the caller's own: it cannot stop while we wait, and
-            # it meets the request itself.)
-            time.sleep(0.01 * min(tries + 1, 10))
-            continue
         return after
     raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while it was being cancelled; nothing was "
                        "written, try again")
 
 
+def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None) -> Checkpoint:
+    """Close a run that waits for a person and has a cancellation request, once its holder lets
+    it go; give up after a bounded time and return the checkpoint as it is then.
+
+    A request can land just after the loop holding the run last looked for one, as that loop
+    stops for a person (it checks, then lets the run go). Nobody would close the run then: so
+    while such a run is still held, keep trying to take it over and close it here. A loop
+    stopping lets go within moments; one still working (a lookup settling an uncertain step)
+    meets the request at its next step. Writes no request (:func:`request_cancel` does).
+    """
+    deadline = time.monotonic() + _WAIT_FOR_HOLDER_S
+    for tries in range(_MAX_TRIES):
+        cp, _ = verified(store, run_id)
+        if cp.status == "cancelled" or cp.cancel_requested is None or cp.status not in _WAITING:
+            return cp  # closed, or its loop closes it at its next step
+        if tries and time.monotonic() > deadline:
+            return cp  # still held: its holder (or the next resume) closes it
+        try:
+            _write(store, run_id, None, finalize=True, by=by)
+        except (RunChanged, RunClosed):
+            continue  # the run moved on since the read: look again
+        except JournalConflict:
+            pass
+        after = store.checkpoint(run_id)
+        assert after is not None
+        if _held_while_waiting(store, run_id, after):
+            time.sleep(0.01 * min(tries + 1, 10))
+            continue
+        return after
+    raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while its cancellation was being recorded; "
+                       "the request stands, try again")
+
+
+def _held_while_waiting(store: Checkpointer, run_id: str, cp: Checkpoint) -> bool:
+    """Whether a run with a request waits for a person and is still held: its holder is stopping.
+    (Not when the holder is a loop on this very thread, say the caller's own: it cannot stop
+    while we wait, and it meets the request itself.)"""
+    return (cp.status in _WAITING and cp.cancel_requested is not None
+            and not _holds.busy_on_this_thread(_holds.key(store, run_id)))
+
+
+_WAITING = ("suspended", "needs_human")
 _MAX_TRIES = 100
 _WAIT_FOR_HOLDER_S = 2.0
 """How long ``cancel`` keeps trying to close a run that waits for a person but is still held."""

@@ -431,6 +431,28 @@ async def test_a_cancel_landing_as_the_loop_stops_for_a_person_still_closes_the_
     assert answers[0].status == "cancelled"
 
 
+async def test_cancel_is_a_request_then_a_wait_for_the_holder(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two halves of cancel(): request_cancel writes the request and returns at once, even
+    while the loop that stops for a person still holds the run; wait_for_holder, once that loop
+    let go, closes it (what a workflow does with its own timer instead of a blocking wait)."""
+    from cuaderno.cancellation import request_cancel, wait_for_holder
+    from cuaderno.loop.runner import Runner
+
+    seen: list[Any] = []
+    real_release = Runner._release
+
+    def request_then_release(self: Runner) -> None:
+        seen.append(request_cancel(store, self.run_id, "late", by="ops"))  # held: only the request
+        real_release(self)
+
+    monkeypatch.setattr(Runner, "_release", request_then_release)
+    await _waiting_for_approval(store, "split")
+    assert seen[0].status == "suspended" and seen[0].cancel_requested == {"reason": "late", "by": "ops"}
+    cp = wait_for_holder(store, "split")
+    assert cp.status == "cancelled" and cp.outcome["not_started"] == ["t0000.tool00.approval"]
+    assert wait_for_holder(store, "split").status == "cancelled"  # closed: nothing more to do
+
+
 async def test_cancel_from_this_process_leaves_a_loop_in_the_middle_of_a_step_its_run(store: Any) -> None:
     """An uncertain run (``needs_human``) is being settled by a loop of this very process when
     cancel() comes: the loop keeps the run (only the request is written), and closes it once the
