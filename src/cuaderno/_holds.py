@@ -23,7 +23,7 @@ from typing import Protocol
 
 from cuaderno.errors import CuadernoError, FencedOut, RunBusy
 
-__all__ = ["Loop", "busy_on_this_thread", "key", "pause", "resume", "start", "stop", "took"]
+__all__ = ["Loop", "Where", "busy_on_this_thread", "key", "pause", "resume", "start", "stop", "took"]
 
 Where = tuple[str, str]
 
@@ -66,8 +66,10 @@ def key(store: object, run_id: str) -> Where:
     return f"object {id(store)}", run_id
 
 
-def start(where: Where, loop: Loop, *, force: bool) -> None:
+def start(where: Where, loop: Loop, *, force: bool, thread: int, pid: int) -> None:
     """``loop`` wants the run: refused while another loop of this process is busy on it.
+    ``thread`` is the caller's thread and ``pid`` names this process in the refusal (both from
+    the caller's runtime, :mod:`cuaderno.loop.runtime`).
 
     A holder paused at a yielded step first commits the results of steps that already happened
     (they ride on the next intent's commit): otherwise the new loop would find those effects
@@ -77,7 +79,7 @@ def start(where: Where, loop: Loop, *, force: bool) -> None:
     with _lock:
         other = _busy.get(where)
         if other is not None and other is not loop and not force:
-            raise RunBusy(where[1], f"another loop of this process (pid {os.getpid()}), in the middle of a step")
+            raise RunBusy(where[1], f"another loop of this process (pid {pid}), in the middle of a step")
         idle = _holder.get(where)
         if idle is not None and idle is not loop and idle is not other:
             try:
@@ -85,10 +87,10 @@ def start(where: Where, loop: Loop, *, force: bool) -> None:
             except FencedOut:
                 pass  # it had lost the run to another process already: nothing of it can land
             except CuadernoError as exc:
-                raise RunBusy(where[1], f"another loop of this process (pid {os.getpid()}), whose finished "
+                raise RunBusy(where[1], f"another loop of this process (pid {pid}), whose finished "
                                         f"steps could not be committed ({exc})") from exc
         _busy[where] = loop
-        _thread[where] = threading.get_ident()
+        _thread[where] = thread
 
 
 def took(where: Where, loop: Loop) -> None:
@@ -104,14 +106,14 @@ def pause(where: Where, loop: Loop) -> None:
             del _busy[where]
 
 
-def resume(where: Where, loop: Loop) -> bool:
+def resume(where: Where, loop: Loop, *, thread: int) -> bool:
     """``loop`` goes on after a yield (or closes); ``False`` if another loop took the run, or is
     taking it, meanwhile."""
     with _lock:
         if _holder.get(where) not in (None, loop) or _busy.get(where) not in (None, loop):
             return False
         _busy[where] = loop
-        _thread[where] = threading.get_ident()
+        _thread[where] = thread
         return True
 
 
@@ -124,8 +126,8 @@ def stop(where: Where, loop: Loop) -> None:
             del _holder[where]
 
 
-def busy_on_this_thread(where: Where) -> bool:
-    """Whether a loop in the middle of a step on this run runs on the calling thread: then it
-    cannot go on (and let the run go) while the caller waits for it."""
+def busy_on_this_thread(where: Where, *, thread: int) -> bool:
+    """Whether a loop in the middle of a step on this run runs on the calling thread (``thread``):
+    then it cannot go on (and let the run go) while the caller waits for it."""
     with _lock:
-        return where in _busy and _thread.get(where) == threading.get_ident()
+        return where in _busy and _thread.get(where) == thread

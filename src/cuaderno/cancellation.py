@@ -19,10 +19,8 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from cuaderno import _holds
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     JournalConflict,
@@ -35,12 +33,15 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
 from cuaderno.harness import check_store, check_strings
 from cuaderno.journal.base import Checkpointer, validate_event
+from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership
+from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
 __all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight", "request_cancel",
            "wait_for_holder"]
 
 
-def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
+def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None,
+           runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership = DEFAULT_OWNERSHIP) -> Checkpoint:
     """Ask the run to stop. Idempotent; safe from any process, while the run runs or not.
 
     Two steps, each its own function so that a caller with its own clock (a workflow) can do the
@@ -57,13 +58,14 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         RunNotFound: no such run.
         RunClosed: the run already completed or failed (a cancelled run is returned as is).
     """
-    cp = request_cancel(store, run_id, reason, by=by)
-    if _held_while_waiting(store, run_id, cp):
-        cp = wait_for_holder(store, run_id, by=by)
+    cp = request_cancel(store, run_id, reason, by=by, ownership=ownership)
+    if _held_while_waiting(store, run_id, cp, ownership):
+        cp = wait_for_holder(store, run_id, by=by, runtime=runtime, ownership=ownership)
     return cp
 
 
-def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None) -> Checkpoint:
+def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None,
+                   ownership: Ownership = DEFAULT_OWNERSHIP) -> Checkpoint:
     """Write the cancellation request; for a run that waits for a person and that nobody holds,
     close it in the same transaction. Never waits.
 
@@ -91,7 +93,7 @@ def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | N
         if cp.status in ("completed", "failed"):
             raise RunClosed(run_id, cp.status)
         try:
-            _write(store, run_id, request, finalize=cp.status in _WAITING, by=by)
+            _write(store, run_id, request, finalize=cp.status in _WAITING, by=by, ownership=ownership)
         except (RunChanged, RunClosed):
             continue  # the run moved on since the read: look again
         except JournalConflict:
@@ -103,7 +105,8 @@ def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | N
                        "written, try again")
 
 
-def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None) -> Checkpoint:
+def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None, runtime: Runtime = DEFAULT_RUNTIME,
+                    ownership: Ownership = DEFAULT_OWNERSHIP) -> Checkpoint:
     """Close a run that waits for a person and has a cancellation request, once its holder lets
     it go; give up after a bounded time and return the checkpoint as it is then.
 
@@ -113,35 +116,35 @@ def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None) 
     stopping lets go within moments; one still working (a lookup settling an uncertain step)
     meets the request at its next step. Writes no request (:func:`request_cancel` does).
     """
-    deadline = time.monotonic() + _WAIT_FOR_HOLDER_S
+    deadline = runtime.monotonic() + _WAIT_FOR_HOLDER_S
     for tries in range(_MAX_TRIES):
         cp, _ = verified(store, run_id)
         if cp.status == "cancelled" or cp.cancel_requested is None or cp.status not in _WAITING:
             return cp  # closed, or its loop closes it at its next step
-        if tries and time.monotonic() > deadline:
+        if tries and runtime.monotonic() > deadline:
             return cp  # still held: its holder (or the next resume) closes it
         try:
-            _write(store, run_id, None, finalize=True, by=by)
+            _write(store, run_id, None, finalize=True, by=by, ownership=ownership)
         except (RunChanged, RunClosed):
             continue  # the run moved on since the read: look again
         except JournalConflict:
             pass
         after = store.checkpoint(run_id)
         assert after is not None
-        if _held_while_waiting(store, run_id, after):
-            time.sleep(0.01 * min(tries + 1, 10))
+        if _held_while_waiting(store, run_id, after, ownership):
+            runtime.block(0.01 * min(tries + 1, 10))
             continue
         return after
     raise JournalError(f"run {run_id!r} changed {_MAX_TRIES} times while its cancellation was being recorded; "
                        "the request stands, try again")
 
 
-def _held_while_waiting(store: Checkpointer, run_id: str, cp: Checkpoint) -> bool:
+def _held_while_waiting(store: Checkpointer, run_id: str, cp: Checkpoint, ownership: Ownership) -> bool:
     """Whether a run with a request waits for a person and is still held: its holder is stopping.
     (Not when the holder is a loop on this very thread, say the caller's own: it cannot stop
     while we wait, and it meets the request itself.)"""
     return (cp.status in _WAITING and cp.cancel_requested is not None
-            and not _holds.busy_on_this_thread(_holds.key(store, run_id)))
+            and not ownership.busy_here(ownership.key(store, run_id)))
 
 
 _WAITING = ("suspended", "needs_human")
@@ -150,7 +153,8 @@ _WAIT_FOR_HOLDER_S = 2.0
 """How long ``cancel`` keeps trying to close a run that waits for a person but is still held."""
 
 
-def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, finalize: bool, by: str | None) -> None:
+def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, finalize: bool, by: str | None,
+           ownership: Ownership) -> None:
     """Write the request (``None``: it is already written); for a run that waits for a person,
     close it in the same transaction.
 
@@ -163,24 +167,24 @@ def _write(store: Checkpointer, run_id: str, request: StepEvent | None, *, final
     if not finalize:
         store.append(asked)
         return
-    where, me = _holds.key(store, run_id), _Canceller()
+    where, me = ownership.key(store, run_id), _Canceller()
     try:
         # A loop of this process in the middle of a step keeps the run, as another process would.
-        _holds.start(where, me, force=False)
-        epoch = store.acquire(run_id, f"cancel by {by}" if by else "cancel")
+        ownership.start(where, me, force=False)
+        epoch = ownership.acquire(store, run_id, f"cancel by {by}" if by else "cancel", force=False)
     except RunBusy:
-        _holds.stop(where, me)
+        ownership.stop(where, me)
         store.append(asked)
         return
     try:
-        _holds.took(where, me)
+        ownership.took(where, me)
         journal = store.load(run_id)
         asked_for = request.payload if request is not None else next(
             e.payload for e in journal if e.kind == "cancel" and e.phase == "request")
         close(store, run_id, journal, asked_for, epoch, asked)
     finally:
-        store.release(run_id, epoch)
-        _holds.stop(where, me)
+        ownership.release(store, run_id, epoch)
+        ownership.stop(where, me)
 
 
 class _Canceller:

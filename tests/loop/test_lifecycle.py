@@ -913,14 +913,14 @@ async def test_cancel_on_a_version_mismatch_does_not_wait_for_its_own_loop(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The resuming loop asks for the cancellation itself while it holds the run: cancel() must
     not wait for a holder that is its own caller (it used to sleep 2 s, blocking the event loop)."""
-    import cuaderno.cancellation
+    import cuaderno.loop.runtime
 
     bank, script = await _suspended_run(store, "v1")
 
     def no_sleep(seconds: float) -> None:
         raise AssertionError("cancel() waited for the loop that called it")
 
-    monkeypatch.setattr(cuaderno.cancellation.time, "sleep", no_sleep)
+    monkeypatch.setattr(cuaderno.loop.runtime.time, "sleep", no_sleep)  # the default runtime's wait
     v2 = Agent(instructions="v2", tools=bank.tools(), policy=Policy({"transfer": "require_approval"}))
     with pytest.raises(RunCancelled):
         await collect(v2, "t", Session("v", ScriptedGateway(script), store, on_version_mismatch="cancel"))

@@ -142,7 +142,7 @@ class ModelSteps(RunState):
                     self._stage(self._intent(step_id, sends, key, turn, "ambiguous"), "model.K1")
                 else:
                     retries += 1
-                await self.s.sleep(wait)
+                await self.s.runtime.sleep(wait)
         crash.point("model.K5")
         verdict = classify_response(response, require_tool=self.agent.require_tool)
         counters = {"retries": retries} if retries else {}
@@ -166,9 +166,9 @@ class ModelSteps(RunState):
     def _retry_wait(self, err: GatewayError, retries: int, resends: int) -> float | None:
         policy = self.s.retry
         if err.error_class is ErrorClass.TRANSIENT and retries < policy.max_retries:
-            return policy.delay(retries + 1, err.retry_after, self.s.rng)
+            return policy.delay(retries + 1, err.retry_after, self.s.runtime.random)
         if err.error_class is ErrorClass.AMBIGUOUS and resends < policy.max_resends:
-            return policy.delay(resends + 1, err.retry_after, self.s.rng)
+            return policy.delay(resends + 1, err.retry_after, self.s.runtime.random)
         return None
 
     def _finish(self, turn: int, response: Turn) -> None:

@@ -211,7 +211,7 @@ class ToolSteps(RunState):
                                                  {"last_error": err.to_json()}, counters)
                 wait = None
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
-                    wait = self.s.retry.delay(retries + 1, None, self.s.rng)
+                    wait = self.s.retry.delay(retries + 1, None, self.s.runtime.random)
                 if wait is None:
                     if attempt > 1 and after not in ("absent", "not_happened"):
                         # A re-send after an unknown outcome failed: that says nothing about the
@@ -224,7 +224,7 @@ class ToolSteps(RunState):
                                       effect_key=ekey, counters=plus(counters, "retries", retries))
                     return False
                 retries += 1
-                await self.s.sleep(wait)
+                await self.s.runtime.sleep(wait)
                 self._tool_intent(step_id, call, decision, args_fp, ekey, tool, attempt, "retry")
             except Exception as exc:
                 self._bug(step_id, call, args_fp, ekey, decision, exc)

@@ -9,9 +9,7 @@ and only what had not happened yet happens.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +19,8 @@ from cuaderno.errors import UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, Checkpointer
+from cuaderno.loop.ownership import Ownership, ProcessOwnership
+from cuaderno.loop.runtime import Runtime
 from cuaderno.loop.steps import Step
 from cuaderno.loop.versions import Migration
 from cuaderno.tools.definition import Tool
@@ -67,28 +67,32 @@ class Session:
         gateway: answers model requests. A resume may use another gateway object.
         store: the journal.
         tenant: part of every effect key, so two tenants never share an effect identity.
-        owner: names this process in the fencing record (default: host and pid).
+        owner: names this process in the fencing record (default: the runtime's, host and pid).
         on_version_mismatch: what to do when the run was started under other versions (see
             :mod:`cuaderno.loop.versions`): ``"refuse"`` (default), ``"resume"``, ``"drain"``,
             ``"cancel"`` or a :class:`~cuaderno.loop.versions.Migration`. A completed run follows
             the same rule: refused by default; an explicit choice replays its answer with
             ``FinalStep.version_mismatch`` set.
         retry: the retry layer's bounds.
-        sleep: how to wait between retries (injectable for tests).
-        seed: seeds the retry jitter.
+        sleep: how to wait between retries (injectable for tests; ignored with ``runtime``).
+        seed: seeds the retry jitter (ignored with ``runtime``).
         verify_replay: re-derive and check the request fingerprint of every replayed turn, not
             only of turn 0 (slower on long runs; the later turns depend only on what turn 0
             checks and on hash-chained journal rows).
         force_takeover: take the run over even while another live process holds it
             (:class:`~cuaderno.errors.RunBusy` otherwise). Its step in flight may then run twice:
             for a holder you know is stuck.
+        runtime: the clock, random source, sleep and owner name the loop uses
+            (:mod:`cuaderno.loop.runtime`; default: the process's, with ``seed`` and ``sleep``).
+        ownership: how the run is held (:mod:`cuaderno.loop.ownership`; default: by this process).
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
                  owner: str | None = None,
                  on_version_mismatch: Literal["refuse", "resume", "drain", "cancel"] | Migration = "refuse",
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 seed: int | None = None, verify_replay: bool = False, force_takeover: bool = False) -> None:
+                 seed: int | None = None, verify_replay: bool = False, force_takeover: bool = False,
+                 runtime: Runtime | None = None, ownership: Ownership | None = None) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
         if not isinstance(on_version_mismatch, Migration) and on_version_mismatch not in (
@@ -100,11 +104,11 @@ class Session:
         self.gateway = gateway
         self.store = store
         self.tenant = tenant
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self.runtime = runtime or Runtime(seed=seed, sleep=sleep)
+        self.ownership: Ownership = ownership or ProcessOwnership(self.runtime)
+        self.owner = owner or self.runtime.owner()
         self.on_version_mismatch = on_version_mismatch
         self.retry = retry or RetryPolicy()
-        self.sleep = sleep
-        self.rng = random.Random(seed)
         self.verify_replay = verify_replay
         self.force_takeover = force_takeover
 

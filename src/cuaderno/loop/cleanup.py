@@ -12,13 +12,11 @@ callers can never both find a compensation not started and both run its body.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from typing import Any, NoReturn
 
 from pydantic_core import to_jsonable_python
 
-from cuaderno import _holds
 from cuaderno.cancellation import derived_cleanup
 from cuaderno.errors import (
     CuadernoError,
@@ -33,18 +31,22 @@ from cuaderno.events import StepEvent, cleanup_step_id, not_happened_since_sent,
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop._state import effect_key, recorded_effect_key
 from cuaderno.loop.agent import Agent
+from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership
+from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 from cuaderno.tools.definition import Tool, ToolContext
 
 __all__ = ["compensate"]
 
 
-async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
-                     tenant: str | None = None) -> list[dict[str, Any]]:
+async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: str | None = None,
+                     runtime: Runtime = DEFAULT_RUNTIME,
+                     ownership: Ownership = DEFAULT_OWNERSHIP) -> list[dict[str, Any]]:
     """Run the cleanup a cancelled run scheduled; return each compensation's journaled result.
 
     Args:
         tenant: the run's tenant (part of each compensation's effect key). By default the one
             the run started under; another one is refused.
+        runtime, ownership: as a :class:`~cuaderno.loop.agent.Session`'s (default: the process's).
 
     Raises:
         RunNotFound: no such run.
@@ -63,12 +65,13 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
     if tenant is not None and cp.tenant is not None and tenant != cp.tenant:
         raise ReplayDivergence(run_id, "run", f"tenant {cp.tenant!r}", f"tenant {tenant!r}")
     tenant = tenant or cp.tenant or "default"
-    where, me = _holds.key(store, run_id), _Compensator()
-    _holds.start(where, me, force=False)  # a loop of this process compensating it right now keeps it
+    where, me = ownership.key(store, run_id), _Compensator()
+    ownership.start(where, me, force=False)  # a loop of this process compensating it right now keeps it
     try:
-        epoch = store.acquire(run_id, "compensate")  # so does a live process; a dead one is taken over
+        # So does a live process; a dead one is taken over.
+        epoch = ownership.acquire(store, run_id, "compensate", force=False)
         try:
-            _holds.took(where, me)
+            ownership.took(where, me)
             # Read after the takeover: whatever the previous holder committed is visible.
             events = store.load(run_id)
             journal = {(e.step_id, e.phase): e for e in events}
@@ -80,13 +83,13 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *,
                 step_id = cleanup_step_id(index)
                 done = journal.get((step_id, "result"))
                 if done is None:
-                    done = await _One(agent, store, epoch, run_id, tenant, step_id, journal).run(entry)
+                    done = await _One(agent, store, epoch, run_id, tenant, step_id, journal, runtime).run(entry)
                 results.append(done.payload)
             return results
         finally:
-            store.release(run_id, epoch)
+            ownership.release(store, run_id, epoch)
     finally:
-        _holds.stop(where, me)
+        ownership.stop(where, me)
 
 
 def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
@@ -139,8 +142,8 @@ class _One:
     any re-send, uncertain when nobody can know)."""
 
     def __init__(self, agent: Agent, store: Checkpointer, epoch: int, run_id: str, tenant: str, step_id: str,
-                 journal: dict[tuple[str, str], StepEvent]) -> None:
-        self.agent, self.store, self.epoch, self.run_id = agent, store, epoch, run_id
+                 journal: dict[tuple[str, str], StepEvent], runtime: Runtime) -> None:
+        self.agent, self.store, self.epoch, self.run_id, self.runtime = agent, store, epoch, run_id, runtime
         self.tenant, self.step_id, self.journal = tenant, step_id, journal
         self.name = ""
 
@@ -191,7 +194,7 @@ class _One:
             except ToolError as err:
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < _MAX_RETRIES:
                     retries += 1  # refused before anything was sent: wait, send again (same key)
-                    await asyncio.sleep(0.1 * 2 ** retries)
+                    await self.runtime.sleep(0.1 * 2 ** retries)
                     after = "retry"
                     continue
                 if err.error_class is not ErrorClass.AMBIGUOUS and after not in ("unknown",):

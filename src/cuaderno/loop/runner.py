@@ -304,24 +304,25 @@ class Runner(ModelSteps, ToolSteps):
         is busy on the run except while its caller holds a yielded step, and if another loop took
         the run over meanwhile, it stops (``FencedOut``) instead of going on.
         """
-        where = self.where = _holds.key(self.store, self.run_id)
-        _holds.start(where, self, force=self.s.force_takeover)
+        own = self.s.ownership
+        where = self.where = own.key(self.store, self.run_id)
+        own.start(where, self, force=self.s.force_takeover)
         inner = self._steps()
         try:
             async for step in inner:
-                _holds.pause(where, self)
+                own.pause(where, self)
                 yield step
-                if not _holds.resume(where, self):
+                if not own.resume(where, self):
                     cp = self.store.checkpoint(self.run_id)
                     raise FencedOut(self.run_id, self.epoch, cp.epoch if cp is not None else self.epoch)
         finally:
             # Busy again (if it still holds the run) while the inner loop's clean-up commits the
             # results of finished steps: no other loop may take the run over in between.
-            _holds.resume(where, self)
+            own.resume(where, self)
             try:
                 await inner.aclose()
             finally:
-                _holds.stop(where, self)
+                own.stop(where, self)
 
     async def _steps(self) -> AsyncGenerator[Step, None]:
         closed = await self._opening()
@@ -400,7 +401,7 @@ class Runner(ModelSteps, ToolSteps):
         if not self.epoch:
             return  # it never took the run over
         try:
-            self.store.release(self.run_id, self.epoch)
+            self.s.ownership.release(self.store, self.run_id, self.epoch)
         except JournalError:
             pass  # the hold then ends with this process (a resumer checks that it is alive)
 

@@ -1,0 +1,167 @@
+"""The seams a durable-execution engine plugs into (issue 20, part 0): the runtime (clock,
+random source, sleep, owner), ownership, the tool executor and the model caller. Each test
+replaces one seam and shows the unchanged runner goes through it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuaderno import (
+    Agent,
+    ErrorClass,
+    GatewayError,
+    ModelRequest,
+    ModelResponse,
+    Policy,
+    RunBusy,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    tool,
+)
+from cuaderno.cancellation import request_cancel, wait_for_holder
+from cuaderno.loop.ownership import ProcessOwnership
+from cuaderno.loop.runtime import Runtime
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteCheckpointer]:
+    s = SqliteCheckpointer(tmp_path / "runs.db")
+    yield s
+    s.close()
+
+
+class Midpoint(random.Random):
+    """A random source whose every uniform draw is the middle of its range."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return (a + b) / 2
+
+
+class FakeRuntime(Runtime):
+    """A workflow's runtime in miniature: its own clock that only moves when it sleeps, its own
+    random source, its own owner name; no thread, pid or wall clock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.random = Midpoint()
+        self.slept: list[float] = []
+        self.clock = 1000.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def monotonic(self) -> float:
+        return self.clock
+
+    async def sleep(self, seconds: float) -> None:
+        self.block(seconds)
+
+    def block(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.clock += seconds
+
+    def owner(self) -> str:
+        return "workflow wf-1"
+
+    def process(self) -> int:
+        return 1
+
+    def thread(self) -> int:
+        return 1
+
+
+class Refusing:
+    """A provider that refuses the first two sends (429, nothing sent), then answers."""
+
+    def __init__(self, script: list[ModelResponse]) -> None:
+        self.inner = ScriptedGateway(script)
+        self.refusals = 2
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        if self.refusals:
+            self.refusals -= 1
+            raise GatewayError("429", error_class=ErrorClass.TRANSIENT, sent=False)
+        return await self.inner.complete(request, idempotency_key=idempotency_key)
+
+
+async def test_the_runtime_decides_every_wait_and_names_the_owner(store: SqliteCheckpointer) -> None:
+    """Backoff is drawn from the runtime's random source and waited on its sleep, so a run under
+    a replayable runtime waits the same on every replay; the owner is the runtime's."""
+    runtime = FakeRuntime()
+    agent = Agent(instructions="i")
+    session = Session("rt", Refusing([ScriptedGateway.text("done")]), store, runtime=runtime)
+    steps = [step async for step in agent.run("t", session=session)]
+    assert steps[-1].output == "done"  # type: ignore[union-attr]
+    assert runtime.slept == [0.25, 0.5]  # RetryPolicy: uniform(0, 0.5), then uniform(0, 1.0)
+    assert session.owner == "workflow wf-1"
+    assert store.checkpoint("rt").count("retries") == 2  # type: ignore[union-attr]
+
+
+class Recording(ProcessOwnership):
+    """The process's ownership, noting what the loop asks of it."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime)
+        self.calls: list[str] = []
+
+    def start(self, where: Any, loop: Any, *, force: bool) -> None:
+        self.calls.append("start")
+        super().start(where, loop, force=force)
+
+    def pause(self, where: Any, loop: Any) -> None:
+        self.calls.append("pause")
+        super().pause(where, loop)
+
+    def resume(self, where: Any, loop: Any) -> bool:
+        self.calls.append("resume")
+        return super().resume(where, loop)
+
+    def stop(self, where: Any, loop: Any) -> None:
+        self.calls.append("stop")
+        super().stop(where, loop)
+
+    def release(self, store: Any, run_id: str, epoch: int) -> None:
+        self.calls.append("release")
+        super().release(store, run_id, epoch)
+
+
+async def test_the_loop_holds_its_run_through_the_sessions_ownership(store: SqliteCheckpointer) -> None:
+    own = Recording(FakeRuntime())
+    agent = Agent(instructions="i")
+    session = Session("own", ScriptedGateway([ScriptedGateway.text("done")]), store, ownership=own)
+    [_ async for _ in agent.run("t", session=session)]
+    # Two steps yielded (the model turn, the answer); the run released as the loop ended.
+    assert own.calls == ["start", "pause", "resume", "pause", "resume", "release", "resume", "stop"]
+
+
+class NeverLetsGo(ProcessOwnership):
+    """A holder that never lets the run go."""
+
+    def start(self, where: Any, loop: Any, *, force: bool) -> None:
+        raise RunBusy(where[1], "held for ever")
+
+
+async def test_waiting_for_the_holder_runs_on_the_runtimes_clock(store: SqliteCheckpointer) -> None:
+    """wait_for_holder gives up on the runtime's clock (a workflow's timer would do), not the
+    process's: here the fake clock runs past the deadline without any real wait."""
+    @tool
+    def transfer(to: str) -> str:
+        """Move money."""
+        return "moved"
+
+    agent = Agent(instructions="i", tools=[transfer], policy=Policy({"transfer": "require_approval"}))
+    session = Session("held", ScriptedGateway([ScriptedGateway.call("transfer", to="a")]), store)
+    [_ async for _ in agent.run("t", session=session)]
+    runtime = FakeRuntime()
+    held = NeverLetsGo(runtime)
+    asked = request_cancel(store, "held", "stop", by="ops", ownership=held)
+    assert asked.status == "suspended" and asked.cancel_requested is not None  # held: only the request
+    cp = wait_for_holder(store, "held", runtime=runtime, ownership=held)
+    assert cp.status == "suspended" and sum(runtime.slept) > 2.0  # the deadline passed on the fake clock
+    assert wait_for_holder(store, "held", runtime=runtime).status == "cancelled"  # let go: closed
