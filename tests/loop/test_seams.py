@@ -4,6 +4,8 @@ replaces one seam and shows the unchanged runner goes through it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +24,12 @@ from cuaderno import (
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
+    ToolContext,
+    ToolError,
     tool,
 )
 from cuaderno.cancellation import request_cancel, wait_for_holder
+from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.ownership import ProcessOwnership
 from cuaderno.loop.runtime import Runtime
 
@@ -165,3 +170,68 @@ async def test_waiting_for_the_holder_runs_on_the_runtimes_clock(store: SqliteCh
     cp = wait_for_holder(store, "held", runtime=runtime, ownership=held)
     assert cp.status == "suspended" and sum(runtime.slept) > 2.0  # the deadline passed on the fake clock
     assert wait_for_holder(store, "held", runtime=runtime).status == "cancelled"  # let go: closed
+
+
+class Remote:
+    """A tool executor that is not the agent's functions: what a tool activity would be. It
+    records what it was given, which must survive a JSON round trip unchanged."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Any, dict[str, Any]]] = []
+
+    def _saw(self, what: str, name: str, arguments: dict[str, Any], ctx: ToolContext) -> None:
+        context = dataclasses.asdict(ctx)
+        assert json.loads(json.dumps([arguments, context])) == [arguments, context]
+        self.seen.append((what, name, arguments, context))
+
+    def names(self) -> list[str]:
+        return ["transfer"]
+
+    def info(self, name: str) -> ToolInfo | None:
+        return ToolInfo(name=name, effect_type=name, idempotent=False, has_lookup=True) if name == "transfer" else None
+
+    def check(self, name: str, arguments: dict[str, Any]) -> None:
+        if set(arguments) != {"to", "amount"}:
+            raise ToolError("bad arguments", error_class=ErrorClass.INVALID_INPUT)
+
+    def context_data(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"business_id": f"pay-{arguments['to']}"}
+
+    def compensation(self, name: str, arguments: dict[str, Any], value: Any) -> dict[str, Any] | None:
+        return None
+
+    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        self._saw("invoke", name, arguments, ctx)
+        raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+    async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        self._saw("lookup", name, arguments, ctx)
+        return {"receipt": ctx.effect_key}
+
+
+async def test_a_tool_executor_runs_the_tools_by_name_on_plain_data(store: SqliteCheckpointer) -> None:
+    """The loop runs a tool and reconciles it only through the session's executor: the agent's
+    own function never runs, and the executor gets the name, the model's arguments and a context
+    of plain fields; its receipt becomes the step's result."""
+    ran: list[str] = []
+
+    @tool
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        ran.append(to)
+        return "moved here"
+
+    remote = Remote()
+    agent = Agent(instructions="i", tools=[transfer])
+    script = [ScriptedGateway.call("transfer", to="a", amount=3), ScriptedGateway.text("done")]
+    session = Session("ex", ScriptedGateway(script), store, tools=remote)
+    steps = [step async for step in agent.run("t", session=session)]
+    assert ran == []
+    assert [(what, name, arguments) for what, name, arguments, _ in remote.seen] == [
+        ("invoke", "transfer", {"to": "a", "amount": 3}), ("lookup", "transfer", {"to": "a", "amount": 3})]
+    invoked, looked_up = remote.seen[0][3], remote.seen[1][3]
+    assert invoked["run_id"] == "ex" and invoked["step_id"] == "t0000.tool00" and invoked["attempt"] == 1
+    assert invoked["data"] == {"business_id": "pay-a"} and looked_up["effect_key"] == invoked["effect_key"]
+    result = next(s for s in steps if getattr(s, "tool", None) == "transfer")
+    assert result.result == {"receipt": invoked["effect_key"]}  # type: ignore[union-attr]
+    assert store.checkpoint("ex").count("reconciled") == 1  # type: ignore[union-attr]

@@ -10,6 +10,7 @@ from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.loop.agent import Agent, Session
+from cuaderno.loop.executor import AgentTools, ToolExecutor
 from cuaderno.loop.steps import Step
 from cuaderno.testing import crash
 
@@ -74,6 +75,8 @@ class RunState:
         self.s = session
         self.run_id = session.run_id
         self.store = session.store
+        self.tools: ToolExecutor = session.tools or AgentTools(agent.tools)
+        """Runs the agent's tools (:mod:`cuaderno.loop.executor`)."""
         self.journal: dict[tuple[str, str], StepEvent] = {}
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import traceback
 from typing import Any, NoReturn
 
-from pydantic_core import to_jsonable_python
-
 from cuaderno import telemetry
-from cuaderno._json import journalable, not_plain
+from cuaderno._json import journalable
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, not_happened_since_sent, tool_step_id
 from cuaderno.fingerprint import fingerprint
@@ -19,7 +16,7 @@ from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, plus, recorded_effect_key, tool_message
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.testing import crash
-from cuaderno.tools.definition import Tool, ToolContext
+from cuaderno.tools.definition import ToolContext
 
 __all__ = ["ToolSteps"]
 
@@ -40,20 +37,6 @@ def _journalable(call: ToolCall) -> ToolCall:
     return dataclasses.replace(call, name=f"invalid-name-{digest}")
 
 
-def _compensation(tool: Tool, call: ToolCall, value: Any) -> dict[str, Any] | None:
-    """The compensation to schedule if the run is cancelled, decided now and journaled with the
-    result, so a cancellation can list it from the journal alone."""
-    if tool.compensation is None:
-        return None
-    try:
-        arguments = to_jsonable_python(tool.compensation.arguments(call.arguments, value))
-        if (problem := not_plain(arguments)) is not None:  # would fail the result's write, after the effect
-            raise ValueError(f"the compensation's arguments hold {problem}")
-    except Exception as exc:
-        return {"tool": tool.compensation.tool, "arguments": None, "error": f"{type(exc).__name__}: {exc}"}
-    return {"tool": tool.compensation.tool, "arguments": arguments}
-
-
 _AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.value: "replans",
                 ErrorClass.PERMANENT.value: "reflects", ErrorClass.TRANSIENT.value: "reflects"}
 """What the model is asked to do next after a tool error of each class: repair its input,
@@ -69,21 +52,20 @@ class ToolSteps(RunState):
         if unrecorded is None:
             return False
         step_id, call, args_fp = unrecorded
-        tool = self.agent.tools.get(call.name)
+        info = self.tools.info(call.name)
         problem = None
-        kwargs: dict[str, Any] = {}
-        if tool is None:
-            problem = ToolError(f"unknown tool {call.name!r}; available: {sorted(self.agent.tools)}",
+        if info is None:
+            problem = ToolError(f"unknown tool {call.name!r}; available: {self.tools.names()}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         elif call.arguments_error is not None:
             problem = ToolError(f"the arguments cannot be used: {call.arguments_error}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         else:
             try:
-                kwargs = tool.validate(call.arguments)
+                self.tools.check(call.name, call.arguments)
             except ToolError as exc:
                 problem = exc
-        if problem is not None or tool is None:
+        if problem is not None or info is None:
             assert problem is not None
             if (step_id, "intent") in self.journal:
                 # It was started under a configuration that accepted it (the tool existed, the
@@ -98,20 +80,20 @@ class ToolSteps(RunState):
         # now (a resume under another policy version): a lookup must ask about that key, and a
         # re-send must carry it, or the receiver sees a new effect and does it twice.
         ekey = (recorded_effect_key(intent) if intent is not None else None) or effect_key(
-            self.s.tenant, self.run_id, tool.effect_type, call.arguments, self.agent.policy.version)
+            self.s.tenant, self.run_id, info.effect_type, call.arguments, self.agent.policy.version)
         if intent is not None:
             last = self._latest(step_id, "intent") or intent
             if not_happened_since_sent(self.journal, step_id):
                 # A person established that the effect did not happen, and nothing was sent
                 # since: send it, same key. (A send after the resolution is as unknown as any.)
-                return await self._execute(step_id, call, kwargs, args_fp, ekey, str(intent.decision), attempt=2,
+                return await self._execute(step_id, call, args_fp, ekey, str(intent.decision), attempt=2,
                                            counters={"retries": 1}, after="not_happened")
             # Started before and never recorded how it ended: nobody knows if it took effect.
-            return await self._reconcile(step_id, call, kwargs, args_fp, ekey, str(intent.decision), 1,
+            return await self._reconcile(step_id, call, args_fp, ekey, str(intent.decision), 1,
                                          {"intent_seq": last.seq, "intent_at": last.created_at})
         decision = self._decide(step_id, call, args_fp)
         if decision in ("allow", "approved"):
-            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=1)
+            return await self._execute(step_id, call, args_fp, ekey, decision, attempt=1)
         return decision == "pending"
 
     def _replay_tool_call(self, turn: int, index: int, call: ToolCall) -> tuple[str, ToolCall, str] | None:
@@ -176,12 +158,11 @@ class ToolSteps(RunState):
                             fingerprint=args_fp, status=status)
 
     def _context(self, step_id: str, call: ToolCall, ekey: str, attempt: int) -> ToolContext:
-        tool = self.agent.tools[call.name]
-        data = {"business_id": tool.business_id(call.arguments)} if tool.business_id else {}
+        data = self.tools.context_data(call.name, call.arguments)
         return ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
                            tenant=self.s.tenant, data=data)
 
-    async def _execute(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+    async def _execute(self, step_id: str, call: ToolCall, args_fp: str, ekey: str,
                        decision: str, *, attempt: int, counters: dict[str, int] | None = None,
                        after: str | None = None) -> bool:
         """Run the tool body once its intent is durable; classify how it ended.
@@ -190,9 +171,8 @@ class ToolSteps(RunState):
         proved the effect missing; ``unknown``: an idempotent tool whose outcome is unknown;
         ``not_happened``: a person settled it). It is journaled on the re-send's intent.
         """
-        tool = self.agent.tools[call.name]
         counters = dict(counters or {})
-        self._tool_intent(step_id, call, decision, args_fp, ekey, tool, attempt, after)
+        self._tool_intent(step_id, call, decision, args_fp, ekey, attempt, after)
         retries = 0
         while True:
             crash.point("tool.K0")
@@ -200,14 +180,14 @@ class ToolSteps(RunState):
             crash.point("tool.K2")
             try:
                 with telemetry.tool_call(call.name, run_id=self.run_id, step_id=step_id, call_id=call.id) as span:
-                    value = await tool.invoke(kwargs, self._context(step_id, call, ekey, attempt))
+                    value = await self.tools.invoke(call.name, call.arguments, self._context(step_id, call, ekey, attempt))
                     span.ok()
                 break
             except ToolError as err:
                 crash.point("tool.K5")
                 if err.error_class is ErrorClass.AMBIGUOUS:
                     # Sent, and the reply is lost: the same question as a crash in flight.
-                    return await self._reconcile(step_id, call, kwargs, args_fp, ekey, decision, attempt,
+                    return await self._reconcile(step_id, call, args_fp, ekey, decision, attempt,
                                                  {"last_error": err.to_json()}, counters)
                 wait = None
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
@@ -225,15 +205,15 @@ class ToolSteps(RunState):
                     return False
                 retries += 1
                 await self.s.runtime.sleep(wait)
-                self._tool_intent(step_id, call, decision, args_fp, ekey, tool, attempt, "retry")
+                self._tool_intent(step_id, call, decision, args_fp, ekey, attempt, "retry")
             except Exception as exc:
                 self._bug(step_id, call, args_fp, ekey, decision, exc)
         crash.point("tool.K5")
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
-                          counters=plus(counters, "retries", retries), compensation=_compensation(tool, call, value))
+                          counters=plus(counters, "retries", retries), compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
 
-    def _tool_intent(self, step_id: str, call: ToolCall, decision: str, args_fp: str, ekey: str, tool: Tool,
+    def _tool_intent(self, step_id: str, call: ToolCall, decision: str, args_fp: str, ekey: str,
                      attempt: int, after: str | None) -> None:
         """Stage the intent that must commit before the tool body runs, for every run of it.
 
@@ -247,8 +227,10 @@ class ToolSteps(RunState):
             n = self._recorded_count(step_id, "intent")
         n += 1
         self.tool_sends[step_id] = n
+        info = self.tools.info(call.name)
+        assert info is not None  # only a call of a tool this agent has gets an intent
         payload: dict[str, Any] = {"effect_key": ekey, "policy_version": self.agent.policy.version,
-                                   "idempotent": tool.idempotent}
+                                   "idempotent": info.idempotent}
         if n == 1:
             self._stage(self._event(step_id, "intent", "tool", name=call.name, decision=decision,
                                     fingerprint=args_fp, payload=payload), "tool.K1")
@@ -258,7 +240,7 @@ class ToolSteps(RunState):
         self._stage(self._event(step_id, f"intent.{n}", "tool", name=call.name, decision=decision,
                                 fingerprint=args_fp, payload=payload))
 
-    async def _reconcile(self, step_id: str, call: ToolCall, kwargs: dict[str, Any], args_fp: str, ekey: str,
+    async def _reconcile(self, step_id: str, call: ToolCall, args_fp: str, ekey: str,
                          decision: str, attempt: int, evidence: dict[str, Any],
                          counters: dict[str, int] | None = None) -> bool:
         """An effect may or may not have happened: ask before acting, never guess.
@@ -268,24 +250,22 @@ class ToolSteps(RunState):
         the result; absence proven -> re-send with the same key; no lookup, or no proof either
         way -> the run stops ``needs_human`` with the evidence (:class:`UncertainEffect`).
         """
-        tool = self.agent.tools[call.name]
+        info = self.tools.info(call.name)
+        assert info is not None  # only a call of a tool this agent has gets an intent
         counters = dict(counters or {})
         # The bound limits sending again, not finding out: a lookup that finds the receipt settles
         # the step whatever the bound (before, with max_resends=0 it was never asked).
         bound_reached = attempt > self.s.retry.max_resends
-        if tool.idempotent:
+        if info.idempotent:
             if bound_reached:
                 self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached"})
-            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+            return await self._execute(step_id, call, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="unknown")
-        if tool.lookup is None:
+        if not info.has_lookup:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "no lookup for this tool"})
-        assert tool.lookup is not None
         crash.point("recovery.R1")
         try:
-            found = tool.lookup(self._context(step_id, call, ekey, attempt + 1), call.arguments)
-            if inspect.isawaitable(found):
-                found = await found
+            found = await self.tools.lookup(call.name, call.arguments, self._context(step_id, call, ekey, attempt + 1))
             found = journalable(found, run_id=self.run_id, step_id=step_id, tool=call.name)  # a receipt it can hold
         except Exception as exc:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
@@ -293,12 +273,13 @@ class ToolSteps(RunState):
             if bound_reached:
                 self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached",
                                                       "lookup": "found no effect"})
-            return await self._execute(step_id, call, kwargs, args_fp, ekey, decision, attempt=attempt + 1,
+            return await self._execute(step_id, call, args_fp, ekey, decision, attempt=attempt + 1,
                                        counters=plus(counters, "retries", 1), after="absent")
         value = found
         # Found: the effect happened, so a cancellation must be able to undo it like any other.
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
-                          counters=plus(counters, "reconciled", 1), compensation=_compensation(tool, call, value))
+                          counters=plus(counters, "reconciled", 1),
+                          compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
 
     def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:

@@ -19,6 +19,7 @@ from cuaderno.errors import UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, Checkpointer
+from cuaderno.loop.executor import ToolExecutor
 from cuaderno.loop.ownership import Ownership, ProcessOwnership
 from cuaderno.loop.runtime import Runtime
 from cuaderno.loop.steps import Step
@@ -85,6 +86,8 @@ class Session:
         runtime: the clock, random source, sleep and owner name the loop uses
             (:mod:`cuaderno.loop.runtime`; default: the process's, with ``seed`` and ``sleep``).
         ownership: how the run is held (:mod:`cuaderno.loop.ownership`; default: by this process).
+        tools: runs the agent's tools by name (:mod:`cuaderno.loop.executor`; default: the agent's
+            own functions, in this process).
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
@@ -92,7 +95,8 @@ class Session:
                  on_version_mismatch: Literal["refuse", "resume", "drain", "cancel"] | Migration = "refuse",
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  seed: int | None = None, verify_replay: bool = False, force_takeover: bool = False,
-                 runtime: Runtime | None = None, ownership: Ownership | None = None) -> None:
+                 runtime: Runtime | None = None, ownership: Ownership | None = None,
+                 tools: ToolExecutor | None = None) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
         if not isinstance(on_version_mismatch, Migration) and on_version_mismatch not in (
@@ -109,6 +113,7 @@ class Session:
         self.owner = owner or self.runtime.owner()
         self.on_version_mismatch = on_version_mismatch
         self.retry = retry or RetryPolicy()
+        self.tools = tools
         self.verify_replay = verify_replay
         self.force_takeover = force_takeover
 

@@ -277,13 +277,12 @@ class Runner(ModelSteps, ToolSteps):
 
     def _refuses(self, name: str, arguments: dict[str, Any] | None) -> str | None:
         """Why this agent would refuse a call it must settle (``None``: it accepts it)."""
-        tool = self.agent.tools.get(name)
-        if tool is None:
+        if self.tools.info(name) is None:
             return f"no tool {name!r}"
         if arguments is None:
             return None  # the journal does not say (a custom history): the loop checks it on replay
         try:
-            tool.validate(arguments)
+            self.tools.check(name, arguments)
         except ToolError as exc:
             return str(exc)
         return None
