@@ -434,3 +434,69 @@ def test_global_providers_set_after_import_are_picked_up() -> None:
     assert out == {"noop_before": "ModelCallSpan", "spans": ["s1"],
                    "metrics": ["cuaderno.model.unpriced_calls", "gen_ai.client.operation.duration",
                                "gen_ai.client.token.usage"]}
+
+
+# -- the loop's spans ------------------------------------------------------------------------------
+
+async def test_a_run_emits_one_span_per_model_send_and_per_tool_execution(otel: Otel, tmp_path: Any) -> None:
+    """What the loop emits end to end (the spans now come from the gateway and tool-executor
+    wrappers, not from the loop body): a chat span per send (the refused one marked with its
+    error class), an execute_tool span around the tool body, each naming its run and step."""
+    from cuaderno import Agent, ScriptedGateway, Session, SqliteCheckpointer, tool
+
+    inside: list[str] = []
+
+    @tool
+    def transfer(to: str) -> str:
+        """Move money."""
+        inside.append(getattr(trace.get_current_span(), "name", ""))
+        return "moved"
+
+    scripted = ScriptedGateway([ScriptedGateway.call("transfer", call_id="call_7", to="a"),
+                                ScriptedGateway.text("done")])
+    refusals = [GatewayError("429", error_class=ErrorClass.TRANSIENT, sent=False)]
+
+    class Refusing:
+        async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+            if refusals:
+                raise refusals.pop()
+            return await scripted.complete(request, idempotency_key=idempotency_key)
+
+    async def no_wait(seconds: float) -> None:
+        pass
+
+    agent = Agent(instructions="i", tools=[transfer], model="m1")
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        [_ async for _ in agent.run("t", session=Session("tel", Refusing(), store, sleep=no_wait))]
+    seen = [(s.name, (s.attributes or {}).get("cuaderno.step_id"), (s.attributes or {}).get("error.type"),
+             (s.attributes or {}).get("gen_ai.tool.call.id")) for s in otel.spans()]
+    assert seen == [("chat m1", "t0000.model", "transient", None), ("chat m1", "t0000.model", None, None),
+                    ("execute_tool transfer", "t0000.tool00", None, "call_7"), ("chat m1", "t0001.model", None, None)]
+    assert {(s.attributes or {}).get("cuaderno.run_id") for s in otel.spans()} == {"tel"}
+    assert inside == ["execute_tool transfer"]  # the tool body runs inside its span
+
+
+async def test_the_loop_body_opens_no_span_of_its_own(otel: Otel, tmp_path: Any) -> None:
+    """With an untraced tool executor and model caller in the session, a run emits nothing: every
+    span comes from the wrappers (where a workflow's activities would open them instead)."""
+    from cuaderno import Agent, ScriptedGateway, Session, SqliteCheckpointer, tool
+    from cuaderno.loop.executor import AgentTools
+
+    @tool
+    def transfer(to: str) -> str:
+        """Move money."""
+        return "moved"
+
+    scripted = ScriptedGateway([ScriptedGateway.call("transfer", to="a"), ScriptedGateway.text("done")])
+
+    class Untraced:
+        async def call(self, request: ModelRequest, *, run_id: str, step_id: str,
+                       idempotency_key: str) -> ModelResponse:
+            return await scripted.complete(request, idempotency_key=idempotency_key)
+
+    agent = Agent(instructions="i", tools=[transfer], model="m1")
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session("quiet", scripted, store, tools=AgentTools(agent.tools), model_caller=Untraced())
+        steps = [step async for step in agent.run("t", session=session)]
+    assert steps[-1].output == "done"  # type: ignore[union-attr]
+    assert otel.spans() == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cuaderno import telemetry
 from cuaderno._json import not_plain, shown
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent, model_step_id
@@ -120,10 +119,8 @@ class ModelSteps(RunState):
             self._flush()
             crash.point("model.K2")
             try:
-                with telemetry.model_call(request, run_id=self.run_id, step_id=step_id,
-                                          provider=getattr(self.s.gateway, "provider_name", None)) as span:
-                    response = plain_calls(await self.s.gateway.complete(request, idempotency_key=key))
-                    span.response(response)
+                response = plain_calls(await self.model.call(request, run_id=self.run_id, step_id=step_id,
+                                                             idempotency_key=key))
                 break
             except GatewayError as err:
                 wait = self._retry_wait(err, retries, resends)

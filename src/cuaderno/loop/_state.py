@@ -10,7 +10,8 @@ from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.loop.agent import Agent, Session
-from cuaderno.loop.executor import AgentTools, ToolExecutor
+from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
+from cuaderno.loop.model_calls import ModelCaller, TracedGateway
 from cuaderno.loop.steps import Step
 from cuaderno.testing import crash
 
@@ -75,8 +76,10 @@ class RunState:
         self.s = session
         self.run_id = session.run_id
         self.store = session.store
-        self.tools: ToolExecutor = session.tools or AgentTools(agent.tools)
+        self.tools: ToolExecutor = session.tools or TracedTools(AgentTools(agent.tools))
         """Runs the agent's tools (:mod:`cuaderno.loop.executor`)."""
+        self.model: ModelCaller = session.model_caller or TracedGateway(session.gateway)
+        """Sends the model requests (:mod:`cuaderno.loop.model_calls`)."""
         self.journal: dict[tuple[str, str], StepEvent] = {}
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []

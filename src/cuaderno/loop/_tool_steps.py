@@ -7,7 +7,6 @@ import hashlib
 import traceback
 from typing import Any, NoReturn
 
-from cuaderno import telemetry
 from cuaderno._json import journalable
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError, UncertainEffect
 from cuaderno.events import approval_step_id, not_happened_since_sent, tool_step_id
@@ -160,7 +159,7 @@ class ToolSteps(RunState):
     def _context(self, step_id: str, call: ToolCall, ekey: str, attempt: int) -> ToolContext:
         data = self.tools.context_data(call.name, call.arguments)
         return ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
-                           tenant=self.s.tenant, data=data)
+                           tenant=self.s.tenant, data=data, call_id=call.id)
 
     async def _execute(self, step_id: str, call: ToolCall, args_fp: str, ekey: str,
                        decision: str, *, attempt: int, counters: dict[str, int] | None = None,
@@ -179,9 +178,7 @@ class ToolSteps(RunState):
             self._flush()
             crash.point("tool.K2")
             try:
-                with telemetry.tool_call(call.name, run_id=self.run_id, step_id=step_id, call_id=call.id) as span:
-                    value = await self.tools.invoke(call.name, call.arguments, self._context(step_id, call, ekey, attempt))
-                    span.ok()
+                value = await self.tools.invoke(call.name, call.arguments, self._context(step_id, call, ekey, attempt))
                 break
             except ToolError as err:
                 crash.point("tool.K5")

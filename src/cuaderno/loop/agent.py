@@ -20,6 +20,7 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, Checkpointer
 from cuaderno.loop.executor import ToolExecutor
+from cuaderno.loop.model_calls import ModelCaller
 from cuaderno.loop.ownership import Ownership, ProcessOwnership
 from cuaderno.loop.runtime import Runtime
 from cuaderno.loop.steps import Step
@@ -87,7 +88,9 @@ class Session:
             (:mod:`cuaderno.loop.runtime`; default: the process's, with ``seed`` and ``sleep``).
         ownership: how the run is held (:mod:`cuaderno.loop.ownership`; default: by this process).
         tools: runs the agent's tools by name (:mod:`cuaderno.loop.executor`; default: the agent's
-            own functions, in this process).
+            own functions, in this process, each run in an ``execute_tool`` span).
+        model_caller: sends each model request (:mod:`cuaderno.loop.model_calls`; default: through
+            ``gateway``, each send in a ``chat`` span).
     """
 
     def __init__(self, run_id: str, gateway: ModelGateway, store: Checkpointer, *, tenant: str = "default",
@@ -96,7 +99,7 @@ class Session:
                  retry: RetryPolicy | None = None, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  seed: int | None = None, verify_replay: bool = False, force_takeover: bool = False,
                  runtime: Runtime | None = None, ownership: Ownership | None = None,
-                 tools: ToolExecutor | None = None) -> None:
+                 tools: ToolExecutor | None = None, model_caller: ModelCaller | None = None) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise UsageError("run_id must be a non-empty string")
         if not isinstance(on_version_mismatch, Migration) and on_version_mismatch not in (
@@ -114,6 +117,7 @@ class Session:
         self.on_version_mismatch = on_version_mismatch
         self.retry = retry or RetryPolicy()
         self.tools = tools
+        self.model_caller = model_caller
         self.verify_replay = verify_replay
         self.force_takeover = force_takeover
 

@@ -6,7 +6,9 @@ what a tool is (:class:`ToolInfo`: its effect type, whether it is idempotent, wh
 lookup), whether arguments fit it, to run it, and to look an effect up by its key. Arguments
 are the JSON object the model wrote; results and receipts are JSON-able values; the context is
 a :class:`~cuaderno.tools.definition.ToolContext` of plain fields. :class:`AgentTools`, the
-default, runs the agent's own ``@tool`` functions in this process.
+default, runs the agent's own ``@tool`` functions in this process, and :class:`TracedTools`
+wraps it in an ``execute_tool`` span per run of a tool body (:mod:`cuaderno.telemetry`): the loop
+body itself opens no span.
 
 Under Temporal, a workflow plugs an executor whose ``invoke`` and ``lookup`` each run a tool
 activity (tool name, arguments and context in, the JSON result out), its retry profile derived
@@ -23,10 +25,11 @@ from typing import Any, Protocol
 
 from pydantic_core import to_jsonable_python
 
+from cuaderno import telemetry
 from cuaderno._json import not_plain
 from cuaderno.tools.definition import Tool, ToolContext
 
-__all__ = ["AgentTools", "ToolExecutor", "ToolInfo"]
+__all__ = ["AgentTools", "ToolExecutor", "ToolInfo", "TracedTools"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,3 +144,18 @@ class AgentTools:
         if inspect.isawaitable(found):
             found = await found
         return None if found is None else to_jsonable_python(found)
+
+
+class TracedTools:
+    """An executor with one ``execute_tool`` span around each run of a tool body."""
+
+    def __init__(self, inner: ToolExecutor) -> None:
+        self.inner = inner
+        self.names, self.info, self.check = inner.names, inner.info, inner.check
+        self.context_data, self.compensation, self.lookup = inner.context_data, inner.compensation, inner.lookup
+
+    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        with telemetry.tool_call(name, run_id=ctx.run_id, step_id=ctx.step_id, call_id=ctx.call_id) as span:
+            value = await self.inner.invoke(name, arguments, ctx)
+            span.ok()
+        return value

@@ -41,6 +41,8 @@ class ToolContext:
     attempt: int = 1
     tenant: str = "default"
     data: dict[str, Any] = field(default_factory=dict[str, Any])
+    call_id: str | None = None
+    """The model's id for this call (``None`` for a compensation, which no model asked for)."""
 
 
 Lookup = Callable[[ToolContext, dict[str, Any]], Any]
