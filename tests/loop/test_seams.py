@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,23 +19,28 @@ import pytest
 
 from cuaderno import (
     Agent,
+    Compensation,
     ErrorClass,
     GatewayError,
     ModelRequest,
     ModelResponse,
     Policy,
     RunBusy,
+    RunCancelled,
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
     ToolContext,
     ToolError,
+    cancel,
+    compensate,
     tool,
 )
 from cuaderno.cancellation import request_cancel, wait_for_holder
 from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.ownership import ProcessOwnership
 from cuaderno.loop.runtime import Runtime
+from cuaderno.testing.records import read_records
 
 
 @pytest.fixture
@@ -235,3 +244,116 @@ async def test_a_tool_executor_runs_the_tools_by_name_on_plain_data(store: Sqlit
     result = next(s for s in steps if getattr(s, "tool", None) == "transfer")
     assert result.result == {"receipt": invoked["effect_key"]}  # type: ignore[union-attr]
     assert store.checkpoint("ex").count("reconciled") == 1  # type: ignore[union-attr]
+
+
+# -- compensations run through the loop's tool-step machine ---------------------------------------
+
+def _refund_agent(refund_body: Any, *, lookup: Any = None) -> Agent:
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    @tool(lookup=lookup)
+    def refund(to: str, amount: int, ctx: ToolContext) -> str:
+        """Give money back."""
+        return str(refund_body(ctx))
+
+    return Agent(instructions="i", tools=[transfer, refund])
+
+
+async def _cancelled(agent: Agent, store: SqliteCheckpointer, run_id: str) -> None:
+    with pytest.raises(RunCancelled):
+        async for step in agent.run("t", session=Session(run_id, ScriptedGateway(
+                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
+            if getattr(step, "tool", None) == "transfer":
+                cancel(store, run_id, "abort")
+
+
+async def test_a_compensation_backs_off_on_the_runtimes_sleep_with_the_loops_bounds(
+        store: SqliteCheckpointer) -> None:
+    """Refused before it was sent (429), a compensation waits as any tool step does: the retry
+    policy's jittered delay, drawn from and waited on the runtime (it had its own fixed
+    ``asyncio.sleep(0.1 * 2 ** n)``)."""
+    refused = [True, True]
+
+    def body(ctx: ToolContext) -> str:
+        if refused:
+            refused.pop()
+            raise ToolError("429", error_class=ErrorClass.TRANSIENT, sent=False)
+        return "refunded"
+
+    agent = _refund_agent(body)
+    await _cancelled(agent, store, "bo")
+    runtime = FakeRuntime()
+    results = await compensate(agent, store, "bo", runtime=runtime)
+    assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"retries": 2}
+    assert runtime.slept == [0.25, 0.5]
+    sends = [e.phase for e in store.load("bo") if e.step_id == "cleanup00" and e.phase.startswith("intent")]
+    assert sends == ["intent", "intent.2", "intent.3"]  # each send its own intent, as in the loop
+
+
+CHILD = textwrap.dedent('''
+    import asyncio, json, sys
+    from pathlib import Path
+    from cuaderno import (Agent, Compensation, RunCancelled, ScriptedGateway, Session, SqliteCheckpointer,
+                          ToolContext, cancel, compensate, tool)
+    from cuaderno.testing.records import append_synced, read_records
+
+    db, receipts, action = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    store = SqliteCheckpointer(db)
+
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "moved"
+
+    def find(ctx: ToolContext, arguments: dict) -> object:
+        return next((r for r in read_records(receipts) if r["key"] == ctx.effect_key), None)
+
+    @tool(lookup=find)
+    def refund(to: str, amount: int, ctx: ToolContext) -> dict:
+        """Give money back (not idempotent)."""
+        append_synced(receipts, {"key": ctx.effect_key})
+        return {"key": ctx.effect_key}
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+
+    async def main() -> object:
+        if action == "run":
+            gw = ScriptedGateway([ScriptedGateway.call("transfer", to="a", amount=3), ScriptedGateway.text("x")])
+            try:
+                async for step in agent.run("t", session=Session("run", gw, store)):
+                    if getattr(step, "tool", None) == "transfer":
+                        cancel(store, "run", "abort")
+            except RunCancelled:
+                return "cancelled"
+        return await compensate(agent, store, "run")
+
+    print(json.dumps(asyncio.run(main())))
+''')
+
+
+@pytest.mark.parametrize("point", ["tool.K1", "tool.K2", "tool.K6", "tool.K7"])
+def test_a_compensation_killed_at_a_tool_steps_crash_point_refunds_once(tmp_path: Path, point: str) -> None:
+    """A compensation passes the loop's crash points (it had none). SIGKILLed at each, in a real
+    process, the next compensate settles it: one refund in the receiver's own record."""
+    (tmp_path / "child.py").write_text(CHILD)
+    receipts = tmp_path / "receipts.jsonl"
+
+    def child(action: str, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
+        if crash_at is not None:
+            env["CUADERNO_CRASH_AT"] = crash_at
+        return subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "runs.db"), str(receipts),
+                               action], capture_output=True, text=True, timeout=120, check=False, env=env)
+
+    assert json.loads(child("run").stdout) == "cancelled"
+    killed = child("compensate", point)
+    assert killed.returncode == -9, killed.stderr
+    done = child("compensate")
+    assert done.returncode == 0, done.stderr
+    (result,) = json.loads(done.stdout)
+    assert result["outcome"] == "ok"
+    keys = [r["key"] for r in read_records(receipts)]
+    assert len(keys) == 1 and result["value"]["key"] == keys[0]  # sent once, or found by the lookup

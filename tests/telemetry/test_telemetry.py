@@ -500,3 +500,44 @@ async def test_the_loop_body_opens_no_span_of_its_own(otel: Otel, tmp_path: Any)
         steps = [step async for step in agent.run("t", session=session)]
     assert steps[-1].output == "done"  # type: ignore[union-attr]
     assert otel.spans() == []
+
+
+async def test_a_compensation_is_traced_like_any_tool_step(otel: Otel, tmp_path: Any) -> None:
+    """compensate() runs through the loop's tool-step machine, so its body gets the same
+    execute_tool span (it had none), named by its own step."""
+    from cuaderno import (
+        Agent,
+        Compensation,
+        RunCancelled,
+        ScriptedGateway,
+        Session,
+        SqliteCheckpointer,
+        cancel,
+        compensate,
+        tool,
+    )
+
+    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"]}))
+    def transfer(to: str) -> str:
+        """Move money."""
+        return "moved"
+
+    @tool
+    def refund(to: str) -> str:
+        """Give it back."""
+        return "refunded"
+
+    agent = Agent(instructions="i", tools=[transfer, refund])
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(RunCancelled):
+            async for step in agent.run("t", session=Session("comp", ScriptedGateway(
+                    [ScriptedGateway.call("transfer", to="a"), ScriptedGateway.text("x")]), store)):
+                if getattr(step, "tool", None) == "transfer":
+                    cancel(store, "comp", "abort")
+        otel.exporter.clear()
+        assert [r["outcome"] for r in await compensate(agent, store, "comp")] == ["ok"]
+    (span,) = otel.spans()
+    assert span.name == "execute_tool refund"
+    assert dict(span.attributes or {}) == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "refund",
+                                           "gen_ai.tool.call.id": "cleanup00", "cuaderno.run_id": "comp",
+                                           "cuaderno.step_id": "cleanup00"}

@@ -13,6 +13,7 @@ from cuaderno.events import approval_step_id, not_happened_since_sent, tool_step
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, plus, recorded_effect_key, tool_message
+from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.testing import crash
 from cuaderno.tools.definition import ToolContext
@@ -45,12 +46,23 @@ replan on fresh state, or reflect on a refusal. Ambiguous errors are reconciled,
 class ToolSteps(RunState):
     """The tool half of the loop."""
 
+    _tells_the_model = True
+    """Whether each result becomes a tool message the model answers (a repair, a replan, a
+    reflection: counted against the budgets). A compensation's does not."""
+
     async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
         unrecorded = self._replay_tool_call(turn, index, call)
         if unrecorded is None:
             return False
-        step_id, call, args_fp = unrecorded
+        return await self._tool_step(*unrecorded)
+
+    async def _tool_step(self, step_id: str, call: ToolCall, args_fp: str) -> bool:
+        """Run a tool step the journal holds no result for: check the call, decide it, write its
+        intent, run it, reconcile an unknown outcome, record how it ended. The one state machine
+        for every tool step, the model's calls and a cancelled run's compensations
+        (:mod:`cuaderno.loop.cleanup`) alike: same journaling, crash points, bounds, telemetry.
+        Returns ``True`` when the run is now waiting for a person."""
         info = self.tools.info(call.name)
         problem = None
         if info is None:
@@ -78,8 +90,7 @@ class ToolSteps(RunState):
         # A started step keeps the key it was first sent with, whatever this process would derive
         # now (a resume under another policy version): a lookup must ask about that key, and a
         # re-send must carry it, or the receiver sees a new effect and does it twice.
-        ekey = (recorded_effect_key(intent) if intent is not None else None) or effect_key(
-            self.s.tenant, self.run_id, info.effect_type, call.arguments, self.agent.policy.version)
+        ekey = (recorded_effect_key(intent) if intent is not None else None) or self._fresh_key(step_id, call, info)
         if intent is not None:
             last = self._latest(step_id, "intent") or intent
             if not_happened_since_sent(self.journal, step_id):
@@ -94,6 +105,10 @@ class ToolSteps(RunState):
         if decision in ("allow", "approved"):
             return await self._execute(step_id, call, args_fp, ekey, decision, attempt=1)
         return decision == "pending"
+
+    def _fresh_key(self, step_id: str, call: ToolCall, info: ToolInfo) -> str:
+        """The effect key of a call never sent: derived from the intent (see :func:`effect_key`)."""
+        return effect_key(self.s.tenant, self.run_id, info.effect_type, call.arguments, self.agent.policy.version)
 
     def _replay_tool_call(self, turn: int, index: int, call: ToolCall) -> tuple[str, ToolCall, str] | None:
         """Replay a tool call whose result the journal holds (``None``), or return what running
@@ -296,7 +311,7 @@ class ToolSteps(RunState):
                      compensation: dict[str, Any] | None = None, policy_version: str | None = None) -> None:
         # Each outcome the model is told about is a second attempt of a named kind (seed 001 §2).
         kind = "reflects" if outcome == "denied" else _AFTER_ERROR.get(str((error or {}).get("error_class")))
-        if outcome != "ok" and kind is not None:
+        if outcome != "ok" and kind is not None and self._tells_the_model:
             counters = plus(dict(counters or {}), kind, 1)
         if counters:
             self.charge(counters)

@@ -42,7 +42,7 @@ class ToolContext:
     tenant: str = "default"
     data: dict[str, Any] = field(default_factory=dict[str, Any])
     call_id: str | None = None
-    """The model's id for this call (``None`` for a compensation, which no model asked for)."""
+    """The model's id for this call; a compensation, which no model asked for, has its step id."""
 
 
 Lookup = Callable[[ToolContext, dict[str, Any]], Any]
