@@ -829,6 +829,38 @@ async def test_a_compensation_refused_before_it_was_sent_is_retried(store: Any) 
     assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"retries": 1} and len(refunds) == 1
 
 
+async def test_a_compensation_backs_off_like_any_tool_step(store: Any) -> None:
+    """Refused before it was sent (429), twice, a compensation waits as the loop's tool steps do:
+    the session retry policy's jittered delay, drawn from the runtime's random source and waited
+    on its sleep (it had its own fixed ``asyncio.sleep(0.1 * 2 ** n)``); each send its own intent."""
+    import random
+
+    from cuaderno import RetryPolicy
+    from cuaderno.loop.runtime import Runtime
+
+    refused = [True, True]
+
+    def body(ctx: ToolContext) -> str:
+        if refused:
+            refused.pop()
+            raise ToolError("429", error_class=ErrorClass.TRANSIENT, sent=False)
+        return "refunded"
+
+    agent = _refund_agent(body)
+    await _cancelled_after_a_transfer(agent, store, "bo")
+    slept: list[float] = []
+
+    async def note(seconds: float) -> None:
+        slept.append(seconds)
+
+    results = await compensate(agent, store, "bo", runtime=Runtime(seed=7, sleep=note))
+    assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"retries": 2}
+    same = random.Random(7)
+    assert slept == [RetryPolicy().delay(1, None, same), RetryPolicy().delay(2, None, same)]
+    sends = [e.phase for e in store.load("bo") if e.step_id == "cleanup00" and e.phase.startswith("intent")]
+    assert sends == ["intent", "intent.2", "intent.3"]
+
+
 async def test_a_re_send_in_flight_cannot_be_settled_by_a_person(store: Any) -> None:
     """The lookup proved the transfer absent and the loop sends it again; a person who still sees
     the old evidence must not be able to say "did not happen" now: the next resume would send it

@@ -19,21 +19,17 @@ import pytest
 
 from cuaderno import (
     Agent,
-    Compensation,
     ErrorClass,
     GatewayError,
     ModelRequest,
     ModelResponse,
     Policy,
     RunBusy,
-    RunCancelled,
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
     ToolContext,
     ToolError,
-    cancel,
-    compensate,
     tool,
 )
 from cuaderno.cancellation import request_cancel, wait_for_holder
@@ -247,51 +243,6 @@ async def test_a_tool_executor_runs_the_tools_by_name_on_plain_data(store: Sqlit
 
 
 # -- compensations run through the loop's tool-step machine ---------------------------------------
-
-def _refund_agent(refund_body: Any, *, lookup: Any = None) -> Agent:
-    @tool(compensation=Compensation("refund", lambda args, result: {"to": args["to"], "amount": args["amount"]}))
-    def transfer(to: str, amount: int) -> str:
-        """Move money."""
-        return "moved"
-
-    @tool(lookup=lookup)
-    def refund(to: str, amount: int, ctx: ToolContext) -> str:
-        """Give money back."""
-        return str(refund_body(ctx))
-
-    return Agent(instructions="i", tools=[transfer, refund])
-
-
-async def _cancelled(agent: Agent, store: SqliteCheckpointer, run_id: str) -> None:
-    with pytest.raises(RunCancelled):
-        async for step in agent.run("t", session=Session(run_id, ScriptedGateway(
-                [ScriptedGateway.call("transfer", to="c", amount=5), ScriptedGateway.text("x")]), store)):
-            if getattr(step, "tool", None) == "transfer":
-                cancel(store, run_id, "abort")
-
-
-async def test_a_compensation_backs_off_on_the_runtimes_sleep_with_the_loops_bounds(
-        store: SqliteCheckpointer) -> None:
-    """Refused before it was sent (429), a compensation waits as any tool step does: the retry
-    policy's jittered delay, drawn from and waited on the runtime (it had its own fixed
-    ``asyncio.sleep(0.1 * 2 ** n)``)."""
-    refused = [True, True]
-
-    def body(ctx: ToolContext) -> str:
-        if refused:
-            refused.pop()
-            raise ToolError("429", error_class=ErrorClass.TRANSIENT, sent=False)
-        return "refunded"
-
-    agent = _refund_agent(body)
-    await _cancelled(agent, store, "bo")
-    runtime = FakeRuntime()
-    results = await compensate(agent, store, "bo", runtime=runtime)
-    assert results[0]["outcome"] == "ok" and results[0]["counters"] == {"retries": 2}
-    assert runtime.slept == [0.25, 0.5]
-    sends = [e.phase for e in store.load("bo") if e.step_id == "cleanup00" and e.phase.startswith("intent")]
-    assert sends == ["intent", "intent.2", "intent.3"]  # each send its own intent, as in the loop
-
 
 CHILD = textwrap.dedent('''
     import asyncio, json, sys
