@@ -33,7 +33,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
 from cuaderno.harness import check_store, check_strings
 from cuaderno.journal.base import Checkpointer, validate_event
-from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership
+from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
 __all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight", "request_cancel",
@@ -41,7 +41,7 @@ __all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flig
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None,
-           runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership = DEFAULT_OWNERSHIP) -> Checkpoint:
+           runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership | None = None) -> Checkpoint:
     """Ask the run to stop. Idempotent; safe from any process, while the run runs or not.
 
     Two steps, each its own function so that a caller with its own clock (a workflow) can do the
@@ -58,6 +58,7 @@ def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = No
         RunNotFound: no such run.
         RunClosed: the run already completed or failed (a cancelled run is returned as is).
     """
+    ownership = ownership or ProcessOwnership(runtime)
     cp = request_cancel(store, run_id, reason, by=by, ownership=ownership)
     if _held_while_waiting(store, run_id, cp, ownership):
         cp = wait_for_holder(store, run_id, by=by, runtime=runtime, ownership=ownership)
@@ -106,7 +107,7 @@ def request_cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | N
 
 
 def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None, runtime: Runtime = DEFAULT_RUNTIME,
-                    ownership: Ownership = DEFAULT_OWNERSHIP) -> Checkpoint:
+                    ownership: Ownership | None = None) -> Checkpoint:
     """Close a run that waits for a person and has a cancellation request, once its holder lets
     it go; give up after a bounded time and return the checkpoint as it is then.
 
@@ -116,6 +117,7 @@ def wait_for_holder(store: Checkpointer, run_id: str, *, by: str | None = None, 
     stopping lets go within moments; one still working (a lookup settling an uncertain step)
     meets the request at its next step. Writes no request (:func:`request_cancel` does).
     """
+    ownership = ownership or ProcessOwnership(runtime)
     deadline = runtime.monotonic() + _WAIT_FOR_HOLDER_S
     for tries in range(_MAX_TRIES):
         cp, _ = verified(store, run_id)

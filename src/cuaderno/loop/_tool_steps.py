@@ -221,8 +221,11 @@ class ToolSteps(RunState):
             except Exception as exc:
                 self._bug(step_id, call, args_fp, ekey, decision, exc)
         crash.point("tool.K5")
+        # The compensation to schedule if the run is cancelled is decided now and journaled with
+        # the result, so a cancellation can list it from the journal alone.
         self._tool_result(step_id, call, args_fp, "ok", value, decision=decision, effect_key=ekey,
-                          counters=plus(counters, "retries", retries), compensation=self.tools.compensation(call.name, call.arguments, value))
+                          counters=plus(counters, "retries", retries),
+                          compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
 
     def _tool_intent(self, step_id: str, call: ToolCall, decision: str, args_fp: str, ekey: str,

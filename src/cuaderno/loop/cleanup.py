@@ -35,14 +35,14 @@ from cuaderno.loop._state import effect_key
 from cuaderno.loop._tool_steps import ToolSteps
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, ToolInfo, TracedTools
-from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership
+from cuaderno.loop.ownership import Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
 __all__ = ["compensate"]
 
 
 async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: str | None = None,
-                     runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership = DEFAULT_OWNERSHIP,
+                     runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership | None = None,
                      tools: ToolExecutor | None = None, retry: RetryPolicy | None = None) -> list[dict[str, Any]]:
     """Run the cleanup a cancelled run scheduled; return each compensation's journaled result.
 
@@ -69,6 +69,7 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: 
     if tenant is not None and cp.tenant is not None and tenant != cp.tenant:
         raise ReplayDivergence(run_id, "run", f"tenant {cp.tenant!r}", f"tenant {tenant!r}")
     tools = tools or TracedTools(AgentTools(agent.tools))
+    ownership = ownership or ProcessOwnership(runtime)
     session = Session(run_id, _NO_MODEL, store, tenant=tenant or cp.tenant or "default", retry=retry,
                       runtime=runtime, ownership=ownership, tools=tools)
     where, me = ownership.key(store, run_id), _Compensator()

@@ -21,7 +21,7 @@ from cuaderno._holds import Loop, Where
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
-__all__ = ["Ownership", "ProcessOwnership"]
+__all__ = ["DEFAULT_OWNERSHIP", "Ownership", "ProcessOwnership"]
 
 
 class Ownership(Protocol):
@@ -101,3 +101,4 @@ class ProcessOwnership:
 
 
 DEFAULT_OWNERSHIP = ProcessOwnership()
+"""The process's ownership with the process's runtime."""
