@@ -19,7 +19,7 @@ from the tool's effect class, while ``info``, ``check`` and ``compensation`` sta
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -134,8 +134,10 @@ class AgentTools:
             return {"tool": declared.tool, "arguments": None, "error": f"{type(exc).__name__}: {exc}"}
         return {"tool": declared.tool, "arguments": worked_out}
 
-    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
-        return await self.tools[name].invoke(self._kwargs(name, arguments), ctx)
+    def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Coroutine[Any, Any, Any]:
+        # The tool's own coroutine, not one more around it: a coroutine frame per tool step is
+        # measurable next to the rest of a step's bookkeeping.
+        return self.tools[name].invoke(self._kwargs(name, arguments), ctx)
 
     async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         find = self.tools[name].lookup
