@@ -36,7 +36,7 @@ class Ownership(Protocol):
         owner is busy on it."""
         ...
 
-    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool) -> int:
+    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool, open_only: bool = False) -> int:
         """Take the run over in the journal; return the new fencing epoch."""
         ...
 
@@ -78,8 +78,8 @@ class ProcessOwnership:
     def start(self, where: Where, loop: Loop, *, force: bool) -> None:
         _holds.start(where, loop, force=force, thread=self.runtime.thread(), pid=self.runtime.process())
 
-    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool) -> int:
-        return store.acquire(run_id, owner, force=force)
+    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool, open_only: bool = False) -> int:
+        return store.acquire(run_id, owner, force=force, open_only=open_only)
 
     def took(self, where: Where, loop: Loop) -> None:
         _holds.took(where, loop)

@@ -33,7 +33,6 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
-from cuaderno import _holds
 from cuaderno.cancellation import cancel, close, in_flight
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
@@ -93,14 +92,15 @@ class Runner(ModelSteps, ToolSteps):
         # not taken over (``open_only``, checked in the takeover's transaction): it is answered
         # as the closed run it now is.
         try:
-            self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover, open_only=True)
+            self.epoch = self.s.ownership.acquire(self.store, self.run_id, self.s.owner, force=self.s.force_takeover,
+                                                  open_only=True)
         except RunClosed:
             cp, _ = verified(self.store, self.run_id)
             closed = self._check_resumable(cp, task_fp, versions)
             if closed is not None:
                 return closed
             raise  # ended for the store, open for its journal: a damaged status column, refused
-        _holds.took(self.where, self)
+        self.s.ownership.took(self.where, self)
         crash.point("recovery.R3")
         # What was committed before the takeover must all be in the events replayed: read once
         # more, and if the journal grew since it was checked (a forced takeover's previous owner,
@@ -212,8 +212,8 @@ class Runner(ModelSteps, ToolSteps):
             # Resume only if something can settle an uncertain step now (a lookup, or a receiver
             # that deduplicates); otherwise say so again without touching the journal.
             for step_id, evidence in cp.uncertain.items():
-                tool = self.agent.tools.get(str(evidence.get("tool")))
-                if tool is None or (tool.lookup is None and not tool.idempotent):
+                info = self.tools.info(str(evidence.get("tool")))
+                if info is None or (not info.has_lookup and not info.idempotent):
                     raise UncertainEffect(self.run_id, step_id, evidence)
         return None
 
@@ -251,7 +251,7 @@ class Runner(ModelSteps, ToolSteps):
             raise DrainOnOldWorker(self.run_id, cp.versions, versions)
         if choice == "cancel":
             cancel(self.store, self.run_id, f"version mismatch: {cp.versions} -> {versions}; start a new run",
-                   by=self.s.owner)
+                   by=self.s.owner, runtime=self.s.runtime, ownership=self.s.ownership)
             return True  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
             for started in in_flight(events):
