@@ -404,6 +404,9 @@ async def test_a_pre_send_sdk_error_is_journaled_as_not_sent(fake: Any, tmp_path
     assert isinstance(info.value.__cause__, TypeError) and "temperature" in str(info.value.__cause__)
     errors = [e for e in store.load("pre-send") if e.phase.startswith("error")]
     assert [(e.payload["error"]["sent"], e.payload["error"]["error_class"]) for e in errors] == [(False, "bug")]
+    # Nothing left the process, so nothing is counted as sent (the intent's count is taken back).
+    cp = store.checkpoint("pre-send")
+    assert cp is not None and cp.count("model_sends") == 0
 
 
 async def test_a_refused_temperature_is_journaled_as_not_sent_and_not_billed_on_resume(fake: Any, tmp_path: Any) -> None:
@@ -422,6 +425,7 @@ async def test_a_refused_temperature_is_journaled_as_not_sent_and_not_billed_on_
     assert fake.requests == []
     errors = [e.payload["error"] for e in store.load("refused") if e.phase.startswith("error")]
     assert [(e["sent"], e["error_class"]) for e in errors] == [(False, "permanent")]
+    assert store.checkpoint("refused").count("model_sends") == 0
     fake.json(body=message(text("ok")))
     dropping = _MockEndpointGateway("claude-test", api_key="k", http_client=fake.client(), on_temperature="drop")
     steps = await run(dropping, Agent(instructions="i", temperature=0.5))

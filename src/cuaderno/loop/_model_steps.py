@@ -114,6 +114,7 @@ class ModelSteps(RunState):
                                require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
                                temperature=self.agent.temperature)
         retries = resends = 0
+        left = False  # did any attempt of this send leave the process (or may it have)?
         while True:
             crash.point("model.K0")
             self._flush()
@@ -123,12 +124,18 @@ class ModelSteps(RunState):
                                                              idempotency_key=key))
                 break
             except GatewayError as err:
+                left = left or err.sent is not False
                 wait = self._retry_wait(err, retries, resends)
                 if wait is None:
                     # Journal the failure as known evidence, with what the step spent before it
                     # failed (retries, rejected lower-tier calls), so the accounting stays whole.
                     counters = {"retries": retries} if retries else {}
                     self.charge(counters)
+                    if not left:
+                        # The intent counted a send, and nothing left the process (the SDK refused
+                        # the request before any byte was written): the failure takes it back, so
+                        # model_sends counts only requests a provider may have seen.
+                        counters = {**counters, "model_sends": -1}
                     self._stage(self._event(step_id, f"error.{sends}", "model", fingerprint=fp,
                                             payload={"error": err.to_json(), "key": key, "counters": counters}))
                     self._flush()
