@@ -194,7 +194,7 @@ def test_the_cli_never_changes_a_file_that_is_not_a_journal(tmp_path: Path) -> N
         db.execute("CREATE TABLE t (x)")
     before = path.read_bytes()
     result = CliRunner().invoke(app, ["--db", str(path), "list"])
-    assert result.exit_code == 2 and "not a cuaderno journal" in result.output
+    assert result.exit_code == 4 and "not a cuaderno journal" in result.output
     assert path.read_bytes() == before and not Path(str(path) + "-wal").exists()
 
 

@@ -96,7 +96,7 @@ def main() -> int:
             check(status(p2) == "completed" and n2 == 1 and n3 == 1, "the approved effect must happen exactly once")
             again = cli(workdir, "approve", "pago-1", "t0000.tool00")
             print(f"approving again: exit {again.returncode}: {again.stderr.strip()}")
-            check(again.returncode == 2, "a second decision must be refused")
+            check(again.returncode == 4, "a second decision must be refused (exit 4)")
 
             print("\nhard case: approved, then killed while the transfer is in flight")
             q1 = run_pass(script, workdir, "pago-2", ledger.url)

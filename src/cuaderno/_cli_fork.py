@@ -21,11 +21,13 @@ from cuaderno.journal.sqlite import SqliteCheckpointer
 __all__ = ["export_command", "fork_command"]
 
 
-def _fail(message: str) -> NoReturn:
-    from cuaderno.cli import ERROR_EXIT, _say_error
+def _fail(message: str, exc: BaseException | None = None) -> NoReturn:
+    from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, _say_error
+    from cuaderno.errors import RunNotFound, UsageError
 
     _say_error(message)
-    raise typer.Exit(ERROR_EXIT)
+    code = NOT_FOUND_EXIT if isinstance(exc, RunNotFound) else USAGE_EXIT if isinstance(exc, UsageError) else ERROR_EXIT
+    raise typer.Exit(code)
 
 
 def _open(ctx: typer.Context, *, readonly: bool) -> SqliteCheckpointer:
@@ -49,7 +51,7 @@ def fork_command(
         with _open(ctx, readonly=False) as store:
             cp = fork(store, run, at=at, new_run_id=new_run)
     except CuadernoError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exc)
     except (sqlite3.Error, OSError) as exc:
         _fail(f"the journal refused the operation: {exc}")
     from cuaderno._cli_render import clean, counted
@@ -76,7 +78,7 @@ def export_command(
         with _open(ctx, readonly=True) as store:
             lines = list(export_lines(store, run))  # all read and checked before anything is written
     except CuadernoError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exc)
     except (sqlite3.Error, OSError) as exc:
         _fail(f"the journal refused the operation: {exc}")
     text = "".join(line + "\n" for line in lines)

@@ -13,6 +13,7 @@ import json
 import shlex
 import unicodedata
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from rich import box
@@ -136,9 +137,14 @@ def run_summary(cp: Checkpoint) -> dict[str, Any]:
             "cost": cost_summary(cp), "pending_approvals": len(_pending(cp)), "uncertain": len(cp.uncertain)}
 
 
+def iso_time(ts: float) -> str:
+    """A journal time (Unix seconds) as ISO 8601 in UTC, to the millisecond: ``2026-12-04T18:31:07.123Z``."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _event_json(ev: StepEvent) -> dict[str, Any]:
     return {"seq": ev.seq, "step_id": ev.step_id, "phase": ev.phase, "kind": ev.kind, "name": ev.name,
-            "decision": ev.decision, "fingerprint": ev.fingerprint, "created_at": ev.created_at}
+            "decision": ev.decision, "fingerprint": ev.fingerprint, "created_at": iso_time(ev.created_at)}
 
 
 def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None) -> dict[str, Any]:
@@ -241,8 +247,18 @@ def _kv(console: Console, key: str, value: str | Text) -> None:
     _line(console, Text(f"{key:<11} ", style="dim"), value)
 
 
-def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None) -> None:
-    """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline."""
+def command_line(db: str | None, *words: str) -> str:
+    """A ``cuaderno`` command a person can paste as is: every word quoted for the shell, and the
+    journal named (``--db``) when the command being run named one."""
+    head = ["cuaderno"] + (["--db", db] if db else [])
+    return " ".join(shlex.quote(w) for w in [*head, *words])
+
+
+def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None, *,
+                db: str | None = None) -> None:
+    """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline.
+
+    Every command it suggests pastes as is: quoted, with ``--db`` naming the same journal."""
     _kv(console, "run", clean(cp.run_id))
     _kv(console, "status", Text(clean(cp.status), style=_status_style(cp.status)))
     _kv(console, "next step", clean(cp.next_step))
@@ -263,32 +279,33 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     pending = _pending_list(cp)
     _heading(console, f"Pending approvals: {len(pending)}")
     for entry in pending:
-        _render_pending_entry(console, cp, entry)
+        _render_pending_entry(console, cp, entry, db=db)
     if cp.pending and not pending:
         # Still requested in the journal, but the run ended: say so rather than offer a decision
         # that would be refused.
         _heading(console, f"Approvals that will not run: {len(cp.pending)} (the run ended {clean(cp.status)})")
         for step_id, entry in sorted(cp.pending.items()):
-            _render_pending_entry(console, cp, {"step_id": step_id, **entry}, decidable=False)
+            _render_pending_entry(console, cp, {"step_id": step_id, **entry}, decidable=False, db=db)
 
     _heading(console, f"Uncertain effects: {len(cp.uncertain)}")
     for step_id, evidence in sorted(cp.uncertain.items()):
         tool = evidence.get("tool")
         _line(console, "  ", clean(step_id), f"  tool {clean(str(tool))}" if tool is not None else "")
         _line(console, "    evidence     ", dumps(evidence))
-        resolve = f"cuaderno resolve {shlex.quote(cp.run_id)} {shlex.quote(step_id)}"
+        happened = command_line(db, "resolve", cp.run_id, step_id, "--happened")
+        not_happened = command_line(db, "resolve", cp.run_id, step_id, "--not-happened")
         if cp.status not in ENDED_STATUSES:
-            _line(console, "    settle with  ", clean(f"{resolve} --happened [--result JSON]"),
-                  Text("   (it exists: the resume goes on)", style="dim"))
-            _line(console, "                 ", clean(f"{resolve} --not-happened"),
+            _line(console, "    settle with  ", clean(happened),
+                  Text("   (it exists: the resume goes on; add --result JSON for its receipt)", style="dim"))
+            _line(console, "                 ", clean(not_happened),
                   Text("   (it does not: the resume sends it again, same effect key)", style="dim"))
         elif cp.status == "cancelled":
             # Settling it still matters: a confirmed effect (or compensation) is then undone or
             # recorded by compensate(); nothing is sent for a closed run's own steps.
             again = "compensate() sends it again" if step_id.startswith("cleanup") else "nothing is sent"
-            _line(console, "    settle with  ", clean(f"{resolve} --happened [--result JSON]"),
+            _line(console, "    settle with  ", clean(happened),
                   Text("   (it exists: compensate() then schedules or records its compensation)", style="dim"))
-            _line(console, "                 ", clean(f"{resolve} --not-happened"),
+            _line(console, "                 ", clean(not_happened),
                   Text(f"   (it does not: {again})", style="dim"))
 
     _heading(console, "Outcome")
@@ -303,7 +320,7 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
                   f"  {clean(entry['state'])}")
 
     if events is not None:
-        _heading(console, f"Timeline: {len(events)} event(s)")
+        _heading(console, f"Timeline: {len(events)} event(s), times in UTC, +MS since the event before")
         _render_timeline(console, events)
 
 
@@ -330,7 +347,7 @@ def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[dict[str,
 
 
 def _render_pending_entry(console: Console, cp: Checkpoint, entry: dict[str, Any], *,
-                          decidable: bool = True) -> None:
+                          decidable: bool = True, db: str | None = None) -> None:
     step_id = str(entry.get("step_id"))
     fingerprint = entry.get("fingerprint")
     _line(console, "  ", Text(clean(step_id), style="bold"), f"  tool {clean(str(entry.get('tool')))}",
@@ -342,21 +359,52 @@ def _render_pending_entry(console: Console, cp: Checkpoint, entry: dict[str, Any
         _line(console, "    request      ", dumps(extra))
     if not decidable:
         return
-    fp = f" --fingerprint {shlex.quote(str(fingerprint))}" if fingerprint is not None else ""
-    command = clean(f"cuaderno approve|deny {shlex.quote(cp.run_id)} {shlex.quote(step_id)}{fp}")
+    fp = ["--fingerprint", str(fingerprint)] if fingerprint is not None else []
     # A decision is refused while an effect is uncertain (the run is not open): settle that first.
     after = "" if cp.is_open else "   (once the uncertain effects below are settled)"
-    _line(console, "    decide with  ", command, Text(after, style="dim"))
+    _line(console, "    decide with  ", clean(command_line(db, "approve", cp.run_id, step_id, *fp)),
+          Text(after, style="dim"))
+    _line(console, "             or  ", clean(command_line(db, "deny", cp.run_id, step_id, *fp)))
+
+
+PREVIEW_CHARS: Final = 48
+"""How much of an event's payload the timeline shows (``show --json`` and the web page show all)."""
+
+
+def _step_cost(ev: StepEvent) -> str:
+    """What a model answer cost, as journaled: its price, ``unpriced``, or nothing for other events."""
+    if ev.kind != "model" or ev.phase != "result":
+        return ""
+    response = ev.payload.get("response")
+    if not isinstance(response, dict):
+        return ""
+    cost = response.get("cost")
+    return _money(float(cost)) if isinstance(cost, int | float) else "unpriced"
+
+
+def _preview(ev: StepEvent) -> str:
+    text = clean(dumps(ev.payload)) if ev.payload else ""
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 
 def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
+    """One row per event: when it was written (UTC), the time since the event before it (what the
+    step took: a send, a tool body, a person's wait), its cost, and the start of its payload."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("SEQ", justify="right", no_wrap=True)
+    table.add_column("TIME", no_wrap=True)
+    table.add_column("+MS", justify="right", no_wrap=True)
     for title in ("STEP", "PHASE", "KIND", "NAME", "DECISION"):
         table.add_column(title, overflow="fold", min_width=4)
+    table.add_column("COST", justify="right", no_wrap=True)
+    table.add_column("PAYLOAD", overflow="fold", min_width=8)
+    previous: float | None = None
     for ev in events:
-        table.add_row(str(ev.seq), Text(clean(ev.step_id)), Text(clean(ev.phase)), Text(clean(ev.kind)),
-                      Text(clean(ev.name or "")), Text(clean(ev.decision or "")))
+        took = "" if previous is None else f"{max(ev.created_at - previous, 0.0) * 1000:.0f}"
+        previous = ev.created_at
+        table.add_row(str(ev.seq), iso_time(ev.created_at)[11:23], took, Text(clean(ev.step_id)),
+                      Text(clean(ev.phase)), Text(clean(ev.kind)), Text(clean(ev.name or "")),
+                      Text(clean(ev.decision or "")), _step_cost(ev), Text(_preview(ev)))
     _print_table(console, table)
 
 

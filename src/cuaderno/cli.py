@@ -28,6 +28,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version as _package_version
 from pathlib import Path
 from typing import Annotated, Any, Final, NoReturn
 
@@ -50,15 +51,20 @@ from cuaderno._cli_fork import export_command, fork_command
 from cuaderno._cli_ui import ui_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
-from cuaderno.errors import CuadernoError, clipped, quoted
+from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
 from cuaderno.journal import open_journal
 from cuaderno.journal._open import parse_journal_url
 from cuaderno.journal.base import Checkpointer
 
-__all__ = ["ERROR_EXIT", "STATUSES", "app", "main"]
+__all__ = ["ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "app", "main"]
 
-ERROR_EXIT: Final = 2
-"""Exit status of every refused command (a cuaderno error, a missing journal, a usage error)."""
+USAGE_EXIT: Final = 2
+"""The command line itself is wrong (an unknown option or command, a missing argument): click's code."""
+NOT_FOUND_EXIT: Final = 3
+"""The journal file or the run does not exist."""
+ERROR_EXIT: Final = 4
+"""The command was refused (a cuaderno error: a damaged journal, a stale decision, a busy run...);
+nothing was written."""
 
 DEFAULT_DB: Final = "runs.db"
 
@@ -77,6 +83,7 @@ class _OneLineUsageErrors(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
              **extra: Any) -> Any:
+        args = _db_first(list(sys.argv[1:] if args is None else args))
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, windows_expand_args, **extra)
         try:
@@ -87,7 +94,7 @@ class _OneLineUsageErrors(TyperGroup):
         except ClickUsageError as exc:
             command = exc.ctx.command_path if exc.ctx is not None else "cuaderno"
             _say_error(f"{exc.format_message()} (see `{command} --help`)")
-            sys.exit(ERROR_EXIT)
+            sys.exit(USAGE_EXIT)
         except ClickException as exc:
             _say_error(exc.format_message())
             sys.exit(exc.exit_code)
@@ -96,6 +103,33 @@ class _OneLineUsageErrors(TyperGroup):
             sys.exit(1)
         # Non-standalone, click returns the code of a typer.Exit, or the command's value (None).
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _db_first(args: list[str]) -> list[str]:
+    """``--db`` where the group reads it, wherever it was typed: ``cuaderno show run-1 --db x.db``
+    is ``cuaderno --db x.db show run-1`` (the option belongs to the group, so click would refuse it
+    after the command). What follows ``--`` is left alone."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg == "--db" and i + 1 < len(args):
+            front += args[i:i + 2]
+            i += 2
+            continue
+        (front if arg.startswith("--db=") else rest).append(arg)
+        i += 1
+    return front + rest
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cuaderno {_package_version('cuaderno')}")
+        raise typer.Exit()
 
 
 app = typer.Typer(
@@ -118,6 +152,10 @@ class _Refused(Exception):
     """A command refused before touching the journal (missing file and the like)."""
 
 
+class _NotFound(_Refused):
+    """The journal file or the run named does not exist."""
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -125,6 +163,8 @@ def _root(
                                     help="The run journal: a path to an existing SQLite file, or a URL "
                                     "(sqlite:///runs.db, sqlite:////abs/runs.db); never created by this command.")]
     = DEFAULT_DB,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print cuaderno's version and exit.")] = False,
 ) -> None:
     ctx.obj = _Options(db=db)
 
@@ -144,9 +184,9 @@ def _say_error(message: str) -> None:
     Console(stderr=True, markup=False, emoji=False, highlight=False).print(f"error: {line}", soft_wrap=True)
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = ERROR_EXIT) -> NoReturn:
     _say_error(message)
-    raise typer.Exit(ERROR_EXIT)
+    raise typer.Exit(code)
 
 
 def _discard_stdout() -> None:
@@ -161,11 +201,18 @@ def _discard_stdout() -> None:
 
 @contextmanager
 def _refusals() -> Iterator[None]:
-    """Turn every expected failure into one ``error:`` line and exit status 2 (never a traceback)."""
+    """Turn every expected failure into one ``error:`` line (never a traceback) and its exit status:
+    :data:`NOT_FOUND_EXIT` for a journal or run that does not exist, :data:`ERROR_EXIT` otherwise."""
     try:
         yield
+    except RunNotFound as exc:
+        _fail(str(exc) or type(exc).__name__, NOT_FOUND_EXIT)
+    except UsageError as exc:  # a value the library refuses as a mistake: the command line's
+        _fail(str(exc) or type(exc).__name__, USAGE_EXIT)
     except CuadernoError as exc:
         _fail(str(exc) or type(exc).__name__)
+    except _NotFound as exc:
+        _fail(str(exc), NOT_FOUND_EXIT)
     except _Refused as exc:
         _fail(str(exc))
     except sqlite3.Error as exc:
@@ -195,7 +242,7 @@ def _store(ctx: typer.Context, *, readonly: bool = False) -> Iterator[Checkpoint
 def _check_sqlite_file(path: Path) -> None:
     """Refuse what is certainly not a journal before SQLite touches it."""
     if not path.exists():
-        raise _Refused(f"no journal at {quoted(str(path))}: the file does not exist "
+        raise _NotFound(f"no journal at {quoted(str(path))}: the file does not exist "
                        "(pass --db PATH or set CUADERNO_DB); nothing was created")
     if path.is_dir():
         raise _Refused(f"{quoted(str(path))} is a directory, not a journal file")
@@ -221,7 +268,7 @@ def list_runs(
     """List runs, most recently updated first: status, model and tool calls, cost, pending approvals,
     uncertain effects."""
     if status is not None and status not in STATUSES:
-        _fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}")
+        _fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}", USAGE_EXIT)
     with _refusals(), _store(ctx, readonly=True) as store:
         runs = store.list_runs(status=status, limit=limit)
     if as_json:
@@ -247,7 +294,7 @@ def show(
     with _refusals(), _store(ctx, readonly=True) as store:
         cp = store.checkpoint(run)
         if cp is None:
-            raise _Refused(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
+            raise _NotFound(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
         events = None
         if timeline:
             # Read (and hash-check) the whole journal before printing anything, and the summary
@@ -258,7 +305,7 @@ def show(
     if as_json:
         _print_json(render.run_detail(cp, events))
     else:
-        render.render_show(_stdout(), cp, events)
+        render.render_show(_stdout(), cp, events, db=ctx.obj.db)
 
 
 _FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cuaderno show`). The decision is "
@@ -280,7 +327,7 @@ def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by
         fingerprint = _normal_fingerprint(fingerprint)
         if not fingerprint:  # every fingerprint starts with "": it would be refused as a 0-character prefix
             _fail("--fingerprint is empty: pass the full fingerprint shown by `cuaderno show`, or leave the option "
-                  "out to bind the call printed here; nothing was written")
+                  "out to bind the call printed here; nothing was written", USAGE_EXIT)
     console = _stdout()
     with _refusals(), _store(ctx) as store:
         pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
@@ -368,17 +415,17 @@ def resolve(
     value: Any = None
     if result is not None and not happened:
         _fail("--result goes only with --happened: --not-happened makes the next resume send the effect again; "
-              "nothing was written")
+              "nothing was written", USAGE_EXIT)
     if result is not None:
         try:
             value = json.loads(result)
         except json.JSONDecodeError as exc:
-            _fail(f"--result is not JSON: {exc}")
+            _fail(f"--result is not JSON: {exc}", USAGE_EXIT)
         except RecursionError:  # the parser recurses once per level: a hostile depth overflows it
             _fail(f"--result is nested too deeply (a receipt may nest at most {MAX_DEPTH} levels); "
-                  "nothing was written")
+                  "nothing was written", USAGE_EXIT)
         except ValueError:  # Python refuses to read an integer of more than 4,300 digits
-            _fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written")
+            _fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written", USAGE_EXIT)
     with _refusals(), _store(ctx) as store:
         event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
         cp = store.checkpoint(run)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint
-from cuaderno.cli import app
+from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, app
 from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
@@ -100,9 +100,9 @@ def cli(db: Path | None, *args: str, env: dict[str, str] | None = None) -> Resul
     return result
 
 
-def refused(result: Result, *needles: str) -> None:
-    """Exit status 2 with exactly one ``error:`` line on stderr."""
-    assert result.exit_code == 2, result.output
+def refused(result: Result, *needles: str, code: int = ERROR_EXIT) -> None:
+    """Exit status ``code`` with exactly one ``error:`` line on stderr."""
+    assert result.exit_code == code, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     for needle in needles:
@@ -162,7 +162,9 @@ def test_narrow_terminal_never_crops(db: Path, store: SqliteCheckpointer) -> Non
     for args in (("list",), ("show", run)):
         out = cli(db, *args, env={"COLUMNS": "40"}).stdout
         assert run in out and "$0.123456" in out
-    assert f"seq=3 step={APPROVAL} phase=request kind=approval name=transfer decision=require_approval" in out
+    row = next(line for line in out.splitlines() if line.startswith("seq=3 "))
+    assert f"step={APPROVAL} phase=request kind=approval name=transfer decision=require_approval" in row
+    assert " time=" in row and " +ms=" in row and ' payload={"arguments"' in row
 
 
 # -- show ---------------------------------------------------------------------------------------------
@@ -184,11 +186,17 @@ def test_show_human(db: Path, store: SqliteCheckpointer) -> None:
     # The pending approval: tool, exact arguments and the fingerprint they are bound to.
     assert APPROVAL in out and "tool transfer" in out
     assert json.dumps(ARGS) in out and FP in out
-    assert f"cuaderno approve|deny {run} {APPROVAL} --fingerprint {FP}" in out
+    # Each suggested command pastes as is: it names the journal and quotes what needs quoting.
+    assert f"cuaderno --db {db} approve {run} {APPROVAL} --fingerprint {FP}" in out
+    assert f"cuaderno --db {db} deny {run} {APPROVAL} --fingerprint {FP}" in out
     # The timeline: seq, step, phase, kind, name, decision.
     assert "Timeline: 5 event(s)" in out
     row = next(line for line in out.splitlines() if line.split()[:1] == ["5"])
-    assert row.split() == ["5", APPROVAL, "request", "approval", "transfer", "require_approval"]
+    words = row.split()
+    # seq, time (UTC), ms since the event before, step, phase, kind, name, decision, then the payload's start
+    assert words[0] == "5" and len(words[1]) == 12 and words[2].isdigit()
+    assert words[3:8] == [APPROVAL, "request", "approval", "transfer", "require_approval"]
+    assert words[8].startswith('{"arguments":')
 
     hidden = cli(db, "show", run, "--no-timeline").stdout
     assert "Timeline" not in hidden and "require_approval" not in hidden and FP in hidden
@@ -315,8 +323,8 @@ def test_refusals_write_nothing(db: Path, store: SqliteCheckpointer) -> None:
 
     refused(cli(db, "approve", run, "t0001.tool00"), "not waiting", APPROVAL)  # a step not waiting
     refused(cli(db, "deny", run, "t0000.model"), "not waiting")
-    refused(cli(db, "approve", "r-nope", APPROVAL), "no run 'r-nope'")  # an unknown run
-    refused(cli(db, "show", "r-nope"), "no run 'r-nope'")
+    refused(cli(db, "approve", "r-nope", APPROVAL), "no run 'r-nope'", code=NOT_FOUND_EXIT)  # an unknown run
+    refused(cli(db, "show", "r-nope"), "no run 'r-nope'", code=NOT_FOUND_EXIT)
     refused(cli(db, "approve", "r-closed", APPROVAL), "already ended (completed)")  # a closed run
     refused(cli(db, "deny", "r-closed", APPROVAL), "already ended")
 
@@ -331,13 +339,13 @@ def test_refusals_write_nothing(db: Path, store: SqliteCheckpointer) -> None:
 @pytest.mark.parametrize("args", [("list",), ("show", "r"), ("approve", "r", APPROVAL), ("deny", "r", APPROVAL)])
 def test_missing_journal_is_not_created(tmp_path: Path, args: tuple[str, ...]) -> None:
     missing = tmp_path / "nope.db"
-    refused(cli(missing, *args), "does not exist", "nope.db")
+    refused(cli(missing, *args), "does not exist", "nope.db", code=NOT_FOUND_EXIT)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_default_and_env_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    refused(cli(None, "list"), "'runs.db'")  # the default path, relative to the working directory
+    refused(cli(None, "list"), "'runs.db'", code=NOT_FOUND_EXIT)  # the default path, relative to the working directory
     assert list(tmp_path.iterdir()) == []
 
     other = tmp_path / "other.db"
@@ -362,20 +370,20 @@ def test_db_takes_a_journal_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert journal(path, "r-url")[1].pending == {}
 
 
-@pytest.mark.parametrize(("url", "needle"), [
-    ("mysql://127.0.0.1/runs", "unknown scheme"),
-    ("sqlite://", "names no file"),
-    ("sqlite:///runs.db?timeout=5", "unknown parameter 'timeout'"),
-    ("postgresql://ana:s3cret@127.0.0.1/test", "PostgreSQL backend is not built"),
-    ("memory://", "no existing journal"),
-    ("sqlite:///nope.db", "does not exist"),
+@pytest.mark.parametrize(("url", "needle", "code"), [
+    ("mysql://127.0.0.1/runs", "unknown scheme", USAGE_EXIT),
+    ("sqlite://", "names no file", USAGE_EXIT),
+    ("sqlite:///runs.db?timeout=5", "unknown parameter 'timeout'", USAGE_EXIT),
+    ("postgresql://ana:s3cret@127.0.0.1/test", "PostgreSQL backend is not built", USAGE_EXIT),
+    ("memory://", "no existing journal", ERROR_EXIT),
+    ("sqlite:///nope.db", "does not exist", NOT_FOUND_EXIT),
 ])
-def test_bad_journal_urls_are_refused_and_create_nothing(url: str, needle: str, tmp_path: Path,
+def test_bad_journal_urls_are_refused_and_create_nothing(url: str, needle: str, code: int, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for args in (("list",), ("approve", "r", APPROVAL)):
         result = cli(None, "--db", url, *args)
-        refused(result, needle)
+        refused(result, needle, code=code)
         assert "s3cret" not in result.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -396,7 +404,7 @@ def test_resolve_not_happened_with_a_receipt_is_refused(db: Path, store: SqliteC
     suspended_run(store)
     before = db.read_bytes()
     refused(cli(db, "resolve", "r-pay", "t0000.tool00", "--not-happened", "--result", '{"receipt": "r-17"}'),
-            "--result goes only with --happened")
+            "--result goes only with --happened", code=USAGE_EXIT)
     assert db.read_bytes() == before
 
 
@@ -446,7 +454,7 @@ def test_reading_commands_never_change_the_file(db: Path, store: SqliteCheckpoin
     assert cli(db, "list").exit_code == 0
     assert cli(db, "show", "r-pay").exit_code == 0
     assert cli(db, "show", "r-pay", "--json").exit_code == 0
-    refused(cli(db, "show", "nope"), "no run")
+    refused(cli(db, "show", "nope"), "no run", code=NOT_FOUND_EXIT)
     assert db.read_bytes() == before
     with closing(sqlite3.connect(db)) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
@@ -470,7 +478,7 @@ def test_subprocess_show_approve_and_errors(db: Path, store: SqliteCheckpointer,
     assert json.loads(shown.stdout)["pending_approvals"][0]["fingerprint"] == FP
 
     wrong = run_process("--db", str(db), "approve", run, APPROVAL, "--fingerprint", "nope")
-    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert wrong.returncode == ERROR_EXIT and "Traceback" not in wrong.stderr
     assert wrong.stderr.count("\n") == 1 and wrong.stderr.startswith("error: ")
     assert len(journal(db, run)[0]) == 5
 
@@ -481,11 +489,11 @@ def test_subprocess_show_approve_and_errors(db: Path, store: SqliteCheckpointer,
     assert len(events) == 6 and events[-1].decision == "approved" and cp.pending == {}
 
     missing = run_process("--db", str(tmp_path / "absent.db"), "list")
-    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+    assert missing.returncode == NOT_FOUND_EXIT and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
     assert not (tmp_path / "absent.db").exists()
 
     unknown = run_process("--db", str(db), "deny", "r-missing", APPROVAL)
-    assert unknown.returncode == 2 and "no run 'r-missing'" in unknown.stderr
+    assert unknown.returncode == NOT_FOUND_EXIT and "no run 'r-missing'" in unknown.stderr
 
 
 # -- what a person reads (review of a fresh clone) -----------------------------------------------------
@@ -517,7 +525,7 @@ def test_an_empty_fingerprint_is_called_empty(db: Path, store: SqliteCheckpointe
     before = len(journal(db, "r-fp")[0])
     for empty in ("", "  \n"):
         result = cli(db, "approve", "r-fp", APPROVAL, "--fingerprint", empty)
-        refused(result, "--fingerprint is empty", "nothing was written")
+        refused(result, "--fingerprint is empty", "nothing was written", code=USAGE_EXIT)
         assert "prefix" not in result.stderr
     assert len(journal(db, "r-fp")[0]) == before
 
@@ -545,7 +553,7 @@ def test_a_receipt_too_deep_or_too_long_to_read_is_one_error_line(db: Path, stor
                             ("9" * 5000, "integer too long"),
                             ('{"receipt": ' + "[" * 300 + "]" * 300 + "}", "not plain JSON"),
                             ('{"receipt": ' + "9" * 4250 + "}", "not plain JSON")):
-        refused(cli(db, "resolve", run, "t0000.tool00", "--happened", "--result", receipt), needle)
+        refused(cli(db, "resolve", run, "t0000.tool00", "--happened", "--result", receipt), needle, code=USAGE_EXIT)
     events, cp = journal(db, run)
     assert len(events) == size and cp.status == "needs_human"
     ok = cli(db, "resolve", run, "t0000.tool00", "--happened", "--result", '{"receipt": "r-17"}')
@@ -565,7 +573,7 @@ def test_output_that_cannot_be_written_is_one_error_line(db: Path, store: Sqlite
             with open("/dev/full", "w") as full:
                 done = subprocess.run([*argv, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=env,
                                       timeout=60, check=False)
-            assert done.returncode == 2, done.stderr
+            assert done.returncode == ERROR_EXIT, done.stderr
             assert done.stderr == "error: could not write the output: [Errno 28] No space left on device\n"
         read, write = os.pipe()
         os.close(read)  # the reader is gone before anything is written
@@ -602,8 +610,8 @@ def test_an_ended_run_has_no_pending_approval(db: Path, store: SqliteCheckpointe
 def test_list_refuses_an_unknown_status(db: Path, store: SqliteCheckpointer) -> None:
     suspended_run(store)
     refused(cli(db, "list", "--status", "bogus"), "'bogus'",
-            "running, suspended, completed, failed, cancelled, needs_human")
-    refused(cli(db, "list", "--status", "bogus", "--json"), "'bogus'")
+            "running, suspended, completed, failed, cancelled, needs_human", code=USAGE_EXIT)
+    refused(cli(db, "list", "--status", "bogus", "--json"), "'bogus'", code=USAGE_EXIT)
 
 
 def test_needs_human_says_how_to_settle(db: Path, store: SqliteCheckpointer) -> None:
@@ -611,8 +619,8 @@ def test_needs_human_says_how_to_settle(db: Path, store: SqliteCheckpointer) -> 
     store.append([start("r-u"), StepEvent(run_id="r-u", step_id="t0000.tool00", phase="uncertain", kind="tool",
                                           name="transfer", payload=evidence)])
     out = cli(db, "show", "r-u").stdout
-    assert "cuaderno resolve r-u t0000.tool00 --happened [--result JSON]" in out
-    assert "cuaderno resolve r-u t0000.tool00 --not-happened" in out
+    assert f"cuaderno --db {db} resolve r-u t0000.tool00 --happened" in out
+    assert f"cuaderno --db {db} resolve r-u t0000.tool00 --not-happened" in out
     table = cli(db, "list").stdout.splitlines()
     assert table[1].split()[-1] == "UNCERTAIN"
     assert table[3].split()[0] == "r-u" and table[3].split()[-2:] == ["0", "1"]

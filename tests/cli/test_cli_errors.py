@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cuaderno.cli import app
+from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, app
 from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
@@ -45,7 +45,8 @@ def cuaderno(*args: str, encoding: str | None = None) -> subprocess.CompletedPro
 
 
 def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    # A usage error (2), a journal or run that does not exist (3), a refusal (4): one line each.
+    assert done.returncode in (USAGE_EXIT, NOT_FOUND_EXIT, ERROR_EXIT), (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and done.stdout == ""
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
@@ -67,7 +68,9 @@ def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
 ], ids=["unknown-option", "unknown-root-option", "missing-argument", "missing-second-argument",
         "mistyped-command", "not-an-int", "out-of-range", "missing-option"])
 def test_a_usage_error_is_one_error_line_and_status_2(db: Path, args: tuple[str, ...], needle: str) -> None:
-    line = one_error_line(cuaderno("--db", str(db), *args))
+    done = cuaderno("--db", str(db), *args)
+    line = one_error_line(done)
+    assert done.returncode == USAGE_EXIT
     assert needle in line and "--help" in line  # where to look, on the same line
 
 

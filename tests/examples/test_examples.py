@@ -85,7 +85,15 @@ def test_a_kept_journal_can_be_inspected_with_the_printed_command(tmp_path: Path
     proc = subprocess.run([sys.executable, "-m", "cuaderno", *argv[1:]], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "needs_human" in proc.stdout and "cuaderno resolve nodedup t0000.tool00 --not-happened" in proc.stdout
+    assert "needs_human" in proc.stdout
+    # The command `show` suggests pastes as is: it names the same journal, and it works.
+    suggested = next(line.split("settle with", 1)[-1].split("(")[0].strip() for line in proc.stdout.splitlines()
+                     if "resolve nodedup t0000.tool00 --not-happened" in line)
+    words = shlex.split(suggested)
+    assert words[:3] == ["cuaderno", "--db", argv[2]] and words[3:] == ["resolve", "nodedup", "t0000.tool00",
+                                                                      "--not-happened"]
+    settled = subprocess.run([sys.executable, "-m", "cuaderno", *words[1:]], capture_output=True, text=True, timeout=60)
+    assert settled.returncode == 0, settled.stderr
 
 
 # -- the README -----------------------------------------------------------------------------------------

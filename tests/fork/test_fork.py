@@ -203,9 +203,9 @@ def test_the_command_line(original: Path, tmp_path: Path) -> None:
     assert runner.invoke(app, ["--db", str(original), "export", "orig", "--output", str(target)]).exit_code == 0
     assert target.read_text() == exported.stdout
     refused = runner.invoke(app, ["--db", str(original), "export", "orig", "--output", str(target)])
-    assert refused.exit_code == 2 and "exists" in refused.stderr
+    assert refused.exit_code == 4 and "exists" in refused.stderr
     missing = runner.invoke(app, ["--db", str(original), "export", "nope"])
-    assert missing.exit_code == 2 and "no run 'nope'" in missing.stderr
+    assert missing.exit_code == 3 and "no run 'nope'" in missing.stderr
 
 
 def test_the_page_says_where_a_fork_came_from(original: Path) -> None:

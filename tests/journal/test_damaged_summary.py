@@ -178,7 +178,7 @@ def test_show_refuses_a_summary_that_does_not_match_its_journal(tmp_path: Path) 
     _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
     before = _state(path)
     shown = CliRunner().invoke(app, ["--db", str(path), "show", RUN])
-    assert shown.exit_code == 2 and "does not match its journal (pending differ)" in shown.output
+    assert shown.exit_code == 4 and "does not match its journal (pending differ)" in shown.output
     assert '"amount": 5' not in shown.output and _state(path) == before
 
 
@@ -433,7 +433,7 @@ def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> No
     _suspended(path)
     _edit_summary(path, lambda d: d["pending"][APPROVAL]["arguments"].update(amount=5))
     shown = CliRunner().invoke(app, ["--db", str(path), "show", RUN])
-    assert shown.exit_code == 2 and "`cuaderno rebuild-summary RUN` rebuilds it from the journal" in shown.output
+    assert shown.exit_code == 4 and "`cuaderno rebuild-summary RUN` rebuilds it from the journal" in shown.output
     done = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
     assert done.exit_code == 0, done.output
     assert done.output.strip() == f"run {RUN}: summary rebuilt from its 2 journaled events (pending differed); " \
@@ -443,10 +443,10 @@ def test_the_cli_rebuilds_a_summary_and_says_what_differed(tmp_path: Path) -> No
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("DELETE FROM cuaderno_events WHERE seq=2")
     rolled_back = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
-    assert rolled_back.exit_code == 2 and "older than the last one this machine saw" in rolled_back.output
+    assert rolled_back.exit_code == 4 and "older than the last one this machine saw" in rolled_back.output
     Path(f"{path}-anchor").unlink()  # how the refusal says a person accepts it from the command line
     refused = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
-    assert refused.exit_code == 2 and "--trust-journal" in refused.output
+    assert refused.exit_code == 4 and "--trust-journal" in refused.output
     trusted = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN, "--trust-journal"])
     assert trusted.exit_code == 0 and "status running" in trusted.output
 

@@ -66,7 +66,7 @@ def test_a_forged_result_is_not_accepted_by_rebuild_summary_without_trust(tmp_pa
         assert cp is not None and cp.count("tool_calls") == 0 and cp.last_seq == 2
     assert journal_files(path) == before
     refused = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
-    assert refused.exit_code == 2 and "--trust-journal" in refused.output, refused.output
+    assert refused.exit_code == 4 and "--trust-journal" in refused.output, refused.output
     assert journal_files(path) == before
     # A person who knows the rows are the run's own says so; then, and only then, they count.
     trusted = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN, "--trust-journal"])

@@ -84,7 +84,7 @@ def test_a_command_refused_with_a_hot_wal_leaves_every_file_as_it_was(tmp_path: 
     _hot(path, tamper=True)
     before = _files(path)
     done = CliRunner().invoke(app, ["--db", str(path), *command])
-    assert done.exit_code == 2 and "was altered" in done.output, done.output
+    assert done.exit_code == 4 and "was altered" in done.output, done.output
     assert _files(path) == before
 
 
@@ -107,7 +107,7 @@ def test_a_stale_wal_refused_at_open_leaves_every_file_as_it_was(tmp_path: Path)
         SqliteCheckpointer(path)
     assert _files(path) == before
     done = CliRunner().invoke(app, ["--db", str(path), "rebuild-summary", RUN])
-    assert done.exit_code == 2 and "older than the last one" in done.output, done.output
+    assert done.exit_code == 4 and "older than the last one" in done.output, done.output
     assert _files(path) == before
 
 
@@ -125,7 +125,7 @@ def test_a_journal_refused_at_open_with_a_hot_wal_leaves_every_file_as_it_was(tm
         SqliteCheckpointer(path)
     assert _files(path) == before
     done = CliRunner().invoke(app, ["--db", str(path), "approve", RUN, "x"])
-    assert done.exit_code == 2 and "99" in done.output, done.output
+    assert done.exit_code == 4 and "99" in done.output, done.output
     assert _files(path) == before
 
 
