@@ -1,0 +1,636 @@
+"""Child episodes: freedom inside the episode, determinism between episodes (seed 002).
+
+The only place a model decides what to do next is a *child pass*: an ordinary cuaderno run of an
+agent whose only tools read a snapshot (:class:`~cuaderno.tools.sandbox.ReadOnlyRoot`: no write
+tool, no shell). It chooses which files to open and in what order, answers with one JSON object
+that must validate against the episode's output type (a pydantic model), and ends. Everything
+else belongs to the *parent*, whose code is deterministic: the snapshot, the budgets
+(:class:`~cuaderno.episodes.budgets.EpisodeBudgets`), whether the proposal is applied, discarded
+or sent back for another pass.
+
+The parent is a run of its own (``session.run_id``), journaled like any other; its step ids:
+
+==========================  =========  ===============================================================
+step id                     phase      what it records (what replay reads from it)
+==========================  =========  ===============================================================
+``run``                     start      the task and the episode's versions (checked on resume)
+``<name>.passNN``           intent     the child run about to start (``child_run_id``)
+``<name>.passNN``           result     how the child ended: ``proposal`` (the validated object),
+                                       ``rejected`` (validation errors), or ``ended`` (a child
+                                       budget or failure); its turns, calls and cost
+``<name>.passNN``           decision   ``apply``, ``discard`` or ``another_pass`` (+ feedback)
+``<name>.passNN.apply``     intent     kind ``tool``: the apply effect is about to run (effect key)
+``<name>.passNN.apply``     result     its receipt (``value``), as a tool result
+``final``                   result     applied or discarded: the run is ``completed``
+``run``                     end        a budget ran out or the child failed: the run is ``failed``
+==========================  =========  ===============================================================
+
+Kind ``episode`` is not one the checkpoint projects (it only moves ``next_step``), so the
+parent's status comes from the kinds that already mean something: ``final`` closes it
+``completed``, ``run``/``end`` ``failed``, and the apply step is a ``tool`` step, so an apply of
+unknown fate makes the run ``needs_human`` and ``cuaderno resolve`` settles it like any tool's.
+
+Child pass ``n`` runs as ``f"{parent_run_id}/{name}.pass{n:02d}"``: a resumed parent re-attaches
+to it. A finished child answers from its journal (0 model calls); one killed mid-way resumes
+under the loop's rules (no journaled response is paid again). Its task is derived from the
+parent's journal alone (the task, the pass number, the previous pass's feedback), so the child's
+recorded requests match on resume. A decided pass is never decided again; an applied proposal is
+never applied again: the apply callback is an effect, with its intent on disk before it runs,
+and an intent without a result asks the caller's ``lookup`` or stops ``needs_human``
+(:class:`~cuaderno.errors.UncertainEffect`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from cuaderno.budgets import Budgets
+from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.episodes.budgets import EpisodeBudgets
+from cuaderno.errors import (
+    BudgetExceeded,
+    CuadernoError,
+    ErrorClass,
+    ReplayDivergence,
+    RunClosed,
+    ToolError,
+    UncertainEffect,
+    UsageError,
+    VersionMismatch,
+)
+from cuaderno.events import StepEvent, not_happened_since_sent, numbered
+from cuaderno.fingerprint import fingerprint
+from cuaderno.journal.base import EVENT_SCHEMA_VERSION
+from cuaderno.loop import Agent, FinalStep, Session
+from cuaderno.testing import crash
+from cuaderno.tools.definition import Tool
+from cuaderno.tools.sandbox import ReadOnlyRoot
+
+__all__ = ["EPISODE_VERSION", "Decision", "Episode", "EpisodeResult", "PassRecord"]
+
+EPISODE_VERSION = "1"
+"""Version of the rules that turn a parent's journal back into its next step (step ids, how a
+child's task is derived from it). Bump it when they change."""
+
+T = TypeVar("T", bound=BaseModel)
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_KIND = "episode"
+_FEEDBACK_LIMIT = 4000
+"""Characters of feedback carried into the next pass's task (a test's whole output would be a
+context bill, not a hint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the parent does with a proposal. Build it with :meth:`apply`, :meth:`discard` or
+    :meth:`another_pass`; it is journaled as the pass's ``decision`` step."""
+
+    action: Literal["apply", "discard", "another_pass"]
+    reason: str = ""
+    """Why (journaled). For ``another_pass``, the feedback the next pass's task carries."""
+
+    @classmethod
+    def apply(cls, reason: str = "") -> Decision:
+        """Apply the proposal (through the episode's ``apply`` callback) and close the episode."""
+        return cls("apply", reason)
+
+    @classmethod
+    def discard(cls, reason: str = "") -> Decision:
+        """Keep nothing and close the episode."""
+        return cls("discard", reason)
+
+    @classmethod
+    def another_pass(cls, feedback: str) -> Decision:
+        """Run another child pass whose task carries ``feedback`` (within the budgets)."""
+        return cls("another_pass", feedback)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PassRecord:
+    """One child pass as the parent's journal holds it."""
+
+    number: int
+    child_run_id: str
+    outcome: str
+    """``proposal``, ``rejected`` (the answer did not validate) or ``ended`` (a child budget or a
+    failure ended it without an answer)."""
+    turns: int
+    """Model calls the child pass made (responses journaled in its run)."""
+    rejected: int
+    """Rejected responses in this pass: the invalid answer, and the empty generations the child's
+    loop rejected."""
+    cost_usd: float
+    unpriced_calls: int
+    decision: str | None = None
+    """``apply``, ``discard``, ``another_pass``, or ``None`` when the episode ended on this pass
+    without one (a budget)."""
+    reason: str = ""
+    """The decision's reason, the validation errors, or why the child ended."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpisodeResult(Generic[T]):
+    """How an episode ended, with everything it spent (all counted per episode)."""
+
+    status: Literal["applied", "discarded", "exhausted", "failed"]
+    reason: str
+    """``applied``/``discarded``: the decision's reason; ``exhausted``: the budget that ran out
+    (``turns_per_pass``, ``passes``, ``rejected_responses``, or a child loop's own bound);
+    ``failed``: what failed (``child_failed``, ``apply_failed``)."""
+    proposal: T | None
+    """The last valid proposal (the applied one when ``status == "applied"``)."""
+    receipt: Any = None
+    """What the apply callback (or its lookup, or a person) returned."""
+    passes: tuple[PassRecord, ...] = ()
+    replayed: bool = False
+    """The parent run was already closed: this is what happened, read from its journal."""
+
+    @property
+    def turns(self) -> int:
+        """Model calls of every pass."""
+        return sum(p.turns for p in self.passes)
+
+    @property
+    def rejected(self) -> int:
+        """Rejected responses in the episode."""
+        return sum(p.rejected for p in self.passes)
+
+    @property
+    def cost_usd(self) -> float:
+        """Cost of the priced calls of every pass (unpriced ones are counted in :attr:`unpriced_calls`)."""
+        return round(sum(p.cost_usd for p in self.passes), 10)
+
+    @property
+    def unpriced_calls(self) -> int:
+        """Calls with no price: a loss made visible, not free."""
+        return sum(p.unpriced_calls for p in self.passes)
+
+
+Decide = Callable[[T], "Decision | Awaitable[Decision]"]
+Apply = Callable[[T, str], "Any | Awaitable[Any]"]
+Lookup = Callable[[T, str], "Any | Awaitable[Any]"]
+
+
+class Episode(Generic[T]):
+    """A child episode: instructions, an output type, read tools over a snapshot, and budgets.
+
+    Args:
+        name: names the episode's steps in the parent's journal (letters, digits, ``_``, ``-``).
+        instructions: the child's system prompt. The output type's JSON schema is appended, with
+            the rule that the final answer is one JSON object.
+        output: the pydantic model the child's final answer must validate against.
+        budgets: turns per pass, passes and rejected responses, per episode.
+        model: the model name passed to the gateway.
+        tools: extra read tools for the child, beside ``read_file``/``list_dir`` of the snapshot.
+            Each must be declared idempotent (reading twice costs nothing): a child has no write
+            tool.
+        max_output_tokens, temperature: passed to every child request.
+    """
+
+    def __init__(self, *, name: str, instructions: str, output: type[T], budgets: EpisodeBudgets | None = None,
+                 model: str | None = None, tools: Sequence[Tool] = (), max_output_tokens: int | None = None,
+                 temperature: float | None = None) -> None:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise UsageError(f"an episode's name must be 1-64 letters, digits, '_' or '-', got {name!r:.80}")
+        if not isinstance(instructions, str):
+            raise UsageError("instructions must be a string")
+        if not (isinstance(output, type) and issubclass(output, BaseModel)):
+            raise UsageError(f"output must be a pydantic model class, got {output!r:.80}")
+        if budgets is not None and not isinstance(budgets, EpisodeBudgets):
+            raise UsageError("budgets must be an EpisodeBudgets")
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UsageError(f"{t!r:.80} is not a Tool: declare it with @tool(idempotent=True)")
+            if not t.idempotent:
+                raise UsageError(f"tool {t.name!r} is not idempotent: a child episode only reads (no write tool)")
+        self.name = name
+        self.output = output
+        self.budgets = budgets or EpisodeBudgets()
+        self.model = model
+        self.extra_tools = tuple(tools)
+        self.max_output_tokens = max_output_tokens
+        self.temperature = temperature
+        schema = json.dumps(output.model_json_schema(), sort_keys=True, separators=(",", ":"))
+        self.instructions = (f"{instructions}\n\nYou may only read. When you are done, answer with exactly one "
+                             f"JSON object (no prose around it) that validates against this JSON schema:\n{schema}")
+
+    # -- the public entry point ------------------------------------------------------------------
+
+    async def run(self, task: str, *, session: Session, snapshot: str | Any, decide: Decide[T],
+                  apply: Apply[T] | None = None, lookup: Lookup[T] | None = None) -> EpisodeResult[T]:
+        """Run (or resume) the episode as the parent run ``session.run_id``.
+
+        Args:
+            task: what the child is asked to do (each pass's task adds its number and feedback).
+            session: the parent's run id, gateway and journal; every child pass uses the same
+                gateway and journal under its own derived run id.
+            snapshot: the directory the child may read (read-only, nothing outside it).
+            decide: given a valid proposal, returns a :class:`Decision` (may be async). It runs
+                before the decision is journaled, so after a crash it may run again for the
+                same proposal: a check on a copy, never an effect.
+            apply: the effect ``apply(proposal, effect_key)``, returning a JSON-able receipt. Runs
+                at most once per journaled intent. Required if ``decide`` may say ``apply``.
+            lookup: ``lookup(proposal, effect_key)`` after a crash between the apply's intent
+                and its result: the receipt if the effect happened, ``None`` if it provably did
+                not (it is then applied again), an exception if nobody can tell. Without it,
+                that case stops the run ``needs_human``.
+
+        Raises:
+            UsageError: bad arguments (nothing written).
+            ReplayDivergence: the run id holds another task or another episode.
+            UncertainEffect: an apply may or may not have happened (run left ``needs_human``).
+            UncertainEffect, RunBusy, FencedOut, JournalError: from the journal, as for any run.
+        """
+        if not isinstance(task, str):
+            raise UsageError(f"the task must be a string, got {type(task).__name__}")
+        if not isinstance(session, Session):
+            raise UsageError("session must be a Session")
+        if not callable(decide) or (apply is not None and not callable(apply)) or (
+                lookup is not None and not callable(lookup)):
+            raise UsageError("decide, apply and lookup must be callables")
+        with ReadOnlyRoot(snapshot) as root:
+            return await _ParentRun(self, task, session, root, decide, apply, lookup).run()
+
+    # -- what replay needs to derive again -------------------------------------------------------
+
+    def child_agent(self, root: ReadOnlyRoot, rejected_left: int) -> Agent:
+        """The child's agent. ``rejected_left`` bounds the empty generations its loop may reject,
+        so the episode's cap holds across passes."""
+        return Agent(instructions=self.instructions, tools=[*root.tools(), *self.extra_tools], model=self.model,
+                     name=f"{self.name}.child", max_turns=self.budgets.turns_per_pass,
+                     max_output_tokens=self.max_output_tokens, temperature=self.temperature,
+                     budgets=Budgets(rejected_responses=max(rejected_left, 0)))
+
+    def child_task(self, task: str, number: int, feedback: str) -> str:
+        """Pass ``number``'s task: a function of the parent's journal only (replay derives it again)."""
+        text = f"{task}\n\n(pass {number} of at most {self.budgets.passes})"
+        if feedback:
+            text += f"\n\nYour previous answer was not accepted:\n{feedback[:_FEEDBACK_LIMIT]}"
+        return text
+
+    def versions(self) -> dict[str, Any]:
+        """Recorded when the parent run starts; a resume under others is refused."""
+        return {"schema": EVENT_SCHEMA_VERSION, "episode": EPISODE_VERSION,
+                "agent": fingerprint({"instructions": self.instructions, "model": self.model,
+                                      "tools": sorted(t.name for t in self.extra_tools),
+                                      "budgets": [self.budgets.turns_per_pass, self.budgets.passes,
+                                                  self.budgets.rejected_responses]})[:16]}
+
+    def validate(self, text: str) -> tuple[T | None, str]:
+        """The proposal in a final answer, or ``None`` and why it is refused (for the model)."""
+        body = _json_object(text)
+        if body is None:
+            return None, "the answer holds no JSON object; answer with exactly one JSON object"
+        try:
+            return self.output.model_validate_json(body), ""
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False, include_input=False, include_context=False))
+            return None, f"the JSON object does not validate: {problems}"
+
+
+def _json_object(text: str) -> str | None:
+    """The JSON object in a final answer: the whole text, or inside a code fence, or from the
+    first ``{`` to the last ``}`` (small models wrap their JSON in prose)."""
+    fenced = re.search(r"```(?:json)?\s*(\{.*\})\s*```", text, re.DOTALL)
+    if fenced:
+        return fenced.group(1)
+    start, end = text.find("{"), text.rfind("}")
+    return text[start:end + 1] if 0 <= start < end else None
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+@dataclass(kw_only=True, slots=True)
+class _Tally:
+    passes: list[PassRecord] = field(default_factory=list[PassRecord])
+
+    @property
+    def rejected(self) -> int:
+        return sum(p.rejected for p in self.passes)
+
+
+class _ParentRun(Generic[T]):
+    """One parent process's walk through the episode: replay what is journaled, do the rest."""
+
+    def __init__(self, episode: Episode[T], task: str, session: Session, root: ReadOnlyRoot, decide: Decide[T],
+                 apply: Apply[T] | None, lookup: Lookup[T] | None) -> None:
+        self.e, self.task, self.s, self.root = episode, task, session, root
+        self.decide_fn, self.apply_fn, self.lookup_fn = decide, apply, lookup
+        self.run_id = session.run_id
+        self.store = session.store
+        self.journal: dict[tuple[str, str], StepEvent] = {}
+        self.epoch = 0
+        self.tally = _Tally()
+        self.proposal: T | None = None
+
+    # -- opening ----------------------------------------------------------------------------------
+
+    async def run(self) -> EpisodeResult[T]:
+        closed = self._open()
+        if closed is not None:
+            return closed
+        try:
+            return await self._walk()
+        finally:
+            self.store.release(self.run_id, self.epoch)
+
+    def _open(self) -> EpisodeResult[T] | None:
+        task_fp = fingerprint({"task": self.task, "episode": self.e.name})
+        versions = self.e.versions()
+        cp = self.store.checkpoint(self.run_id)
+        if cp is None:
+            self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
+                                         name=self.e.name, fingerprint=task_fp,
+                                         payload={"task": self.task, "versions": versions,
+                                                  "tenant": self.s.tenant, "episode": self.e.name})])
+        else:
+            cp, events = verified(self.store, self.run_id)
+            if cp.task_fingerprint != task_fp:
+                raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
+            if cp.versions != versions:
+                raise VersionMismatch(self.run_id, cp.versions, versions)
+            if cp.status in ("completed", "failed", "cancelled"):
+                return self._closed(cp, events)
+        try:
+            self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover, open_only=True)
+        except RunClosed:
+            cp, events = verified(self.store, self.run_id)
+            return self._closed(cp, events)
+        _, events = verified(self.store, self.run_id)  # all that was committed before the takeover
+        self.journal = {(ev.step_id, ev.phase): ev for ev in events}
+        return None
+
+    def _closed(self, cp: Checkpoint, events: list[StepEvent]) -> EpisodeResult[T]:
+        """A closed parent answers from its journal: nothing runs, nothing is written."""
+        if cp.status == "cancelled":
+            raise RunClosed(self.run_id, cp.status)
+        self.journal = {(ev.step_id, ev.phase): ev for ev in events}
+        outcome = cp.outcome or {}
+        for n in range(1, self.e.budgets.passes + 1):
+            if self._ev(self._pass_id(n), "result") is None:
+                break
+            self._record_pass(n)
+        proposal = outcome.get("proposal")
+        return EpisodeResult(status=outcome.get("episode_status", "failed"), reason=str(outcome.get("reason", "")),
+                             proposal=self.e.output.model_validate(proposal) if proposal is not None else None,
+                             receipt=outcome.get("receipt"), passes=tuple(self.tally.passes), replayed=True)
+
+    # -- the walk ---------------------------------------------------------------------------------
+
+    async def _walk(self) -> EpisodeResult[T]:
+        feedback = ""
+        budgets = self.e.budgets
+        for n in range(1, budgets.passes + 1):
+            result = self._ev(self._pass_id(n), "result") or await self._run_child(n, feedback)
+            record = self._record_pass(n)
+            crash.point("episode.P1")  # the child's outcome is journaled, the decision not yet
+            payload = result.payload
+            if record.outcome == "ended":
+                budget = str(payload.get("budget") or "")
+                if payload.get("reason") == "budget" and budget:
+                    name = {"max_turns": "turns_per_pass"}.get(budget, budget)
+                    return self._end_exhausted(name, payload)
+                return self._end("failed", "child_failed", {"child": payload.get("child_outcome")})
+            if self.tally.rejected > budgets.rejected_responses:
+                return self._end_exhausted("rejected_responses", payload)
+            decision = self._decision_of(n)
+            if decision is None:
+                if record.outcome == "rejected":
+                    decision = Decision.another_pass(str(payload.get("errors", "")))
+                else:
+                    assert self.proposal is not None
+                    decision = await self._decide(self.proposal)
+                self._append(StepEvent(run_id=self.run_id, step_id=self._pass_id(n), phase="decision", kind=_KIND,
+                                       decision=decision.action, payload={"reason": decision.reason}))
+                self.tally.passes[-1] = _with_decision(record, decision)
+                crash.point("episode.D1")  # decided, nothing applied yet
+            if decision.action == "apply":
+                assert self.proposal is not None
+                try:
+                    receipt = await self._apply(n, self.proposal)
+                except _ApplyFailed as exc:  # refused, known not to have happened: nothing applied
+                    return self._end("failed", "apply_failed", {"error": exc.args[0] if exc.args else None})
+                return self._final("applied", decision.reason, receipt)
+            if decision.action == "discard":
+                return self._final("discarded", decision.reason, None)
+            feedback = decision.reason
+        return self._end_exhausted("passes", {"limit": budgets.passes})
+
+    async def _decide(self, proposal: T) -> Decision:
+        decision = await _maybe_await(self.decide_fn(proposal))
+        if not isinstance(decision, Decision):
+            raise UsageError(f"decide must return a Decision (Decision.apply/discard/another_pass), "
+                             f"got {decision!r:.80}; nothing was journaled")
+        if decision.action == "apply" and self.apply_fn is None:
+            raise UsageError("decide chose to apply, but the episode was given no apply callback; nothing was journaled")
+        return decision
+
+    def _decision_of(self, n: int) -> Decision | None:
+        ev = self._ev(self._pass_id(n), "decision")
+        if ev is None:
+            return None
+        action = ev.decision
+        if action not in ("apply", "discard", "another_pass"):
+            raise ReplayDivergence(self.run_id, self._pass_id(n), f"decision {action!r}", "apply, discard or another_pass")
+        return Decision(action, str(ev.payload.get("reason", "")))  # type: ignore[arg-type]
+
+    # -- a child pass -----------------------------------------------------------------------------
+
+    async def _run_child(self, n: int, feedback: str) -> StepEvent:
+        """Run (or re-attach to) child pass ``n`` and journal how it ended."""
+        step_id, child_id = self._pass_id(n), self._child_id(n)
+        if self._ev(step_id, "intent") is None:
+            self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="intent", kind=_KIND,
+                                   payload={"child_run_id": child_id}))
+        agent = self.e.child_agent(self.root, self.e.budgets.rejected_responses - self.tally.rejected)
+        session = Session(child_id, self.s.gateway, self.store, tenant=self.s.tenant, owner=self.s.owner,
+                          retry=self.s.retry, sleep=self.s.sleep)
+        final: FinalStep | None = None
+        try:
+            async for step in agent.run(self.e.child_task(self.task, n, feedback), session=session):
+                if isinstance(step, FinalStep):
+                    final = step
+        except (BudgetExceeded, RunClosed):
+            pass  # the child run ended without an answer: its checkpoint says why
+        except CuadernoError:
+            raise  # the journal, a lease, a divergence: nothing is known about the pass yet
+        except Exception:
+            # A child tool raised an unclassified error: the loop journaled it as a bug and ended
+            # the child failed. That is the pass's outcome; anything else is not known yet.
+            cp = self.store.checkpoint(child_id)
+            if cp is None or cp.status != "failed":
+                raise
+        cp = self.store.checkpoint(child_id)
+        assert cp is not None
+        counts = {"turns": cp.count("model_calls"), "child_rejected": cp.count("rejected_responses"),
+                  "cost_usd": cp.cost_usd, "unpriced_calls": cp.count("unpriced_calls"),
+                  "child_run_id": child_id}
+        if final is None and cp.status == "completed":
+            final = FinalStep(step_id="final", output=str((cp.outcome or {}).get("output", "")), replayed=True)
+        if final is not None:
+            proposal, errors = self.e.validate(final.output)
+            if proposal is not None:
+                payload = {**counts, "outcome": "proposal", "proposal": proposal.model_dump(mode="json")}
+            else:
+                payload = {**counts, "outcome": "rejected", "errors": errors, "answer": final.output[:2000]}
+        else:
+            outcome = cp.outcome or {}
+            payload = {**counts, "outcome": "ended", "reason": outcome.get("reason"), "budget": outcome.get("budget"),
+                       "child_outcome": outcome}
+        return self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="result", kind=_KIND,
+                                      payload=payload))[0]
+
+    def _record_pass(self, n: int) -> PassRecord:
+        """Pass ``n`` as its journaled result (and decision, if any) say; sets the proposal."""
+        ev = self._ev(self._pass_id(n), "result")
+        assert ev is not None
+        p = ev.payload
+        outcome = str(p.get("outcome"))
+        rejected = int(p.get("child_rejected", 0)) + (1 if outcome == "rejected" else 0)
+        if outcome == "proposal":
+            self.proposal = self.e.output.model_validate(p["proposal"])
+        decided = self._decision_of(n)
+        ended = f"{p['budget']} ran out" if p.get("budget") else str(p.get("reason") or "")
+        reason = decided.reason if decided else str(p.get("errors") or ended)
+        record = PassRecord(number=n, child_run_id=str(p.get("child_run_id")), outcome=outcome,
+                            turns=int(p.get("turns", 0)), rejected=rejected, cost_usd=float(p.get("cost_usd", 0.0)),
+                            unpriced_calls=int(p.get("unpriced_calls", 0)),
+                            decision=decided.action if decided else None, reason=reason)
+        self.tally.passes.append(record)
+        return record
+
+    # -- the apply effect -------------------------------------------------------------------------
+
+    async def _apply(self, n: int, proposal: T) -> Any:
+        """Apply at most once per journaled intent; settle an intent without a result first."""
+        step_id = f"{self._pass_id(n)}.apply"
+        done = self._ev(step_id, "result")
+        if done is not None:
+            if done.payload.get("outcome") != "ok":
+                raise _ApplyFailed(done.payload.get("error"))
+            return done.payload.get("value")
+        args = proposal.model_dump(mode="json")
+        fp = fingerprint({"name": "apply", "arguments": args})
+        key = fingerprint({"tenant": self.s.tenant, "run": self.run_id, "step": step_id, "proposal": args})[:32]
+        sends = numbered(self.journal, step_id, "intent")
+        after: str | None = None
+        if sends and not not_happened_since_sent(self.journal, step_id):
+            found = await self._lookup(step_id, proposal, key, args)
+            if found is not None:
+                self._append(self._apply_event(step_id, "result", fp,
+                                               {"outcome": "ok", "value": found, "effect_key": key,
+                                                "counters": {"reconciled": 1}}))
+                return found
+            after = "absent"
+        elif sends:
+            after = "not_happened"
+        phase = "intent" if not sends else f"intent.{len(sends) + 1}"
+        self._append(self._apply_event(step_id, phase, fp, {"effect_key": key, "idempotent": False,
+                                                             **({"after": after} if after else {})}))
+        crash.point("episode.A2")  # the intent is on disk, the effect has not run
+        assert self.apply_fn is not None
+        try:
+            receipt = await _maybe_await(self.apply_fn(proposal, key))
+        except ToolError as exc:
+            if exc.error_class is ErrorClass.AMBIGUOUS:
+                self._uncertain(step_id, fp, key, args, {"reason": "apply failed ambiguously",
+                                                         "last_error": exc.to_json()})
+            self._append(self._apply_event(step_id, "result", fp, {"outcome": "error", "error": exc.to_json(),
+                                                                   "effect_key": key}))
+            raise _ApplyFailed(exc.to_json()) from exc
+        except Exception as exc:
+            # Not classified: whether the effect happened is not known (it may have written half).
+            self._uncertain(step_id, fp, key, args, {"reason": "apply raised", "error": repr(exc)[:500]})
+        crash.point("episode.A4")  # the effect happened, its result is not journaled yet
+        self._append(self._apply_event(step_id, "result", fp, {"outcome": "ok", "value": receipt,
+                                                                "effect_key": key}))
+        return receipt
+
+    async def _lookup(self, step_id: str, proposal: T, key: str, args: dict[str, Any]) -> Any:
+        fp = fingerprint({"name": "apply", "arguments": args})
+        if self.lookup_fn is None:
+            self._uncertain(step_id, fp, key, args, {"reason": "no lookup for the apply effect"})
+        assert self.lookup_fn is not None
+        try:
+            return await _maybe_await(self.lookup_fn(proposal, key))
+        except Exception as exc:
+            self._uncertain(step_id, fp, key, args, {"reason": "lookup failed", "lookup_error": repr(exc)[:500]})
+
+    def _uncertain(self, step_id: str, fp: str, key: str, args: dict[str, Any], evidence: dict[str, Any]) -> Any:
+        evidence = {"tool": "apply", "arguments": args, "effect_key": key, "last_receipt": None, **evidence}
+        if (step_id, "uncertain") not in self.journal or self.journal[(step_id, "uncertain")].payload != evidence:
+            tries = len(numbered(self.journal, step_id, "uncertain"))
+            phase = "uncertain" if tries == 0 else f"uncertain.{tries + 1}"
+            self._append(self._apply_event(step_id, phase, fp, evidence))
+        raise UncertainEffect(self.run_id, step_id, evidence)
+
+    def _apply_event(self, step_id: str, phase: str, fp: str, payload: dict[str, Any]) -> StepEvent:
+        return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind="tool", name="apply",
+                         fingerprint=fp, payload=payload)
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    def _final(self, status: Literal["applied", "discarded"], reason: str, receipt: Any) -> EpisodeResult[T]:
+        proposal = self.proposal.model_dump(mode="json") if self.proposal is not None else None
+        output = json.dumps(proposal, sort_keys=True) if status == "applied" else ""
+        self._append(StepEvent(run_id=self.run_id, step_id="final", phase="result", kind="final",
+                               payload={"output": output, "episode_status": status, "reason": reason,
+                                        "proposal": proposal, "receipt": receipt, **self._totals()}))
+        return EpisodeResult(status=status, reason=reason, proposal=self.proposal, receipt=receipt,
+                             passes=tuple(self.tally.passes))
+
+    def _end_exhausted(self, budget: str, payload: dict[str, Any]) -> EpisodeResult[T]:
+        limits = {"turns_per_pass": self.e.budgets.turns_per_pass, "passes": self.e.budgets.passes,
+                  "rejected_responses": self.e.budgets.rejected_responses}
+        return self._end("exhausted", budget, {"reason": "budget", "budget": budget,
+                                               "limit": limits.get(budget, payload.get("limit"))})
+
+    def _end(self, status: Literal["exhausted", "failed"], reason: str, extra: dict[str, Any]) -> EpisodeResult[T]:
+        proposal = self.proposal.model_dump(mode="json") if self.proposal is not None else None
+        self._append(StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
+                               payload={"reason": reason, **extra, "status": "failed", "episode_status": status,
+                                        "proposal": proposal, **self._totals()}))
+        return EpisodeResult(status=status, reason=reason, proposal=self.proposal, passes=tuple(self.tally.passes))
+
+    def _totals(self) -> dict[str, Any]:
+        t = self.tally
+        return {"passes": len(t.passes), "turns": sum(p.turns for p in t.passes), "rejected": t.rejected,
+                "cost_usd": round(sum(p.cost_usd for p in t.passes), 10)}
+
+    # -- the journal ------------------------------------------------------------------------------
+
+    def _append(self, ev: StepEvent) -> list[StepEvent]:
+        stored = self.store.append([ev], epoch=self.epoch)
+        for s in stored:
+            self.journal[(s.step_id, s.phase)] = s
+        return stored
+
+    def _ev(self, step_id: str, phase: str) -> StepEvent | None:
+        return self.journal.get((step_id, phase))
+
+    def _pass_id(self, n: int) -> str:
+        return f"{self.e.name}.pass{n:02d}"
+
+    def _child_id(self, n: int) -> str:
+        return f"{self.run_id}/{self._pass_id(n)}"
+
+
+class _ApplyFailed(CuadernoError):
+    """The apply callback refused (a classified, non-ambiguous ToolError): nothing was applied."""
+
+
+def _with_decision(record: PassRecord, decision: Decision) -> PassRecord:
+    return PassRecord(number=record.number, child_run_id=record.child_run_id, outcome=record.outcome,
+                      turns=record.turns, rejected=record.rejected, cost_usd=record.cost_usd,
+                      unpriced_calls=record.unpriced_calls, decision=decision.action, reason=decision.reason)
