@@ -45,7 +45,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "propiedades"))
 from _comun import check, died, entry, per_pid, pid_of, read_lines, run_pass
 from pydantic import BaseModel, Field
 
-from cuaderno import ErrorClass, ModelGateway, ModelRequest, ModelResponse, ScriptedGateway, Session, SqliteCheckpointer, ToolError
+from cuaderno import (
+    ErrorClass,
+    ModelGateway,
+    ModelRequest,
+    ModelResponse,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    ToolError,
+)
 from cuaderno.episodes import Decision, Episode, EpisodeBudgets, EpisodeResult
 from cuaderno.testing.records import append_synced
 from cuaderno.tools.sandbox import ReadOnlyRoot

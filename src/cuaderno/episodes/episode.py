@@ -560,6 +560,9 @@ class _ParentRun(Generic[T]):
     async def _lookup(self, step_id: str, proposal: T, key: str, args: dict[str, Any]) -> Any:
         fp = fingerprint({"name": "apply", "arguments": args})
         if self.lookup_fn is None:
+            recorded = numbered(self.journal, step_id, "uncertain")
+            if recorded:  # already said, and nothing new can settle it: say it again, write nothing
+                raise UncertainEffect(self.run_id, step_id, recorded[-1].payload)
             self._uncertain(step_id, fp, key, args, {"reason": "no lookup for the apply effect"})
         assert self.lookup_fn is not None
         try:
@@ -569,10 +572,9 @@ class _ParentRun(Generic[T]):
 
     def _uncertain(self, step_id: str, fp: str, key: str, args: dict[str, Any], evidence: dict[str, Any]) -> Any:
         evidence = {"tool": "apply", "arguments": args, "effect_key": key, "last_receipt": None, **evidence}
-        if (step_id, "uncertain") not in self.journal or self.journal[(step_id, "uncertain")].payload != evidence:
-            tries = len(numbered(self.journal, step_id, "uncertain"))
-            phase = "uncertain" if tries == 0 else f"uncertain.{tries + 1}"
-            self._append(self._apply_event(step_id, phase, fp, evidence))
+        # Each try that stays uncertain (a lookup that failed again) keeps its own evidence.
+        tries = len(numbered(self.journal, step_id, "uncertain"))
+        self._append(self._apply_event(step_id, "uncertain" if tries == 0 else f"uncertain.{tries + 1}", fp, evidence))
         raise UncertainEffect(self.run_id, step_id, evidence)
 
     def _apply_event(self, step_id: str, phase: str, fp: str, payload: dict[str, Any]) -> StepEvent:

@@ -1,0 +1,328 @@
+"""Child episodes in one process: budgets per episode, typed proposals, the parent's journal.
+
+Every bad input of issue 23 has its test here: a proposal that fails validation, a path outside
+the snapshot, a child tool that raises, a budget of zero or a negative one. Each checks that
+nothing was applied (the apply callback's own calls) and nothing was lost from the parent's
+journal (the events before are a prefix of the events after).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from cuaderno import (
+    ErrorClass,
+    ModelRequest,
+    ModelResponse,
+    ScriptedGateway,
+    Session,
+    SqliteCheckpointer,
+    ToolError,
+    UncertainEffect,
+    UsageError,
+    resolve,
+    tool,
+)
+from cuaderno.episodes import Decision, Episode, EpisodeBudgets
+
+RUN = "parent"
+TASK = "find the answer"
+
+
+class Answer(BaseModel):
+    value: int
+    why: str
+
+
+def good(value: int = 42) -> ModelResponse:
+    return ScriptedGateway.text(json.dumps({"value": value, "why": "it says so"}))
+
+
+def by_pass(passes: dict[int, list[ModelResponse]]) -> ScriptedGateway:
+    """A model answering pass N from ``passes[N]`` by turn (the last pass's script repeats)."""
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        first = next(m["content"] for m in request.messages if m.get("role") == "user")
+        found = re.search(r"\(pass (\d+) of", first)
+        n = min(int(found.group(1)) if found else 1, max(passes))
+        turn = sum(1 for m in request.messages if m.get("role") == "assistant")
+        return passes[n][min(turn, len(passes[n]) - 1)]
+
+    return ScriptedGateway(answer)
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> Path:
+    root = tmp_path / "snapshot"
+    root.mkdir()
+    (root / "notes.txt").write_text("the answer is 42\n")
+    (tmp_path / "secret.txt").write_text("TOP-SECRET outside the snapshot\n")
+    return root
+
+
+class Effects:
+    """The apply callback and its own record of what it did (the test's truth)."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, str]] = []
+
+    def apply(self, proposal: Answer, key: str) -> dict[str, Any]:
+        self.applied.append((proposal.value, key))
+        return {"applied": proposal.value, "key": key}
+
+    def lookup(self, proposal: Answer, key: str) -> dict[str, Any] | None:
+        return next(({"applied": v, "key": k} for v, k in self.applied if k == key), None)
+
+
+def accept(_: Answer) -> Decision:
+    return Decision.apply("ok")
+
+
+async def run(store: SqliteCheckpointer, gateway: ScriptedGateway, snapshot: Path, effects: Effects,
+              budgets: EpisodeBudgets | None = None, decide: Any = accept, **kw: Any) -> Any:
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer,
+                      budgets=budgets or EpisodeBudgets(turns_per_pass=4, passes=3, rejected_responses=2), **kw)
+    return await episode.run(TASK, session=Session(RUN, gateway, store), snapshot=snapshot, decide=decide,
+                             apply=effects.apply, lookup=effects.lookup)
+
+
+def keys(store: SqliteCheckpointer, run_id: str = RUN) -> list[tuple[str, str, str | None]]:
+    return [(e.step_id, e.phase, e.decision) for e in store.load(run_id)]
+
+
+@pytest.mark.parametrize("bad", [{"turns_per_pass": 0}, {"passes": -1}, {"rejected_responses": 0},
+                                 {"rejected_responses": -3}, {"passes": 1.5}, {"turns_per_pass": True},
+                                 {"passes": None}])
+def test_a_budget_of_zero_or_a_negative_one_is_a_usage_error(bad: dict[str, Any]) -> None:
+    with pytest.raises(UsageError, match=next(iter(bad))):
+        EpisodeBudgets(**bad)
+
+
+def test_a_child_gets_no_tool_that_writes() -> None:
+    @tool
+    def write(path: str) -> str:
+        """Write."""
+        return path
+
+    with pytest.raises(UsageError, match="not idempotent"):
+        Episode(name="x", instructions="i", output=Answer, tools=[write])
+
+
+async def test_an_answer_that_fails_validation_is_a_counted_rejection_asked_again_with_its_errors(
+        tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [ScriptedGateway.call("read_file", path="notes.txt"),
+                      ScriptedGateway.text('{"value": "forty-two"}')],
+                  2: [good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects)
+        assert (result.status, result.rejected, len(result.passes), result.turns) == ("applied", 1, 2, 3)
+        assert [p.outcome for p in result.passes] == ["rejected", "proposal"]
+        assert effects.applied == [(42, effects.applied[0][1])]
+        # The second pass was asked again with the validation errors as feedback.
+        second = next(m["content"] for m in gw.requests[-1].messages if m["role"] == "user")
+        assert "(pass 2 of at most 3)" in second and "value" in second and "why" in second
+        journal = keys(store)
+        assert ("find.pass01", "decision", "another_pass") in journal
+        assert store.checkpoint(RUN).status == "completed"  # type: ignore[union-attr]
+
+
+async def test_rejections_are_capped_per_episode_not_per_round(tmp_path: Path, snapshot: Path) -> None:
+    # Every pass answers prose. With 5 passes and a cap of 2 rejections the episode ends at the
+    # third rejection: 3 model calls in all, not 5 passes of retries.
+    gw = by_pass({1: [ScriptedGateway.text("I think it is forty-two.")]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects,
+                           EpisodeBudgets(turns_per_pass=4, passes=5, rejected_responses=2))
+        before = store.load(RUN)
+        assert (result.status, result.reason, result.rejected, len(result.passes)) == (
+            "exhausted", "rejected_responses", 3, 3)
+        assert gw.billed == 3 and effects.applied == []
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "failed" and cp.outcome["budget"] == "rejected_responses"  # type: ignore[index]
+        # A closed parent is answered from its journal: no call, nothing written.
+        again = await run(store, gw, snapshot, effects, EpisodeBudgets(turns_per_pass=4, passes=5,
+                                                                       rejected_responses=2))
+        assert again.replayed and again.status == "exhausted" and gw.billed == 3
+        assert [e.row_hash for e in store.load(RUN)] == [e.row_hash for e in before]
+
+
+async def test_a_model_that_rereads_forever_ends_on_the_turn_limit(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [ScriptedGateway.call("read_file", path="notes.txt")]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, EpisodeBudgets(turns_per_pass=5, passes=3,
+                                                                         rejected_responses=2))
+        assert (result.status, result.reason, result.turns, len(result.passes)) == (
+            "exhausted", "turns_per_pass", 5, 1)
+        assert gw.billed == 5 and effects.applied == []
+        assert store.checkpoint(RUN).outcome["budget"] == "turns_per_pass"  # type: ignore[index,union-attr]
+
+
+async def test_a_path_outside_the_snapshot_is_refused_and_told_to_the_child(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [ScriptedGateway.call("read_file", path="../secret.txt"),
+                      ScriptedGateway.call("read_file", path=str(tmp_path / "secret.txt")), good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects)
+        assert result.status == "applied" and len(effects.applied) == 1
+        child = store.load(result.passes[0].child_run_id)
+        refused = [e.payload for e in child if e.kind == "tool" and e.phase == "result"]
+        assert [r["outcome"] for r in refused] == ["error", "error"]
+        assert all("refused path" in r["error"]["message"] for r in refused)
+        assert not any("TOP-SECRET" in json.dumps(r.messages) for r in gw.requests)
+
+
+async def test_a_child_tool_that_raises_ends_the_episode_failed_and_nothing_is_applied(
+        tmp_path: Path, snapshot: Path) -> None:
+    @tool(idempotent=True)
+    def lookup_index(term: str) -> str:
+        """Look a term up in the index."""
+        raise RuntimeError("index corrupted")
+
+    gw = by_pass({1: [ScriptedGateway.call("lookup_index", term="answer"), good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, tools=[lookup_index])
+        assert (result.status, result.reason) == ("failed", "child_failed") and effects.applied == []
+        assert result.passes[0].outcome == "ended"
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "failed" and cp.outcome["child"]["reason"] == "bug"  # type: ignore[index]
+        assert ("find.pass01", "result", None) in keys(store)
+
+
+async def test_a_child_tool_error_is_told_to_the_model_and_the_pass_goes_on(tmp_path: Path, snapshot: Path) -> None:
+    @tool(idempotent=True)
+    def lookup_index(term: str) -> str:
+        """Look a term up in the index."""
+        raise ToolError("no such term", error_class=ErrorClass.INVALID_INPUT)
+
+    gw = by_pass({1: [ScriptedGateway.call("lookup_index", term="answer"), good(7)]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, tools=[lookup_index])
+        assert result.status == "applied" and [v for v, _ in effects.applied] == [7]
+        child = store.checkpoint(result.passes[0].child_run_id)
+        assert child is not None and child.count("tool_errors") == 1
+
+
+async def test_discard_closes_the_episode_without_applying(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, decide=lambda p: Decision.discard("not needed"))
+        assert (result.status, result.reason, effects.applied) == ("discarded", "not needed", [])
+        assert store.checkpoint(RUN).status == "completed"  # type: ignore[union-attr]
+
+
+async def test_another_pass_within_the_pass_budget_then_exhausted(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good(1)], 2: [good(2)]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, EpisodeBudgets(turns_per_pass=2, passes=2,
+                                                                         rejected_responses=1),
+                           decide=lambda p: Decision.another_pass(f"{p.value} is wrong"))
+        assert (result.status, result.reason, len(result.passes), gw.billed) == ("exhausted", "passes", 2, 2)
+        assert "1 is wrong" in next(m["content"] for m in gw.requests[-1].messages if m["role"] == "user")
+        assert result.proposal is not None and result.proposal.value == 2 and effects.applied == []
+
+
+async def test_a_decide_that_returns_no_decision_is_a_usage_error_and_nothing_is_decided(
+        tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(UsageError, match="Decision"):
+            await run(store, gw, snapshot, effects, decide=lambda p: True)
+        assert not any(phase == "decision" for _, phase, _ in keys(store)) and effects.applied == []
+        # Resumed with a decide that works: the child pass is not run again (0 model calls).
+        billed = gw.billed
+        result = await run(store, gw, snapshot, effects)
+        assert result.status == "applied" and gw.billed == billed and len(effects.applied) == 1
+
+
+async def test_a_resumed_parent_never_redecides_a_pass_nor_reruns_a_child(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [ScriptedGateway.call("read_file", path="notes.txt"), good(1)], 2: [good(2)]})
+    effects = Effects()
+    decided: list[int] = []
+
+    def decide(p: Answer) -> Decision:
+        decided.append(p.value)
+        if p.value == 2 and decided.count(2) == 1:
+            raise KeyboardInterrupt  # the parent dies while deciding pass 2
+        return Decision.another_pass("no") if p.value == 1 else Decision.apply("yes")
+
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(KeyboardInterrupt):
+            await run(store, gw, snapshot, effects, decide=decide)
+        assert gw.billed == 3
+        result = await run(store, gw, snapshot, effects, decide=decide)
+        assert result.status == "applied" and gw.billed == 3  # no child pass ran again
+        assert decided == [1, 2, 2]  # pass 1's decision was read from the journal
+        assert len(effects.applied) == 1
+
+
+async def test_an_apply_of_unknown_fate_stops_needs_human_and_a_person_settles_it(
+        tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+    calls: list[str] = []
+
+    def apply(p: Answer, key: str) -> dict[str, Any]:
+        calls.append(key)
+        raise OSError("connection reset while writing")
+
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, gw, store)
+        with pytest.raises(UncertainEffect):
+            await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "needs_human" and list(cp.uncertain) == ["find.pass01.apply"]
+        before = store.load(RUN)
+        # Without a lookup, a resume refuses to guess again: nothing runs, nothing is written.
+        with pytest.raises(UncertainEffect):
+            await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        assert len(calls) == 1 and [e.row_hash for e in store.load(RUN)] == [e.row_hash for e in before]
+        # A person checked: it happened. The resume closes the episode with that receipt.
+        resolve(store, RUN, "find.pass01.apply", happened=True, result={"found": "by hand"}, by="ana")
+        result = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        assert (result.status, result.receipt, len(calls), gw.billed) == ("applied", {"found": "by hand"}, 1, 1)
+        assert store.checkpoint(RUN).status == "completed"  # type: ignore[union-attr]
+
+
+async def test_an_apply_refused_with_a_tool_error_ends_failed_with_nothing_applied(
+        tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+
+    def apply(p: Answer, key: str) -> dict[str, Any]:
+        raise ToolError("the file changed since the snapshot", error_class=ErrorClass.CONFLICT)
+
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await episode.run(TASK, session=Session(RUN, gw, store), snapshot=snapshot, decide=accept,
+                                   apply=apply)
+        assert (result.status, result.reason) == ("failed", "apply_failed")
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "failed" and cp.count("tool_errors") == 1
+
+
+async def test_bad_arguments_are_usage_errors_and_nothing_is_written(tmp_path: Path, snapshot: Path) -> None:
+    episode = Episode(name="find", instructions="i", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, by_pass({1: [good()]}), store)
+        with pytest.raises(UsageError):
+            await episode.run(TASK, session=session, snapshot=tmp_path / "missing", decide=accept)
+        with pytest.raises(UsageError):
+            await episode.run(TASK, session=session, snapshot=snapshot, decide="apply")  # type: ignore[arg-type]
+        assert store.checkpoint(RUN) is None
+    with pytest.raises(UsageError):
+        Episode(name="../x", instructions="i", output=Answer)
+    with pytest.raises(UsageError):
+        Episode(name="x", instructions="i", output=dict)  # type: ignore[type-var]
