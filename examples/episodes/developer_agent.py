@@ -223,9 +223,10 @@ def result_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any] | None:
 
 
 def show(label: str, result: dict[str, Any]) -> None:
+    unpriced = result["unpriced_calls"]
+    cost = f"${result['cost_usd']:.4f}" + (f" + {unpriced} unpriced calls (no price: not free)" if unpriced else "")
     print(f"{label}: {result['status']} ({result['reason']}) · passes {result['passes']} · turns {result['turns']} "
-          f"· rejected responses {result['rejected']} · cost ${result['cost_usd']:.4f}"
-          + (" · unpriced calls " + str(result["unpriced_calls"]) if result["unpriced_calls"] else "")
+          f"· rejected responses {result['rejected']} · cost {cost}"
           + (" · (closed: read from the journal)" if result["replayed"] else ""))
     for p in result["per_pass"]:
         print(f"    pass {p['pass']}: {p['outcome']:<8} turns {p['turns']} rejected {p['rejected']} "

@@ -83,6 +83,9 @@ T = TypeVar("T", bound=BaseModel)
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KIND = "episode"
+_EPISODE_BUDGET = {"max_turns": "turns_per_pass"}
+"""A child loop's bound under the name of the episode's bound it comes from (the others keep
+their loop names: a child that ran out of, say, ``repairs`` ended on its loop's budget)."""
 _FEEDBACK_LIMIT = 4000
 """Characters of feedback carried into the next pass's task (a test's whole output would be a
 context bill, not a hint)."""
@@ -399,7 +402,7 @@ class _ParentRun(Generic[T]):
             if record.outcome == "ended":
                 budget = str(payload.get("budget") or "")
                 if payload.get("reason") == "budget" and budget:
-                    name = {"max_turns": "turns_per_pass"}.get(budget, budget)
+                    name = _EPISODE_BUDGET.get(budget, budget)
                     return self._end_exhausted(name, payload)
                 return self._end("failed", "child_failed", {"child": payload.get("child_outcome")})
             if self.tally.rejected > budgets.rejected_responses:
@@ -501,7 +504,7 @@ class _ParentRun(Generic[T]):
         if outcome == "proposal":
             self.proposal = self.e.output.model_validate(p["proposal"])
         decided = self._decision_of(n)
-        ended = f"{p['budget']} ran out" if p.get("budget") else str(p.get("reason") or "")
+        ended = f"{_EPISODE_BUDGET.get(p['budget'], p['budget'])} ran out" if p.get("budget") else str(p.get("reason") or "")
         reason = decided.reason if decided else str(p.get("errors") or ended)
         record = PassRecord(number=n, child_run_id=str(p.get("child_run_id")), outcome=outcome,
                             turns=int(p.get("turns", 0)), rejected=rejected, cost_usd=float(p.get("cost_usd", 0.0)),
