@@ -20,12 +20,15 @@ from cuaderno import (
     ErrorClass,
     ModelRequest,
     ModelResponse,
+    RunCancelled,
+    RunClosed,
     ScriptedGateway,
     Session,
     SqliteCheckpointer,
     ToolError,
     UncertainEffect,
     UsageError,
+    cancel,
     resolve,
     tool,
 )
@@ -326,3 +329,43 @@ async def test_bad_arguments_are_usage_errors_and_nothing_is_written(tmp_path: P
         Episode(name="../x", instructions="i", output=Answer)
     with pytest.raises(UsageError):
         Episode(name="x", instructions="i", output=dict)  # type: ignore[type-var]
+
+
+async def test_a_cancelled_parent_starts_no_other_pass_and_applies_nothing(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good(1)], 2: [good(2)]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+
+        def decide(p: Answer) -> Decision:
+            cancel(store, RUN, "the user changed their mind", by="ana")  # while the parent decides
+            return Decision.another_pass("try again")
+
+        with pytest.raises(RunCancelled):
+            await run(store, gw, snapshot, effects, decide=decide)
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "cancelled" and gw.billed == 1 and effects.applied == []
+        assert ("find.pass02", "intent", None) not in keys(store)
+        with pytest.raises(RunClosed):  # a cancelled parent is not reopened
+            await run(store, gw, snapshot, effects)
+        assert gw.billed == 1
+
+
+async def test_a_cancellation_found_on_opening_closes_the_parent_and_its_open_child(
+        tmp_path: Path, snapshot: Path) -> None:
+    @tool(idempotent=True)
+    def peek(term: str) -> str:
+        """Peek."""
+        raise KeyboardInterrupt  # the process dies inside the child pass
+
+    gw = by_pass({1: [ScriptedGateway.call("peek", term="x"), good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(KeyboardInterrupt):
+            await run(store, gw, snapshot, effects, tools=[peek])
+        child = "parent/find.pass01"
+        assert store.checkpoint(child).is_open  # type: ignore[union-attr]
+        cancel(store, RUN, "stop", by="ana")
+        with pytest.raises(RunCancelled):
+            await run(store, gw, snapshot, effects, tools=[peek])
+        assert store.checkpoint(RUN).status == "cancelled" and effects.applied == []  # type: ignore[union-attr]
+        assert store.checkpoint(child).cancel_requested is not None and gw.billed == 1  # type: ignore[union-attr]

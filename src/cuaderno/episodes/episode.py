@@ -47,18 +47,23 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from cuaderno.budgets import Budgets
+from cuaderno.cancellation import cancel, close
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.episodes.budgets import EpisodeBudgets
 from cuaderno.errors import (
     BudgetExceeded,
     CuadernoError,
     ErrorClass,
+    JournalConflict,
+    JournalError,
     ReplayDivergence,
+    RunCancelled,
+    RunChanged,
     RunClosed,
     ToolError,
     UncertainEffect,
@@ -336,6 +341,7 @@ class _ParentRun(Generic[T]):
         self.epoch = 0
         self.tally = _Tally()
         self.proposal: T | None = None
+        self.cancel_requested = False
 
     # -- opening ----------------------------------------------------------------------------------
 
@@ -344,9 +350,42 @@ class _ParentRun(Generic[T]):
         if closed is not None:
             return closed
         try:
-            return await self._walk()
+            if self.cancel_requested:
+                self._finalize_cancel()
+            try:
+                return await self._walk()
+            except RunCancelled:  # refused at an intent or the final answer: close the run now
+                self._finalize_cancel()
         finally:
             self.store.release(self.run_id, self.epoch)
+
+    def _finalize_cancel(self) -> NoReturn:
+        """A cancellation was asked: no new pass, decision or apply starts. Close the parent with
+        the cancellation record (an apply in flight is listed in it, as the loop lists a tool),
+        and ask the child pass in flight, if any, to stop too."""
+        for n in range(1, self.e.budgets.passes + 1):
+            if self._ev(self._pass_id(n), "intent") is None or self._ev(self._pass_id(n), "result") is not None:
+                continue
+            child = self.store.checkpoint(self._child_id(n))
+            if child is not None and child.is_open:
+                try:
+                    cancel(self.store, self._child_id(n), f"its parent {self.run_id!r} was cancelled", by=self.s.owner)
+                except CuadernoError:
+                    pass  # best effort: the child's next opener finds its parent closed anyway
+        for _ in range(100):
+            events = self.store.load(self.run_id)
+            cp = self.store.checkpoint(self.run_id)
+            assert cp is not None
+            if cp.status == "cancelled":  # another process finalized it first: its record stands
+                raise RunCancelled(self.run_id, cp.outcome or {})
+            if cp.status in ("completed", "failed"):
+                raise RunClosed(self.run_id, cp.status)
+            try:
+                record = close(self.store, self.run_id, events, cp.cancel_requested or {}, self.epoch)
+            except (RunChanged, RunClosed, JournalConflict):
+                continue  # something was written since the read: look again
+            raise RunCancelled(self.run_id, record)
+        raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")
 
     def _open(self) -> EpisodeResult[T] | None:
         task_fp = fingerprint({"task": self.task, "episode": self.e.name})
@@ -370,7 +409,8 @@ class _ParentRun(Generic[T]):
         except RunClosed:
             cp, events = verified(self.store, self.run_id)
             return self._closed(cp, events)
-        _, events = verified(self.store, self.run_id)  # all that was committed before the takeover
+        cp, events = verified(self.store, self.run_id)  # all that was committed before the takeover
+        self.cancel_requested = cp.cancel_requested is not None
         self.journal = {(ev.step_id, ev.phase): ev for ev in events}
         return None
 
@@ -413,6 +453,9 @@ class _ParentRun(Generic[T]):
                     decision = Decision.another_pass(str(payload.get("errors", "")))
                 else:
                     assert self.proposal is not None
+                    cp = self.store.checkpoint(self.run_id)
+                    if cp is not None and cp.cancel_requested is not None:
+                        raise RunCancelled(self.run_id, cp.cancel_requested)  # not even a check on a copy
                     decision = await self._decide(self.proposal)
                 self._append(StepEvent(run_id=self.run_id, step_id=self._pass_id(n), phase="decision", kind=_KIND,
                                        decision=decision.action, payload={"reason": decision.reason}))
