@@ -35,6 +35,12 @@ from cuaderno import (
 from cuaderno.episodes import Decision, Episode, EpisodeBudgets
 
 RUN = "parent"
+
+
+class Died(BaseException):
+    """The process dies here (not an Exception: nothing in cuaderno catches it as a tool error)."""
+
+
 TASK = "find the answer"
 
 
@@ -259,11 +265,11 @@ async def test_a_resumed_parent_never_redecides_a_pass_nor_reruns_a_child(tmp_pa
     def decide(p: Answer) -> Decision:
         decided.append(p.value)
         if p.value == 2 and decided.count(2) == 1:
-            raise KeyboardInterrupt  # the parent dies while deciding pass 2
+            raise Died  # the parent dies while deciding pass 2
         return Decision.another_pass("no") if p.value == 1 else Decision.apply("yes")
 
     with SqliteCheckpointer(tmp_path / "runs.db") as store:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(Died):
             await run(store, gw, snapshot, effects, decide=decide)
         assert gw.billed == 3
         result = await run(store, gw, snapshot, effects, decide=decide)
@@ -355,12 +361,12 @@ async def test_a_cancellation_found_on_opening_closes_the_parent_and_its_open_ch
     @tool(idempotent=True)
     def peek(term: str) -> str:
         """Peek."""
-        raise KeyboardInterrupt  # the process dies inside the child pass
+        raise Died  # the process dies inside the child pass
 
     gw = by_pass({1: [ScriptedGateway.call("peek", term="x"), good()]})
     effects = Effects()
     with SqliteCheckpointer(tmp_path / "runs.db") as store:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(Died):
             await run(store, gw, snapshot, effects, tools=[peek])
         child = "parent/find.pass01"
         assert store.checkpoint(child).is_open  # type: ignore[union-attr]
