@@ -375,3 +375,25 @@ async def test_a_cancellation_found_on_opening_closes_the_parent_and_its_open_ch
             await run(store, gw, snapshot, effects, tools=[peek])
         assert store.checkpoint(RUN).status == "cancelled" and effects.applied == []  # type: ignore[union-attr]
         assert store.checkpoint(child).cancel_requested is not None and gw.billed == 1  # type: ignore[union-attr]
+
+
+async def test_an_apply_a_person_says_did_not_happen_is_applied_again_once(tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+    effects = Effects()
+    attempts: list[str] = []
+
+    def apply(p: Answer, key: str) -> dict[str, Any]:
+        attempts.append(key)
+        if len(attempts) == 1:
+            raise OSError("timed out")  # nobody knows whether it happened
+        return effects.apply(p, key)
+
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, gw, store)
+        with pytest.raises(UncertainEffect):
+            await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        resolve(store, RUN, "find.pass01.apply", happened=False, by="ana", note="checked: not there")
+        result = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        assert result.status == "applied" and len(effects.applied) == 1 and attempts[0] == attempts[1]
+        assert ("find.pass01.apply", "intent.2", None) in keys(store) and gw.billed == 1
