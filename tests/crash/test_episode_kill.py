@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _report import record
 
 from cuaderno import SqliteCheckpointer, resolve
 from cuaderno.testing.records import read_records
@@ -63,12 +64,17 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _check_world(workdir: Path) -> None:
+def _check_world(workdir: Path, point: str | None = None, status: str = "completed") -> None:
     billed = read_records(workdir / "billing.jsonl")
     keys = [r["key"] for r in billed]
+    receipts = read_records(workdir / "receipts.jsonl")
+    if point is not None:
+        record({"test": "R-episodes kill a parent episode (SQLite)", "point": point, "kind": "episode",
+                "status": status, "kills": 1, "duplicated": max(len(receipts) - 1, 0),
+                "rebilled_journaled": len(keys) - len(set(keys)), "rebilled_in_flight": 0, "not_reached": 0,
+                "violations": int(len(receipts) != 1 or len(keys) != GENERATIONS)})
     assert len(keys) == len(set(keys)), "a generation was billed twice"
     assert len(billed) == GENERATIONS, f"{len(billed)} generations billed, an uninterrupted episode bills {GENERATIONS}"
-    receipts = read_records(workdir / "receipts.jsonl")
     assert len(receipts) == 1, f"the patch must be applied exactly once: {receipts}"
     assert (workdir / "repo" / "calc.py").read_text().rstrip().endswith("return a + b")
 
@@ -82,7 +88,7 @@ def test_a_parent_killed_anywhere_resumes_without_repaying_or_reapplying(workdir
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     result = _result(resumed)
     assert (result["status"], result["passes"], result["rejected"], result["turns"]) == ("applied", 3, 1, GENERATIONS)
-    _check_world(workdir)
+    _check_world(workdir, point)
     closed = _pass(workdir)  # a third process: the closed parent answers from its journal
     assert _result(closed)["replayed"] is True
     assert not [r for r in read_records(workdir / "billing.jsonl") if r["pid"] == _pid(closed)]
@@ -101,7 +107,7 @@ def test_an_apply_of_unknown_fate_without_lookup_stops_needs_human_until_a_perso
         resolve(store, "dev-fix", "fix.pass03.apply", happened=True, result={"key": receipt["key"]}, by="test")
     settled = _pass(workdir, "fix-nolookup")
     assert settled.returncode == 0 and _result(settled)["status"] == "applied", settled.stdout + settled.stderr
-    _check_world(workdir)
+    _check_world(workdir, "episode.A4:1 (no lookup)", status="needs_human")
 
 
 def _pid(proc: subprocess.CompletedProcess[str]) -> int:
