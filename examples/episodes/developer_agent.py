@@ -181,12 +181,20 @@ def scripted(scenario: str, billing: Path) -> ScriptedGateway:
 
 # -- one process -----------------------------------------------------------------------------------
 
+def _short(reason: str) -> str:
+    lines = [ln.strip() for ln in reason.strip().splitlines() if ln.strip()]
+    text = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+    return text if len(text) <= 120 else f"{text[:117]}..."
+
+
 def summary(result: EpisodeResult[Patch]) -> dict[str, Any]:
     return {"status": result.status, "reason": result.reason, "passes": len(result.passes), "turns": result.turns,
             "rejected": result.rejected, "cost_usd": result.cost_usd, "unpriced_calls": result.unpriced_calls,
+            "possibly_billed_twice": result.possibly_billed_twice,
             "replayed": result.replayed,
             "per_pass": [{"pass": p.number, "outcome": p.outcome, "turns": p.turns, "rejected": p.rejected,
-                          "decision": p.decision, "reason": p.reason.splitlines()[0][:70] if p.reason else ""}
+                          "tool_errors": p.tool_errors,
+                          "decision": p.decision, "reason": _short(p.reason)}
                          for p in result.passes]}
 
 
@@ -227,9 +235,11 @@ def show(label: str, result: dict[str, Any]) -> None:
     cost = f"${result['cost_usd']:.4f}" + (f" + {unpriced} unpriced calls (no price: not free)" if unpriced else "")
     print(f"{label}: {result['status']} ({result['reason']}) · passes {result['passes']} · turns {result['turns']} "
           f"· rejected responses {result['rejected']} · cost {cost}"
+          + (f" · re-sent after a crash {result['possibly_billed_twice']}" if result["possibly_billed_twice"] else "")
           + (" · (closed: read from the journal)" if result["replayed"] else ""))
     for p in result["per_pass"]:
-        print(f"    pass {p['pass']}: {p['outcome']:<8} turns {p['turns']} rejected {p['rejected']} "
+        refused = f" ({p['tool_errors']} read refused)" if p["tool_errors"] else ""
+        print(f"    pass {p['pass']}: {p['outcome']:<8} turns {p['turns']}{refused} rejected {p['rejected']} "
               f"-> {p['decision'] or '(ended)'}: {p['reason']}")
 
 

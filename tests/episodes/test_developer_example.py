@@ -30,7 +30,8 @@ def test_the_scripted_developer_agent_prints_its_counts() -> None:
     assert ("fix: applied (test_calc.py passes on a copy) · passes 3 · turns 8 · rejected responses 1 · "
             "cost $0.0080") in out
     assert "pass 1: rejected turns 3 rejected 1 -> another_pass" in out
-    assert "pass 2: proposal turns 3 rejected 0 -> another_pass: test_calc.py fails" in out
+    assert "pass 2: proposal turns 3 (1 read refused) rejected 0 -> another_pass: test_calc.py fails" in out
+    assert "AssertionError: add(2, 3) == 6, expected 5" in out
     assert "loop: exhausted (turns_per_pass) · passes 1 · turns 4 · rejected responses 0" in out
     assert "billing log: 12 generations billed, 0 billed twice; apply receipts: 1" in out
     assert "calc.py now returns 'return a + b'" in out

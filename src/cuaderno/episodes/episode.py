@@ -42,8 +42,10 @@ and an intent without a result asks the caller's ``lookup`` or stops ``needs_hum
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -137,6 +139,12 @@ class PassRecord:
     loop rejected."""
     cost_usd: float
     unpriced_calls: int
+    tool_errors: int = 0
+    """Tool calls of the pass that ended in an error told to the model (a path the snapshot
+    refused, a file that does not exist)."""
+    possibly_billed_twice: int = 0
+    """Re-sends of a request whose first send's fate was unknown (a crash in flight), counted by
+    the child's loop: visible, never silent."""
     decision: str | None = None
     """``apply``, ``discard``, ``another_pass``, or ``None`` when the episode ended on this pass
     without one (a budget)."""
@@ -180,6 +188,11 @@ class EpisodeResult(Generic[T]):
     def unpriced_calls(self) -> int:
         """Calls with no price: a loss made visible, not free."""
         return sum(p.unpriced_calls for p in self.passes)
+
+    @property
+    def possibly_billed_twice(self) -> int:
+        """Re-sends after a crash in flight, in every pass."""
+        return sum(p.possibly_billed_twice for p in self.passes)
 
 
 Decide = Callable[[T], "Decision | Awaitable[Decision]"]
@@ -232,7 +245,7 @@ class Episode(Generic[T]):
 
     # -- the public entry point ------------------------------------------------------------------
 
-    async def run(self, task: str, *, session: Session, snapshot: str | Any, decide: Decide[T],
+    async def run(self, task: str, *, session: Session, snapshot: str | os.PathLike[str], decide: Decide[T],
                   apply: Apply[T] | None = None, lookup: Lookup[T] | None = None) -> EpisodeResult[T]:
         """Run (or resume) the episode as the parent run ``session.run_id``.
 
@@ -521,6 +534,7 @@ class _ParentRun(Generic[T]):
         assert cp is not None
         counts = {"turns": cp.count("model_calls"), "child_rejected": cp.count("rejected_responses"),
                   "cost_usd": cp.cost_usd, "unpriced_calls": cp.count("unpriced_calls"),
+                  "possibly_billed_twice": cp.count("possibly_billed_twice"), "tool_errors": cp.count("tool_errors"),
                   "child_run_id": child_id}
         if final is None and cp.status == "completed":
             final = FinalStep(step_id="final", output=str((cp.outcome or {}).get("output", "")), replayed=True)
@@ -552,6 +566,8 @@ class _ParentRun(Generic[T]):
         record = PassRecord(number=n, child_run_id=str(p.get("child_run_id")), outcome=outcome,
                             turns=int(p.get("turns", 0)), rejected=rejected, cost_usd=float(p.get("cost_usd", 0.0)),
                             unpriced_calls=int(p.get("unpriced_calls", 0)),
+                            possibly_billed_twice=int(p.get("possibly_billed_twice", 0)),
+                            tool_errors=int(p.get("tool_errors", 0)),
                             decision=decided.action if decided else None, reason=reason)
         self.tally.passes.append(record)
         return record
@@ -679,6 +695,4 @@ class _ApplyFailed(CuadernoError):
 
 
 def _with_decision(record: PassRecord, decision: Decision) -> PassRecord:
-    return PassRecord(number=record.number, child_run_id=record.child_run_id, outcome=record.outcome,
-                      turns=record.turns, rejected=record.rejected, cost_usd=record.cost_usd,
-                      unpriced_calls=record.unpriced_calls, decision=decision.action, reason=decision.reason)
+    return dataclasses.replace(record, decision=decision.action, reason=decision.reason)
