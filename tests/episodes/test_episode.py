@@ -397,3 +397,22 @@ async def test_an_apply_a_person_says_did_not_happen_is_applied_again_once(tmp_p
         result = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
         assert result.status == "applied" and len(effects.applied) == 1 and attempts[0] == attempts[1]
         assert ("find.pass01.apply", "intent.2", None) in keys(store) and gw.billed == 1
+
+
+async def test_a_child_cancelled_alone_ends_the_episode_failed_not_the_parent_cancelled(
+        tmp_path: Path, snapshot: Path) -> None:
+    @tool(idempotent=True)
+    def peek(term: str) -> str:
+        """Peek."""
+        raise Died
+
+    gw = by_pass({1: [ScriptedGateway.call("peek", term="x"), good()]})
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(Died):
+            await run(store, gw, snapshot, effects, tools=[peek])
+        cancel(store, "parent/find.pass01", "wrong snapshot", by="ana")
+        result = await run(store, gw, snapshot, effects, tools=[peek])
+        assert (result.status, result.reason, effects.applied, gw.billed) == ("failed", "child_cancelled", [], 1)
+        cp = store.checkpoint(RUN)
+        assert cp is not None and cp.status == "failed" and cp.cancel_requested is None

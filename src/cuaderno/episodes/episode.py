@@ -457,7 +457,8 @@ class _ParentRun(Generic[T]):
                 if payload.get("reason") == "budget" and budget:
                     name = _EPISODE_BUDGET.get(budget, budget)
                     return self._end_exhausted(name, payload)
-                return self._end("failed", "child_failed", {"child": payload.get("child_outcome")})
+                why = "child_cancelled" if payload.get("child_status") == "cancelled" else "child_failed"
+                return self._end("failed", why, {"child": payload.get("child_outcome")})
             if self.tally.rejected > budgets.rejected_responses:
                 return self._end_exhausted("rejected_responses", payload)
             decision = self._decision_of(n)
@@ -520,8 +521,11 @@ class _ParentRun(Generic[T]):
             async for step in agent.run(self.e.child_task(self.task, n, feedback), session=session):
                 if isinstance(step, FinalStep):
                     final = step
-        except (BudgetExceeded, RunClosed):
-            pass  # the child run ended without an answer: its checkpoint says why
+        except (BudgetExceeded, RunClosed, RunCancelled):
+            # The child run ended without an answer (a bound, or someone cancelled the child
+            # alone): its checkpoint says why. Caught here, so a cancelled child is never taken
+            # for a cancellation of the parent.
+            pass
         except CuadernoError:
             raise  # the journal, a lease, a divergence: nothing is known about the pass yet
         except Exception:
@@ -547,7 +551,7 @@ class _ParentRun(Generic[T]):
         else:
             outcome = cp.outcome or {}
             payload = {**counts, "outcome": "ended", "reason": outcome.get("reason"), "budget": outcome.get("budget"),
-                       "child_outcome": outcome}
+                       "child_status": cp.status, "child_outcome": outcome}
         return self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="result", kind=_KIND,
                                       payload=payload))[0]
 
