@@ -416,3 +416,21 @@ async def test_a_child_cancelled_alone_ends_the_episode_failed_not_the_parent_ca
         assert (result.status, result.reason, effects.applied, gw.billed) == ("failed", "child_cancelled", [], 1)
         cp = store.checkpoint(RUN)
         assert cp is not None and cp.status == "failed" and cp.cancel_requested is None
+
+
+async def test_an_apply_whose_receipt_the_journal_cannot_hold_is_still_recorded_as_applied(
+        tmp_path: Path, snapshot: Path) -> None:
+    gw = by_pass({1: [good()]})
+    applied: list[str] = []
+
+    def apply(p: Answer, key: str) -> Any:
+        applied.append(key)
+        return {"nan": float("nan")}
+
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, gw, store)
+        result = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        assert result.status == "applied" and "receipt_not_journalable" in result.receipt and len(applied) == 1
+        again = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
+        assert again.replayed and len(applied) == 1

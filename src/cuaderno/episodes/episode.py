@@ -53,6 +53,7 @@ from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from cuaderno._json import journalable
 from cuaderno.budgets import Budgets
 from cuaderno.cancellation import cancel, close
 from cuaderno.checkpoint import Checkpoint, verified
@@ -68,6 +69,7 @@ from cuaderno.errors import (
     RunChanged,
     RunClosed,
     ToolError,
+    ToolResultInvalid,
     UncertainEffect,
     UsageError,
     VersionMismatch,
@@ -619,6 +621,12 @@ class _ParentRun(Generic[T]):
             # Not classified: whether the effect happened is not known (it may have written half).
             self._uncertain(step_id, fp, key, args, {"reason": "apply raised", "error": repr(exc)[:500]})
         crash.point("episode.A4")  # the effect happened, its result is not journaled yet
+        try:
+            receipt = journalable(receipt, run_id=self.run_id, step_id=step_id, tool="apply")
+        except ToolResultInvalid as exc:
+            # The effect happened: it is recorded as applied (never applied again), with why its
+            # receipt could not be kept instead of the receipt.
+            receipt = {"receipt_not_journalable": str(exc)}
         self._append(self._apply_event(step_id, "result", fp, {"outcome": "ok", "value": receipt,
                                                                 "effect_key": key}))
         return receipt
@@ -632,7 +640,8 @@ class _ParentRun(Generic[T]):
             self._uncertain(step_id, fp, key, args, {"reason": "no lookup for the apply effect"})
         assert self.lookup_fn is not None
         try:
-            return await _maybe_await(self.lookup_fn(proposal, key))
+            found = await _maybe_await(self.lookup_fn(proposal, key))
+            return journalable(found, run_id=self.run_id, step_id=step_id, tool="apply")  # a receipt it can hold
         except Exception as exc:
             self._uncertain(step_id, fp, key, args, {"reason": "lookup failed", "lookup_error": repr(exc)[:500]})
 
