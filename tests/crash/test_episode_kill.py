@@ -6,6 +6,9 @@ then the apply. It is killed by a named crash point:
 
 - inside a child pass: after a tool result is committed (``tool.K7``), or after the provider
   billed a generation whose response was not journaled yet (``model.K4``);
+- after a child pass closed (its final answer committed, ``final.K7``), before the parent
+  journaled its outcome: the resumed parent re-attaches to the closed child, which answers from
+  its journal with no model call;
 - after a child finished, before the parent's decision (``episode.P1``), or after the decision
   to apply, before the apply's intent (``episode.D1``);
 - during the apply: its intent on disk, the effect not run (``episode.A2``), or the effect done,
@@ -79,7 +82,8 @@ def _check_world(workdir: Path, point: str | None = None, status: str = "complet
     assert (workdir / "repo" / "calc.py").read_text().rstrip().endswith("return a + b")
 
 
-@pytest.mark.parametrize("point", ["tool.K7:4", "model.K4:5", "model.K4:8", "episode.P1:1", "episode.P1:3",
+@pytest.mark.parametrize("point", ["tool.K7:4", "model.K4:5", "model.K4:8", "final.K7:2", "final.K7:3",
+                                   "episode.P1:1", "episode.P1:3",
                                    "episode.D1:3", "episode.A2:1", "episode.A4:1"])
 def test_a_parent_killed_anywhere_resumes_without_repaying_or_reapplying(workdir: Path, point: str) -> None:
     killed = _pass(workdir, crash_at=point)
@@ -117,3 +121,48 @@ def test_an_apply_of_unknown_fate_without_lookup_stops_needs_human_until_a_perso
 
 def _pid(proc: subprocess.CompletedProcess[str]) -> int:
     return int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("pid="))[4:])
+
+
+def test_a_parent_killed_at_every_journal_write_resumes_exactly_once(tmp_path: Path) -> None:
+    """Kill the episode's process inside its N-th journal transaction (``append.W1:N``: the rows
+    written, not committed), for every N until the episode finishes unkilled: parent and child
+    writes alike. Every resume ends applied, with no generation billed twice and one receipt.
+
+    One known exception, the loop's (not the episode's): killed between a read tool's intent and
+    its result, where the re-run fails (the sandbox refuses ``../secret.txt`` again), the child's
+    loop takes the failed re-run for an effect of unknown fate and stops ``needs_human``
+    (``_tool_steps._execute``: "re-send after an unknown outcome failed", which a read-only,
+    idempotent tool cannot have). Then nothing may be applied or billed twice, and once a person
+    settles it (``resolve(happened=False)``) the episode ends applied, once.
+    """
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        import developer_agent
+    finally:
+        sys.path.remove(str(EXAMPLE.parent))
+    n, loop_uncertain = 0, []
+    while True:
+        n += 1
+        workdir = tmp_path / f"w{n}"
+        workdir.mkdir()
+        developer_agent.make_repo(workdir)
+        killed = _pass(workdir, crash_at=f"append.W1:{n}")
+        if killed.returncode == 0:
+            break  # past the last write: the sweep covered them all
+        assert killed.returncode == -9, killed.stdout + killed.stderr
+        resumed = _pass(workdir)
+        status = "completed"
+        if resumed.returncode == 2 and "UncertainEffect" in resumed.stdout and "'read_file'" in resumed.stdout:
+            loop_uncertain.append(n)
+            assert not read_records(workdir / "receipts.jsonl")
+            with SqliteCheckpointer(workdir / "runs.db") as store:
+                child = next(r for r in store.list_runs(status="needs_human"))
+                step = next(iter(child.uncertain))
+                assert child.uncertain[step]["reason"] == "re-send after an unknown outcome failed"
+                resolve(store, child.run_id, step, happened=False, by="test", note="a read has no effect")
+            resumed, status = _pass(workdir), "needs_human"
+        assert resumed.returncode == 0, f"append.W1:{n}\n{resumed.stdout}\n{resumed.stderr}"
+        assert _result(resumed)["status"] == "applied"
+        _check_world(workdir, f"append.W1:{n}", status=status)
+    assert n > 20, f"only {n - 1} writes: the sweep did not run the episode"
+    assert len(loop_uncertain) <= 1, f"the loop's read-tool re-run became uncertain at writes {loop_uncertain}"
