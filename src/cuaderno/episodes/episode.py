@@ -21,9 +21,19 @@ step id                     phase      what it records (what replay reads from i
 ``<name>.passNN``           decision   ``apply``, ``discard`` or ``another_pass`` (+ feedback)
 ``<name>.passNN.apply``     intent     kind ``tool``: the apply effect is about to run (effect key)
 ``<name>.passNN.apply``     result     its receipt (``value``), as a tool result
+``<name>.passNN.apply``     uncertain  nobody knows whether it happened: the run is ``needs_human``
 ``final``                   result     applied or discarded: the run is ``completed``
 ``run``                     end        a budget ran out or the child failed: the run is ``failed``
+                                       (or a cancellation's record: ``cancelled``)
 ==========================  =========  ===============================================================
+
+Budgets (:class:`~cuaderno.episodes.budgets.EpisodeBudgets`) are counted over the whole episode.
+An answer that does not validate is a rejected response: it is asked again as a new pass whose
+task carries the validation errors, so it spends a pass as well as a rejection (the child's run
+has closed with its answer; continuing that run instead would need a change in the loop). The
+empty or refused generations the child's loop rejects count against the same cap: each pass's
+agent gets what is left of it. A pass whose child runs out of turns ends the episode
+(``turns_per_pass``): a model that re-reads a file forever stops there, not in a hang.
 
 Kind ``episode`` is not one the checkpoint projects (it only moves ``next_step``), so the
 parent's status comes from the kinds that already mean something: ``final`` closes it
