@@ -434,3 +434,18 @@ async def test_an_apply_whose_receipt_the_journal_cannot_hold_is_still_recorded_
         assert result.status == "applied" and "receipt_not_journalable" in result.receipt and len(applied) == 1
         again = await episode.run(TASK, session=session, snapshot=snapshot, decide=accept, apply=apply)
         assert again.replayed and len(applied) == 1
+
+
+async def test_empty_generations_and_invalid_answers_share_one_cap_per_episode(tmp_path: Path, snapshot: Path) -> None:
+    # Pass 1: an empty 200 (the child's loop rejects it and asks again), then prose (the parent
+    # rejects it): 2 rejections. Pass 2: an empty 200 again is the third: over the cap of 2, the
+    # episode ends there, whatever budget of its own the child's loop would have had.
+    answers = [ScriptedGateway.empty(), ScriptedGateway.text("forty-two"), ScriptedGateway.empty(), good()]
+    gw = ScriptedGateway(lambda request: answers.pop(0))  # in call order: a rejected turn is asked again
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, gw, snapshot, effects, EpisodeBudgets(turns_per_pass=4, passes=3,
+                                                                         rejected_responses=2))
+        assert (result.status, result.reason, result.rejected, len(result.passes)) == (
+            "exhausted", "rejected_responses", 3, 2)
+        assert [p.rejected for p in result.passes] == [2, 1] and gw.calls == 3 and effects.applied == []
