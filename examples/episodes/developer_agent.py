@@ -294,6 +294,18 @@ async def run_local(workdir: Path, base_url: str, alias: str) -> EpisodeResult[P
         return await run_episode(workdir, "fix", gateway, LOCAL_BUDGETS, temperature=0.0, max_output_tokens=160)
 
 
+def what_the_model_did(events: list[Any]) -> list[str]:
+    """One line per journaled model response of a child pass: its tool calls, or its text."""
+    out = []
+    for ev in events:
+        response = ev.payload.get("response") if ev.kind == "model" and ev.phase == "result" else None
+        if response:
+            calls = ", ".join(f"{c['name']}({json.dumps(c['arguments'])})" for c in response.get("tool_calls") or ())
+            text = calls or repr((response.get("text") or "")[:100]) or "(empty)"
+            out.append(f"{ev.step_id}: {text}")
+    return out
+
+
 def main_local() -> int:
     from cuaderno.testing.llama_server import LlamaServer
 
@@ -307,7 +319,13 @@ def main_local() -> int:
               f"{LOCAL_BUDGETS.rejected_responses} rejected response(s)\n")
         result = asyncio.run(run_local(workdir, server.base_url, server.model_alias))
         receipts = read_lines(workdir / "receipts.jsonl")
+        with SqliteCheckpointer(workdir / "runs.db") as store:
+            said = {p.child_run_id: what_the_model_did(store.load(p.child_run_id)) for p in result.passes}
     show("fix (local model)", summary(result))
+    for run_id, lines in said.items():
+        print(f"  {run_id}:")
+        for line in lines:
+            print(f"    {line}")
     print(f"apply receipts: {len(receipts)}")
     check(result.status in ("applied", "discarded", "exhausted", "failed"), "the episode must end bounded")
     check(len(result.passes) <= LOCAL_BUDGETS.passes, "more passes than the budget")
