@@ -527,7 +527,8 @@ class _ParentRun(Generic[T]):
                                    payload={"child_run_id": child_id}))
         agent = self.e.child_agent(self.root, self.e.budgets.rejected_responses - self.tally.rejected)
         session = Session(child_id, self.s.gateway, self.store, tenant=self.s.tenant, owner=self.s.owner,
-                          retry=self.s.retry, sleep=self.s.sleep)
+                          retry=self.s.retry, runtime=self.s.runtime, ownership=self.s.ownership,
+                          model_caller=self.s.model_caller)
         final: FinalStep | None = None
         try:
             async for step in agent.run(self.e.child_task(self.task, n, feedback), session=session):
