@@ -205,11 +205,13 @@ class ToolSteps(RunState):
                 if err.error_class is ErrorClass.TRANSIENT and err.sent is False and retries < self.s.retry.max_retries:
                     wait = self.s.retry.delay(retries + 1, None, self.s.runtime.random)
                 if wait is None:
-                    if attempt > 1 and after not in ("absent", "not_happened"):
+                    info = self.tools.info(call.name)
+                    if attempt > 1 and after not in ("absent", "not_happened") and not (info and info.effect_free):
                         # A re-send after an unknown outcome failed: that says nothing about the
                         # first send, which may have taken effect. Recording an error would be a
                         # guess. (After a proven absence, or a person's "did not happen", the
-                        # first send is known not to have happened: the error is the outcome.)
+                        # first send is known not to have happened: the error is the outcome. So is
+                        # it for a tool that only reads: there was no effect to wonder about.)
                         self._uncertain(step_id, call, ekey, {"reason": "re-send after an unknown outcome failed",
                                                               "last_error": err.to_json()})
                     self._tool_result(step_id, call, args_fp, "error", None, decision=decision, error=err.to_json(),

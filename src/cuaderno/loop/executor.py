@@ -43,6 +43,8 @@ class ToolInfo:
     """Running it twice has the effect of running it once: an unknown outcome is sent again."""
     has_lookup: bool
     """It can find an effect by its key: an unknown outcome is reconciled through :meth:`ToolExecutor.lookup`."""
+    effect_free: bool = False
+    """It only reads: a run of unknown outcome that fails when run again has simply failed."""
 
 
 class ToolExecutor(Protocol):
@@ -103,7 +105,7 @@ class AgentTools:
         known = self._info.get(name)
         if known is None or known[0] is not tool:
             known = (tool, ToolInfo(name=tool.name, effect_type=tool.effect_type, idempotent=tool.idempotent,
-                                    has_lookup=tool.lookup is not None))
+                                    has_lookup=tool.lookup is not None, effect_free=tool.effect_free))
             self._info[name] = known
         return known[1]
 

@@ -73,14 +73,18 @@ class Tool:
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
                  business_id: Callable[[dict[str, Any]], str] | None = None,
-                 compensation: Compensation | None = None) -> None:
+                 compensation: Compensation | None = None, effect_free: bool = False) -> None:
         self.fn = fn
+        self.effect_free = effect_free
+        """It only reads: running it changes nothing anywhere. Implies idempotent; an attempt of
+        unknown outcome that fails when run again has simply failed (there was no effect to wonder
+        about), where an idempotent tool with an effect stops uncertain."""
         self.compensation = compensation
         self.name = name or fn.__name__
         if not self.name.replace("_", "").replace("-", "").isalnum() or len(self.name) > 64:
             raise UsageError(f"tool name {self.name!r} must be 1-64 letters, digits, '_' or '-'")
         self.description = (description or inspect.getdoc(fn) or "").strip()
-        self.idempotent = idempotent
+        self.idempotent = idempotent or effect_free
         self.effect_type = effect_type or self.name
         self.lookup = lookup
         self.business_id = business_id
@@ -96,7 +100,10 @@ class Tool:
 
     def schema_fingerprint(self) -> str:
         """Identifies this tool's contract; part of the run's capability version."""
-        return fingerprint({**self.schema(), "idempotent": self.idempotent, "effect_type": self.effect_type})
+        # effect_free enters only when set, so every tool declared before it keeps its fingerprint
+        # (a changed fingerprint is a VersionMismatch for its runs).
+        extra = {"effect_free": True} if self.effect_free else {}
+        return fingerprint({**self.schema(), "idempotent": self.idempotent, "effect_type": self.effect_type, **extra})
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check arguments against the schema; return them as the function will receive them.
@@ -172,13 +179,13 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 def tool(*, name: str | None = None, description: str | None = None, idempotent: bool = False,
          effect_type: str | None = None, lookup: Lookup | None = None,
          business_id: Callable[[dict[str, Any]], str] | None = None,
-         compensation: Compensation | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+         compensation: Compensation | None = None, effect_free: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
          business_id: Callable[[dict[str, Any]], str] | None = None,
-         compensation: Compensation | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         compensation: Compensation | None = None, effect_free: bool = False) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function: ``@tool`` or ``@tool(idempotent=True)``.
 
     Args:
@@ -189,10 +196,12 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         lookup: reconciliation: find an effect by its key when nobody knows if it happened.
         business_id: derive a business identifier from the arguments, for lookups.
         compensation: how to undo the effect if the run is cancelled (a separate action).
+        effect_free: it only reads (implies ``idempotent``): a run of unknown outcome that fails
+            when run again has simply failed, instead of stopping uncertain.
     """
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, name=name, description=description, idempotent=idempotent, effect_type=effect_type,
-                    lookup=lookup, business_id=business_id, compensation=compensation)
+                    lookup=lookup, business_id=business_id, compensation=compensation, effect_free=effect_free)
 
     if fn is not None:
         return wrap(fn)

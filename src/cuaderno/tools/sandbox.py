@@ -111,7 +111,9 @@ class ReadOnlyRoot:
         return {"path": path, "entries": entries, "total": total, "truncated": total > len(entries)}
 
     def tools(self) -> list[Tool]:
-        """``read_file`` and ``list_dir`` as idempotent tools for an agent."""
+        """``read_file`` and ``list_dir`` as effect-free tools for an agent: idempotent, and a read
+        whose first run's outcome is unknown (a crash) and that fails when run again has simply
+        failed, where a tool with an effect would stop uncertain."""
 
         def read_file(path: str) -> dict[str, Any]:
             """Read a text file of the repository. `path` is relative to the repository's root."""
@@ -121,7 +123,7 @@ class ReadOnlyRoot:
             """List a directory of the repository. `path` is relative to the repository's root ('.' for it)."""
             return self.list_dir(path)
 
-        return [Tool(read_file, idempotent=True), Tool(list_dir, idempotent=True)]
+        return [Tool(read_file, effect_free=True), Tool(list_dir, effect_free=True)]
 
     # -- resolution -----------------------------------------------------------------------------
 
