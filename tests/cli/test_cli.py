@@ -374,7 +374,7 @@ def test_db_takes_a_journal_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     ("mysql://127.0.0.1/runs", "unknown scheme", USAGE_EXIT),
     ("sqlite://", "names no file", USAGE_EXIT),
     ("sqlite:///runs.db?timeout=5", "unknown parameter 'timeout'", USAGE_EXIT),
-    ("postgresql://ana:s3cret@127.0.0.1/test", "PostgreSQL backend is not built", USAGE_EXIT),
+    ("postgresql://ana:s3cret@127.0.0.1:1/test", "cannot open it", ERROR_EXIT),
     ("memory://", "no existing journal", ERROR_EXIT),
     ("sqlite:///nope.db", "does not exist", NOT_FOUND_EXIT),
 ])

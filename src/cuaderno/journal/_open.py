@@ -7,7 +7,8 @@ Forms::
     sqlite:////abs/path/runs.db  a SQLite file, absolute (four slashes: "sqlite://" + "/" + "/abs/...")
     sqlite:///:memory:           a SQLite database in memory
     memory://                    a MemoryCheckpointer (tests; one process, gone when it ends)
-    postgresql://USER@HOST/DB    PostgreSQL (also postgres://), once that backend is built
+    postgresql://USER@HOST/DB    PostgreSQL (also postgres://); libpq's parameters, plus schema=NAME
+                                 and compress=on|off (see :class:`~cuaderno.journal.postgres.PostgresCheckpointer`)
 
 The SQLite forms follow SQLAlchemy's, so a URL that works with other tools works here. A SQLite URL
 may carry ``mode=ro`` (read only), ``mode=rw`` (an existing journal only) or ``mode=rwc`` (the
@@ -162,9 +163,6 @@ def _open_postgres(target: JournalURL, url: str, *, create: bool, readonly: bool
     try:
         module = importlib.import_module("cuaderno.journal.postgres")
     except ModuleNotFoundError as exc:
-        if exc.name == "cuaderno.journal.postgres":
-            raise UsageError(f"journal URL {target.url!r}: the PostgreSQL backend is not built into this cuaderno "
-                             "yet; use a SQLite journal (sqlite:///runs.db)") from None
         raise UsageError(f"journal URL {target.url!r}: the PostgreSQL backend needs {exc.name!r}, which is not "
                          "installed: pip install 'cuaderno[postgres]'") from None
     store: Checkpointer = module.PostgresCheckpointer.from_url(url, create=create, readonly=readonly)

@@ -1,0 +1,681 @@
+"""A journal in PostgreSQL, shared by workers on several hosts.
+
+What it keeps, and why:
+
+- ``synchronous_commit=on``, set on every connection (a server or role default of ``off`` would
+  acknowledge a commit before its WAL is flushed, and an intent lost that way may already have
+  been acted on);
+- ``(run_id, step_id, phase)`` is the events table's primary key: the dedup key is a constraint
+  of the table, not a check two workers could race;
+- every write transaction first locks the run's summary row (``SELECT ... FOR UPDATE``), checks
+  the fencing epoch there, writes the rows and then the summary, in that one transaction. The
+  first append of a run has no row to lock: it takes a transaction-scoped advisory lock on the
+  run instead, so two workers creating one run serialise too;
+- the rows and their hash chain, the codecs and compression are exactly SQLite's (the append
+  algorithm of :mod:`._append`, the row helpers of :mod:`._rows`, :mod:`._compress`): a payload of
+  256 bytes and more is stored ``json+zstd`` unless the journal says ``compress=off`` (TOAST would
+  compress only values over 2 KB, with pglz, which saves less on JSON text);
+- numbered, append-only migrations of this dialect (:data:`_MIGRATIONS`, list index = version,
+  recorded one row per step in ``cuaderno_migrations``); SQLite's are its own. A database whose
+  recorded version is newer than this cuaderno's is refused (:class:`~cuaderno.errors.SchemaTooNew`)
+  before anything is written.
+
+Liveness across hosts. A holder's process may die on another machine, so no check of a PID can
+say it is gone. The holder instead takes a *session-level advisory lock* (``pg_try_advisory_lock``
+on a 64-bit hash of the journal's id and the run id) on a connection of its own, kept open while it
+holds runs: the server drops the lock when that connection ends, whatever ended it (the process
+killed, the host gone, ``pg_terminate_backend``). A host that vanishes without closing its socket
+is noticed by the server's TCP keepalives, which this store sets short on that connection
+(``dead_peer_after_s``, about 30 s) instead of the system's two hours. While the lock is held,
+``acquire`` by anyone else is :class:`~cuaderno.errors.RunBusy`; once it is gone the run is taken
+over at once. The fencing epoch, checked in every transaction that writes, is still what refuses a
+stale holder's next write (:class:`~cuaderno.errors.FencedOut`).
+
+A holder that is stopped (SIGSTOP, a frozen VM) but whose connection lives keeps the lock: the
+kernel answers keepalives for it. That is the safe side, as with SQLite's lock file: a lease
+with expiry would let another worker take such a run over after the lease ran out, and when the
+stopped holder woke, its step in flight (a tool call already sent) would complete a second time;
+only its next write would be refused. Take such a run over with ``force`` when you know it is stuck.
+
+The lock is the store's (one connection per store), not the process's: two stores in one process
+are two workers, like two hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.events import CODEC_JSON, StepEvent
+from cuaderno.journal import _lease
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
+from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._open import _masked
+from cuaderno.journal._rows import (
+    Duplicate,
+    checked_epoch,
+    decode_small_payloads,
+    no_existing,
+    schema_version,
+    storable,
+)
+from cuaderno.journal.base import CLOSED_STATUSES, validate_event
+from cuaderno.testing import crash
+
+__all__ = ["PostgresCheckpointer"]
+
+# Numbered, append-only: index i migrates version i to i+1, and version i+1 is recorded in
+# cuaderno_migrations in the same transaction. Never edit an applied step; add one.
+_MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE cuaderno_events (
+            run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
+            seq BIGINT NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
+            codec TEXT NOT NULL, payload BYTEA NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+            row_hash TEXT NOT NULL,
+            PRIMARY KEY (run_id, step_id, phase)
+        )""",
+        """CREATE TABLE cuaderno_runs (
+            run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch BIGINT NOT NULL, owner TEXT,
+            updated_at DOUBLE PRECISION NOT NULL, checkpoint TEXT NOT NULL
+        )""",
+        "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
+        "CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        # The journal's identity: run locks are keyed on it, so that two journals in one database
+        # (two schemas) never share a run's lock.
+        "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
+    ),
+]
+SCHEMA_VERSION = len(_MIGRATIONS)
+"""The schema this cuaderno writes in PostgreSQL (this dialect's own count)."""
+
+_COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
+_INSERT = f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"  # noqa: S608
+_UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
+               "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+               "checkpoint=excluded.checkpoint RETURNING xmin::text")
+_NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
+_MIGRATE_LOCK = 0x6D696772  # "migr"
+_SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_OUR_PARAMS = {"schema", "compress"}
+
+
+class PostgresCheckpointer:
+    """A :class:`~cuaderno.journal.base.Checkpointer` in a PostgreSQL database.
+
+    Args:
+        conninfo: a libpq connection string or URL (``postgresql://user@host:5432/db``).
+        schema: the schema holding the journal's tables (created if missing, when ``create``);
+            ``None``: the connection's current schema (``public`` by default).
+        create: ``False`` opens only an existing journal: a database without the cuaderno tables
+            is refused (:class:`~cuaderno.errors.JournalError`) and nothing is created.
+        readonly: read only: nothing is migrated or written, every write is a
+            :class:`~cuaderno.errors.UsageError`, and the connections are read-only sessions.
+        compress: ``True``/``False`` records the journal's compression setting (as SQLite's does);
+            ``None`` follows the recorded one (compressed, if nobody said).
+        pool_size: the most connections appends and reads use at once (plus one for run locks).
+        dead_peer_after_s: about how long the server takes to notice that a lock holder's host
+            vanished (TCP keepalives on the lock connection).
+        connect_timeout_s: how long to wait for the server when opening.
+    """
+
+    def __init__(self, conninfo: str, *, schema: str | None = None, create: bool = True, readonly: bool = False,
+                 compress: bool | None = None, pool_size: int = 8, dead_peer_after_s: int = 30,
+                 connect_timeout_s: int = 10) -> None:
+        if not isinstance(conninfo, str) or not conninfo:
+            raise UsageError("a PostgreSQL journal needs a connection string or URL")
+        if schema is not None and (not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema)):
+            raise UsageError(f"schema must be a plain SQL name (letters, digits, _), got {schema!r:.80}")
+        if compress is not None and not isinstance(compress, bool):
+            raise UsageError(f"compress must be True, False or None, got {compress!r:.40}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise UsageError("pool_size must be a positive integer")
+        self._conninfo = conninfo
+        self.url = _masked(conninfo)
+        self.schema = schema
+        self._readonly = bool(readonly)
+        self._create = create and not self._readonly
+        self._keepalive = max(1, int(dead_peer_after_s) // 3)
+        self._connect_timeout = int(connect_timeout_s)
+        self._closed = False
+        self._cache: dict[str, tuple[str, Checkpoint]] = {}
+        """Per run, the summary this store last wrote and the row version (``xmin``) it wrote it
+        as: an append that finds the same version under its row lock need not decode it again."""
+        self._cache_lock = threading.Lock()
+        self._taken: dict[str, int] = {}
+        """Runs this store took over (acquire) and has not released, with their epochs."""
+        self._locked: set[str] = set()
+        """Runs whose advisory lock this store's lock connection holds."""
+        self._holds: psycopg.Connection[Any] | None = None
+        self._holds_lock = threading.Lock()
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        try:
+            with self._connect() as conn:
+                if self.schema is None:
+                    self.schema = _one(conn.execute("SELECT current_schema()"))[0]
+                    if self.schema is None:
+                        raise JournalError(f"{self.url}: the connection has no current schema (its search_path "
+                                           "names none that exists); give schema=; nothing was changed")
+                self._journal_id, self._compress = self._migrate(conn, compress)
+            self._pool = ConnectionPool(conninfo, min_size=1, max_size=pool_size, open=True,
+                                        kwargs=self._connect_kwargs(), configure=self._configure,
+                                        name=f"cuaderno-{self.schema}", timeout=max(30.0, self._connect_timeout))
+        except psycopg.Error as exc:
+            self._close_quietly()
+            raise JournalError(f"journal {self.url}: cannot open it: {_first_line(exc)}; nothing was changed") from None
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    @classmethod
+    def from_url(cls, url: str, *, create: bool = True, readonly: bool = False) -> PostgresCheckpointer:
+        """Open the journal a ``postgresql://`` URL names. Besides libpq's own query parameters
+        (``sslmode``, ``connect_timeout``, ...; libpq refuses unknown ones), the URL may carry
+        ``schema=NAME`` and ``compress=on|off``."""
+        parts = urlsplit(url)
+        mine: dict[str, str] = {}
+        rest: list[tuple[str, str]] = []
+        try:
+            pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            raise UsageError(f"journal URL {_masked(url)!r}: its query {parts.query!r} is not name=value pairs") from None
+        for name, value in pairs:
+            if name in _OUR_PARAMS:
+                if name in mine:
+                    raise UsageError(f"journal URL {_masked(url)!r}: parameter {name!r} is given twice")
+                mine[name] = value
+            else:
+                rest.append((name, value))
+        if "compress" in mine and mine["compress"] not in ("on", "off"):
+            raise UsageError(f"journal URL {_masked(url)!r}: compress={mine['compress']!r} is not one of on, off")
+        compress = None if "compress" not in mine else mine["compress"] == "on"
+        conninfo = parts._replace(scheme="postgresql", query=urlencode(rest)).geturl()
+        return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress)
+
+    # -- connections ------------------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": self._connect_timeout}
+        return kwargs
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Every connection: durable commits, this journal's schema, read-only when asked."""
+        conn.execute("SET synchronous_commit TO on")
+        if self.schema is not None:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if self._readonly:
+            conn.execute("SET default_transaction_read_only TO on")
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self._conninfo, **self._connect_kwargs())
+        try:
+            conn.execute("SET synchronous_commit TO on")
+            if self.schema is not None:
+                conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._closed or self._pool is None:
+            raise UsageError(f"journal {self.url} was closed; open a new PostgresCheckpointer")
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise JournalError(f"journal {self.url}: no connection to the server ({exc}); nothing was committed") from None
+
+    @contextmanager
+    def _txn(self) -> Iterator[psycopg.Cursor[Any]]:
+        if self._readonly:
+            raise UsageError(f"journal {self.url} was opened read-only; nothing was written")
+        try:
+            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+                yield cur
+        except (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure):
+            raise
+        except psycopg.Error as exc:
+            # A lost connection, a full disk, a killed backend: the transaction did not commit.
+            raise JournalError(f"journal {self.url}: write failed, nothing was committed: {_first_line(exc)}") from None
+
+    # -- schema -----------------------------------------------------------------------------------
+
+    def _migrate(self, conn: psycopg.Connection[Any], compress: bool | None) -> tuple[str, bool]:
+        """Check, create or migrate the schema; return the journal's id and whether to compress."""
+        with conn.transaction():
+            if not self._readonly:
+                # Two workers opening one new database at once: one creates, the other waits and reads.
+                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_MIGRATE_LOCK, _int4(self.schema or "")))
+            exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone()
+            tables = _one(conn.execute("SELECT to_regclass('cuaderno_migrations') IS NOT NULL, count(*) FROM pg_tables "
+                                  "WHERE schemaname = %s AND tablename LIKE 'cuaderno\\_%%'",
+                                  (self.schema,))) if exists else (False, 0)
+            if not tables[0]:
+                if not self._create:
+                    raise JournalError(f"{self.url} (schema {self.schema!r}) is not a cuaderno journal (no cuaderno "
+                                       "tables); nothing was changed")
+                if tables[1]:
+                    raise JournalCorrupt(f"{self.url} (schema {self.schema!r}) has cuaderno tables but no migration "
+                                         "record; nothing was changed")
+                if not exists:
+                    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema or "")))
+                conn.execute("CREATE TABLE cuaderno_migrations (version INTEGER PRIMARY KEY, "
+                             "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+                version = 0
+            else:
+                version = self._version(conn)
+                if self._readonly and version < SCHEMA_VERSION:
+                    raise JournalError(f"{self.url} has journal schema {version}; this cuaderno reads "
+                                       f"{SCHEMA_VERSION}. Open it once for writing to migrate it; nothing was changed")
+            for number, step in enumerate(_MIGRATIONS[version:], start=version + 1):
+                for statement in step:
+                    conn.execute(statement)  # constant SQL of this module
+                conn.execute("INSERT INTO cuaderno_migrations (version) VALUES (%s)", (number,))
+            if compress is not None and not self._readonly:
+                conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('compress', %s) ON CONFLICT (key) "
+                             "DO UPDATE SET value = excluded.value", (_ON_OFF[compress],))
+            meta = dict(conn.execute("SELECT key, value FROM cuaderno_meta").fetchall())
+            crash.point("open.M1")
+        crash.point("open.M2")
+        setting = meta.get("compress")
+        if setting not in (None, "on", "off"):
+            raise JournalCorrupt(f"{self.url}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
+        if "journal_id" not in meta:
+            raise JournalCorrupt(f"{self.url}: the journal records no id (cuaderno_meta); nothing was changed")
+        return str(meta["journal_id"]), setting != "off"
+
+    def _version(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
+        """The recorded schema version, refusing one newer than this cuaderno's."""
+        row = conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone()
+        version = 0 if row is None or row[0] is None else schema_version(row[0])
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(version, SCHEMA_VERSION)
+        return version
+
+    # -- Checkpointer -----------------------------------------------------------------------------
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        if not events:
+            return []
+        run_id = events[0].run_id
+        if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
+            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
+        crash.point("append.W0")
+        try:
+            out = self._append(run_id, events, epoch, expect_seq, lookups=False)
+        except Duplicate:
+            out = self._append(run_id, events, epoch, expect_seq, lookups=True)
+        crash.point("append.W2")
+        return out
+
+    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
+                lookups: bool) -> list[StepEvent]:
+        try:
+            with self._txn() as cur:
+                cp = self._locked_summary(cur, run_id, use_cache=not lookups)
+
+                def existing(ev: StepEvent) -> StepEvent | None:
+                    row = cur.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
+                                      "WHERE run_id=%s AND step_id=%s AND phase=%s", ev.key).fetchone()
+                    return None if row is None else decode_row(row)
+
+                # Optimistic, as in SQLite: insert without looking; a stored key fails the INSERT
+                # and the transaction is redone with per-key lookups.
+                new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
+                if new:
+                    try:
+                        self._insert(cur, new)
+                    except psycopg.errors.UniqueViolation as exc:
+                        if lookups:
+                            raise JournalError(f"journal {self.url}: {_first_line(exc)}; nothing was committed") \
+                                from None
+                        raise Duplicate from None
+                    crash.in_txn("checkpoint")
+                    xmin = _one(cur.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
+                                                          cp.dumps())))[0]
+                    crash.in_txn()
+                    crash.point("append.W1")
+                    with self._cache_lock:
+                        self._cache[run_id] = (xmin, cp)
+            return out
+        except BaseException:
+            with self._cache_lock:
+                self._cache.pop(run_id, None)
+            raise
+
+    def _locked_summary(self, cur: psycopg.Cursor[Any], run_id: str, *, use_cache: bool) -> Checkpoint:
+        """The run's summary with its row locked for this transaction (or, for a run with no row
+        yet, the run's creation lock taken), its epoch the column's."""
+        row = cur.execute("SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                          (run_id,)).fetchone()
+        if row is None:
+            # Nothing to lock yet: serialise the run's creators, then look again (read committed:
+            # the new statement sees a row another creator committed while this one waited).
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_NEW_RUN_LOCK, _int4(self._journal_id + run_id)))
+            row = cur.execute("SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                              (run_id,)).fetchone()
+            if row is None:
+                return Checkpoint(run_id=run_id)
+        epoch = checked_epoch(run_id, row[0])
+        with self._cache_lock:
+            # Taken out, not read: this append folds events into it in place, and if it then
+            # fails, its rollback frees the row before the entry could be dropped; a next writer
+            # must not find a summary holding events that were never committed.
+            cached = self._cache.pop(run_id, None)
+        if use_cache and cached is not None and cached[0] == row[1]:
+            cp = cached[1]  # the row is still the version this store wrote
+        else:
+            text = _one(cur.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)))[0]
+            cp = _loads(run_id, text)
+        cp.epoch = epoch  # a takeover writes only the column
+        return cp
+
+    def _insert(self, cur: psycopg.Cursor[Any], new: list[tuple[StepEvent, bytes]]) -> None:
+        rows = []
+        for e, payload in new:
+            if len(payload) > MAX_PAYLOAD:
+                raise JournalError(f"journal {self.url}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
+                                   f"bytes of JSON, more than the {MAX_PAYLOAD:,} a journal row holds; nothing "
+                                   "was committed")
+            codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
+            rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
+                         stored, e.created_at, e.row_hash))
+        if len(rows) == 1:
+            cur.execute(_INSERT, rows[0])
+        else:
+            cur.executemany(_INSERT, rows)
+
+    def load(self, run_id: str) -> list[StepEvent]:
+        if not _readable(run_id):
+            raise RunNotFound(run_id)
+        with self._reading(run_id), self._conn() as conn, conn.transaction():
+            # One snapshot for both statements: read apart, a commit between them would leave rows
+            # past the head the summary named, which looks exactly like a tampered journal.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._version(conn)
+            head = conn.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
+            rows: list[RawRow] = [] if head is None else conn.execute(
+                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=%s ORDER BY seq",  # noqa: S608
+                (run_id,)).fetchall()
+        if head is None:
+            raise RunNotFound(run_id)
+        with self._reading(run_id):
+            summary = _loads(run_id, head[0])
+            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
+            decode_small_payloads(events)
+        return events
+
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        """Rebuild the run's stored summary from its hash-chained journal, with its row locked (no
+        append lands between the read and the rewrite). The epoch and holder are kept.
+
+        Raises:
+            RunNotFound: no such run.
+            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
+        """
+        if not _readable(run_id):
+            raise RunNotFound(run_id)
+        with self._reading(run_id), self._txn() as cur:
+            self._version(cur)
+            row = cur.execute("SELECT epoch, checkpoint, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                              (run_id,)).fetchone()
+            rows: list[RawRow] = cur.execute(
+                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=%s ORDER BY seq",  # noqa: S608
+                (run_id,)).fetchall()
+            if row is None:
+                if rows:
+                    raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
+                                         "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
+                                         "written")
+                raise RunNotFound(run_id)
+            cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
+            if row[2] != cp.status:
+                differ = [*differ, "status column"]
+            if differ:
+                cur.execute("UPDATE cuaderno_runs SET status=%s, checkpoint=%s WHERE run_id=%s",
+                            (cp.status, cp.dumps(), run_id))
+            with self._cache_lock:
+                self._cache.pop(run_id, None)
+            crash.point("rebuild.B1")
+        crash.point("rebuild.B2")
+        return cp, differ
+
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        if not _readable(run_id):
+            return None
+        with self._reading(run_id), self._conn() as conn:
+            self._version(conn)
+            row = conn.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
+            if row is None:
+                return None
+            cp = _loads(run_id, row[1])
+            cp.epoch = checked_epoch(run_id, row[0])
+            return cp
+
+    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise UsageError("limit must be an integer")
+        if limit <= 0 or (status is not None and not _readable(status)):
+            return []
+        with self._reading("*"), self._conn() as conn:
+            self._version(conn)
+            rows = conn.execute("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
+                                "WHERE (%s::text IS NULL OR status = %s) ORDER BY updated_at DESC LIMIT %s",
+                                (status, status, min(limit, 2**62))).fetchall()
+            out = []
+            for run_id, epoch, text in rows:
+                cp = _loads(run_id, text)
+                cp.epoch = checked_epoch(run_id, epoch)
+                out.append(cp)
+            return out
+
+    @contextmanager
+    def _reading(self, run_id: str) -> Iterator[None]:
+        """Damage found while reading is JournalCorrupt; a server that cannot answer, JournalError."""
+        try:
+            yield
+        except (JournalError, UsageError):
+            raise
+        except psycopg.Error as exc:
+            raise JournalError(f"journal {self.url}, run {run_id!r}: read failed: {_first_line(exc)}") from None
+        except (ValueError, TypeError, KeyError, UnicodeError) as exc:
+            raise JournalCorrupt(f"journal {self.url}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
+                                 "nothing was changed") from exc
+
+    # -- holding runs -----------------------------------------------------------------------------
+
+    def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
+        if not _readable(run_id):
+            raise RunNotFound(run_id)
+        took = False
+        try:
+            with self._txn() as cur:
+                self._version(cur)
+                row = cur.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                                  (run_id,)).fetchone()
+                if row is None:
+                    raise RunNotFound(run_id)
+                if open_only and row[2] in CLOSED_STATUSES:  # before the lock: nothing to give back
+                    raise RunClosed(run_id, row[2])
+                # Taken with the run's row locked: two takers cannot both find the run free.
+                held_before = run_id in self._locked
+                took = self._lock_run(run_id) and not held_before
+                if run_id not in self._locked and not force:
+                    holder = _lease.parse(row[1])
+                    who = _lease.describe(holder) if holder is not None else "another worker"
+                    raise RunBusy(run_id, f"{who}, whose connection to the journal is still open")
+                epoch = checked_epoch(run_id, row[0]) + 1
+                if epoch >= 2**63:
+                    raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
+                                         "run's fencing record is damaged, nothing was written")
+                cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
+                            (epoch, _lease.claim(owner), run_id))
+                with self._cache_lock:
+                    self._cache.pop(run_id, None)
+        except BaseException:
+            if took:
+                self._unlock_run(run_id)
+            raise
+        self._taken[run_id] = epoch
+        return epoch
+
+    def release(self, run_id: str, epoch: int) -> None:
+        if not _readable(run_id) or self._readonly:
+            return
+        with self._txn() as cur:
+            row = cur.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                              (run_id,)).fetchone()
+            if row is not None and row[0] == epoch:
+                cur.execute("UPDATE cuaderno_runs SET owner=%s WHERE run_id=%s AND epoch=%s",
+                            (_lease.released(row[1]), run_id, epoch))
+        # Released, or taken over since (with force): either way this store stops holding it, or
+        # the run would look held until this store closed. After the commit, so that nobody
+        # finds the run free while the row still names this holder.
+        if self._taken.get(run_id) == epoch:
+            del self._taken[run_id]
+            self._unlock_run(run_id)
+
+    def _lock_key(self, run_id: str) -> int:
+        digest = hashlib.sha256(f"{self._journal_id}\x00{run_id}".encode("utf-8", "surrogatepass")).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def _lock_run(self, run_id: str) -> bool:
+        """Take the run's advisory lock on this store's lock connection; ``False``: someone holds it."""
+        with self._holds_lock:
+            for attempt in (1, 2):
+                conn = self._holds_connection()
+                try:
+                    if run_id in self._locked:  # held already (locks stack): is the connection still alive?
+                        conn.execute("SELECT 1")
+                        return True
+                    got = _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key(run_id),)))[0]
+                except psycopg.OperationalError:
+                    # The lock connection died (and with it every lock it held): open a new one.
+                    self._drop_holds()
+                    if attempt == 2:
+                        raise
+                    continue
+                if got:
+                    self._locked.add(run_id)
+                return bool(got)
+        return False  # not reached
+
+    def _unlock_run(self, run_id: str) -> None:
+        with self._holds_lock:
+            if run_id not in self._locked:
+                return
+            self._locked.discard(run_id)
+            if self._holds is None:
+                return
+            try:
+                self._holds.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key(run_id),))
+            except psycopg.Error:
+                self._drop_holds()  # a dead connection holds nothing any more
+            if not self._locked:
+                self._drop_holds()  # nothing held: no connection kept open for it
+
+    def _holds_connection(self) -> psycopg.Connection[Any]:
+        if self._holds is not None and not self._holds.closed and not self._holds.broken:
+            return self._holds
+        self._drop_holds()
+        conn = self._connect()
+        try:
+            # The server drops a vanished host's locks once keepalives go unanswered.
+            k = self._keepalive
+            conn.execute(f"SET tcp_keepalives_idle TO {k}; SET tcp_keepalives_interval TO {k}; "
+                         f"SET tcp_keepalives_count TO 3; SET tcp_user_timeout TO {3 * k * 1000}")
+            conn.execute("SELECT set_config('application_name', %s, false)", (f"cuaderno-holds-{self.schema}",))
+        except BaseException:
+            conn.close()
+            raise
+        self._holds = conn
+        return conn
+
+    def _drop_holds(self) -> None:
+        conn, self._holds = self._holds, None
+        self._locked.clear()
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def holder_pid(self) -> int | None:
+        """The server process of this store's lock connection (``None``: it holds no run): what
+        ``pg_terminate_backend`` ends to simulate this holder's death."""
+        with self._holds_lock:
+            if self._holds is None or self._holds.closed:
+                return None
+            return int(self._holds.info.backend_pid)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        for run_id, epoch in list(self._taken.items()):
+            try:
+                self.release(run_id, epoch)
+            except JournalError:
+                pass
+        self._closed = True
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        with self._holds_lock:
+            self._drop_holds()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            try:
+                pool.close()
+            except Exception:
+                pass
+
+    def __enter__(self) -> PostgresCheckpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_ON_OFF = {True: "on", False: "off"}
+
+
+def _readable(run_id: object) -> bool:
+    """Whether ``run_id`` could have been stored (text PostgreSQL can hold: no NUL)."""
+    return isinstance(run_id, str) and storable(run_id) and "\x00" not in run_id
+
+
+def _loads(run_id: str, text: object) -> Checkpoint:
+    if not isinstance(text, str):
+        raise JournalCorrupt(f"run {run_id!r}: its stored summary is not text")
+    return Checkpoint.loads(text)
+
+
+def _int4(text: str) -> int:
+    """A signed 32-bit key from text (the two-key advisory lock form)."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4], "big", signed=True)
+
+
+def _one(cur: psycopg.Cursor[Any]) -> Any:
+    """The one row a statement returns (every caller's statement returns exactly one)."""
+    row = cur.fetchone()
+    if row is None:
+        raise JournalCorrupt("the journal's database returned no row where one is always returned")
+    return row
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
