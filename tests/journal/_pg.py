@@ -38,10 +38,11 @@ def schema_url(schema: str) -> str:
 
 def drop_schemas(names: list[str]) -> None:
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         for name in names:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[call-overload]
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -1,0 +1,254 @@
+"""PostgresCheckpointer beyond the conformance suite: bad input, liveness across processes, the CLI.
+
+Runs against the machine's PostgreSQL (see ``_pg``), each test in schemas of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from _pg import PG_URL, new_schema, pg_schemas, schema_url  # noqa: F401 - the fixture
+from psycopg import sql
+from typer.testing import CliRunner
+
+from cuaderno import open_journal
+from cuaderno.cli import app
+from cuaderno.errors import FencedOut, JournalError, RunBusy, SchemaTooNew, UsageError
+from cuaderno.events import StepEvent
+from cuaderno.journal.postgres import SCHEMA_VERSION, PostgresCheckpointer
+
+pytestmark = pytest.mark.postgres
+
+HOLDER = str(Path(__file__).resolve().parent / "_pg_holder.py")
+
+
+def _start(run: str) -> StepEvent:
+    return StepEvent(run_id=run, step_id="run", phase="start", kind="run", fingerprint="f",
+                     payload={"task": "t", "versions": {"schema": 1}})
+
+
+def _tables(schema: str) -> dict[str, Any]:
+    """Every cuaderno table of the schema, as rows: what 'nothing was written' is checked against."""
+    with psycopg.connect(PG_URL) as conn:
+        names = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname=%s ORDER BY 1",
+                                            (schema,)).fetchall()]
+        return {n: conn.execute(sql.SQL("SELECT * FROM {}.{} ORDER BY 1").format(
+            sql.Identifier(schema), sql.Identifier(n))).fetchall() for n in names}
+
+
+@pytest.fixture
+def journal(pg_schemas: list[str]) -> Iterator[PostgresCheckpointer]:  # noqa: F811
+    pg_schemas.append(new_schema())
+    store = PostgresCheckpointer(PG_URL, schema=pg_schemas[-1])
+    yield store
+    store.close()
+
+
+# -- settings and schema ------------------------------------------------------------------------
+
+
+def test_settings_and_migrations(journal: PostgresCheckpointer) -> None:
+    with journal._conn() as conn:  # a pool connection, as appends use
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        versions = conn.execute("SELECT version FROM cuaderno_migrations ORDER BY 1").fetchall()
+        assert [v for (v,) in versions] == list(range(1, SCHEMA_VERSION + 1))
+        key = conn.execute("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                           "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'cuaderno_events'::regclass "
+                           "AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)").fetchall()
+        assert [k for (k,) in key] == ["run_id", "step_id", "phase"]
+
+
+def test_open_journal_opens_a_postgres_url(pg_schemas: list[str]) -> None:  # noqa: F811
+    pg_schemas.append(new_schema())
+    store = open_journal(schema_url(pg_schemas[-1]) + "&compress=off")
+    try:
+        assert isinstance(store, PostgresCheckpointer)
+        store.append([_start("r"), StepEvent(run_id="r", step_id="x", phase="result", kind="tool",
+                                             payload={"text": "y" * 2000})])
+        # compress=off: the payload rests as plain JSON (readable with the server's own JSON functions)
+        assert {row[8] for row in _tables(pg_schemas[-1])["cuaderno_events"]} == {"json"}
+    finally:
+        store.close()
+    again = open_journal(schema_url(pg_schemas[-1]), create=False, readonly=True)
+    try:
+        assert [e.step_id for e in again.load("r")] == ["run", "x"]
+        with pytest.raises(UsageError, match="read-only"):
+            again.append([_start("other")])
+    finally:
+        again.close()
+
+
+def test_compressed_by_default(journal: PostgresCheckpointer) -> None:
+    journal.append([_start("r"), StepEvent(run_id="r", step_id="x", phase="result", kind="tool",
+                                           payload={"text": "words and more words " * 100})])
+    assert {row[8] for row in _tables(str(journal.schema))["cuaderno_events"]} == {"json", "json+zstd"}
+    assert journal.load("r")[1].payload == {"text": "words and more words " * 100}
+
+
+# -- bad input: one clear error, nothing written -----------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("postgresql://127.0.0.1:1/test", "cannot open it"),  # nothing listens there
+    ("postgresql://127.0.0.1:5432/no_such_database_here", "no_such_database_here"),
+    ("postgresql://127.0.0.1:5432/test?nonsense=1", "nonsense"),
+    ("postgresql://127.0.0.1:5432/test?schema=1bad", "schema must be a plain SQL name"),
+    ("postgresql://127.0.0.1:5432/test?compress=maybe", "compress='maybe'"),
+])
+def test_a_wrong_url_is_one_clear_error(url: str, needle: str, pg_schemas: list[str]) -> None:  # noqa: F811
+    with pytest.raises((JournalError, UsageError)) as caught:
+        open_journal(url)
+    message = str(caught.value)
+    assert needle in message and "\n" not in message
+
+
+def test_a_database_without_the_schema_is_refused_and_nothing_is_created(pg_schemas: list[str]) -> None:  # noqa: F811
+    schema = new_schema()
+    pg_schemas.append(schema)
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match="not a cuaderno journal.*nothing was changed"):
+            open_journal(schema_url(schema), create=False, readonly=readonly)
+    with psycopg.connect(PG_URL) as conn:
+        assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname=%s", (schema,)).fetchone() is None
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    with pytest.raises(JournalError, match="not a cuaderno journal"):
+        open_journal(schema_url(schema), create=False)
+    assert _tables(schema) == {}
+
+
+def test_a_newer_schema_is_refused_and_nothing_is_written(journal: PostgresCheckpointer) -> None:
+    journal.append([_start("r")])
+    schema = str(journal.schema)
+    with psycopg.connect(PG_URL) as conn:
+        conn.execute(sql.SQL("INSERT INTO {}.cuaderno_migrations (version) VALUES (%s)").format(
+            sql.Identifier(schema)), (SCHEMA_VERSION + 1,))
+    before = _tables(schema)
+    for kwargs in ({}, {"create": False}, {"readonly": True}):
+        with pytest.raises(SchemaTooNew, match=f"version {SCHEMA_VERSION + 1} is newer"):
+            open_journal(schema_url(schema), **kwargs)
+    # The store opened before the upgrade refuses too, at its next read or takeover.
+    with pytest.raises(SchemaTooNew):
+        journal.load("r")
+    with pytest.raises(SchemaTooNew):
+        journal.acquire("r", "w")
+    assert _tables(schema) == before
+
+
+# -- liveness across processes ------------------------------------------------------------------
+
+
+def _spawn_holder(url: str, run: str, where: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, HOLDER, url, run, str(where)], env=env)
+    held = where / "held"
+    deadline = time.monotonic() + 60
+    while not held.exists():  # the holder's own record that it holds the run
+        assert proc.poll() is None, "the holder died before taking the run"
+        assert time.monotonic() < deadline, "the holder never took the run"
+        time.sleep(0.01)
+    return proc, json.loads(held.read_text())
+
+
+def _wait_outcome(proc: subprocess.Popen[bytes], where: Path) -> str:
+    (where / "go").touch()
+    assert proc.wait(timeout=60) == 0
+    return (where / "outcome").read_text()
+
+
+def test_a_holder_whose_connection_dies_is_taken_over_and_fenced(journal: PostgresCheckpointer,
+                                                                 tmp_path: Path) -> None:
+    run = "r-kill-conn"
+    journal.append([_start(run)])
+    proc, held = _spawn_holder(schema_url(str(journal.schema)), run, tmp_path)
+    try:
+        with pytest.raises(RunBusy, match="holder"):
+            journal.acquire(run, "taker")
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (held["backend"],)).fetchone() == (True,)
+            # Terminating is asynchronous: wait until the server has ended that backend (its locks go with it).
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid=%s", (held["backend"],)).fetchone():
+                time.sleep(0.01)
+        epoch = journal.acquire(run, "taker")
+        assert epoch == held["epoch"] + 1
+        assert _wait_outcome(proc, tmp_path) == "FencedOut"  # the old holder's next write is refused
+        assert [e.step_id for e in journal.load(run)] == ["run"]  # and nothing of it was written
+        with pytest.raises(FencedOut):
+            journal.append([_start(run)], epoch=held["epoch"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_stopped_holder_keeps_the_run(journal: PostgresCheckpointer, tmp_path: Path) -> None:
+    run = "r-stopped"
+    journal.append([_start(run)])
+    proc, held = _spawn_holder(schema_url(str(journal.schema)), run, tmp_path)
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)  # its connection stays open: the server keeps its lock
+        with pytest.raises(RunBusy):
+            journal.acquire(run, "taker")
+        os.kill(proc.pid, signal.SIGCONT)
+        assert _wait_outcome(proc, tmp_path) == "ok"  # it wakes still holding the run
+        assert [e.step_id for e in journal.load(run)] == ["run", "t0000.tool00"]
+        # It exited without releasing: the server dropped its lock with its connection.
+        assert journal.acquire(run, "taker") == held["epoch"] + 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_release_lets_another_worker_take_over_at_once(journal: PostgresCheckpointer) -> None:
+    journal.append([_start("r")])
+    other = PostgresCheckpointer(PG_URL, schema=journal.schema)
+    try:
+        epoch = journal.acquire("r", "a")
+        with pytest.raises(RunBusy):
+            other.acquire("r", "b")
+        assert other.acquire("r", "b", force=True) == epoch + 1  # force takes it anyway
+        journal.release("r", epoch)  # superseded: its lock goes too
+        third = PostgresCheckpointer(PG_URL, schema=journal.schema)
+        try:
+            assert third.acquire("r", "c") == epoch + 2
+        finally:
+            third.close()
+    finally:
+        other.close()
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_lists_shows_and_approves_through_a_postgres_url(journal: PostgresCheckpointer) -> None:
+    run, step, fp = "r-pay", "t0000.tool00.approval", "fp-1"
+    journal.append([_start(run)])
+    journal.append([StepEvent(run_id=run, step_id=step, phase="request", kind="approval", name="transfer",
+                              decision="require_approval", fingerprint=fp,
+                              payload={"tool_step": "t0000.tool00", "arguments": {"amount": 1}})])
+    url = schema_url(str(journal.schema))
+
+    def cli(*args: str) -> Any:
+        result = CliRunner().invoke(app, ["--db", url, *args], prog_name="cuaderno")
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        return result
+
+    listed = cli("list", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == [run]
+    shown = cli("show", run)
+    assert shown.exit_code == 0 and step in shown.stdout
+    approved = cli("approve", run, step, "--fingerprint", fp, "--by", "ana")
+    assert approved.exit_code == 0, approved.output
+    cp = journal.checkpoint(run)
+    assert cp is not None and cp.pending == {}
+    missing = CliRunner().invoke(app, ["--db", schema_url(new_schema()), "list"], prog_name="cuaderno")
+    assert missing.exit_code == 2 and "not a cuaderno journal" in missing.stderr
