@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cuaderno import approve, open_journal
+from cuaderno.errors import JournalError
 from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.ledger import read_receipts
 from cuaderno.testing.records import read_records
@@ -88,14 +89,14 @@ class Outcome:
 
 
 def _child(case: Case, work: Path, ledger: str | None, crash_at: str | None,
-           cancel_at: str | None = None) -> tuple[int, int, dict[str, Any]]:
+           cancel_at: str | None = None, journal: str | None = None) -> tuple[int, int, dict[str, Any]]:
     """Run the workload in a forked child (a real process: SIGKILL really kills it).
 
     Forking an already-imported interpreter costs milliseconds where a fresh ``python`` costs
     half a second, which is what keeps hundreds of kills inside the default test run.
     ``CUADERNO_CRASH_SUBPROCESS=1`` runs fresh interpreters instead.
     """
-    argv = ["--db", journal_url(work / "runs.db"), "--run", case.run_id, "--kind", case.kind, "--turns", str(case.turns),
+    argv = ["--db", journal or journal_url(work / "runs.db"), "--run", case.run_id, "--kind", case.kind, "--turns", str(case.turns),
             "--work", str(work)]
     if ledger:
         argv += ["--ledger", ledger]
@@ -144,7 +145,27 @@ def _subprocess_child(case: Case, argv: list[str], crash_at: str | None) -> tupl
     return proc.returncode, pid, result
 
 
-def _journal_rows(db: Path, run_id: str) -> list[tuple[str, str, str]]:
+def _stored_events(url: str, run_id: str) -> list[Any]:
+    """A run's events in a journal named by URL (PostgreSQL), read through the protocol: ``load``
+    checks the hash chain; a journal or run the crash left uncreated has none."""
+    from cuaderno.errors import RunNotFound
+
+    try:
+        store = open_journal(url, create=False, readonly=True)
+    except JournalError as exc:
+        if "not a cuaderno journal" in str(exc):
+            return []
+        raise
+    with closing(store):
+        try:
+            return store.load(run_id)
+        except RunNotFound:
+            return []
+
+
+def _journal_rows(db: Path | str, run_id: str) -> list[tuple[str, str, str]]:
+    if isinstance(db, str):
+        return [(e.step_id, e.phase, e.row_hash) for e in _stored_events(db, run_id)]
     if not db.exists():
         return []
     con = sqlite3.connect(db)
@@ -159,7 +180,9 @@ def _journal_rows(db: Path, run_id: str) -> list[tuple[str, str, str]]:
     return [(r[0], r[1], r[2]) for r in rows]
 
 
-def _journaled_keys(db: Path, run_id: str) -> set[str]:
+def _journaled_keys(db: Path | str, run_id: str) -> set[str]:
+    if isinstance(db, str):
+        return {e.payload["key"] for e in _stored_events(db, run_id) if e.kind == "model" and e.phase == "result"}
     con = sqlite3.connect(db)
     try:
         rows = con.execute("SELECT codec, payload FROM cuaderno_events WHERE run_id=? AND kind='model' "
@@ -169,7 +192,15 @@ def _journaled_keys(db: Path, run_id: str) -> set[str]:
     return {stored_payload(*r)["key"] for r in rows}
 
 
-def _integrity(db: Path) -> str:
+def _integrity(db: Path | str) -> str:
+    if isinstance(db, str):
+        try:
+            with closing(open_journal(db, create=False, readonly=True)) as store:
+                for cp in store.list_runs(limit=1_000_000):
+                    store.load(cp.run_id)  # every run's chain and head
+        except JournalError as exc:
+            return str(exc)
+        return "ok"
     con = sqlite3.connect(db)
     try:
         return str(con.execute("PRAGMA integrity_check").fetchone()[0])
@@ -177,14 +208,15 @@ def _integrity(db: Path) -> str:
         con.close()
 
 
-def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
-    """Kill, recover (approving when asked), then check every invariant."""
+def run_case(case: Case, work: Path, ledgers: dict[str, Any], journal: str | None = None) -> Outcome:
+    """Kill, recover (approving when asked), then check every invariant. ``journal``: the journal's
+    URL when it is not the SQLite file in ``work`` (a PostgreSQL schema of the case's own)."""
     work.mkdir(parents=True, exist_ok=True)
-    db = work / "runs.db"
+    db: Path | str = journal or work / "runs.db"
     ledger = ledgers.get({"tool_dedup": "dedup", "approval": "dedup", "tool_lookup": "nodedup",
                           "tool_nodedup": "nodedup"}.get(case.kind, ""), None)
     url = ledger.url if ledger is not None else None
-    rc, _, result = _child(case, work, url, case.crash_at)
+    rc, _, result = _child(case, work, url, case.crash_at, journal=journal)
     out = Outcome(case=case, crashed=rc == -9)
     before = _journal_rows(db, case.run_id)
     passes = _recover(case, work, url, db, result, out)
@@ -209,7 +241,7 @@ def run_case(case: Case, work: Path, ledgers: dict[str, Any]) -> Outcome:
     return out
 
 
-def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str, Any],
+def _recover(case: Case, work: Path, url: str | None, db: Path | str, result: dict[str, Any],
              out: Outcome) -> list[tuple[int, set[str]]]:
     """Resume until the run ends, approving pending steps like a person would. Returns each
     recovery process's pid with the model calls whose response was journaled before it started
@@ -219,7 +251,7 @@ def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str
         if result.get("status") in ("completed", "needs_human"):
             break
         if result.get("status") == "suspended":
-            with closing(open_journal(journal_url(db))) as store:
+            with closing(open_journal(db if isinstance(db, str) else journal_url(db))) as store:
                 for step_id in list((store.checkpoint(case.run_id) or _never()).pending):
                     approve(store, case.run_id, step_id, approver="crash-test")
                     out.approvals_written += 1
@@ -228,7 +260,7 @@ def _recover(case: Case, work: Path, url: str | None, db: Path, result: dict[str
             prefix = PREFIX[case.kind] if case.second.startswith("K") else "recovery"
             crash_at = f"{prefix}.{case.second}:1"
         journaled = _journaled_keys(db, case.run_id) if _journal_rows(db, case.run_id) else set()
-        rc, pid, result = _child(case, work, url, crash_at)
+        rc, pid, result = _child(case, work, url, crash_at, journal=db if isinstance(db, str) else None)
         passes.append((pid, journaled))
         out.second_crashed = out.second_crashed or (crash_at is not None and rc == -9)
         out.passes += 1

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from _report import record
 
-from cuaderno import FinalStep, RunBusy, ScriptedGateway, Session, SqliteCheckpointer
+from cuaderno import FinalStep, RunBusy, ScriptedGateway, Session, open_journal
 from cuaderno.testing.records import read_records
 
 pytestmark = pytest.mark.xdist_group("crash")
@@ -59,11 +59,11 @@ CHILD = textwrap.dedent("""
     import asyncio, sys
     sys.path.insert(0, sys.argv[5])
     from takeover_workload import agent, script
-    from cuaderno import FencedOut, RunBusy, ScriptedGateway, Session, SqliteCheckpointer
+    from cuaderno import FencedOut, RunBusy, ScriptedGateway, Session, open_journal
 
     async def main() -> None:
         db, receipts, billing, gate = sys.argv[1:5]
-        store = SqliteCheckpointer(db)
+        store = open_journal(db)  # a file, or a journal URL (test_takeover_postgres.py)
         gw = ScriptedGateway(script(), billing_log=billing)
         try:
             steps = [s async for s in agent(receipts, None if gate == "-" else gate).run(
@@ -128,7 +128,7 @@ def _resume_here(world: dict[str, Path], **session: Any) -> list[Any]:
     workload = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(workload)
     agent, script = workload.agent, workload.script
-    store = SqliteCheckpointer(world["db"])
+    store = open_journal(world["db"])
     gw = ScriptedGateway(script(), billing_log=world["billing"])
 
     async def run() -> list[Any]:
@@ -141,7 +141,7 @@ def _resume_here(world: dict[str, Path], **session: Any) -> list[Any]:
 
 
 def _epoch(world: dict[str, Path]) -> int:
-    store = SqliteCheckpointer(world["db"])
+    store = open_journal(world["db"])
     try:
         cp = store.checkpoint("run")
         assert cp is not None

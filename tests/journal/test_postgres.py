@@ -66,6 +66,12 @@ def test_settings_and_migrations(journal: PostgresCheckpointer) -> None:
                            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'cuaderno_events'::regclass "
                            "AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)").fetchall()
         assert [k for (k,) in key] == ["run_id", "step_id", "phase"]
+    # The lock connection: the server notices a vanished holder's host in about 30 s, not hours.
+    journal.append([_start("r")])
+    journal.acquire("r", "w")
+    assert journal._holds is not None
+    assert journal._holds.execute("SHOW tcp_keepalives_idle").fetchone() == ("10",)
+    assert journal._holds.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
 
 def test_open_journal_opens_a_postgres_url(pg_schemas: list[str]) -> None:  # noqa: F811

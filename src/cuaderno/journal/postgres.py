@@ -100,8 +100,13 @@ _MIGRATIONS: list[tuple[str, ...]] = [
 SCHEMA_VERSION = len(_MIGRATIONS)
 """The schema this cuaderno writes in PostgreSQL (this dialect's own count)."""
 
-_COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
-_INSERT = f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"  # noqa: S608
+# Whole statements, written out: no SQL is built from strings here (R12, checked by a test).
+_INSERT = ("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
+           "payload, created_at, row_hash) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)")
+_SELECT_RUN_EVENTS = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
+                      "created_at, row_hash FROM cuaderno_events WHERE run_id=%s ORDER BY seq")
+_SELECT_EVENT = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+                 "row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s")
 _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                "checkpoint=excluded.checkpoint RETURNING xmin::text")
@@ -329,8 +334,7 @@ class PostgresCheckpointer:
                 cp = self._locked_summary(cur, run_id, use_cache=not lookups)
 
                 def existing(ev: StepEvent) -> StepEvent | None:
-                    row = cur.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
-                                      "WHERE run_id=%s AND step_id=%s AND phase=%s", ev.key).fetchone()
+                    row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
                     return None if row is None else decode_row(row)
 
                 # Optimistic, as in SQLite: insert without looking; a stored key fails the INSERT
@@ -409,7 +413,7 @@ class PostgresCheckpointer:
             self._version(conn)
             head = conn.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
             rows: list[RawRow] = [] if head is None else conn.execute(
-                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=%s ORDER BY seq",  # noqa: S608
+                _SELECT_RUN_EVENTS,
                 (run_id,)).fetchall()
         if head is None:
             raise RunNotFound(run_id)
@@ -434,7 +438,7 @@ class PostgresCheckpointer:
             row = cur.execute("SELECT epoch, checkpoint, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
                               (run_id,)).fetchone()
             rows: list[RawRow] = cur.execute(
-                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=%s ORDER BY seq",  # noqa: S608
+                _SELECT_RUN_EVENTS,
                 (run_id,)).fetchall()
             if row is None:
                 if rows:
@@ -595,9 +599,11 @@ class PostgresCheckpointer:
         conn = self._connect()
         try:
             # The server drops a vanished host's locks once keepalives go unanswered.
-            k = self._keepalive
-            conn.execute(f"SET tcp_keepalives_idle TO {k}; SET tcp_keepalives_interval TO {k}; "
-                         f"SET tcp_keepalives_count TO 3; SET tcp_user_timeout TO {3 * k * 1000}")
+            k = str(self._keepalive)
+            conn.execute("SELECT set_config('tcp_keepalives_idle', %s, false), "
+                         "set_config('tcp_keepalives_interval', %s, false), "
+                         "set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', %s, false)",
+                         (k, k, str(3 * self._keepalive * 1000)))
             conn.execute("SELECT set_config('application_name', %s, false)", (f"cuaderno-holds-{self.schema}",))
         except BaseException:
             conn.close()

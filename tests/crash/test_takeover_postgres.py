@@ -1,0 +1,85 @@
+"""R4 on PostgreSQL: processes racing for one run whose holder died, from receipts.
+
+The same workload and checks as ``test_takeover.py`` (the tool's receipts file is the bank, the
+fake provider's billing log the bill), with the journal in a PostgreSQL schema of the test's own:
+there a holder's liveness is the server's session advisory lock, dropped when the holder's
+connection ends, so a killed holder is taken over at once and a live one never.
+
+Default: 2 processes started together, 10 repetitions, and a live and a killed holder.
+``CUADERNO_SOAK=1``: 30 repetitions of 2 and of 10 processes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pg import new_schema, pg_schemas, schema_url  # noqa: F401 - the fixture
+from _report import record
+from test_takeover import (
+    _killed_in_the_tool_body,
+    _reap,
+    _start,
+    test_a_killed_holder_is_taken_over_at_once,
+    test_a_live_holder_is_not_taken_over,
+)
+
+from cuaderno.testing.records import read_records
+
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("crash")]
+
+# The SQLite module's tests, run here against this module's ``world`` (a PostgreSQL journal).
+test_a_live_holder_is_not_taken_over_postgres = test_a_live_holder_is_not_taken_over
+test_a_killed_holder_is_taken_over_at_once_postgres = test_a_killed_holder_is_taken_over_at_once
+del test_a_live_holder_is_not_taken_over, test_a_killed_holder_is_taken_over_at_once
+
+SOAK = bool(os.environ.get("CUADERNO_SOAK"))
+RACES = [(2, a) for a in range(30 if SOAK else 10)] + [(10, a) for a in range(30 if SOAK else 0)]
+
+
+@pytest.fixture
+def world(tmp_path: Path, pg_schemas: list[str]) -> dict[str, Any]:  # noqa: F811
+    from test_takeover import WORKLOAD
+
+    pg_schemas.append(new_schema())
+    (tmp_path / "takeover_workload.py").write_text(WORKLOAD)
+    return {"dir": tmp_path, "db": schema_url(pg_schemas[-1]), "receipts": tmp_path / "receipts.jsonl",
+            "billing": tmp_path / "billing.jsonl", "gate": tmp_path / "gate"}
+
+
+@pytest.mark.parametrize(("racers", "attempt"), RACES)
+def test_resumers_started_together_run_the_effect_once_postgres(world: dict[str, Any], racers: int,
+                                                                attempt: int) -> None:
+    # A first process dies in the tool body (its intent committed); then `racers` resumers start
+    # at once. Whichever takes the run waits in the tool body until every other one has met it
+    # there and given up, so each takeover was tried while the holder was inside the tool.
+    _killed_in_the_tool_body(world)
+    billed = len(read_records(world["billing"]))
+    world["gate"].unlink(missing_ok=True)
+    os.remove(str(world["gate"]) + ".inflight")
+    started = [_start(world, gate=True) for _ in range(racers)]
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(str(world["gate"]) + ".inflight").exists() and time.monotonic() < deadline:
+            if all(r.poll() is not None for r in started):
+                break
+            time.sleep(0.01)
+        while sum(r.poll() is not None for r in started) < racers - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        world["gate"].touch()
+        outs = [r.communicate(timeout=60) for r in started]
+    finally:
+        for r in started:
+            _reap(r)
+    verdicts = [out.split()[0] if out.split() else f"crashed: {err[-300:]}" for out, err in outs]
+    receipts, bills = len(read_records(world["receipts"])), len(read_records(world["billing"])) - billed
+    record({"test": f"R4 {racers} resumers at once (PostgreSQL)", "kind": "tool_lookup", "point": "tool body",
+            "status": "completed", "kills": 1, "not_reached": 0, "duplicated": max(receipts - 1, 0),
+            "rebilled_journaled": max(bills - 1, 0), "rebilled_in_flight": 0,
+            "violations": int(not set(verdicts) <= {"busy", "done"})})
+    assert set(verdicts) <= {"busy", "done"} and "done" in verdicts, outs
+    assert receipts == 1, "the effect ran more than once"
+    assert bills == 1, "the last model turn was billed twice"
