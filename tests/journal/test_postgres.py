@@ -257,4 +257,4 @@ def test_cli_lists_shows_and_approves_through_a_postgres_url(journal: PostgresCh
     cp = journal.checkpoint(run)
     assert cp is not None and cp.pending == {}
     missing = CliRunner().invoke(app, ["--db", schema_url(new_schema()), "list"], prog_name="cuaderno")
-    assert missing.exit_code == 2 and "not a cuaderno journal" in missing.stderr
+    assert missing.exit_code == 4 and "not a cuaderno journal" in missing.stderr
