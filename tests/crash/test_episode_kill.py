@@ -123,17 +123,17 @@ def _pid(proc: subprocess.CompletedProcess[str]) -> int:
     return int(next(ln for ln in proc.stdout.splitlines() if ln.startswith("pid="))[4:])
 
 
+@pytest.mark.timeout(900)
 def test_a_parent_killed_at_every_journal_write_resumes_exactly_once(tmp_path: Path) -> None:
     """Kill the episode's process inside its N-th journal transaction (``append.W1:N``: the rows
     written, not committed), for every N until the episode finishes unkilled: parent and child
     writes alike. Every resume ends applied, with no generation billed twice and one receipt.
 
-    One known exception, the loop's (not the episode's): killed between a read tool's intent and
-    its result, where the re-run fails (the sandbox refuses ``../secret.txt`` again), the child's
-    loop takes the failed re-run for an effect of unknown fate and stops ``needs_human``
-    (``_tool_steps._execute``: "re-send after an unknown outcome failed", which a read-only,
-    idempotent tool cannot have). Then nothing may be applied or billed twice, and once a person
-    settles it (``resolve(happened=False)``) the episode ends applied, once.
+    By default every third write (about a dozen kills, parent and child writes both reached);
+    every write with ``CUADERNO_SOAK=1``. Killed between a read tool's intent and its result, where
+    the re-run fails (the sandbox refuses ``../secret.txt`` again), the child's read has simply
+    failed: the sandbox's tools are effect-free (before they were, the loop stopped the child
+    ``needs_human`` there, taking the failed re-run for an effect of unknown fate).
     """
     sys.path.insert(0, str(EXAMPLE.parent))
     try:
@@ -141,8 +141,9 @@ def test_a_parent_killed_at_every_journal_write_resumes_exactly_once(tmp_path: P
     finally:
         sys.path.remove(str(EXAMPLE.parent))
     n, loop_uncertain = 0, []
+    stride = 1 if os.environ.get("CUADERNO_SOAK") == "1" else 3
     while True:
-        n += 1
+        n += stride
         workdir = tmp_path / f"w{n}"
         workdir.mkdir()
         developer_agent.make_repo(workdir)
@@ -165,4 +166,4 @@ def test_a_parent_killed_at_every_journal_write_resumes_exactly_once(tmp_path: P
         assert _result(resumed)["status"] == "applied"
         _check_world(workdir, f"append.W1:{n}", status=status)
     assert n > 20, f"only {n - 1} writes: the sweep did not run the episode"
-    assert len(loop_uncertain) <= 1, f"the loop's read-tool re-run became uncertain at writes {loop_uncertain}"
+    assert loop_uncertain == [], f"the loop's read-tool re-run became uncertain at writes {loop_uncertain}"
