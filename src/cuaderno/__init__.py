@@ -49,7 +49,17 @@ from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
 from cuaderno.harness import approve, deny, pending_approvals, rebuild_summary, resolve
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer, open_journal
-from cuaderno.loop import Agent, ApprovalStep, FinalStep, ModelStep, RetryPolicy, Session, Step, ToolStep
+from cuaderno.loop import (
+    Agent,
+    ApprovalStep,
+    FinalStep,
+    ModelStep,
+    RetryPolicy,
+    RunResult,
+    Session,
+    Step,
+    ToolStep,
+)
 from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.versions import Migration
 from cuaderno.tools import Compensation, Policy, PolicyDecision, Tool, ToolContext, tool
@@ -107,6 +117,7 @@ __all__ = [
     "RunChanged",
     "RunClosed",
     "RunNotFound",
+    "RunResult",
     "SchemaTooNew",
     "ScriptedGateway",
     "Session",

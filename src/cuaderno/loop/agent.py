@@ -12,7 +12,9 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
 
 from cuaderno.budgets import Budgets
 from cuaderno.errors import UsageError
@@ -27,6 +29,9 @@ from cuaderno.loop.steps import Step
 from cuaderno.loop.versions import Migration
 from cuaderno.tools.definition import Tool
 from cuaderno.tools.policy import ALLOW_ALL, Policy
+
+if TYPE_CHECKING:
+    from cuaderno.loop.result import RunResult
 
 __all__ = ["LOOP_VERSION", "Agent", "RetryPolicy", "Session"]
 
@@ -136,12 +141,16 @@ class Agent:
         require_tool: every turn must call a tool (``tool_choice=required``).
         budgets: per-run bounds on retries, repairs, replans, reflects, escalations and
             rejected responses (see :class:`~cuaderno.budgets.Budgets`).
+        output_type: a pydantic model the final answer must validate against (JSON in the
+            final text, a ```json fence tolerated). An answer that fails is a rejected response:
+            journaled, counted, sent back with the errors, within ``budgets.rejected_responses``
+            (see :mod:`cuaderno.loop.output`).
     """
 
     def __init__(self, *, instructions: str, tools: Sequence[Tool] = (), policy: Policy | None = None,
                  model: str | None = None, name: str = "agent", max_turns: int = 32, require_tool: bool = False,
                  max_output_tokens: int | None = None, temperature: float | None = None,
-                 budgets: Budgets | None = None) -> None:
+                 budgets: Budgets | None = None, output_type: type[pydantic.BaseModel] | None = None) -> None:
         if not isinstance(instructions, str):
             raise UsageError("instructions must be a string")
         if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
@@ -172,6 +181,10 @@ class Agent:
         self.temperature = temperature
         self.tool_schemas = tuple(t.schema() for t in tools)
         self.budgets = budgets or Budgets()
+        if output_type is not None and not (isinstance(output_type, type)
+                                            and issubclass(output_type, pydantic.BaseModel)):
+            raise UsageError(f"output_type must be a pydantic model class, got {output_type!r:.80}")
+        self.output_type = output_type
 
     def config(self) -> dict[str, Any]:
         """The parts of every request that do not depend on the conversation."""
@@ -181,6 +194,8 @@ class Agent:
             config["max_output_tokens"] = self.max_output_tokens
         if self.temperature is not None:
             config["temperature"] = self.temperature
+        if self.output_type is not None:  # only when set: the fingerprints of other agents stay as they were
+            config["output_schema"] = self.output_type.model_json_schema()
         return config
 
     def versions(self) -> dict[str, Any]:
@@ -203,3 +218,30 @@ class Agent:
             raise UsageError("session must be a Session")
 
         return Runner(self, task, session).steps()
+
+    async def run_to_end(self, task: str, *, session: Session) -> RunResult:
+        """Run (or resume) the run until it stops; return how it stopped (:mod:`cuaderno.loop.result`).
+
+        A suspended run (waiting for an approval), one that needs a person, a failed or a
+        cancelled one is returned with its status, not raised."""
+        from cuaderno.loop.result import run_to_end
+
+        return await run_to_end(self, task, session=session)
+
+    def run_sync(self, task: str, *, session: Session) -> RunResult:
+        """:meth:`run_to_end` for synchronous code (scripts, sync web frameworks).
+
+        Raises:
+            UsageError: called inside a running event loop (there, ``await run_to_end``).
+        """
+        from cuaderno.loop.result import run_sync
+
+        return run_sync(self.run_to_end(task, session=session))
+
+    def output_of(self, record: dict[str, Any]) -> Any:
+        """The final answer of a journaled final record: its text, or for an ``output_type``
+        the model instance rebuilt from the JSON journaled when the answer was accepted (never
+        re-parsed from the text: the journal says what was accepted)."""
+        if self.output_type is None or "data" not in record:
+            return record.get("output")
+        return self.output_type.model_validate(record["data"])
