@@ -52,6 +52,9 @@ class Outcome(enum.StrEnum):
     """Text only, on a turn that had to call a tool: a rejected response."""
     REFUSAL = "refusal"
     """The provider or the model refused: a rejected response, not an empty one."""
+    INVALID_OUTPUT = "invalid_output"
+    """A final answer that fails the agent's ``output_type`` (:mod:`cuaderno.loop.output`): a
+    rejected response, sent back to the model with the errors."""
 
 
 class Reason(enum.StrEnum):
@@ -66,6 +69,7 @@ class Reason(enum.StrEnum):
     TEXT_WITHOUT_REQUIRED_TOOL_CALL = "text_without_required_tool_call"
     REFUSAL_FIELD = "refusal_field"
     REFUSAL_FINISH_REASON = "refusal_finish_reason"
+    OUTPUT_FAILED_VALIDATION = "output_failed_validation"
 
 
 REFUSAL_FINISH_REASONS = frozenset({

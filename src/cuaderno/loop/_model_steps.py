@@ -12,6 +12,7 @@ from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.loop._state import RunState, Turn, Unrecorded
+from cuaderno.loop.output import check_output, feedback_messages
 from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
 
@@ -44,6 +45,9 @@ def accepted(payload: dict[str, Any]) -> bool:
 class ModelSteps(RunState):
     """The model half of the loop."""
 
+    output_data: Any = None
+    """The validated structured answer of the last accepted response (``output_type`` only)."""
+
     async def _model_turn(self, turn: int) -> Turn | None:
         """Replay or make turn ``turn``'s model call. ``None`` means the response was rejected
         (empty or refused): it is journaled and counted, and the turn is asked again."""
@@ -58,8 +62,11 @@ class ModelSteps(RunState):
                        None if first is not None and first.seq < self.migrate_seq else fp)
         response, payload = await self._call_model(turn, step_id, fp)
         if not accepted(payload):
-            return None  # not part of the conversation: the same request is asked again
+            for message in feedback_messages(payload):  # an invalid structured answer: told why
+                self._add_message(message)
+            return None  # otherwise not part of the conversation: the same request is asked again
         self._add_message(assistant_message(payload["response"]))
+        self.output_data = payload.get("output")
         return Turn(response.text, response.tool_calls)
 
     def _replay_model_turn(self, turn: int) -> Turn | None | Unrecorded:
@@ -88,9 +95,12 @@ class ModelSteps(RunState):
         if rec is None or rec.payload.get("response") is None:
             return Unrecorded(step_id, fp)
         if not accepted(rec.payload):
+            for message in feedback_messages(rec.payload):
+                self._add_message(message)
             return None
         data: dict[str, Any] = rec.payload["response"]
         self._add_message(assistant_message(data))
+        self.output_data = rec.payload.get("output")
         # Only what the loop reads of the response is rebuilt (the whole ModelResponse is three
         # times the work, and a resume replays every turn).
         return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
@@ -149,6 +159,9 @@ class ModelSteps(RunState):
                 await self.s.runtime.sleep(wait)
         crash.point("model.K5")
         verdict = classify_response(response, require_tool=self.agent.require_tool)
+        output = None
+        if verdict.ok and not response.tool_calls and self.agent.output_type is not None:
+            verdict, output = check_output(self.agent.output_type, response)
         counters = {"retries": retries} if retries else {}
         if verdict.rejected:
             counters["rejected_responses"] = 1
@@ -156,6 +169,8 @@ class ModelSteps(RunState):
         self.charge({"escalations": len(response.escalations)})  # the projection counts them from the response
         payload = {"response": response.to_json(), "key": key, "sends": sends, "verdict": verdict.to_json(),
                    "counters": counters}
+        if output is not None:
+            payload["output"] = output  # the validated value: what the final record and replay use
         self._stage(self._event(step_id, "result", "model", fingerprint=fp, payload=payload), "model.K6")
         self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key, attempts=sends))
         return response, payload
@@ -178,6 +193,8 @@ class ModelSteps(RunState):
     def _finish(self, turn: int, response: Turn) -> None:
         rec = self._recorded("final", "result", "final", None, None)
         record = rec.payload if rec is not None else {"output": response.text, "turn": turn}
+        if rec is None and self.output_data is not None:
+            record["data"] = self.output_data  # the structured answer, as validated when it came
         if rec is None:
             self._stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
             crash.point("final.K0")
