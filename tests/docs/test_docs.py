@@ -50,3 +50,12 @@ def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "loop" / "index.html").exists()
+
+
+def test_the_results_guide_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _python_blocks(DOCS / "guide" / "results.md")
+    monkeypatch.chdir(tmp_path)  # the example writes runs.db where it runs
+    exec(compile(blocks[0], "results.md", "exec"), {})
+    for code in blocks[1:]:
+        imports = "\n".join(line for line in code.splitlines() if line.startswith(("from ", "import ")))
+        exec(compile(imports, "results.md", "exec"), {})
