@@ -3,9 +3,10 @@
 Retry (same intent, same arguments, same effect identity), repair (fix an invalid input), replan
 (the world changed: read fresh state), reflect (weigh a refusal or a permanent failure and choose
 another course), escalate (ask a stronger tier or a person), and rejected responses (empty or
-refused generations where a turn had to act). An agent that "reasons" ten times about a 403 is
-hiding a broken retry: each kind has its own bound, and the spent amounts live in the run's
-checkpoint, so a resumed run continues from what it had already spent.
+refused generations where a turn had to act, final answers that fail the agent's
+``output_type``). An agent that "reasons" ten times about a 403 is hiding a broken retry: each
+kind has its own bound, and the spent amounts live in the run's checkpoint, so a resumed run
+continues from what it had already spent.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ COUNTERS: Final = (
     "replans",                # conflicts: fresh state, new plan
     "reflects",
     "escalations",            # to a stronger tier or to a person
-    "rejected_responses",     # empty or refused generations on a turn that had to call a tool
+    "rejected_responses",     # empty or refused generations, final answers failing the output_type
     "uncertain",              # effects nobody can know happened
     "input_tokens",
     "output_tokens",
