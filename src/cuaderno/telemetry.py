@@ -60,28 +60,33 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextvars import Token
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
 from opentelemetry.metrics import _internal as _metrics_internal
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from cuaderno.errors import GatewayError, ToolError
+from cuaderno.events import StepEvent, numbered
 from cuaderno.gateway.base import ModelRequest, ModelResponse, Usage
 
 __all__ = [
+    "AgentPassSpan",
     "ModelCallSpan",
     "ToolCallSpan",
+    "agent_pass",
     "configure",
     "error_type",
     "model_call",
+    "provider_name",
     "tool_call",
 ]
 
@@ -91,6 +96,9 @@ INSTRUMENTATION_NAME: Final = "cuaderno"
 
 # -- GenAI semantic conventions (attribute and metric names, as strings) ---------------------------
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_CONVERSATION_ID: Final = "gen_ai.conversation.id"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
@@ -108,6 +116,7 @@ ERROR_TYPE: Final = "error.type"
 
 OPERATION_CHAT: Final = "chat"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 
@@ -123,6 +132,8 @@ CUADERNO_UNPRICED: Final = "cuaderno.unpriced"
 CUADERNO_TIER: Final = "cuaderno.tier"
 CUADERNO_PROVIDER_REQUEST_ID: Final = "cuaderno.provider_request_id"
 CUADERNO_ESCALATION_EVENT: Final = "cuaderno.escalation"
+CUADERNO_PASS: Final = "cuaderno.pass"
+CUADERNO_LINK: Final = "cuaderno.link"
 
 METRIC_MODEL_COST: Final = "cuaderno.model.cost"
 METRIC_UNPRICED_CALLS: Final = "cuaderno.model.unpriced_calls"
@@ -375,8 +386,8 @@ class _LiveModelCall(ModelCallSpan):
     def __enter__(self) -> ModelCallSpan:
         if self._tracer is not None:
             model = self._request.model
-            attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_CHAT, CUADERNO_RUN_ID: self._run_id,
-                                 CUADERNO_STEP_ID: self._step_id}
+            attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_CHAT, GEN_AI_CONVERSATION_ID: self._run_id,
+                                 CUADERNO_RUN_ID: self._run_id, CUADERNO_STEP_ID: self._step_id}
             if model:
                 attrs[GEN_AI_REQUEST_MODEL] = model
             if self._provider:
@@ -482,6 +493,8 @@ def _response_attributes(resp: ModelResponse) -> Attributes:
         attrs[GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = usage.reasoning_tokens
     if resp.model:
         attrs[GEN_AI_RESPONSE_MODEL] = resp.model
+    if resp.response_id:
+        attrs[GEN_AI_RESPONSE_ID] = resp.response_id
     if resp.finish_reason is not None:
         attrs[GEN_AI_RESPONSE_FINISH_REASONS] = [resp.finish_reason]
     if resp.cost is None:
@@ -594,7 +607,8 @@ class _LiveToolCall(ToolCallSpan):
     def __enter__(self) -> ToolCallSpan:
         if self._tracer is not None:
             attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, GEN_AI_TOOL_NAME: self._name,
-                                 CUADERNO_RUN_ID: self._run_id, CUADERNO_STEP_ID: self._step_id}
+                                 GEN_AI_CONVERSATION_ID: self._run_id, CUADERNO_RUN_ID: self._run_id,
+                                 CUADERNO_STEP_ID: self._step_id}
             if self._call_id:
                 attrs[GEN_AI_TOOL_CALL_ID] = self._call_id
             self._span, self._token = _start(self._tracer, f"{OPERATION_EXECUTE_TOOL} {self._name}",
@@ -656,3 +670,211 @@ def tool_call(name: str, *, run_id: str, step_id: str, call_id: str | None = Non
     if tracer is None and instruments is None:
         return _NOOP_TOOL_CALL
     return _LiveToolCall(tracer, instruments, name, run_id, step_id, call_id)
+
+
+# -- provider names -------------------------------------------------------------------------------
+
+# Hosts of the providers the GenAI conventions name (their well-known ``gen_ai.provider.name``).
+_KNOWN_HOSTS: Final = {
+    "api.openai.com": "openai",
+    "api.anthropic.com": "anthropic",
+    "generativelanguage.googleapis.com": "gcp.gemini",
+    "api.deepseek.com": "deepseek",
+    "api.mistral.ai": "mistral_ai",
+    "api.groq.com": "groq",
+    "api.x.ai": "x_ai",
+    "api.perplexity.ai": "perplexity",
+    "api.cohere.com": "cohere",
+}
+_KNOWN_HOST_SUFFIXES: Final = ((".openai.azure.com", "azure.ai.openai"),)
+
+
+def provider_name(gateway: object) -> str:
+    """The ``gen_ai.provider.name`` of a gateway; never empty.
+
+    An HTTP gateway (its ``endpoint`` is a URL) is named by the host it sends to: a provider the
+    GenAI conventions list by its well-known name (``openai``, ``anthropic``, ``azure.ai.openai``...),
+    any other (an OpenAI-compatible server, a proxy) by its host name, so two local servers stay
+    apart. A :class:`~cuaderno.gateway.scripted.ScriptedGateway` is ``scripted``; a tiered
+    gateway is its tiers' provider (``a+b`` when they differ); any other gateway is its own
+    ``provider_name`` attribute, else its class name.
+
+    Args:
+        gateway: the session's gateway.
+
+    Returns:
+        The provider name.
+    """
+    from cuaderno.gateway.scripted import ScriptedGateway  # not at import: telemetry loads first
+    from cuaderno.gateway.tiered import TieredGateway
+
+    if isinstance(gateway, ScriptedGateway):
+        return "scripted"
+    if isinstance(gateway, TieredGateway):
+        names = dict.fromkeys((provider_name(gateway.cheap), provider_name(gateway.strong)))
+        return "+".join(names)
+    endpoint = getattr(gateway, "endpoint", None)
+    if isinstance(endpoint, str) and endpoint:
+        host = (urlsplit(endpoint).hostname or "").rstrip(".")
+        if host:
+            known = _KNOWN_HOSTS.get(host)
+            if known is None:
+                known = next((name for suffix, name in _KNOWN_HOST_SUFFIXES if host.endswith(suffix)), host)
+            return known
+    declared = getattr(gateway, "provider_name", None)
+    if isinstance(declared, str) and declared:
+        return declared
+    return type(gateway).__name__
+
+
+# -- run passes -----------------------------------------------------------------------------------
+
+PASS_STEP_ID: Final = "run"
+PASS_PHASE: Final = "pass"
+"""A pass marker is the journal event ``("run", "pass")``, then ``pass.2``, ``pass.3``... (kind
+``run``). Its payload, ``{"trace_id", "span_id"}`` (lowercase hex), names the ``invoke_agent``
+span of the pass that wrote it, so a later pass (in any process) links to it. Replay reads none
+of it: the checkpoint's projection ignores the phase, and the loop replays only model, tool and
+final steps."""
+
+_T = TypeVar("_T")
+
+
+class AgentPassSpan:
+    """The handle :func:`agent_pass` returns. This base class is the do-nothing one."""
+
+    __slots__ = ()
+
+    def drive(self, steps: AsyncGenerator[_T, None]) -> AsyncGenerator[_T, None]:
+        """The pass's steps, each produced inside the pass's span (the do-nothing handle returns
+        ``steps`` itself: no generator more per step)."""
+        return steps
+
+    def opened(self, journal: dict[tuple[str, str], StepEvent]) -> StepEvent | None:
+        """The run is open: link the span to the previous pass's (found in ``journal``, keyed by
+        ``(step_id, phase)``) and return this pass's marker, to commit with the pass's first
+        write (``None``: nothing to write)."""
+        return None
+
+
+_NOOP_PASS: Final = AgentPassSpan()
+
+
+class _LivePass(AgentPassSpan):
+    __slots__ = ("_agent", "_gateway", "_model", "_run_id", "_span", "_tracer")
+
+    def __init__(self, tracer: Tracer, agent: str, run_id: str, model: str | None, gateway: object) -> None:
+        self._tracer = tracer
+        self._agent = agent
+        self._run_id = run_id
+        self._model = model
+        self._gateway = gateway
+        self._span: Span | None = None
+
+    def _start(self) -> Span | None:
+        attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_INVOKE_AGENT, GEN_AI_AGENT_NAME: self._agent,
+                             GEN_AI_CONVERSATION_ID: self._run_id, CUADERNO_RUN_ID: self._run_id}
+        try:
+            attrs[GEN_AI_PROVIDER_NAME] = provider_name(self._gateway)
+            if self._model:
+                attrs[GEN_AI_REQUEST_MODEL] = self._model
+            return self._tracer.start_span(f"{OPERATION_INVOKE_AGENT} {self._agent}", kind=SpanKind.INTERNAL,
+                                           attributes=attrs)
+        except Exception:
+            _log.exception("cuaderno telemetry: could not start the invoke_agent span")
+            return None
+
+    async def drive(self, steps: AsyncGenerator[_T, None]) -> AsyncGenerator[_T, None]:
+        # Current only while the loop runs (each __anext__), not while the caller holds a step:
+        # the caller's own spans between two steps are not the pass's children, and a token is
+        # always detached in the context it was attached in.
+        span = self._span = self._start()
+        ctx = trace.set_span_in_context(span) if span is not None else None
+        try:
+            while True:
+                token = otel_context.attach(ctx) if ctx is not None else None
+                try:
+                    step = await steps.__anext__()
+                except StopAsyncIteration:
+                    return
+                except BaseException as exc:
+                    if span is not None:
+                        try:
+                            _mark_error(span, exc, error_type(exc))
+                        except Exception:
+                            _log.exception("cuaderno telemetry: could not record a pass error on its span")
+                    raise
+                finally:
+                    if token is not None:
+                        otel_context.detach(token)
+                yield step
+        finally:
+            token = otel_context.attach(ctx) if ctx is not None else None
+            try:
+                await steps.aclose()  # the loop's clean-up commits (a flush) belong to the pass too
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+                _finish(span, None)
+
+    def opened(self, journal: dict[tuple[str, str], StepEvent]) -> StepEvent | None:
+        span = self._span
+        if span is None:
+            return None
+        try:
+            earlier = numbered(journal, PASS_STEP_ID, PASS_PHASE)
+            if earlier:
+                link = _span_context(earlier[-1].payload)
+                if link is not None:
+                    span.add_link(link, {CUADERNO_LINK: "previous_pass"})
+            n = len(earlier) + 1
+            span.set_attribute(CUADERNO_PASS, n)
+            ctx = span.get_span_context()
+            if not span.is_recording() or not ctx.is_valid:
+                return None  # a later pass would link to a span no backend has
+            return StepEvent(run_id=self._run_id, step_id=PASS_STEP_ID, phase=PASS_PHASE if n == 1 else f"{PASS_PHASE}.{n}",
+                             kind="run", payload={"trace_id": format(ctx.trace_id, "032x"),
+                                                  "span_id": format(ctx.span_id, "016x")})
+        except Exception:
+            _log.exception("cuaderno telemetry: could not link the pass to the previous one")
+            return None
+
+
+def _span_context(payload: Mapping[str, Any]) -> SpanContext | None:
+    """The span context a pass marker names, or ``None`` if it names none (hand-edited, damaged)."""
+    try:
+        trace_id, span_id = int(str(payload["trace_id"]), 16), int(str(payload["span_id"]), 16)
+    except (KeyError, TypeError, ValueError):
+        return None
+    found = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return found if found.is_valid else None
+
+
+def agent_pass(agent: str, *, run_id: str, model: str | None, gateway: object) -> AgentPassSpan:
+    """Trace one pass of a run: one call of ``agent.run`` that drives it (the first, a resumed one).
+
+    The ``invoke_agent {agent}`` span (kind ``INTERNAL``) covers the pass from opening the run to
+    its last step, and every ``chat`` and ``execute_tool`` span of the pass is its child. It
+    carries ``gen_ai.operation.name="invoke_agent"``, ``gen_ai.agent.name``,
+    ``gen_ai.conversation.id`` (the run id), ``gen_ai.provider.name``, ``gen_ai.request.model``
+    and ``cuaderno.pass`` (1 for the first pass). A pass after the first links to the previous
+    traced pass, whichever process ran it, through the marker the previous one journaled (see
+    :data:`PASS_PHASE`)::
+
+        span = telemetry.agent_pass(agent.name, run_id=run_id, model=agent.model, gateway=gateway)
+        async for step in span.drive(loop_steps()):  # the loop calls span.opened(journal) once open
+            ...
+
+    Args:
+        agent: the agent's name.
+        run_id: the run (``gen_ai.conversation.id``).
+        model: the model the agent asks for, if it names one.
+        gateway: the session's gateway (:func:`provider_name` names it, only when tracing).
+
+    Returns:
+        The handle; with no tracer configured, a shared do-nothing one.
+    """
+    tracer = _tracer()
+    if tracer is None:
+        return _NOOP_PASS
+    return _LivePass(tracer, agent, run_id, model, gateway)

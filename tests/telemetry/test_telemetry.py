@@ -92,7 +92,7 @@ def _response(**kw: Any) -> ModelResponse:
     defaults: dict[str, Any] = {"text": "hello", "finish_reason": "stop", "model": "gpt-x-2025",
                                 "usage": Usage(input_tokens=100, output_tokens=20, cached_tokens=60,
                                                reasoning_tokens=5),
-                                "cost": 0.25, "provider_request_id": "req_1"}
+                                "cost": 0.25, "provider_request_id": "req_1", "response_id": "chatcmpl-1"}
     defaults.update(kw)
     return ModelResponse(**defaults)
 
@@ -111,11 +111,13 @@ def test_model_call_span_name_kind_and_attributes(otel: Otel) -> None:
         "gen_ai.operation.name": "chat",
         "gen_ai.request.model": "gpt-x",
         "gen_ai.provider.name": "openai",
+        "gen_ai.conversation.id": "run-1",
         "cuaderno.run_id": "run-1",
         "cuaderno.step_id": "m1",
         "gen_ai.request.max_tokens": 256,
         "gen_ai.request.temperature": 0.2,
         "gen_ai.response.model": "gpt-x-2025",
+        "gen_ai.response.id": "chatcmpl-1",
         "gen_ai.response.finish_reasons": ("stop",),
         "gen_ai.usage.input_tokens": 100,
         "gen_ai.usage.output_tokens": 20,
@@ -269,8 +271,8 @@ def test_tool_call_span_ok(otel: Otel) -> None:
     assert s.kind is SpanKind.INTERNAL
     assert s.status.status_code is StatusCode.UNSET
     assert dict(s.attributes or {}) == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search",
-                                        "gen_ai.tool.call.id": "call_9", "cuaderno.run_id": "run-1",
-                                        "cuaderno.step_id": "t1"}
+                                        "gen_ai.tool.call.id": "call_9", "gen_ai.conversation.id": "run-1",
+                                        "cuaderno.run_id": "run-1", "cuaderno.step_id": "t1"}
     (point,) = otel.points("gen_ai.execute_tool.duration")
     assert dict(point.attributes) == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}
 
@@ -471,14 +473,16 @@ async def test_a_run_emits_one_span_per_model_send_and_per_tool_execution(otel: 
     seen = [(s.name, (s.attributes or {}).get("cuaderno.step_id"), (s.attributes or {}).get("error.type"),
              (s.attributes or {}).get("gen_ai.tool.call.id")) for s in otel.spans()]
     assert seen == [("chat m1", "t0000.model", "transient", None), ("chat m1", "t0000.model", None, None),
-                    ("execute_tool transfer", "t0000.tool00", None, "call_7"), ("chat m1", "t0001.model", None, None)]
+                    ("execute_tool transfer", "t0000.tool00", None, "call_7"), ("chat m1", "t0001.model", None, None),
+                    ("invoke_agent agent", None, None, None)]
     assert {(s.attributes or {}).get("cuaderno.run_id") for s in otel.spans()} == {"tel"}
     assert inside == ["execute_tool transfer"]  # the tool body runs inside its span
 
 
 async def test_the_loop_body_opens_no_span_of_its_own(otel: Otel, tmp_path: Any) -> None:
-    """With an untraced tool executor and model caller in the session, a run emits nothing: every
-    span comes from the wrappers (where a workflow's activities would open them instead)."""
+    """With an untraced tool executor and model caller in the session, a run emits only its pass's
+    invoke_agent span: every chat and execute_tool span comes from the wrappers (where a
+    workflow's activities would open them instead)."""
     from cuaderno import Agent, ScriptedGateway, Session, SqliteCheckpointer, tool
     from cuaderno.loop.executor import AgentTools
 
@@ -499,7 +503,7 @@ async def test_the_loop_body_opens_no_span_of_its_own(otel: Otel, tmp_path: Any)
         session = Session("quiet", scripted, store, tools=AgentTools(agent.tools), model_caller=Untraced())
         steps = [step async for step in agent.run("t", session=session)]
     assert steps[-1].output == "done"  # type: ignore[union-attr]
-    assert otel.spans() == []
+    assert [s.name for s in otel.spans()] == ["invoke_agent agent"]
 
 
 async def test_a_compensation_is_traced_like_any_tool_step(otel: Otel, tmp_path: Any) -> None:
@@ -539,5 +543,6 @@ async def test_a_compensation_is_traced_like_any_tool_step(otel: Otel, tmp_path:
     (span,) = otel.spans()
     assert span.name == "execute_tool refund"
     assert dict(span.attributes or {}) == {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "refund",
-                                           "gen_ai.tool.call.id": "cleanup00", "cuaderno.run_id": "comp",
+                                           "gen_ai.tool.call.id": "cleanup00", "gen_ai.conversation.id": "comp",
+                                           "cuaderno.run_id": "comp",
                                            "cuaderno.step_id": "cleanup00"}

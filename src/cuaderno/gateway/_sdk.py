@@ -74,6 +74,11 @@ class SdkGateway:
     idempotency_header: KeyHeaders
     max_body_bytes: int
 
+    @property
+    def endpoint(self) -> str:
+        """The base URL requests go to (telemetry names a compatible server by its host)."""
+        return str(self._client.base_url)
+
     async def aclose(self) -> None:
         """Close the underlying HTTP client."""
         await self._client.close()

@@ -184,7 +184,8 @@ class AnthropicGateway(SdkGateway):
                            models=(model, request.model or self.model),
                            zero_cost_is_unpriced=self.zero_cost_is_unpriced)
         common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "body_sha256": sha256_hex(raw),
-                                  "provider_request_id": headers.get("request-id") or _str(data.get("id"))}
+                                  "provider_request_id": headers.get("request-id") or _str(data.get("id")),
+                                  "response_id": _str(data.get("id"))}
         if data.get("type") == "error":
             # An error object under a 2xx: an empty generation, rejected by the detector as "error".
             return ModelResponse(finish_reason="error", **common)

@@ -120,6 +120,10 @@ class ModelResponse:
     refusal: str | None = None
     """A refusal the provider signalled explicitly."""
     provider_request_id: str | None = None
+    response_id: str | None = None
+    """The provider's id for this completion (the body's ``id``: ``chatcmpl-...``, ``msg_...``),
+    ``gen_ai.response.id`` on the call's span. Evidence only, never compared on replay; journaled
+    so a replayed run can still name the completion it reuses."""
     body_sha256: str | None = None
     """sha256 of the raw response body, kept as evidence."""
     tier: str | None = None
@@ -130,8 +134,9 @@ class ModelResponse:
     Those calls were made (and maybe billed); the loop counts them from here."""
 
     def to_json(self) -> dict[str, Any]:
-        """The journaled form."""
-        return {
+        """The journaled form (``response_id`` only when known: a response without one is
+        journaled byte for byte as before the field existed)."""
+        data: dict[str, Any] = {
             "text": self.text,
             "tool_calls": [c.to_json() for c in self.tool_calls],
             "finish_reason": self.finish_reason,
@@ -145,6 +150,9 @@ class ModelResponse:
             "tier": self.tier,
             "escalations": list(self.escalations),
         }
+        if self.response_id is not None:
+            data["response_id"] = self.response_id
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelResponse:
@@ -159,6 +167,7 @@ class ModelResponse:
             reasoning=data.get("reasoning"),
             refusal=data.get("refusal"),
             provider_request_id=data.get("provider_request_id"),
+            response_id=data.get("response_id"),
             body_sha256=data.get("body_sha256"),
             tier=data.get("tier"),
             escalations=tuple(data.get("escalations") or ()),

@@ -147,7 +147,7 @@ class OpenAIGateway(SdkGateway):
                            zero_cost_is_unpriced=self.zero_cost_is_unpriced, api_url=str(self._client.base_url))
         request_id = headers.get("x-request-id") or _str(data.get("id"))
         common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "provider_request_id": request_id,
-                                  "body_sha256": sha256_hex(raw)}
+                                  "response_id": _str(data.get("id")), "body_sha256": sha256_hex(raw)}
         choices = data.get("choices")
         if not choices and data.get("error") is not None:
             # A 200 that carries an error object and no answer (seen behind proxies/routers): an

@@ -13,6 +13,7 @@ from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
 from cuaderno.loop.steps import Step
+from cuaderno.telemetry import AgentPassSpan
 from cuaderno.testing import crash
 
 __all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "plus", "recorded_effect_key", "tool_message"]
@@ -83,6 +84,10 @@ class RunState:
         self.journal: dict[tuple[str, str], StepEvent] = {}
         self.unvisited: dict[str, int] = {}
         self.pending: list[StepEvent] = []
+        self.pass_span = AgentPassSpan()  # the do-nothing one until a pass starts (Runner.steps)
+        self.pass_marker: StepEvent | None = None
+        """This pass's marker for the next pass's trace link (:func:`cuaderno.telemetry.agent_pass`):
+        committed with the first write of the pass, never alone (a pass that writes nothing leaves none)."""
         self.tool_sends: dict[str, int] = {}
         self.where: tuple[str, str] = ("", session.run_id)
         """The journal and run, as the loops of this process know them (``cuaderno._holds``)."""
@@ -163,6 +168,9 @@ class RunState:
     def _flush(self) -> None:
         if not self.pending:
             return
+        if self.pass_marker is not None:
+            self.pending.insert(0, self.pass_marker)
+            self.pass_marker = None
         crash.set_txn_points(*self.points)
         try:
             self.store.append(self.pending, epoch=self.epoch)

@@ -34,7 +34,7 @@ class TracedGateway:
 
     def __init__(self, gateway: ModelGateway) -> None:
         self.gateway = gateway
-        self.provider: str | None = getattr(gateway, "provider_name", None)
+        self.provider = telemetry.provider_name(gateway)  # set on every chat span, as the conventions require
 
     async def call(self, request: ModelRequest, *, run_id: str, step_id: str, idempotency_key: str) -> ModelResponse:
         with telemetry.model_call(request, run_id=run_id, step_id=step_id, provider=self.provider) as span:

@@ -33,6 +33,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
+from cuaderno import telemetry
 from cuaderno.cancellation import cancel, close, in_flight
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
@@ -115,6 +116,8 @@ class Runner(ModelSteps, ToolSteps):
                 self.unvisited.setdefault(ev.step_id, ev.seq)
             elif ev.kind == "run" and ev.phase.startswith("migrate"):
                 migrate_seq = ev.seq
+        # The pass's span links to the previous pass's; its own marker rides on its first write.
+        self.pass_marker = self.pass_span.opened(self.journal)
         if migrate_seq:
             self.migrate_seq = migrate_seq
             self._after_migration(events, migrate_seq)
@@ -306,7 +309,9 @@ class Runner(ModelSteps, ToolSteps):
         own = self.s.ownership
         where = self.where = own.key(self.store, self.run_id)
         own.start(where, self, force=self.s.force_takeover)
-        inner = self._steps()
+        self.pass_span = telemetry.agent_pass(self.agent.name, run_id=self.run_id, model=self.agent.model,
+                                              gateway=self.s.gateway)
+        inner = self.pass_span.drive(self._steps())
         try:
             async for step in inner:
                 own.pause(where, self)
