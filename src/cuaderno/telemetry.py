@@ -77,6 +77,8 @@ from opentelemetry.util.types import AttributeValue
 from cuaderno.errors import GatewayError, ToolError
 from cuaderno.events import StepEvent, numbered
 from cuaderno.gateway.base import ModelRequest, ModelResponse, Usage
+from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.gateway.tiered import TieredGateway
 
 __all__ = [
     "AgentPassSpan",
@@ -705,9 +707,6 @@ def provider_name(gateway: object) -> str:
     Returns:
         The provider name.
     """
-    from cuaderno.gateway.scripted import ScriptedGateway  # not at import: telemetry loads first
-    from cuaderno.gateway.tiered import TieredGateway
-
     if isinstance(gateway, ScriptedGateway):
         return "scripted"
     if isinstance(gateway, TieredGateway):

@@ -34,7 +34,15 @@ class TracedGateway:
 
     def __init__(self, gateway: ModelGateway) -> None:
         self.gateway = gateway
-        self.provider = telemetry.provider_name(gateway)  # set on every chat span, as the conventions require
+        self._provider: str | None = None
+
+    @property
+    def provider(self) -> str:
+        """``gen_ai.provider.name`` of every chat span (the conventions require it). Worked out at
+        the first send, not per pass: naming an HTTP gateway by its host costs a few microseconds."""
+        if self._provider is None:
+            self._provider = telemetry.provider_name(self.gateway)
+        return self._provider
 
     async def call(self, request: ModelRequest, *, run_id: str, step_id: str, idempotency_key: str) -> ModelResponse:
         with telemetry.model_call(request, run_id=run_id, step_id=step_id, provider=self.provider) as span:
