@@ -118,6 +118,32 @@ async def test_without_tracing_a_pass_journals_no_marker(tmp_path: Path) -> None
         assert not [e for e in store.load(RUN) if e.phase.startswith("pass")]
 
 
+async def test_a_traced_run_resumes_untraced_and_the_markers_replay_as_nothing(exporter: InMemorySpanExporter,
+                                                                             tmp_path: Path) -> None:
+    agent, scripted = _agent(), _scripted()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        [_ async for _ in agent.run("pay bob", session=Session(RUN, scripted, store))]
+        approve(store, RUN, "t0000.tool00")
+        telemetry.configure()  # no SDK from here on
+        steps = [s async for s in agent.run("pay bob", session=Session(RUN, scripted, store))]
+        assert steps[-1].output == "paid"  # type: ignore[union-attr]
+        assert [e.phase for e in store.load(RUN) if e.phase.startswith("pass")] == ["pass"]
+    assert [s.name for s in _passes(list(exporter.get_finished_spans()))] == ["invoke_agent agent"]
+
+
+async def test_a_pass_that_fails_marks_its_span(exporter: InMemorySpanExporter, tmp_path: Path) -> None:
+    from opentelemetry.trace import StatusCode
+
+    from cuaderno import BudgetExceeded
+
+    agent = Agent(instructions="pay", tools=[transfer], model="m1", max_turns=1)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store, pytest.raises(BudgetExceeded):
+        [_ async for _ in agent.run("pay bob", session=Session(RUN, _scripted(), store))]
+    (span,) = _passes(list(exporter.get_finished_spans()))
+    assert span.status.status_code is StatusCode.ERROR
+    assert _attrs(span)["error.type"] == "BudgetExceeded"
+
+
 _PASS_SCRIPT = textwrap.dedent("""
     import asyncio, json, sys
     from opentelemetry.sdk.trace import TracerProvider
