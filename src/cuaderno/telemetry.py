@@ -8,14 +8,18 @@ calls emit telemetry that follows the OpenTelemetry GenAI semantic conventions (
 are plain string constants in this module, so nothing depends on the unpinned, incubating
 ``opentelemetry-semantic-conventions`` package.
 
-Spans:
+Spans (each carries ``gen_ai.conversation.id``, the run id):
 
+- ``invoke_agent {gen_ai.agent.name}``, kind ``INTERNAL``, one per pass of a run (:func:`agent_pass`):
+  every other span of the pass is its child, and a pass after the first links to the previous
+  one through a marker journaled by it (:data:`PASS_PHASE`), in whatever process it ran.
 - ``chat {gen_ai.request.model}`` (just ``chat`` when the request names no model), kind
   ``CLIENT``, one per attempt sent through the gateway. Attributes given at start (where a
   sampler can see them): ``gen_ai.operation.name="chat"``, ``gen_ai.request.model``,
-  ``gen_ai.provider.name`` (only when the caller knows it), ``cuaderno.run_id``,
+  ``gen_ai.provider.name`` (:func:`provider_name`; ``TracedGateway`` always sets it), ``cuaderno.run_id``,
   ``cuaderno.step_id``; then ``gen_ai.request.max_tokens`` and ``gen_ai.request.temperature``
-  when set. A response adds ``gen_ai.response.model``, ``gen_ai.response.finish_reasons``,
+  when set. A response adds ``gen_ai.response.model``, ``gen_ai.response.id`` (when the provider gave one),
+  ``gen_ai.response.finish_reasons``,
   ``gen_ai.usage.input_tokens`` (cached tokens included, as the conventions ask),
   ``gen_ai.usage.output_tokens`` (reasoning tokens included), and, when non-zero,
   ``gen_ai.usage.cache_read.input_tokens`` and ``gen_ai.usage.reasoning.output_tokens``. It
