@@ -82,6 +82,7 @@ class McpTool(Tool):
                              "offered to a model")
         self.description = (spec.description or "").strip()
         self.idempotent = effect.idempotent
+        self.effect_free = False  # an MCP tool may have an effect: its failed re-run stays uncertain
         self.effect_type = effect.effect_type or self.name
         self.lookup = effect.lookup
         self.business_id = None
