@@ -19,13 +19,14 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     JournalConflict,
     JournalError,
     RunBusy,
+    RunCancelled,
     RunChanged,
     RunClosed,
     UsageError,
@@ -194,6 +195,29 @@ class _Canceller:
 
     def hand_over(self) -> None:
         pass
+
+
+def finalize(store: Checkpointer, run_id: str, epoch: int) -> NoReturn:
+    """Write the cancellation record of a run this process holds at ``epoch``, and stop.
+
+    Raises :class:`RunCancelled` with the record (this process's, or the one another process
+    wrote first), :class:`RunClosed` if the run ended otherwise meanwhile, and
+    :class:`JournalError` if the run kept changing under every attempt to record it.
+    """
+    for _ in range(100):
+        events = store.load(run_id)
+        cp = store.checkpoint(run_id)
+        assert cp is not None
+        if cp.status == "cancelled":  # another process finalized it first: its record stands
+            raise RunCancelled(run_id, cp.outcome or {})
+        if cp.status in ("completed", "failed"):
+            raise RunClosed(run_id, cp.status)
+        try:
+            record = close(store, run_id, events, cp.cancel_requested or {}, epoch)
+        except (RunChanged, RunClosed, JournalConflict):
+            continue  # something was written since the read (or the run was closed): look again
+        raise RunCancelled(run_id, record)
+    raise JournalError(f"run {run_id!r} kept changing while its cancellation was being recorded")
 
 
 def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: dict[str, Any], epoch: int,

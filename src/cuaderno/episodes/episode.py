@@ -65,18 +65,15 @@ from pydantic import BaseModel, ValidationError
 
 from cuaderno._json import journalable
 from cuaderno.budgets import Budgets
-from cuaderno.cancellation import cancel, close
+from cuaderno.cancellation import cancel, finalize
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.episodes.budgets import EpisodeBudgets
 from cuaderno.errors import (
     BudgetExceeded,
     CuadernoError,
     ErrorClass,
-    JournalConflict,
-    JournalError,
     ReplayDivergence,
     RunCancelled,
-    RunChanged,
     RunClosed,
     ToolError,
     ToolResultInvalid,
@@ -397,20 +394,7 @@ class _ParentRun(Generic[T]):
                     cancel(self.store, self._child_id(n), f"its parent {self.run_id!r} was cancelled", by=self.s.owner)
                 except CuadernoError:
                     pass  # best effort: the child's next opener finds its parent closed anyway
-        for _ in range(100):
-            events = self.store.load(self.run_id)
-            cp = self.store.checkpoint(self.run_id)
-            assert cp is not None
-            if cp.status == "cancelled":  # another process finalized it first: its record stands
-                raise RunCancelled(self.run_id, cp.outcome or {})
-            if cp.status in ("completed", "failed"):
-                raise RunClosed(self.run_id, cp.status)
-            try:
-                record = close(self.store, self.run_id, events, cp.cancel_requested or {}, self.epoch)
-            except (RunChanged, RunClosed, JournalConflict):
-                continue  # something was written since the read: look again
-            raise RunCancelled(self.run_id, record)
-        raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")
+        finalize(self.store, self.run_id, self.epoch)
 
     def _open(self) -> EpisodeResult[T] | None:
         task_fp = fingerprint({"task": self.task, "episode": self.e.name})

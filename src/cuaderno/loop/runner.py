@@ -34,18 +34,16 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
 from cuaderno import telemetry
-from cuaderno.cancellation import cancel, close, in_flight
+from cuaderno.cancellation import cancel, finalize, in_flight
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     BudgetExceeded,
     DrainOnOldWorker,
     FencedOut,
-    JournalConflict,
     JournalError,
     MigrationFailed,
     ReplayDivergence,
     RunCancelled,
-    RunChanged,
     RunClosed,
     SchemaTooNew,
     ToolError,
@@ -442,18 +440,5 @@ class Runner(ModelSteps, ToolSteps):
     def _finalize_cancel(self) -> NoReturn:
         """Stop for good: journal what was in flight, reconcile what can be, write the record."""
         self._flush_results()  # results of effects that completed before the cancellation still land
-        for _ in range(100):
-            events = self.store.load(self.run_id)
-            cp = self.store.checkpoint(self.run_id)
-            assert cp is not None
-            if cp.status == "cancelled":  # another process finalized it first: its record stands
-                raise RunCancelled(self.run_id, cp.outcome or {})
-            if cp.status in ("completed", "failed"):
-                raise RunClosed(self.run_id, cp.status)
-            try:
-                record = close(self.store, self.run_id, events, cp.cancel_requested or {}, self.epoch)
-            except (RunChanged, RunClosed, JournalConflict):
-                continue  # something was written since the read (or the run was closed): look again
-            raise RunCancelled(self.run_id, record)
-        raise JournalError(f"run {self.run_id!r} kept changing while its cancellation was being recorded")
+        finalize(self.store, self.run_id, self.epoch)
 
