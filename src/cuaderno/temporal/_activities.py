@@ -1,0 +1,246 @@
+"""The activities: where model calls and tool bodies really run, and where cuaderno's journal
+is written.
+
+The durable journal is the one at ``journal_url`` (:func:`cuaderno.journal.open_journal`):
+SQLite when every worker shares one host, Postgres when they do not. The run id in it is the
+workflow id. Each activity writes, under the loop's own step ids:
+
+- ``cuaderno.model_turn``: on turn 0 the run's ``start``; the model ``intent`` (before the send,
+  with the references the request is re-derived from), then the ``result`` (the response) —
+  so a re-executed activity (its worker killed after the send) finds the response and returns
+  it without paying again; before the result, the provider's idempotency key (same key) is the
+  second line.
+- ``cuaderno.tool_call``: the tool ``intent`` before the body, the ``result`` after it. A
+  re-executed activity that finds the result returns it without running the body again.
+  Results larger than :data:`INLINE_BYTES` go back to the workflow as a reference (step id,
+  sha256, size): the history holds each large tool output zero times; the model activity
+  resolves the reference from the journal when it rebuilds the request.
+- ``cuaderno.tool_lookup``: reads only the receiver (the tool's lookup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from cuaderno._json import sorted_compact_nan
+from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError
+from cuaderno.events import StepEvent
+from cuaderno.fingerprint import fingerprint
+from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
+from cuaderno.gateway.empty import classify_response
+from cuaderno.journal import open_journal
+from cuaderno.journal.base import Checkpointer
+from cuaderno.loop.agent import Agent
+from cuaderno.loop.executor import AgentTools, TracedTools
+from cuaderno.loop.model_calls import TracedGateway
+from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput
+from cuaderno.testing import crash
+from cuaderno.tools.definition import ToolContext
+
+__all__ = ["INLINE_BYTES", "REF", "CuadernoActivities"]
+
+INLINE_BYTES: Final = 512
+"""Tool results up to this size (canonical JSON) travel in the history; larger ones by reference."""
+REF: Final = "$cuaderno_ref"
+
+
+@asynccontextmanager
+async def _heartbeating() -> AsyncIterator[None]:
+    """Heartbeat while the body waits (a provider, a tool), so the server notices a dead worker
+    after the policy's heartbeat timeout rather than after the whole start-to-close timeout."""
+    info = activity.info()
+    every = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else None
+
+    async def beat() -> None:
+        while every:
+            activity.heartbeat()
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+def _failure(kind: str, err: GatewayError | ToolError) -> ApplicationError:
+    # Classified failures are decisions of cuaderno's own retry layer (in the workflow), never
+    # retried by the infrastructure: non-retryable.
+    return ApplicationError(str(err), err.to_json(), type=kind, non_retryable=True)
+
+
+class CuadernoActivities:
+    """The activities of one agent, writing the journal at ``journal_url``."""
+
+    def __init__(self, agent: Agent, gateway_factory: Callable[[], ModelGateway], journal_url: str) -> None:
+        self.agent = agent
+        self.gateway_factory = gateway_factory
+        self.journal_url = journal_url
+        self.store: Checkpointer = open_journal(journal_url)  # refused here, at worker start
+        self._gateway: ModelGateway | None = None
+        self.tools = TracedTools(AgentTools(agent.tools))
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [self.model_turn, self.tool_call, self.tool_lookup]
+
+    def _check(self, name: str) -> None:
+        if name != self.agent.name:
+            raise ApplicationError(f"this worker runs agent {self.agent.name!r}, not {name!r}",
+                                   type="UsageError", non_retryable=True)
+
+    def _events(self, run_id: str) -> dict[tuple[str, str], StepEvent]:
+        if self.store.checkpoint(run_id) is None:
+            return {}
+        return {(e.step_id, e.phase): e for e in self.store.load(run_id)}
+
+    # -- model ------------------------------------------------------------------------------------
+
+    @activity.defn(name=MODEL_TURN)
+    async def model_turn(self, inp: ModelTurnInput) -> dict[str, Any]:
+        self._check(inp.agent)
+        run_id, step_id = inp.run_id, inp.step_id
+        journal = self._events(run_id)
+        done = journal.get((step_id, "result"))
+        if done is not None and done.payload.get("key") == inp.idempotency_key:
+            return dict(done.payload["response"])  # journaled: a re-executed activity pays nothing
+        if not journal:
+            task = next((m.get("content") for m in inp.new_messages if m.get("role") == "user"), None)
+            if not isinstance(task, str):
+                raise ApplicationError("the first model turn of a run must carry its task", type="UsageError",
+                                       non_retryable=True)
+            self.store.append([StepEvent(run_id=run_id, step_id="run", phase="start", kind="run",
+                                         name=self.agent.name, fingerprint=fingerprint({"task": task}),
+                                         payload={"task": task, "versions": self.agent.versions(),
+                                                  "tenant": inp.tenant, "engine": "temporal"})])
+        intent = StepEvent(run_id=run_id, step_id=step_id, phase="intent", kind="model",
+                           payload={"key": inp.idempotency_key, "turn": inp.turn, "new": inp.new_messages,
+                                    "n_messages": inp.n_messages})
+        if (step_id, "intent") not in journal:
+            self.store.append([intent])
+            journal[(step_id, "intent")] = intent
+        messages = self._conversation(run_id, step_id, journal)
+        if len(messages) != inp.n_messages:
+            raise ApplicationError(str(ReplayDivergence(run_id, step_id, f"{len(messages)} messages in the journal",
+                                                        f"{inp.n_messages} in the workflow")),
+                                   type="ReplayDivergence", non_retryable=True)
+        a = self.agent
+        request = ModelRequest(instructions=a.instructions, messages=tuple(messages), tools=a.tool_schemas,
+                               model=a.model, require_tool=a.require_tool, max_output_tokens=a.max_output_tokens,
+                               temperature=a.temperature)
+        if self._gateway is None:
+            self._gateway = self.gateway_factory()
+        try:
+            async with _heartbeating():
+                response = await TracedGateway(self._gateway).call(request, run_id=run_id, step_id=step_id,
+                                                                   idempotency_key=inp.idempotency_key)
+        except GatewayError as err:
+            raise _failure("GatewayError", err) from None
+        crash.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
+        # The same verdict the loop computes on the same response (empty generations counted).
+        verdict = classify_response(response, require_tool=a.require_tool)
+        counters = {"rejected_responses": 1} if verdict.rejected else {}
+        data = response.to_json()
+        self.store.append([StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
+                                     payload={"response": data, "key": inp.idempotency_key, "sends": 1,
+                                              "verdict": verdict.to_json(), "counters": counters})])
+        crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
+        return data
+
+    def _conversation(self, run_id: str, upto: str, journal: dict[tuple[str, str], StepEvent]) -> list[Message]:
+        """The request's messages, rebuilt from the intents' new messages and the journaled
+        responses and tool results (references resolved)."""
+        out: list[Message] = []
+        steps = sorted({s for (s, phase), ev in journal.items() if ev.kind == "model" and phase == "intent"
+                        and s <= upto})
+        for step in steps:
+            for m in journal[(step, "intent")].payload.get("new") or ():
+                if m.get("role") == "assistant" and "ref" in m:
+                    out.append(assistant_message(journal[(str(m["ref"]), "result")].payload["response"]))
+                elif m.get("role") == "tool":
+                    out.append(self._resolved(m, journal))
+                else:
+                    out.append(m)
+        return out
+
+    @staticmethod
+    def _resolved(message: Message, journal: dict[tuple[str, str], StepEvent]) -> Message:
+        content = message.get("content")
+        if not isinstance(content, str) or REF not in content:
+            return message
+        try:
+            ref = json.loads(content)
+        except ValueError:
+            return message
+        if not isinstance(ref, dict) or set(ref) != {REF, "sha256", "bytes"}:
+            return message
+        value = journal[(str(ref[REF]), "result")].payload["value"]
+        return {**message, "content": sorted_compact_nan(value)}
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    def _context(self, inp: ToolCallInput) -> ToolContext:
+        return ToolContext(run_id=inp.run_id, step_id=inp.step_id, tool=inp.tool, effect_key=inp.effect_key,
+                           attempt=inp.attempt, tenant=inp.tenant, data=dict(inp.data), call_id=inp.call_id)
+
+    @activity.defn(name=TOOL_CALL)
+    async def tool_call(self, inp: ToolCallInput) -> Any:
+        self._check(inp.agent)
+        if self.tools.info(inp.tool) is None:
+            raise ApplicationError(f"agent {self.agent.name!r} has no tool {inp.tool!r}", type="UsageError",
+                                   non_retryable=True)
+        journal = self._events(inp.run_id)
+        done = journal.get((inp.step_id, "result"))
+        if done is not None and done.payload.get("effect_key") == inp.effect_key:
+            return self._returned(inp.step_id, done.payload["value"])  # ran: never twice
+        if not journal:
+            raise ApplicationError(f"run {inp.run_id!r} has no journal at {self.journal_url!r}: a tool step "
+                                   "comes after a model turn", type="UsageError", non_retryable=True)
+        phase = "intent" if inp.attempt == 1 else f"intent.{inp.attempt}"
+        if (inp.step_id, phase) not in journal:
+            self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool",
+                                         name=inp.tool, payload={"effect_key": inp.effect_key,
+                                                                 "arguments": inp.arguments}),])
+        try:
+            self.tools.check(inp.tool, inp.arguments)
+            async with _heartbeating():
+                value = await self.tools.invoke(inp.tool, inp.arguments, self._context(inp))
+        except ToolError as err:
+            raise _failure("ToolError", err) from None
+        crash.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
+        self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
+                                     name=inp.tool, payload={"outcome": "ok", "value": value,
+                                                             "effect_key": inp.effect_key})])
+        crash.point("temporal.tool.A2")  # journaled, not returned
+        return self._returned(inp.step_id, value)
+
+    @staticmethod
+    def _returned(step_id: str, value: Any) -> Any:
+        text = sorted_compact_nan(value)
+        if len(text.encode()) <= INLINE_BYTES:
+            return value
+        return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest(), "bytes": len(text.encode())}
+
+    @activity.defn(name=LOOKUP)
+    async def tool_lookup(self, inp: ToolCallInput) -> Any:
+        self._check(inp.agent)
+        info = self.tools.info(inp.tool)
+        if info is None or not info.has_lookup:
+            raise ApplicationError(f"tool {inp.tool!r} has no lookup", type="UsageError", non_retryable=True)
+        try:
+            return await self.tools.lookup(inp.tool, inp.arguments, self._context(inp))
+        except ToolError as err:
+            raise _failure("ToolError", err) from None
+
+
+def check_url(journal_url: str) -> None:
+    """Refuse a URL no worker could write (typed errors of :func:`open_journal`)."""
+    if not isinstance(journal_url, str) or not journal_url:
+        raise UsageError("journal_url must be a journal URL (sqlite:///path, postgresql://...)")

@@ -1,0 +1,73 @@
+"""Activity and workflow names, and their inputs: stable forever.
+
+A step cannot be deleted from a live workflow history: a worker replaying a history recorded
+by an older cuaderno must find every activity it scheduled under the same name, with inputs of
+the same shape. New fields may be added with defaults; nothing here is renamed or removed.
+``tests/temporal/histories/`` holds recorded histories that every test run replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = ["LOOKUP", "MODEL_TURN", "TOOL_CALL", "WORKFLOW", "ModelTurnInput", "RunInput", "ToolCallInput"]
+
+WORKFLOW: Final = "cuaderno.run"
+MODEL_TURN: Final = "cuaderno.model_turn"
+TOOL_CALL: Final = "cuaderno.tool_call"
+LOOKUP: Final = "cuaderno.tool_lookup"
+
+
+@dataclass
+class RunInput:
+    """The workflow's input (and what a continue-as-new carries): the run is the workflow id.
+
+    ``decisions`` are the approvals people gave in earlier runs of this workflow (small decision
+    data, by approval step id), so a run continued-as-new does not ask again.
+    """
+
+    agent: str
+    task: str
+    tenant: str = "default"
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_history_events: int = 0
+    """Continue-as-new once the history holds this many events (0: when the server suggests it)."""
+
+
+@dataclass
+class ModelTurnInput:
+    """One model call, by reference. The request is re-derived from cuaderno's journal.
+
+    ``new_messages`` holds only what the conversation gained since the previous request of this
+    run: tool messages (whose large values are references to the journaled tool result) and the
+    task on turn 0. The assistant messages are references (``{"role": "assistant", "ref":
+    STEP_ID}``) to the responses the journal holds, so nothing the history already has is sent
+    twice.
+    """
+
+    agent: str
+    run_id: str
+    step_id: str
+    turn: int
+    idempotency_key: str
+    """hash(run id, step id, request fingerprint): names the request without its body."""
+    new_messages: list[dict[str, Any]]
+    n_messages: int
+    tenant: str = "default"
+
+
+@dataclass
+class ToolCallInput:
+    """One run (or lookup) of a tool: plain arguments and the step's context fields."""
+
+    agent: str
+    run_id: str
+    step_id: str
+    tool: str
+    arguments: dict[str, Any]
+    effect_key: str
+    attempt: int = 1
+    tenant: str = "default"
+    data: dict[str, Any] = field(default_factory=dict)
+    call_id: str | None = None

@@ -1,0 +1,188 @@
+"""What a workflow plugs into :class:`~cuaderno.loop.agent.Session`: runtime, ownership, model
+caller and tool executor. Everything here runs inside workflow code: deterministic, no I/O.
+
+- :class:`WorkflowRuntime`: ``workflow.now()``, ``workflow.random()`` (the same numbers on every
+  replay), a workflow timer as ``sleep``, the workflow id as the owner.
+- :class:`WorkflowOwnership`: the workflow is the single owner; no OS locks, no per-process
+  holds (replay may run the workflow on any worker thread).
+- :class:`ActivityModelCaller`: each send is one ``cuaderno.model_turn`` activity, given
+  references and what is new since the last request.
+- :class:`ActivityTools`: ``invoke`` and ``lookup`` are ``cuaderno.tool_call`` and
+  ``cuaderno.tool_lookup`` activities; ``info``, ``check``, ``compensation`` read the agent's
+  declarations in the workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+from cuaderno._holds import Loop, Where
+from cuaderno._json import sorted_compact
+from cuaderno.errors import ErrorClass, GatewayError, ToolError, UsageError
+from cuaderno.gateway.base import ModelRequest, ModelResponse, assistant_message
+from cuaderno.journal.base import Checkpointer
+from cuaderno.loop.executor import AgentTools
+from cuaderno.loop.runtime import Runtime
+from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput
+from cuaderno.temporal._profiles import CODE, MODEL, EffectPolicy, Profile
+from cuaderno.tools.definition import ToolContext
+
+__all__ = ["ActivityModelCaller", "ActivityTools", "WorkflowOwnership", "WorkflowRuntime"]
+
+
+class WorkflowRuntime(Runtime):
+    """The workflow's clock, random source, timer and name."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.random = workflow.random()
+
+    def now(self) -> float:
+        return workflow.now().timestamp()
+
+    def monotonic(self) -> float:
+        return workflow.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)  # a durable workflow timer
+
+    def block(self, seconds: float) -> None:
+        raise UsageError("a workflow cannot block: use cuaderno.temporal's signal or update instead of cancel()")
+
+    def owner(self) -> str:
+        return f"temporal:{workflow.info().workflow_id}"
+
+    def process(self) -> int:
+        return 0
+
+    def thread(self) -> int:
+        return 0
+
+
+class WorkflowOwnership:
+    """The workflow is the single owner of its run: the in-workflow journal's epoch, no holds."""
+
+    def key(self, store: Checkpointer, run_id: str) -> Where:
+        return ("temporal", run_id)
+
+    def start(self, where: Where, loop: Loop, *, force: bool) -> None:
+        pass
+
+    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool, open_only: bool = False) -> int:
+        return store.acquire(run_id, owner, force=force, open_only=open_only)
+
+    def took(self, where: Where, loop: Loop) -> None:
+        pass
+
+    def pause(self, where: Where, loop: Loop) -> None:
+        pass
+
+    def resume(self, where: Where, loop: Loop) -> bool:
+        return True
+
+    def stop(self, where: Where, loop: Loop) -> None:
+        pass
+
+    def release(self, store: Checkpointer, run_id: str, epoch: int) -> None:
+        store.release(run_id, epoch)
+
+    def busy_here(self, where: Where) -> bool:
+        return False
+
+
+def _options(profile: Profile, policy: EffectPolicy) -> dict[str, Any]:
+    return {"start_to_close_timeout": profile.timeout, "heartbeat_timeout": policy.heartbeat,
+            "retry_policy": RetryPolicy(maximum_attempts=profile.attempts)}
+
+
+def _lost(exc: ActivityError) -> bool:
+    """The activity may have run and its answer is lost (timed out: a worker died inside it)."""
+    return isinstance(exc.cause, TimeoutError)
+
+
+def _details(exc: ActivityError, kind: str) -> dict[str, Any] | None:
+    cause = exc.cause
+    if isinstance(cause, ApplicationError) and cause.type == kind and cause.details:
+        detail = cause.details[0]
+        return detail if isinstance(detail, dict) else None
+    return None
+
+
+class ActivityModelCaller:
+    """Each model send is one ``cuaderno.model_turn`` activity (the ``model`` profile)."""
+
+    def __init__(self, agent: str, tenant: str, policy: EffectPolicy) -> None:
+        self.agent, self.tenant, self.policy = agent, tenant, policy
+        self._sent = 0
+        """Messages of the conversation the activities already know of (the previous request's)."""
+        self._responses: dict[str, str] = {}
+        """An accepted response's assistant message (its canonical JSON) -> its model step id."""
+
+    async def call(self, request: ModelRequest, *, run_id: str, step_id: str, idempotency_key: str) -> ModelResponse:
+        messages = request.messages
+        new = []
+        for message in messages[self._sent:]:
+            ref = self._responses.get(sorted_compact(message)) if message.get("role") == "assistant" else None
+            new.append({"role": "assistant", "ref": ref} if ref is not None else dict(message))
+        inp = ModelTurnInput(agent=self.agent, run_id=run_id, step_id=step_id,
+                             turn=int(step_id[1:5]), idempotency_key=idempotency_key,
+                             new_messages=new, n_messages=len(messages), tenant=self.tenant)
+        try:
+            data = await workflow.execute_activity(MODEL_TURN, inp, result_type=dict, **_options(MODEL, self.policy))
+        except ActivityError as exc:
+            if (err := _details(exc, "GatewayError")) is not None:
+                raise GatewayError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
+                                   sent=bool(err.get("sent")), retry_after=err.get("retry_after"),
+                                   status=err.get("status")) from None
+            # The worker died or the call outlived its timeout: it may have been sent (and billed).
+            # cuaderno's retry layer re-sends with the same key; the activity finds a journaled
+            # response first and pays nothing.
+            raise GatewayError(f"model activity failed: {exc.cause or exc}", error_class=ErrorClass.AMBIGUOUS,
+                               sent=True) from None
+        self._sent = len(messages)
+        self._responses[sorted_compact(assistant_message(data))] = step_id
+        return ModelResponse.from_json(data)
+
+
+class ActivityTools(AgentTools):
+    """The agent's declarations in the workflow; tool bodies and lookups in activities."""
+
+    def __init__(self, agent_name: str, tools: Any, policy: EffectPolicy, tenant: str) -> None:
+        super().__init__(tools)
+        self.agent_name, self.policy, self.tenant = agent_name, policy, tenant
+
+    def _input(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolCallInput:
+        return ToolCallInput(agent=self.agent_name, run_id=ctx.run_id, step_id=ctx.step_id, tool=name,
+                             arguments=arguments, effect_key=ctx.effect_key, attempt=ctx.attempt,
+                             tenant=ctx.tenant, data=dict(ctx.data), call_id=ctx.call_id)
+
+    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        self.check(name, arguments)
+        try:
+            return await workflow.execute_activity(TOOL_CALL, self._input(name, arguments, ctx),
+                                                   **_options(self.policy.tools[name], self.policy))
+        except ActivityError as exc:
+            raise self._tool_error(exc, "tool activity") from None
+
+    async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        try:
+            return await workflow.execute_activity(LOOKUP, self._input(name, arguments, ctx), **_options(CODE, self.policy))
+        except ActivityError as exc:
+            raise self._tool_error(exc, "lookup activity") from None
+
+    @staticmethod
+    def _tool_error(exc: ActivityError, what: str) -> ToolError:
+        err = _details(exc, "ToolError")
+        if err is not None:
+            return ToolError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
+                             sent=err.get("sent"), data=err.get("data") or {})
+        if _lost(exc):
+            # Killed or timed out inside the body: the effect may have happened. The loop
+            # reconciles it (lookup, or a re-send of an idempotent tool), exactly as after a crash.
+            return ToolError(f"{what} lost: {exc.cause}", error_class=ErrorClass.AMBIGUOUS, sent=True)
+        return ToolError(f"{what} failed: {exc.cause or exc}", error_class=ErrorClass.AMBIGUOUS, sent=None)

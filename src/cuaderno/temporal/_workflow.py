@@ -1,0 +1,178 @@
+"""``CuadernoWorkflow``: the unchanged runner, driven inside a workflow.
+
+The loop's own bookkeeping lives in a :class:`~cuaderno.journal.memory.MemoryCheckpointer`
+inside the workflow. It is never read from outside and needs no durability of its own: every
+value it holds came from an activity result (in the history) or from a decision (an update or
+signal, in the history), so replay rebuilds it event for event. The durable record is the journal
+the activities write (:mod:`cuaderno.temporal._activities`).
+
+The workflow runs without Temporal's sandbox (``sandboxed=False``): cuaderno's loop imports the
+journal modules (sqlite3) that the sandbox would re-import per run, and every source of
+non-determinism the loop uses goes through the session's seams (:mod:`cuaderno.temporal._seams`).
+The only clock the loop still reads directly is ``created_at`` of the in-workflow journal's rows,
+which nothing decides on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio import workflow
+
+from cuaderno import harness
+from cuaderno.cancellation import request_cancel
+from cuaderno.errors import (
+    ApprovalError,
+    ApprovalMismatch,
+    BudgetExceeded,
+    NotWaitingForApproval,
+    RunCancelled,
+    RunClosed,
+    UncertainEffect,
+    UsageError,
+)
+from cuaderno.journal.memory import MemoryCheckpointer
+from cuaderno.loop.agent import Agent, Session
+from cuaderno.loop.steps import FinalStep
+from cuaderno.temporal._names import WORKFLOW, RunInput
+from cuaderno.temporal._profiles import EffectPolicy
+from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
+
+__all__ = ["AGENTS", "CuadernoWorkflow", "Decision"]
+
+AGENTS: dict[str, tuple[Agent, EffectPolicy]] = {}
+"""The agents this worker process runs, by name, with their tools' profiles (filled by
+:func:`cuaderno.temporal.build_worker`)."""
+
+
+class _NoGateway:
+    """The workflow's session has no gateway: every send goes through the model activity."""
+
+    async def complete(self, request: Any, *, idempotency_key: str) -> Any:
+        raise AssertionError("the workflow sends model requests through the model activity only")
+
+
+@dataclass
+class Decision:
+    """A person's decision on a waiting approval (update ``decide`` or signal ``decide``)."""
+
+    step_id: str
+    approve: bool
+    fingerprint: str | None = None
+    approver: str | None = None
+    reason: str | None = None
+
+
+@workflow.defn(name=WORKFLOW, sandboxed=False)
+class CuadernoWorkflow:
+    """Runs (or continues) one cuaderno run; the run id is the workflow id."""
+
+    def __init__(self) -> None:
+        self.store = MemoryCheckpointer()
+        self.run_id = ""
+        self.decisions: dict[str, dict[str, Any]] = {}
+        self.queued: list[Decision] = []
+        self.cancel_reason: str | None = None
+
+    @workflow.run
+    async def run(self, inp: RunInput) -> dict[str, Any]:
+        known = AGENTS.get(inp.agent)
+        if known is None:
+            raise UsageError(f"this worker has no agent {inp.agent!r}")
+        agent, policy = known
+        self.run_id = workflow.info().workflow_id
+        self.decisions = dict(inp.decisions)
+        runtime = WorkflowRuntime()
+        session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
+                          ownership=WorkflowOwnership(), owner=runtime.owner(),
+                          tools=ActivityTools(agent.name, agent.tools, policy, inp.tenant),
+                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy))
+        while True:
+            try:
+                async for step in agent.run(inp.task, session=session):
+                    if isinstance(step, FinalStep):
+                        return {"status": "completed", "output": step.output}
+                    if self._history_full(inp):
+                        workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
+                                                          decisions=self.decisions,
+                                                          max_history_events=inp.max_history_events))
+            except RunCancelled as exc:
+                return {"status": "cancelled", "record": exc.record}
+            except (BudgetExceeded, RunClosed) as exc:
+                return {"status": "failed", "reason": str(exc)}
+            except UncertainEffect as exc:
+                return {"status": "needs_human", "reason": str(exc)}
+            # The run stopped for a person: apply a decision carried over, or wait for one.
+            await self._decide_pending()
+
+    def _history_full(self, inp: RunInput) -> bool:
+        info = workflow.info()
+        if inp.max_history_events:
+            return info.get_current_history_length() >= inp.max_history_events
+        return info.is_continue_as_new_suggested()
+
+    async def _decide_pending(self) -> None:
+        while True:
+            cp = self.store.checkpoint(self.run_id)
+            assert cp is not None
+            if cp.status == "cancelled" or not cp.pending:
+                return
+            for step_id in sorted(cp.pending):
+                if step_id in self.decisions:
+                    self._apply(step_id, self.decisions[step_id])
+                    return
+            if self.cancel_reason is not None:
+                request_cancel(self.store, self.run_id, self.cancel_reason, by="temporal",
+                               ownership=WorkflowOwnership())
+                return
+            await workflow.wait_condition(lambda: bool(self.queued) or self.cancel_reason is not None)
+            while self.queued:
+                d = self.queued.pop(0)
+                try:
+                    self._check_decision(d)
+                except ApprovalError:
+                    continue  # a signal's stale decision is dropped (an update is refused instead)
+                self.decisions[d.step_id] = {"approve": d.approve, "fingerprint": d.fingerprint,
+                                             "approver": d.approver, "reason": d.reason}
+
+    def _apply(self, step_id: str, d: dict[str, Any]) -> None:
+        decide = harness.approve if d["approve"] else harness.deny
+        decide(self.store, self.run_id, step_id, fingerprint=d.get("fingerprint"), approver=d.get("approver"),
+               reason=d.get("reason"))
+
+    def _check_decision(self, d: Decision) -> None:
+        cp = self.store.checkpoint(self.run_id)
+        pending = cp.pending if cp is not None else {}
+        if d.step_id not in pending:
+            raise NotWaitingForApproval(f"run {self.run_id!r} is not waiting for approval {d.step_id!r}")
+        want = pending[d.step_id].get("fingerprint")
+        if d.fingerprint is not None and d.fingerprint != want:
+            raise ApprovalMismatch(f"approval {d.step_id!r}: the arguments the person saw ({d.fingerprint[:12]}) "
+                                   f"are not the ones waiting ({str(want)[:12]})")
+
+    @workflow.update(name="decide")
+    async def decide(self, d: Decision) -> str:
+        """A person's decision: refused by the validator when stale or when nothing waits."""
+        self.queued.append(d)
+        return d.step_id
+
+    @decide.validator
+    def _validate(self, d: Decision) -> None:
+        self._check_decision(d)
+
+    @workflow.signal(name="decide")
+    async def decide_signal(self, d: Decision) -> None:
+        self.queued.append(d)
+
+    @workflow.signal(name="cancel")
+    async def cancel(self, reason: str) -> None:
+        """Ask to cancel: the loop stops at its next step and writes the same record as locally."""
+        self.cancel_reason = reason
+        if self.run_id:
+            request_cancel(self.store, self.run_id, reason, by="temporal", ownership=WorkflowOwnership())
+
+    @workflow.query(name="pending")
+    def pending(self) -> dict[str, dict[str, Any]]:
+        cp = self.store.checkpoint(self.run_id) if self.run_id else None
+        return dict(cp.pending) if cp is not None else {}
