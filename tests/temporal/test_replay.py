@@ -1,0 +1,72 @@
+"""Recorded histories replay on every run; removing an activity call breaks replay.
+
+``histories/payer.json`` was recorded from :mod:`temporal_app`'s run (regenerate with
+``CUADERNO_RECORD_HISTORY=1``, only when a change is meant to break old histories — it never is:
+activity names and inputs are forever).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporal_app import POLICY, SCRIPT, make_agent
+from temporalio.client import WorkflowHistory
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.temporal import CuadernoWorkflow, RunInput, build_worker, register
+from cuaderno.temporal._seams import ActivityTools
+from cuaderno.testing.ledger import LedgerProcess
+
+HISTORY = Path(__file__).parent / "histories" / "payer.json"
+
+
+def registered(tmp_path: Path) -> None:
+    policy = tmp_path / "effects.toml"
+    policy.write_text(POLICY)
+    register(make_agent("http://127.0.0.1:1"), policy)
+
+
+def recorded() -> WorkflowHistory:
+    return WorkflowHistory.from_json("run-recorded", HISTORY.read_text())
+
+
+async def test_the_recorded_history_replays(tmp_path: Path) -> None:
+    registered(tmp_path)
+    result = await Replayer(workflows=[CuadernoWorkflow]).replay_workflow(recorded(), raise_on_replay_failure=False)
+    assert result.replay_failure is None
+
+
+async def test_removing_an_activity_call_breaks_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    registered(tmp_path)
+    original = ActivityTools.invoke
+
+    async def read_in_the_workflow(self: ActivityTools, name: str, arguments: dict[str, Any], ctx: Any) -> Any:
+        if name == "read_doc":  # the tool's activity removed: its body run in the workflow instead
+            return await self.tools[name].invoke(self.tools[name].validate(arguments), ctx)
+        return await original(self, name, arguments, ctx)
+
+    monkeypatch.setattr(ActivityTools, "invoke", read_in_the_workflow)
+    with pytest.raises(NondeterminismError):
+        await Replayer(workflows=[CuadernoWorkflow]).replay_workflow(recorded())
+
+
+@pytest.mark.skipif(os.environ.get("CUADERNO_RECORD_HISTORY") != "1", reason="records the history on demand")
+async def test_record_history(env: WorkflowEnvironment, tmp_path: Path) -> None:
+    policy = tmp_path / "effects.toml"
+    policy.write_text(POLICY)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with build_worker(env.client, make_agent(ledger.url), task_queue=queue,
+                                journal_url=f"sqlite:///{tmp_path / 'j.db'}", effect_policy=policy,
+                                gateway_factory=lambda: ScriptedGateway(SCRIPT)):
+            handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="payer", task="pay bob"),
+                                                     id="run-recorded", task_queue=queue)
+            await handle.result()
+            HISTORY.write_text((await handle.fetch_history()).to_json())
