@@ -31,7 +31,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from cuaderno._json import sorted_compact_nan
-from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError
+from cuaderno.errors import GatewayError, ReplayDivergence, ToolError
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
@@ -41,7 +41,15 @@ from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
 from cuaderno.loop.executor import AgentTools, TracedTools
 from cuaderno.loop.model_calls import TracedGateway
-from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput
+from cuaderno.temporal._names import (
+    LOOKUP,
+    MODEL_TURN,
+    REPLAY_RUN,
+    TOOL_CALL,
+    ModelTurnInput,
+    ReplayInput,
+    ToolCallInput,
+)
 from cuaderno.testing import crash
 from cuaderno.tools.definition import ToolContext
 
@@ -89,7 +97,7 @@ class CuadernoActivities:
         self.tools = TracedTools(AgentTools(agent.tools))
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.model_turn, self.tool_call, self.tool_lookup]
+        return [self.model_turn, self.tool_call, self.tool_lookup, self.replay_run]
 
     def _check(self, name: str) -> None:
         if name != self.agent.name:
@@ -199,6 +207,9 @@ class CuadernoActivities:
         journal = self._events(inp.run_id)
         done = journal.get((inp.step_id, "result"))
         if done is not None and done.payload.get("effect_key") == inp.effect_key:
+            if done.payload.get("outcome") == "error":
+                raise ApplicationError(str(done.payload["error"].get("message")), done.payload["error"],
+                                       type="ToolError", non_retryable=True)
             return self._returned(inp.step_id, done.payload["value"])  # ran: never twice
         if not journal:
             raise ApplicationError(f"run {inp.run_id!r} has no journal at {self.journal_url!r}: a tool step "
@@ -213,6 +224,11 @@ class CuadernoActivities:
             async with _heartbeating():
                 value = await self.tools.invoke(inp.tool, inp.arguments, self._context(inp))
         except ToolError as err:
+            # A classified failure is the step's outcome: journaled, so a run continued-as-new
+            # gets it back instead of running the body again.
+            self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
+                                         name=inp.tool, payload={"outcome": "error", "error": err.to_json(),
+                                                                 "effect_key": inp.effect_key})])
             raise _failure("ToolError", err) from None
         crash.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
         self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
@@ -240,7 +256,24 @@ class CuadernoActivities:
             raise _failure("ToolError", err) from None
 
 
-def check_url(journal_url: str) -> None:
-    """Refuse a URL no worker could write (typed errors of :func:`open_journal`)."""
-    if not isinstance(journal_url, str) or not journal_url:
-        raise UsageError("journal_url must be a journal URL (sqlite:///path, postgresql://...)")
+    @activity.defn(name=REPLAY_RUN)
+    async def replay_run(self, inp: ReplayInput) -> dict[str, Any]:
+        """Every journaled model response and tool outcome of the run, as the workflow received
+        them (large tool values as references): a run continued-as-new replays its earlier
+        steps from this one result instead of one activity per step."""
+        self._check(inp.agent)
+        model: dict[str, Any] = {}
+        tools: dict[str, Any] = {}
+        for (step_id, phase), ev in self._events(inp.run_id).items():
+            if phase != "result":
+                continue
+            if ev.kind == "model":
+                model[step_id] = {"key": ev.payload.get("key"), "response": ev.payload.get("response")}
+            elif ev.kind == "tool":
+                out = {"effect_key": ev.payload.get("effect_key"), "outcome": ev.payload.get("outcome")}
+                if ev.payload.get("outcome") == "error":
+                    out["error"] = ev.payload.get("error")
+                else:
+                    out["value"] = self._returned(step_id, ev.payload.get("value"))
+                tools[step_id] = out
+        return {"model": model, "tools": tools}

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["LOOKUP", "MODEL_TURN", "TOOL_CALL", "WORKFLOW", "ModelTurnInput", "RunInput", "ToolCallInput"]
+__all__ = ["LOOKUP", "MODEL_TURN", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW", "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
 
 WORKFLOW: Final = "cuaderno.run"
 MODEL_TURN: Final = "cuaderno.model_turn"
 TOOL_CALL: Final = "cuaderno.tool_call"
 LOOKUP: Final = "cuaderno.tool_lookup"
+REPLAY_RUN: Final = "cuaderno.replay_run"
 
 
 @dataclass
@@ -71,3 +72,11 @@ class ToolCallInput:
     tenant: str = "default"
     data: dict[str, Any] = field(default_factory=dict)
     call_id: str | None = None
+
+
+@dataclass
+class ReplayInput:
+    """What a run continued-as-new asks once: the results its earlier runs already journaled."""
+
+    agent: str
+    run_id: str

@@ -116,8 +116,11 @@ def _details(exc: ActivityError, kind: str) -> dict[str, Any] | None:
 class ActivityModelCaller:
     """Each model send is one ``cuaderno.model_turn`` activity (the ``model`` profile)."""
 
-    def __init__(self, agent: str, tenant: str, policy: EffectPolicy) -> None:
+    def __init__(self, agent: str, tenant: str, policy: EffectPolicy,
+                 replayed: dict[str, Any] | None = None) -> None:
         self.agent, self.tenant, self.policy = agent, tenant, policy
+        self.replayed: dict[str, Any] = replayed or {}
+        """Responses journaled by earlier runs of this workflow (continue-as-new), by step id."""
         self._sent = 0
         """Messages of the conversation the activities already know of (the previous request's)."""
         self._responses: dict[str, str] = {}
@@ -132,6 +135,11 @@ class ActivityModelCaller:
         inp = ModelTurnInput(agent=self.agent, run_id=run_id, step_id=step_id,
                              turn=int(step_id[1:5]), idempotency_key=idempotency_key,
                              new_messages=new, n_messages=len(messages), tenant=self.tenant)
+        known = self.replayed.get(step_id)
+        if known is not None and known.get("key") == idempotency_key:
+            self._sent = len(messages)
+            self._responses[sorted_compact(assistant_message(known["response"]))] = step_id
+            return ModelResponse.from_json(known["response"])
         try:
             data = await workflow.execute_activity(MODEL_TURN, inp, result_type=dict, **_options(MODEL, self.policy))
         except ActivityError as exc:
@@ -152,9 +160,12 @@ class ActivityModelCaller:
 class ActivityTools(AgentTools):
     """The agent's declarations in the workflow; tool bodies and lookups in activities."""
 
-    def __init__(self, agent_name: str, tools: Any, policy: EffectPolicy, tenant: str) -> None:
+    def __init__(self, agent_name: str, tools: Any, policy: EffectPolicy, tenant: str,
+                 replayed: dict[str, Any] | None = None) -> None:
         super().__init__(tools)
         self.agent_name, self.policy, self.tenant = agent_name, policy, tenant
+        self.replayed: dict[str, Any] = replayed or {}
+        """Tool outcomes journaled by earlier runs of this workflow (continue-as-new), by step id."""
 
     def _input(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolCallInput:
         return ToolCallInput(agent=self.agent_name, run_id=ctx.run_id, step_id=ctx.step_id, tool=name,
@@ -163,6 +174,13 @@ class ActivityTools(AgentTools):
 
     async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         self.check(name, arguments)
+        known = self.replayed.get(ctx.step_id)
+        if known is not None and known.get("effect_key") == ctx.effect_key:
+            if known.get("outcome") == "error":
+                err = known["error"]
+                raise ToolError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
+                                sent=err.get("sent"), data=err.get("data") or {})
+            return known.get("value")
         try:
             return await workflow.execute_activity(TOOL_CALL, self._input(name, arguments, ctx),
                                                    **_options(self.policy.tools[name], self.policy))

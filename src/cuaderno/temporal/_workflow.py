@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 
 from cuaderno import harness
 from cuaderno.cancellation import request_cancel
@@ -35,8 +36,8 @@ from cuaderno.errors import (
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import FinalStep
-from cuaderno.temporal._names import WORKFLOW, RunInput
-from cuaderno.temporal._profiles import EffectPolicy
+from cuaderno.temporal._names import REPLAY_RUN, WORKFLOW, ReplayInput, RunInput
+from cuaderno.temporal._profiles import CODE, EffectPolicy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 
 __all__ = ["AGENTS", "CuadernoWorkflow", "Decision"]
@@ -84,10 +85,16 @@ class CuadernoWorkflow:
         self.run_id = workflow.info().workflow_id
         self.decisions = dict(inp.decisions)
         runtime = WorkflowRuntime()
+        replayed: dict[str, Any] = {"model": {}, "tools": {}}
+        if workflow.info().continued_run_id is not None:
+            # One activity for everything the earlier runs journaled, instead of one per step.
+            replayed = await workflow.execute_activity(REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id),
+                                                       result_type=dict, start_to_close_timeout=CODE.timeout,
+                                                       retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
         session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
                           ownership=WorkflowOwnership(), owner=runtime.owner(),
-                          tools=ActivityTools(agent.name, agent.tools, policy, inp.tenant),
-                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy))
+                          tools=ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"]),
+                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"]))
         while True:
             try:
                 async for step in agent.run(inp.task, session=session):
