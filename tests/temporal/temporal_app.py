@@ -11,6 +11,7 @@ from cuaderno.errors import ErrorClass, ToolError
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
 from cuaderno.tools.definition import ToolContext
+from cuaderno.tools.policy import Policy
 
 SCRIPT = [
     ScriptedGateway.call("transfer", to="bob", amount=5),
@@ -31,7 +32,7 @@ effect = "code"
 """
 
 
-def make_agent(ledger_url: str, *, name: str = "payer") -> Agent:
+def make_agent(ledger_url: str, *, name: str = "payer", approval: bool = False) -> Agent:
     client = LedgerClient(ledger_url)
 
     def lookup(ctx: ToolContext, arguments: dict[str, Any]) -> Any:
@@ -53,4 +54,5 @@ def make_agent(ledger_url: str, *, name: str = "payer") -> Agent:
         """Read a document (idempotent, 5 KB)."""
         return {"name": name, "text": "x" * 5000}
 
-    return Agent(instructions="Pay bob.", tools=[transfer, read_doc], name=name, max_turns=8)
+    return Agent(instructions="Pay bob.", tools=[transfer, read_doc], name=name, max_turns=8,
+                 policy=Policy({"transfer": "require_approval"}) if approval else None)

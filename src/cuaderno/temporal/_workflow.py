@@ -107,6 +107,9 @@ class CuadernoWorkflow:
             except RunCancelled as exc:
                 return {"status": "cancelled", "record": exc.record}
             except (BudgetExceeded, RunClosed) as exc:
+                cp = self.store.checkpoint(self.run_id)
+                if cp is not None and cp.status == "cancelled":  # closed while it waited for a person
+                    return {"status": "cancelled", "record": cp.outcome or {}}
                 return {"status": "failed", "reason": str(exc)}
             except UncertainEffect as exc:
                 return {"status": "needs_human", "reason": str(exc)}

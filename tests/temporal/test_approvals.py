@@ -1,0 +1,81 @@
+"""A person decides while the workflow waits durably: an update (its validator refuses a stale
+fingerprint or a step that is not waiting, with typed errors) or a signal; cancellation by signal."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporal_app import POLICY, SCRIPT, make_agent
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+
+from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.temporal import CuadernoWorkflow, Decision, RunInput, build_worker
+from cuaderno.testing.ledger import LedgerProcess
+
+
+@asynccontextmanager
+async def waiting_run(env: WorkflowEnvironment, tmp_path: Path,
+                      ledger: LedgerProcess) -> AsyncIterator[tuple[WorkflowHandle[Any, Any], str, str]]:
+    """A run waiting for approval of its transfer: the handle, the approval step and its fingerprint."""
+    policy = tmp_path / "effects.toml"
+    policy.write_text(POLICY)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with build_worker(env.client, make_agent(ledger.url, name="approver", approval=True), task_queue=queue,
+                            journal_url=f"sqlite:///{tmp_path / 'j.db'}", effect_policy=policy,
+                            gateway_factory=lambda: ScriptedGateway(SCRIPT)):
+        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="approver", task="pay bob"),
+                                                 id=f"run-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        pending: dict[str, Any] = {}
+        while not pending:  # synchronised on the workflow's own state (a query), not on a delay
+            pending = await handle.query(CuadernoWorkflow.pending)
+            await asyncio.sleep(0)
+        step_id, waiting = next(iter(pending.items()))
+        yield handle, step_id, waiting["fingerprint"]
+
+
+def refused_as(exc: WorkflowUpdateFailedError) -> str | None:
+    cause = exc.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+async def test_an_update_approves_and_its_validator_refuses_stale_or_unknown_steps(
+        env: WorkflowEnvironment, tmp_path: Path) -> None:
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with waiting_run(env, tmp_path, ledger) as (handle, step_id, fp):
+            assert ledger.receipts() == []  # nothing ran while it waited
+            with pytest.raises(WorkflowUpdateFailedError) as stale:
+                await handle.execute_update(CuadernoWorkflow.decide, Decision(step_id, True, fingerprint="0" * 64))
+            assert refused_as(stale.value) == "ApprovalMismatch"
+            with pytest.raises(WorkflowUpdateFailedError) as unknown:
+                await handle.execute_update(CuadernoWorkflow.decide, Decision("t0009.tool00.approval", True))
+            assert refused_as(unknown.value) == "NotWaitingForApproval"
+            assert await handle.execute_update(CuadernoWorkflow.decide,
+                                               Decision(step_id, True, fingerprint=fp, approver="ana")) == step_id
+            assert await handle.result() == {"status": "completed", "output": "done: bob has his 5"}
+        assert len(ledger.receipts()) == 1
+
+
+async def test_a_signal_denies(env: WorkflowEnvironment, tmp_path: Path) -> None:
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with waiting_run(env, tmp_path, ledger) as (handle, step_id, fp):
+            await handle.signal(CuadernoWorkflow.decide_signal, Decision(step_id, False, fingerprint=fp))
+            assert (await handle.result())["status"] == "completed"
+        assert ledger.receipts() == []  # denied: the model was told, the transfer never ran
+
+
+async def test_a_cancel_signal_closes_a_waiting_run_with_the_local_record(env: WorkflowEnvironment,
+                                                                          tmp_path: Path) -> None:
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with waiting_run(env, tmp_path, ledger) as (handle, _, _):
+            await handle.signal(CuadernoWorkflow.cancel, "changed my mind")
+            result = await handle.result()
+        assert ledger.receipts() == []
+    assert result["status"] == "cancelled" and result["record"]["reason"] == "changed my mind"
