@@ -15,6 +15,10 @@ workflow id. Each activity writes, under the loop's own step ids:
   Results larger than :data:`INLINE_BYTES` go back to the workflow as a reference (step id,
   sha256, size): the history holds each large tool output zero times; the model activity
   resolves the reference from the journal when it rebuilds the request.
+
+A run's durable journal may hold the intent of a send that was never answered (its worker died
+before the provider replied): the next send of the same step carries the same key and finds
+that intent, which is not written twice.
 - ``cuaderno.tool_lookup``: reads only the receiver (the tool's lookup).
 """
 
@@ -180,6 +184,10 @@ class CuadernoActivities:
 
     @staticmethod
     def _resolved(message: Message, journal: dict[tuple[str, str], StepEvent]) -> Message:
+        if "ref" in message:  # the whole result, journaled by the tool activity
+            value = journal[(str(message["ref"]), "result")].payload["value"]
+            return {"role": "tool", "tool_call_id": message.get("tool_call_id"), "name": message.get("name"),
+                    "content": sorted_compact_nan(value), "is_error": False}
         content = message.get("content")
         if not isinstance(content, str) or REF not in content:
             return message
@@ -242,7 +250,10 @@ class CuadernoActivities:
         text = sorted_compact_nan(value)
         if len(text.encode()) <= INLINE_BYTES:
             return value
-        return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest(), "bytes": len(text.encode())}
+        # 16 hex digits of the sha256: the reference names a journaled row, the digest only lets a
+        # reader check it is that row's value (it is not a security boundary), and it is sent twice
+        # per step (the tool's result, the next model input).
+        return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16], "bytes": len(text.encode())}
 
     @activity.defn(name=LOOKUP)
     async def tool_lookup(self, inp: ToolCallInput) -> Any:

@@ -41,8 +41,10 @@ class ModelTurnInput:
     """One model call, by reference. The request is re-derived from cuaderno's journal.
 
     ``new_messages`` holds only what the conversation gained since the previous request of this
-    run: tool messages (whose large values are references to the journaled tool result) and the
-    task on turn 0. The assistant messages are references (``{"role": "assistant", "ref":
+    run: tool messages and the task on turn 0. A tool message whose result the tool activity
+    journaled is a reference (``{"role": "tool", "tool_call_id", "name", "ref": STEP_ID}``), and a
+    large result returned to the workflow as a reference stays one; only denials, errors and
+    results found by a lookup travel as text. The assistant messages are references (``{"role": "assistant", "ref":
     STEP_ID}``) to the responses the journal holds, so nothing the history already has is sent
     twice.
     """

@@ -22,7 +22,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 from cuaderno._holds import Loop, Where
-from cuaderno._json import sorted_compact
+from cuaderno._json import sorted_compact, sorted_compact_nan
 from cuaderno.errors import ErrorClass, GatewayError, ToolError, UsageError
 from cuaderno.gateway.base import ModelRequest, ModelResponse, assistant_message
 from cuaderno.journal.base import Checkpointer
@@ -117,10 +117,12 @@ class ActivityModelCaller:
     """Each model send is one ``cuaderno.model_turn`` activity (the ``model`` profile)."""
 
     def __init__(self, agent: str, tenant: str, policy: EffectPolicy,
-                 replayed: dict[str, Any] | None = None) -> None:
+                 replayed: dict[str, Any] | None = None, tools: ActivityTools | None = None) -> None:
         self.agent, self.tenant, self.policy = agent, tenant, policy
         self.replayed: dict[str, Any] = replayed or {}
         """Responses journaled by earlier runs of this workflow (continue-as-new), by step id."""
+        self.tools = tools
+        """Names the tool step whose journaled result a tool message holds (sent as a reference)."""
         self._sent = 0
         """Messages of the conversation the activities already know of (the previous request's)."""
         self._responses: dict[str, str] = {}
@@ -128,10 +130,18 @@ class ActivityModelCaller:
 
     async def call(self, request: ModelRequest, *, run_id: str, step_id: str, idempotency_key: str) -> ModelResponse:
         messages = request.messages
-        new = []
+        new: list[dict[str, Any]] = []
         for message in messages[self._sent:]:
-            ref = self._responses.get(sorted_compact(message)) if message.get("role") == "assistant" else None
-            new.append({"role": "assistant", "ref": ref} if ref is not None else dict(message))
+            role = message.get("role")
+            ref = self._responses.get(sorted_compact(message)) if role == "assistant" else None
+            if ref is not None:
+                new.append({"role": "assistant", "ref": ref})
+            elif role == "tool" and self.tools is not None and (step := self.tools.journaled(message)) is not None:
+                # The tool activity journaled this result: the model activity reads it from there.
+                new.append({"role": "tool", "tool_call_id": message.get("tool_call_id"), "name": message.get("name"),
+                            "ref": step})
+            else:
+                new.append(dict(message))
         inp = ModelTurnInput(agent=self.agent, run_id=run_id, step_id=step_id,
                              turn=int(step_id[1:5]), idempotency_key=idempotency_key,
                              new_messages=new, n_messages=len(messages), tenant=self.tenant)
@@ -166,6 +176,21 @@ class ActivityTools(AgentTools):
         self.agent_name, self.policy, self.tenant = agent_name, policy, tenant
         self.replayed: dict[str, Any] = replayed or {}
         """Tool outcomes journaled by earlier runs of this workflow (continue-as-new), by step id."""
+        self._ran: dict[str, tuple[str, str] | None] = {}
+        """The model's call id -> (tool step, canonical result) the tool activity journaled; ``None``
+        when two calls of one turn share an id (then the message is sent as it is)."""
+
+    def journaled(self, message: dict[str, Any]) -> str | None:
+        """The tool step whose journaled result is exactly this tool message's content, or ``None``."""
+        ran = self._ran.pop(str(message.get("tool_call_id")), None)
+        if ran is None or message.get("is_error") or message.get("content") != ran[1]:
+            return None
+        return ran[0]
+
+    def _journaled(self, ctx: ToolContext, value: Any) -> Any:
+        if ctx.call_id is not None:
+            self._ran[ctx.call_id] = None if ctx.call_id in self._ran else (ctx.step_id, sorted_compact_nan(value))
+        return value
 
     def _input(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolCallInput:
         return ToolCallInput(agent=self.agent_name, run_id=ctx.run_id, step_id=ctx.step_id, tool=name,
@@ -180,10 +205,10 @@ class ActivityTools(AgentTools):
                 err = known["error"]
                 raise ToolError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
                                 sent=err.get("sent"), data=err.get("data") or {})
-            return known.get("value")
+            return self._journaled(ctx, known.get("value"))
         try:
-            return await workflow.execute_activity(TOOL_CALL, self._input(name, arguments, ctx),
-                                                   **_options(self.policy.tools[name], self.policy))
+            return self._journaled(ctx, await workflow.execute_activity(
+                TOOL_CALL, self._input(name, arguments, ctx), **_options(self.policy.tools[name], self.policy)))
         except ActivityError as exc:
             raise self._tool_error(exc, "tool activity") from None
 

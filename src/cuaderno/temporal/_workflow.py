@@ -91,10 +91,10 @@ class CuadernoWorkflow:
             replayed = await workflow.execute_activity(REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id),
                                                        result_type=dict, start_to_close_timeout=CODE.timeout,
                                                        retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+        tools = ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"])
         session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
-                          ownership=WorkflowOwnership(), owner=runtime.owner(),
-                          tools=ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"]),
-                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"]))
+                          ownership=WorkflowOwnership(), owner=runtime.owner(), tools=tools,
+                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"], tools))
         while True:
             try:
                 async for step in agent.run(inp.task, session=session):
