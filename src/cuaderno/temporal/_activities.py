@@ -35,7 +35,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from cuaderno._json import sorted_compact_nan
-from cuaderno.errors import GatewayError, ReplayDivergence, ToolError
+from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, VersionMismatch
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
@@ -123,6 +123,14 @@ class CuadernoActivities:
         done = journal.get((step_id, "result"))
         if done is not None and done.payload.get("key") == inp.idempotency_key:
             return dict(done.payload["response"])  # journaled: a re-executed activity pays nothing
+        start = journal.get(("run", "start"))
+        if start is not None:
+            recorded = start.payload.get("versions")
+            if recorded != self.agent.versions():
+                # Checked before anything is written: a worker whose agent differs from the one
+                # that started the run (tools, instructions, policy) refuses it, journal untouched.
+                raise ApplicationError(str(VersionMismatch(run_id, recorded or {}, self.agent.versions())),
+                                       type="VersionMismatch", non_retryable=True)
         if not journal:
             task = next((m.get("content") for m in inp.new_messages if m.get("role") == "user"), None)
             if not isinstance(task, str):

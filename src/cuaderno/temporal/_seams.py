@@ -95,6 +95,10 @@ class WorkflowOwnership:
         return False
 
 
+REFUSALS = frozenset({"VersionMismatch", "ReplayDivergence", "UsageError"})
+"""Activity failures that refuse the run rather than fail a send: they fail the workflow."""
+
+
 def _options(profile: Profile, policy: EffectPolicy) -> dict[str, Any]:
     return {"start_to_close_timeout": profile.timeout, "heartbeat_timeout": policy.heartbeat,
             "retry_policy": RetryPolicy(maximum_attempts=profile.attempts)}
@@ -153,6 +157,11 @@ class ActivityModelCaller:
         try:
             data = await workflow.execute_activity(MODEL_TURN, inp, result_type=dict, **_options(MODEL, self.policy))
         except ActivityError as exc:
+            cause = exc.cause
+            if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
+                # Not a failed send: the worker refused the run (another agent, another journal).
+                # The workflow fails with the typed error; nothing was journaled.
+                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
             if (err := _details(exc, "GatewayError")) is not None:
                 raise GatewayError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
                                    sent=bool(err.get("sent")), retry_after=err.get("retry_after"),
@@ -220,6 +229,9 @@ class ActivityTools(AgentTools):
 
     @staticmethod
     def _tool_error(exc: ActivityError, what: str) -> ToolError:
+        cause = exc.cause
+        if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
+            raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
         err = _details(exc, "ToolError")
         if err is not None:
             return ToolError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),

@@ -20,6 +20,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 from cuaderno import harness
 from cuaderno.cancellation import request_cancel
@@ -27,6 +28,7 @@ from cuaderno.errors import (
     ApprovalError,
     ApprovalMismatch,
     BudgetExceeded,
+    CuadernoError,
     NotWaitingForApproval,
     RunCancelled,
     RunClosed,
@@ -80,7 +82,9 @@ class CuadernoWorkflow:
     async def run(self, inp: RunInput) -> dict[str, Any]:
         known = AGENTS.get(inp.agent)
         if known is None:
-            raise UsageError(f"this worker has no agent {inp.agent!r}")
+            # An ApplicationError fails the workflow (any other exception would retry its task forever).
+            raise ApplicationError(str(UsageError(f"this worker has no agent {inp.agent!r}; it runs "
+                                                  f"{sorted(AGENTS)}")), type="UsageError", non_retryable=True)
         agent, policy = known
         self.run_id = workflow.info().workflow_id
         self.decisions = dict(inp.decisions)
@@ -113,6 +117,11 @@ class CuadernoWorkflow:
                 return {"status": "failed", "reason": str(exc)}
             except UncertainEffect as exc:
                 return {"status": "needs_human", "reason": str(exc)}
+            except CuadernoError as exc:
+                # A typed error the loop gives up with (a model call that kept failing, a replay
+                # divergence) fails the workflow with its type: any other exception would fail
+                # only the workflow task, retried forever.
+                raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
 
