@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from cuaderno.gateway.scripted import ScriptedGateway
+from cuaderno.journal import open_journal
 from cuaderno.temporal import CuadernoWorkflow, Decision, RunInput, build_worker
 from cuaderno.testing.ledger import LedgerProcess
 
@@ -61,6 +62,10 @@ async def test_an_update_approves_and_its_validator_refuses_stale_or_unknown_ste
                                                Decision(step_id, True, fingerprint=fp, approver="ana")) == step_id
             assert await handle.result() == {"status": "completed", "output": "done: bob has his 5"}
         assert len(ledger.receipts()) == 1
+    # The decision is in the activities' journal as cuaderno's approve writes it locally.
+    decided = [e for e in open_journal(f"sqlite:///{tmp_path / 'j.db'}").load(handle.id)
+               if e.kind == "approval" and e.phase == "decision"]
+    assert [(e.step_id, e.decision, e.payload.get("approver")) for e in decided] == [(step_id, "approved", "ana")]
 
 
 async def test_a_signal_denies(env: WorkflowEnvironment, tmp_path: Path) -> None:

@@ -20,5 +20,5 @@ def test_the_worked_example_runs() -> None:
                           capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "activities: cuaderno.model_turn, cuaderno.tool_call, cuaderno.model_turn, cuaderno.tool_call, " \
-           "cuaderno.model_turn" in proc.stdout
+           "cuaderno.model_turn, cuaderno.record" in proc.stdout
     assert "journal: 3 model calls, 2 tool calls" in proc.stdout

@@ -24,7 +24,10 @@ from cuaderno.temporal import CuadernoWorkflow, RunInput, build_worker, register
 from cuaderno.temporal._seams import ActivityTools
 from cuaderno.testing.ledger import LedgerProcess
 
-HISTORY = Path(__file__).parent / "histories" / "payer.json"
+HISTORIES = Path(__file__).parent / "histories"
+HISTORY = HISTORIES / "payer.json"
+"""Recorded before the cuaderno.record activity existed: still replays (workflow.patched)."""
+LATEST = HISTORIES / "payer_record.json"
 
 
 def registered(tmp_path: Path) -> None:
@@ -33,13 +36,15 @@ def registered(tmp_path: Path) -> None:
     register(make_agent("http://127.0.0.1:1"), policy)
 
 
-def recorded() -> WorkflowHistory:
-    return WorkflowHistory.from_json("run-recorded", HISTORY.read_text())
+def recorded(path: Path = HISTORY) -> WorkflowHistory:
+    return WorkflowHistory.from_json("run-recorded", path.read_text())
 
 
-async def test_the_recorded_history_replays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", sorted(HISTORIES.glob("*.json")), ids=lambda p: p.name)
+async def test_every_recorded_history_replays(tmp_path: Path, path: Path) -> None:
     registered(tmp_path)
-    result = await Replayer(workflows=[CuadernoWorkflow]).replay_workflow(recorded(), raise_on_replay_failure=False)
+    result = await Replayer(workflows=[CuadernoWorkflow]).replay_workflow(recorded(path),
+                                                                          raise_on_replay_failure=False)
     assert result.replay_failure is None
 
 
@@ -69,4 +74,4 @@ async def test_record_history(env: WorkflowEnvironment, tmp_path: Path) -> None:
             handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="payer", task="pay bob"),
                                                      id="run-recorded", task_queue=queue)
             await handle.result()
-            HISTORY.write_text((await handle.fetch_history()).to_json())
+            LATEST.write_text((await handle.fetch_history()).to_json())

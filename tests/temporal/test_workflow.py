@@ -15,6 +15,7 @@ from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.journal import open_journal
 from cuaderno.temporal import (
     MODEL_TURN,
+    RECORD,
     TOOL_CALL,
     CuadernoWorkflow,
     EffectPolicyError,
@@ -49,12 +50,13 @@ async def test_a_workflow_runs_the_loop_to_its_answer(env: WorkflowEnvironment, 
     assert gateway.billed == 3
     scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
-    assert scheduled == [MODEL_TURN, TOOL_CALL, MODEL_TURN, TOOL_CALL, MODEL_TURN]
+    assert scheduled == [MODEL_TURN, TOOL_CALL, MODEL_TURN, TOOL_CALL, MODEL_TURN, RECORD]
     # The 5 KB document is in cuaderno's journal, not in the history.
     assert "x" * 5000 not in history.to_json()
     store = open_journal(journal)
     cp = store.checkpoint(history.workflow_id)
     assert cp is not None and cp.count("model_calls") == 3 and cp.count("tool_calls") == 2
+    assert cp.status == "completed" and (cp.outcome or {}).get("output") == "done: bob has his 5"
     # The third request still saw the document: the model activity re-derived it from the journal.
     assert any("x" * 5000 in str(m.get("content")) for m in gateway.requests[2].messages)
 

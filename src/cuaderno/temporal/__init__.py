@@ -23,11 +23,24 @@ from temporalio.worker import Worker
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.loop.agent import Agent
 from cuaderno.temporal._activities import INLINE_BYTES, CuadernoActivities
-from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, WORKFLOW, ModelTurnInput, RunInput, ToolCallInput
+from cuaderno.temporal._names import (
+    LOOKUP,
+    MODEL_TURN,
+    RECORD,
+    REPLAY_RUN,
+    TOOL_CALL,
+    WORKFLOW,
+    ModelTurnInput,
+    RecordInput,
+    ReplayInput,
+    RunInput,
+    ToolCallInput,
+)
 from cuaderno.temporal._profiles import CODE, MODEL, EffectPolicy, EffectPolicyError, Profile, load_effect_policy
 from cuaderno.temporal._workflow import AGENTS, CuadernoWorkflow, Decision
 
-__all__ = ["CODE", "INLINE_BYTES", "LOOKUP", "MODEL", "MODEL_TURN", "TOOL_CALL", "WORKFLOW", "CuadernoActivities",
+__all__ = ["CODE", "INLINE_BYTES", "LOOKUP", "MODEL", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW",
+           "RecordInput", "ReplayInput", "CuadernoActivities",
            "CuadernoWorkflow", "Decision", "EffectPolicy", "EffectPolicyError", "ModelTurnInput", "Profile", "RunInput",
            "ToolCallInput", "build_worker", "cuaderno_activities", "register"]
 

@@ -48,9 +48,11 @@ from cuaderno.loop.model_calls import TracedGateway
 from cuaderno.temporal._names import (
     LOOKUP,
     MODEL_TURN,
+    RECORD,
     REPLAY_RUN,
     TOOL_CALL,
     ModelTurnInput,
+    RecordInput,
     ReplayInput,
     ToolCallInput,
 )
@@ -101,7 +103,7 @@ class CuadernoActivities:
         self.tools = TracedTools(AgentTools(agent.tools))
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.model_turn, self.tool_call, self.tool_lookup, self.replay_run]
+        return [self.model_turn, self.tool_call, self.tool_lookup, self.replay_run, self.record]
 
     def _check(self, name: str) -> None:
         if name != self.agent.name:
@@ -296,3 +298,16 @@ class CuadernoActivities:
                     out["value"] = self._returned(step_id, ev.payload.get("value"))
                 tools[step_id] = out
         return {"model": model, "tools": tools}
+
+    @activity.defn(name=RECORD)
+    async def record(self, inp: RecordInput) -> int:
+        """Append the workflow's own events (decisions, the final answer, an end record) to the
+        journal, once: an event already there is not written again. Returns how many were new."""
+        self._check(inp.agent)
+        journal = self._events(inp.run_id)
+        new = [StepEvent(run_id=inp.run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"], name=e.get("name"),
+                         decision=e.get("decision"), fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
+               for e in inp.events if (e["step_id"], e["phase"]) not in journal]
+        if new:
+            self.store.append(new)
+        return len(new)

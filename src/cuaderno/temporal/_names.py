@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["LOOKUP", "MODEL_TURN", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW", "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
+__all__ = ["LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKFLOW", "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
 
 WORKFLOW: Final = "cuaderno.run"
 MODEL_TURN: Final = "cuaderno.model_turn"
 TOOL_CALL: Final = "cuaderno.tool_call"
 LOOKUP: Final = "cuaderno.tool_lookup"
 REPLAY_RUN: Final = "cuaderno.replay_run"
+RECORD: Final = "cuaderno.record"
 
 
 @dataclass
@@ -82,3 +83,14 @@ class ReplayInput:
 
     agent: str
     run_id: str
+
+
+@dataclass
+class RecordInput:
+    """Events only the workflow knows (a person's decision, the final answer, a cancellation or
+    failure record), copied into the activities' journal: small decision data."""
+
+    agent: str
+    run_id: str
+    events: list[dict[str, Any]]
+    """``step_id``, ``phase``, ``kind``, ``name``, ``decision``, ``fingerprint``, ``payload``."""

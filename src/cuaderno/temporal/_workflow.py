@@ -38,7 +38,7 @@ from cuaderno.errors import (
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import FinalStep
-from cuaderno.temporal._names import REPLAY_RUN, WORKFLOW, ReplayInput, RunInput
+from cuaderno.temporal._names import RECORD, REPLAY_RUN, WORKFLOW, RecordInput, ReplayInput, RunInput
 from cuaderno.temporal._profiles import CODE, EffectPolicy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 
@@ -103,19 +103,23 @@ class CuadernoWorkflow:
             try:
                 async for step in agent.run(inp.task, session=session):
                     if isinstance(step, FinalStep):
+                        await self._record(inp)
                         return {"status": "completed", "output": step.output}
                     if self._history_full(inp):
                         workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
                                                           decisions=self.decisions,
                                                           max_history_events=inp.max_history_events))
             except RunCancelled as exc:
+                await self._record(inp)
                 return {"status": "cancelled", "record": exc.record}
             except (BudgetExceeded, RunClosed) as exc:
+                await self._record(inp)
                 cp = self.store.checkpoint(self.run_id)
                 if cp is not None and cp.status == "cancelled":  # closed while it waited for a person
                     return {"status": "cancelled", "record": cp.outcome or {}}
                 return {"status": "failed", "reason": str(exc)}
             except UncertainEffect as exc:
+                await self._record(inp)
                 return {"status": "needs_human", "reason": str(exc)}
             except CuadernoError as exc:
                 # A typed error the loop gives up with (a model call that kept failing, a replay
@@ -124,6 +128,23 @@ class CuadernoWorkflow:
                 raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
+
+    async def _record(self, inp: RunInput) -> None:
+        """Copy what only the workflow journaled (approvals, the answer, an end or cancellation
+        record) into the activities' journal, so ``cuaderno show`` reads the run's outcome there."""
+        # Added after histories were recorded without it: a run recorded before replays without
+        # the activity (workflow.patched), so no live history breaks.
+        if self.store.checkpoint(self.run_id) is None or not workflow.patched("cuaderno.record"):
+            return
+        events = [{"step_id": e.step_id, "phase": e.phase, "kind": e.kind, "name": e.name, "decision": e.decision,
+                   "fingerprint": e.fingerprint, "payload": e.payload}
+                  for e in self.store.load(self.run_id)
+                  if e.kind in ("final", "approval", "cancel") or (e.kind == "run" and e.phase != "start")
+                  or (e.kind == "tool" and e.phase == "decision")]
+        if events:
+            await workflow.execute_activity(RECORD, RecordInput(agent=inp.agent, run_id=self.run_id, events=events),
+                                            start_to_close_timeout=CODE.timeout,
+                                            retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
 
     def _history_full(self, inp: RunInput) -> bool:
         info = workflow.info()
