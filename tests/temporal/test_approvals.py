@@ -16,6 +16,7 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from cuaderno import Agent, tool
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.journal import open_journal
 from cuaderno.temporal import CuadernoWorkflow, Decision, RunInput, build_worker
@@ -84,3 +85,32 @@ async def test_a_cancel_signal_closes_a_waiting_run_with_the_local_record(env: W
             result = await handle.result()
         assert ledger.receipts() == []
     assert result["status"] == "cancelled" and result["record"]["reason"] == "changed my mind"
+
+
+async def test_a_cancel_signal_during_a_tool_call_stops_at_the_next_step(env: WorkflowEnvironment,
+                                                                         tmp_path: Path) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tool(idempotent=True)
+    async def slow(name: str) -> dict[str, Any]:
+        """Wait until the test lets it finish."""
+        started.set()
+        await release.wait()
+        return {"name": name}
+
+    agent = Agent(instructions="i", tools=[slow], name="slowpoke")
+    script = [ScriptedGateway.call("slow", name="a"), ScriptedGateway.text("never reached")]
+    gateway = ScriptedGateway(script)
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with build_worker(env.client, agent, task_queue=queue, journal_url=f"sqlite:///{tmp_path / 'j.db'}",
+                            gateway_factory=lambda: gateway):
+        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="slowpoke", task="t"),
+                                                 id=f"run-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        await started.wait()  # the tool's body is running in its activity
+        # The signal is in the history once this returns, before the tool's completion can be.
+        await handle.signal(CuadernoWorkflow.cancel, "stop")
+        release.set()
+        result = await handle.result()
+    assert result["status"] == "cancelled"
+    assert [c["step_id"] for c in result["record"]["completed"]] == ["t0000.tool00"]
+    assert gateway.billed == 1  # no model turn after the cancellation
