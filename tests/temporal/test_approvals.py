@@ -114,3 +114,32 @@ async def test_a_cancel_signal_during_a_tool_call_stops_at_the_next_step(env: Wo
     assert result["status"] == "cancelled"
     assert [c["step_id"] for c in result["record"]["completed"]] == ["t0000.tool00"]
     assert gateway.billed == 1  # no model turn after the cancellation
+
+
+async def test_a_temporal_cancellation_gives_the_local_cancelled_record(env: WorkflowEnvironment,
+                                                                        tmp_path: Path) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def send(text: str) -> dict[str, Any]:
+        """Send a message (not idempotent, no lookup): cancelled mid-call, nobody knows if it went."""
+        started.set()
+        await release.wait()
+        return {"sent": text}
+
+    policy = tmp_path / "effects.toml"
+    policy.write_text('[activities]\nheartbeat_s = 1\n[tools.send]\neffect = "production"\ntimeout_s = 30\n')
+    agent = Agent(instructions="i", tools=[send], name="sender")
+    gateway = ScriptedGateway([ScriptedGateway.call("send", text="hi"), ScriptedGateway.text("never reached")])
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with build_worker(env.client, agent, task_queue=queue, journal_url=f"sqlite:///{tmp_path / 'j.db'}",
+                            effect_policy=policy, gateway_factory=lambda: gateway):
+        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="sender", task="t"),
+                                                 id=f"run-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        await started.wait()
+        await handle.cancel()
+        result = await handle.result()
+    assert result["status"] == "cancelled"
+    assert result["record"]["reason"] == "the Temporal workflow was cancelled"
+    assert [u["step_id"] for u in result["record"]["uncertain"]] == ["t0000.tool00"]
+    assert gateway.billed == 1

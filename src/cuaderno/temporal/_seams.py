@@ -19,7 +19,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
 
 from cuaderno._holds import Loop, Where
 from cuaderno._json import sorted_compact, sorted_compact_nan
@@ -109,6 +109,13 @@ def _lost(exc: ActivityError) -> bool:
     return isinstance(exc.cause, TimeoutError)
 
 
+def _cancelled(exc: ActivityError) -> None:
+    """The activity was cancelled because the workflow was: not a failed step but the workflow's
+    cancellation, which the loop handles as such (results so far committed, nothing new started)."""
+    if isinstance(exc.cause, CancelledError):
+        raise asyncio.CancelledError() from None
+
+
 def _details(exc: ActivityError, kind: str) -> dict[str, Any] | None:
     cause = exc.cause
     if isinstance(cause, ApplicationError) and cause.type == kind and cause.details:
@@ -158,6 +165,7 @@ class ActivityModelCaller:
             data = await workflow.execute_activity(MODEL_TURN, inp, result_type=dict, **_options(MODEL, self.policy))
         except ActivityError as exc:
             cause = exc.cause
+            _cancelled(exc)
             if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
                 # Not a failed send: the worker refused the run (another agent, another journal).
                 # The workflow fails with the typed error; nothing was journaled.
@@ -230,6 +238,7 @@ class ActivityTools(AgentTools):
     @staticmethod
     def _tool_error(exc: ActivityError, what: str) -> ToolError:
         cause = exc.cause
+        _cancelled(exc)
         if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
         err = _details(exc, "ToolError")

@@ -15,6 +15,7 @@ which nothing decides on.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,15 @@ class CuadernoWorkflow:
                         workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
                                                           decisions=self.decisions,
                                                           max_history_events=inp.max_history_events))
+            except asyncio.CancelledError:
+                # Temporal cancelled the workflow: the same request a person's `cancel` writes;
+                # the loop, opened again, closes the run with the local record (what completed,
+                # what is uncertain, which compensations are scheduled).
+                if self.store.checkpoint(self.run_id) is None:
+                    raise
+                request_cancel(self.store, self.run_id, "the Temporal workflow was cancelled", by="temporal",
+                               ownership=WorkflowOwnership())
+                continue
             except RunCancelled as exc:
                 await self._record(inp)
                 return {"status": "cancelled", "record": exc.record}
