@@ -28,8 +28,9 @@ SRC = HERE.parents[1] / "src"
 
 
 def start_worker(env: WorkflowEnvironment, queue: str, journal: str, ledger: str, billing: Path, policy: Path,
-                 crash_at: str | None) -> subprocess.Popen[str]:
+                 crash_at: str | None, dedup: bool) -> subprocess.Popen[str]:
     environ = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
+    environ["PROVIDER_DEDUP"] = "1" if dedup else "0"
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), environ.get("PYTHONPATH")) if p)
     if crash_at:
         environ["CUADERNO_CRASH_AT"] = crash_at
@@ -41,23 +42,30 @@ def start_worker(env: WorkflowEnvironment, queue: str, journal: str, ledger: str
     return proc
 
 
-@pytest.mark.parametrize("point", ["temporal.model.A1", "temporal.model.A2", "temporal.tool.A1",
-                                   "temporal.tool.A2"])
+@pytest.mark.parametrize(("point", "dedup"), [
+    # Billed, not journaled: only the provider can tell, by the same idempotency key (which it honours).
+    ("temporal.model.A1", True),
+    # Journaled: the re-send finds the response in cuaderno's journal; a provider that bills every
+    # request (its key ignored) is not asked again.
+    ("temporal.model.A2", False),
+    ("temporal.tool.A1", False),
+    ("temporal.tool.A2", False),
+])
 async def test_a_worker_killed_inside_an_activity_pays_nothing_twice(env: WorkflowEnvironment, tmp_path: Path,
-                                                                     point: str) -> None:
+                                                                     point: str, dedup: bool) -> None:
     policy = tmp_path / "effects.toml"
     policy.write_text(POLICY)
     billing = tmp_path / "billing.jsonl"
     journal = f"sqlite:///{tmp_path / 'journal.db'}"
     queue, run_id = f"q-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
     with LedgerProcess(mode="nodedup") as ledger:  # nodedup: a second send would be a second transfer
-        first = start_worker(env, queue, journal, ledger.url, billing, policy, point)
+        first = start_worker(env, queue, journal, ledger.url, billing, policy, point, dedup)
         handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="payer", task="pay bob"),
                                                  id=run_id, task_queue=queue)
         assert first.wait(timeout=60) == -signal.SIGKILL  # it died at the point, inside the activity
         assert first.stdout is not None
         first.stdout.close()
-        second = start_worker(env, queue, journal, ledger.url, billing, policy, None)
+        second = start_worker(env, queue, journal, ledger.url, billing, policy, None, dedup)
         try:
             result = await handle.result()
         finally:
