@@ -205,6 +205,11 @@ RACES = [(2, a) for a in range(20 if os.environ.get("CUADERNO_SOAK") else 4)] + 
 
 @pytest.mark.parametrize(("racers", "attempt"), RACES)
 def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], racers: int, attempt: int) -> None:
+    race_resumers(world, racers, "SQLite")
+
+
+def race_resumers(world: dict[str, Any], racers: int, backend: str) -> None:
+    """R4 on any backend: the figures are reported under ``backend``'s name."""
     # A first process dies in the tool body; 2 or 10 resumers then start at the same moment (R4).
     _killed_in_the_tool_body(world)
     billed = len(read_records(world["billing"]))
@@ -230,7 +235,7 @@ def test_resumers_started_together_run_the_effect_once(world: dict[str, Path], r
             _reap(r)
     verdicts = [out.split()[0] if out.split() else f"crashed: {err[-300:]}" for out, err in outs]
     receipts, bills = len(read_records(world["receipts"])), len(read_records(world["billing"])) - billed
-    record({"test": f"R4 {racers} resumers at once (SQLite)", "kind": "tool_lookup", "point": "tool body",
+    record({"test": f"R4 {racers} resumers at once ({backend})", "kind": "tool_lookup", "point": "tool body",
             "status": "completed", "kills": 1, "not_reached": 0, "duplicated": max(receipts - 1, 0),
             "rebilled_journaled": max(bills - 1, 0), "rebilled_in_flight": 0,
             "violations": int(not set(verdicts) <= {"busy", "done"})})

@@ -12,22 +12,16 @@ Default: 2 processes started together, 10 repetitions, and a live and a killed h
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _pg import new_schema, pg_schemas, schema_url  # noqa: F401 - the fixture
-from _report import record
 from test_takeover import (
-    _killed_in_the_tool_body,
-    _reap,
-    _start,
+    race_resumers,
     test_a_killed_holder_is_taken_over_at_once,
     test_a_live_holder_is_not_taken_over,
 )
-
-from cuaderno.testing.records import read_records
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("crash")]
 
@@ -53,33 +47,4 @@ def world(tmp_path: Path, pg_schemas: list[str]) -> dict[str, Any]:  # noqa: F81
 @pytest.mark.parametrize(("racers", "attempt"), RACES)
 def test_resumers_started_together_run_the_effect_once_postgres(world: dict[str, Any], racers: int,
                                                                 attempt: int) -> None:
-    # A first process dies in the tool body (its intent committed); then `racers` resumers start
-    # at once. Whichever takes the run waits in the tool body until every other one has met it
-    # there and given up, so each takeover was tried while the holder was inside the tool.
-    _killed_in_the_tool_body(world)
-    billed = len(read_records(world["billing"]))
-    world["gate"].unlink(missing_ok=True)
-    os.remove(str(world["gate"]) + ".inflight")
-    started = [_start(world, gate=True) for _ in range(racers)]
-    try:
-        deadline = time.monotonic() + 60
-        while not Path(str(world["gate"]) + ".inflight").exists() and time.monotonic() < deadline:
-            if all(r.poll() is not None for r in started):
-                break
-            time.sleep(0.01)
-        while sum(r.poll() is not None for r in started) < racers - 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        world["gate"].touch()
-        outs = [r.communicate(timeout=60) for r in started]
-    finally:
-        for r in started:
-            _reap(r)
-    verdicts = [out.split()[0] if out.split() else f"crashed: {err[-300:]}" for out, err in outs]
-    receipts, bills = len(read_records(world["receipts"])), len(read_records(world["billing"])) - billed
-    record({"test": f"R4 {racers} resumers at once (PostgreSQL)", "kind": "tool_lookup", "point": "tool body",
-            "status": "completed", "kills": 1, "not_reached": 0, "duplicated": max(receipts - 1, 0),
-            "rebilled_journaled": max(bills - 1, 0), "rebilled_in_flight": 0,
-            "violations": int(not set(verdicts) <= {"busy", "done"})})
-    assert set(verdicts) <= {"busy", "done"} and "done" in verdicts, outs
-    assert receipts == 1, "the effect ran more than once"
-    assert bills == 1, "the last model turn was billed twice"
+    race_resumers(world, racers, "PostgreSQL")
