@@ -130,9 +130,18 @@ def _pending_list(cp: Checkpoint) -> list[dict[str, Any]]:
     return [{"step_id": step_id, **entry} for step_id, entry in sorted(_pending(cp).items())]
 
 
-def run_summary(cp: Checkpoint) -> dict[str, Any]:
+def _state_fields(state: dict[str, Any] | None) -> dict[str, Any]:
+    """``state``, ``waiting_for`` and ``held_by`` (see ``cuaderno.journal._claims.state_of``):
+    what the run does now. ``status`` is the journal's; ``state`` is ``running`` only while a live
+    process holds the run."""
+    if state is None:
+        return {}
+    return {"state": state["state"], "waiting_for": state["waiting_for"], "held_by": state["held_by"]}
+
+
+def run_summary(cp: Checkpoint, state: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row of ``cuaderno list --json``."""
-    return {"run_id": cp.run_id, "status": cp.status, "next_step": cp.next_step,
+    return {"run_id": cp.run_id, "status": cp.status, **_state_fields(state), "next_step": cp.next_step,
             "model_calls": cp.count("model_calls"), "tool_calls": cp.count("tool_calls"),
             "cost": cost_summary(cp), "pending_approvals": len(_pending(cp)), "uncertain": len(cp.uncertain)}
 
@@ -147,10 +156,11 @@ def _event_json(ev: StepEvent) -> dict[str, Any]:
             "decision": ev.decision, "fingerprint": ev.fingerprint, "created_at": iso_time(ev.created_at)}
 
 
-def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None) -> dict[str, Any]:
+def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
+               state: dict[str, Any] | None = None) -> dict[str, Any]:
     """``cuaderno show --json``: the checkpoint, every counter, and the timeline unless ``events`` is None."""
     out: dict[str, Any] = {
-        "run_id": cp.run_id, "status": cp.status, "open": cp.is_open, "next_step": cp.next_step,
+        "run_id": cp.run_id, "status": cp.status, **_state_fields(state), "open": cp.is_open, "next_step": cp.next_step,
         "last_seq": cp.last_seq, "epoch": cp.epoch, "versions": cp.versions,
         "task_fingerprint": cp.task_fingerprint, "counters": _counters(cp), "cost": cost_summary(cp),
         "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
@@ -188,7 +198,8 @@ def cost_text(cp: Checkpoint, *, short: bool) -> str:
     return _money(cp.cost_usd) if short else f"{_money(cp.cost_usd)} for {paid} priced call(s)"
 
 
-def render_runs(console: Console, runs: Iterable[Checkpoint]) -> None:
+def render_runs(console: Console, runs: Iterable[Checkpoint],
+                states: dict[str, dict[str, Any]] | None = None) -> None:
     """``cuaderno list``."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     # Narrow terminals fold the run id and the cost rather than drop a column. The counts' titles
@@ -202,6 +213,8 @@ def render_runs(console: Console, runs: Iterable[Checkpoint]) -> None:
     table.add_column("UNCERTAIN", justify="right")
     for cp in runs:
         status = Text(clean(cp.status), style=_status_style(cp.status))
+        if cp.status == "running" and states is not None and (states.get(cp.run_id) or {}).get("state") != "running":
+            status = Text("waiting", style="yellow")  # nothing runs it: never shown as running
         table.add_row(Text(clean(cp.run_id)), status, str(cp.count("model_calls")), str(cp.count("tool_calls")),
                       Text(cost_text(cp, short=True)), str(len(_pending(cp))), str(len(cp.uncertain)))
     _print_table(console, table)
@@ -255,12 +268,18 @@ def command_line(db: str | None, *words: str) -> str:
 
 
 def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None, *,
-                db: str | None = None) -> None:
+                db: str | None = None, state: dict[str, Any] | None = None) -> None:
     """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline.
 
     Every command it suggests pastes as is: quoted, with ``--db`` naming the same journal."""
     _kv(console, "run", clean(cp.run_id))
-    _kv(console, "status", Text(clean(cp.status), style=_status_style(cp.status)))
+    if state is not None and cp.status == "running" and state["state"] != "running":
+        # The journal says running, but no live process holds the run: say what would move it on.
+        _kv(console, "status", Text(clean(f"{state['summary']} (journal status: running)"), style="yellow"))
+    else:
+        _kv(console, "status", Text(clean(cp.status), style=_status_style(cp.status)))
+        if state is not None and state["summary"] != cp.status:
+            _kv(console, "now", clean(state["summary"]))
     _kv(console, "next step", clean(cp.next_step))
     _kv(console, "last seq", f"{cp.last_seq} (epoch {cp.epoch})")
     _kv(console, "task", clean(cp.task_fingerprint or "-"))

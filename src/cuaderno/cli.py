@@ -6,6 +6,8 @@
     cuaderno [--db runs.db] show RUN [--json] [--no-timeline]
     cuaderno [--db runs.db] approve RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
     cuaderno [--db runs.db] deny RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
+    cuaderno [--db runs.db] status RUN [--json]
+    cuaderno worker --journal URL --agent module:attr [--concurrency N]
 
 The command line is a client of the public API only: it reads through the
 :class:`~cuaderno.journal.base.Checkpointer` (``list_runs``, ``checkpoint``, ``load``) and writes
@@ -49,6 +51,7 @@ import cuaderno.harness as harness
 from cuaderno import _cli_render as render
 from cuaderno._cli_fork import export_command, fork_command
 from cuaderno._cli_ui import ui_command
+from cuaderno._cli_worker import run_state, status_command, worker_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
 from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
@@ -271,14 +274,15 @@ def list_runs(
         _fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}", USAGE_EXIT)
     with _refusals(), _store(ctx, readonly=True) as store:
         runs = store.list_runs(status=status, limit=limit)
+        states = {cp.run_id: run_state(store, cp) for cp in runs}
     if as_json:
-        _print_json([render.run_summary(cp) for cp in runs])
+        _print_json([render.run_summary(cp, states.get(cp.run_id)) for cp in runs])
         return
     console = _stdout()
     if not runs:
         console.print("no runs" + (f" with status {render.clean(status)!r}" if status else ""), soft_wrap=True)
         return
-    render.render_runs(console, runs)
+    render.render_runs(console, runs, states)
 
 
 @app.command()
@@ -302,10 +306,11 @@ def show(
             # --no-timeline prints the stored summary as it is (for a journal that no longer
             # checks out); approve and deny check it again before anything is written.
             cp, events = verified(store, run)
+        state = run_state(store, cp, events)
     if as_json:
-        _print_json(render.run_detail(cp, events))
+        _print_json(render.run_detail(cp, events, state))
     else:
-        render.render_show(_stdout(), cp, events, db=ctx.obj.db)
+        render.render_show(_stdout(), cp, events, db=ctx.obj.db, state=state)
 
 
 _FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cuaderno show`). The decision is "
@@ -353,7 +358,7 @@ def approve(
     by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
     reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
 ) -> None:
-    """Approve a pending tool call; the next resume runs it exactly once."""
+    """Approve a pending tool call; a worker (or the next resume) runs it exactly once."""
     _decide(ctx, run, step, fingerprint, by, reason, approved=True)
 
 
@@ -458,6 +463,8 @@ def rebuild_summary(
 
 
 app.command("ui")(ui_command)
+app.command("worker")(worker_command)
+app.command("status")(status_command)
 app.command("fork")(fork_command)
 app.command("export")(export_command)
 

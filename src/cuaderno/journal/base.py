@@ -63,14 +63,14 @@ the conformance suite in ``cuaderno.testing.conformance``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "SupportsRebuild",
-           "validate_event"]
+__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "SupportsClaims",
+           "SupportsRebuild", "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
@@ -188,6 +188,31 @@ class SupportsRebuild(Protocol):
             JournalCorrupt: the rows do not chain, or (without ``trust_journal``) rows may be
                 missing from the journal's end; nothing was written.
         """
+        ...
+
+
+@runtime_checkable
+class SupportsClaims(Protocol):
+    """Optional capability: what a worker (:mod:`cuaderno.worker`) polls to find runs that need
+    progress, and what ``cuaderno show`` asks to say whether anything runs a run now.
+
+    Both are reads: they write nothing and take no lock. Claiming a run is still ``acquire``, which
+    refuses a run a live process holds (:class:`~cuaderno.errors.RunBusy`); a worker that read a run
+    as free and lost the race to another is refused there, never let in. All three backends declare it.
+    """
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        """Runs a worker may have to move on, least recently updated first (the longest waiting
+        first): every run that has not ended (``running``, ``suspended``, ``needs_human``) and every
+        cancelled run whose cancellation record schedules cleanup (compensations may remain to run).
+        Each checkpoint carries the run's current epoch."""
+        ...
+
+    def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The live holder of each of ``run_ids`` that has one, as recorded by its ``acquire``
+        (``{"owner": label, "process": {"host", "pid", ...}}``). A run missing from the answer is
+        held by nobody alive: a takeover would not be refused as :class:`~cuaderno.errors.RunBusy`
+        (unless someone takes it meanwhile). Unknown runs are left out."""
         ...
 
 

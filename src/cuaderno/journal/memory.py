@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import RunClosed, RunNotFound
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
+from cuaderno.journal._claims import CLAIMABLE_STATUSES, cleanup_scheduled
 from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["MemoryCheckpointer"]
@@ -99,4 +101,19 @@ class MemoryCheckpointer:
 
     def close(self) -> None:
         pass
+
+    # -- SupportsClaims (what a worker polls) ----------------------------------------------------
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        """Runs a worker may have to move on, least recently updated first (see
+        :class:`~cuaderno.journal.base.SupportsClaims`)."""
+        with self._lock:
+            cps = [Checkpoint.loads(s) for s in self._checkpoints.values()]  # dict order: update order
+        wanted = [c for c in cps if c.status in CLAIMABLE_STATUSES and (c.status != "cancelled" or cleanup_scheduled(c))]
+        return wanted[:max(int(limit), 0)]
+
+    def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Nobody else: one process holds a memory journal, and its loops hold runs among
+        themselves (:mod:`cuaderno._holds`), not in the journal."""
+        return {}
 

@@ -58,7 +58,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
-from cuaderno.journal import _lease
+from cuaderno.journal import _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal._open import _masked
@@ -654,6 +654,60 @@ class PostgresCheckpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- SupportsClaims (what a worker polls) ----------------------------------------------------
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        """Runs a worker may have to move on, least recently updated first (see
+        :class:`~cuaderno.journal.base.SupportsClaims`). A cancelled run is read only when its
+        summary holds a cleanup entry (``"cleanup":[{``, how a non-empty list of them is written)."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise UsageError("limit must be an integer")
+        if limit <= 0:
+            return []
+        with self._reading("*"), self._conn() as conn:
+            self._version(conn)
+            rows = conn.execute("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
+                                "WHERE status IN ('running', 'suspended', 'needs_human') "
+                                "OR (status = 'cancelled' AND strpos(checkpoint, '\"cleanup\":[{') > 0) "
+                                "ORDER BY updated_at LIMIT %s", (min(limit, 2**62),)).fetchall()
+            out = []
+            for run_id, epoch, text in rows:
+                cp = _loads(run_id, text)
+                cp.epoch = checked_epoch(run_id, epoch)
+                if cp.status != "cancelled" or _claims.cleanup_scheduled(cp):
+                    out.append(cp)
+            return out
+
+    def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The live holder of each run that has one (see
+        :class:`~cuaderno.journal.base.SupportsClaims`): a run is held while some session holds its
+        advisory lock (the server's ``pg_locks``; the lock ends with its holder's connection),
+        and the holder is described from the journal's record."""
+        wanted = [r for r in dict.fromkeys(run_ids) if _readable(r)]
+        if not wanted:
+            return {}
+        keys = {self._lock_key(r): r for r in wanted}
+        with self._reading("*"), self._conn() as conn:
+            self._version(conn)
+            # A bigint advisory lock shows its key split in two: classid (high half), objid (low).
+            locked = conn.execute("SELECT classid::bigint, objid::bigint, pid FROM pg_locks WHERE locktype = "
+                                  "'advisory' AND objsubid = 1 AND granted AND database = (SELECT oid FROM "
+                                  "pg_database WHERE datname = current_database())").fetchall()
+            held: dict[str, int] = {}
+            for high, low, pid in locked:
+                key = int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
+                if key in keys:
+                    held[keys[key]] = int(pid)
+            if not held:
+                return {}
+            owners = dict(conn.execute("SELECT run_id, owner FROM cuaderno_runs WHERE run_id = ANY(%s)",
+                                       (list(held),)).fetchall())
+        found: dict[str, dict[str, Any]] = {}
+        for run_id, backend in held.items():
+            holder = _lease.parse(owners.get(run_id)) or {"owner": None, "process": {}}
+            found[run_id] = {**holder, "backend_pid": backend}
+        return found
 
 
 _ON_OFF = {True: "on", False: "off"}

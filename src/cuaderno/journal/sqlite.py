@@ -44,12 +44,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
-from cuaderno.journal import _anchor, _lease
+from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal._rows import Duplicate as _Duplicate
@@ -711,6 +711,56 @@ class SqliteCheckpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- SupportsClaims (what a worker polls) ----------------------------------------------------
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        """Runs a worker may have to move on, least recently updated first (see
+        :class:`~cuaderno.journal.base.SupportsClaims`). A cancelled run is read only when its
+        summary holds a cleanup entry (``"cleanup":[{``, how a non-empty list of them is written),
+        so runs cancelled with nothing to undo are not decoded on every poll."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise UsageError("limit must be an integer")
+        if limit <= 0:
+            return []
+        with self._reading("*"):
+            with self._lock:
+                self._schema_of(self._db)
+                rows = self._db.execute(
+                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE status IN ('running', 'suspended', "
+                    "'needs_human') OR (status = 'cancelled' AND checkpoint LIKE '%\"cleanup\":[{%') "
+                    "ORDER BY updated_at LIMIT ?", (min(limit, 2**62),)).fetchall()
+            out = []
+            for epoch, text in rows:
+                cp = Checkpoint.loads(text)
+                cp.epoch = _epoch(cp.run_id, epoch)
+                if cp.status != "cancelled" or _claims.cleanup_scheduled(cp):
+                    out.append(cp)
+            return out
+
+    def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The live holder of each run that has one (see
+        :class:`~cuaderno.journal.base.SupportsClaims`): the run's lock byte in ``<journal>-holds``
+        is probed without being taken, and the holder described from the journal's record."""
+        wanted = [r for r in dict.fromkeys(run_ids) if _storable(r)]
+        if not wanted:
+            return {}
+        owners: dict[str, str | None] = {}
+        with self._reading("*"):
+            with self._lock:
+                self._schema_of(self._db)
+                # One constant statement per run (no SQL is built from strings, R12); a primary-key
+                # lookup in a local file costs microseconds.
+                for run_id in wanted:
+                    row = self._db.execute("SELECT owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+                    if row is not None:
+                        owners[run_id] = row[0]
+        found = {}
+        for run_id, owner in owners.items():
+            holder = _claims.live_holder(self.path, run_id, owner)
+            if holder is not None:
+                found[run_id] = holder
+        return found
 
 
 _ON_OFF = {True: "on", False: "off"}

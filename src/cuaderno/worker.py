@@ -1,0 +1,444 @@
+"""Workers: processes that find runs needing progress in a journal and drive them to their next stop.
+
+Without a worker, nothing resumes a run unless the application that started it calls
+``agent.run`` again: after an approval, after a crash, after a deploy. A worker does it::
+
+    worker = Worker("postgresql://db/agents", agent, make_gateway, concurrency=8)
+    await worker.run()            # until stop() or SIGTERM (run(handle_signals=True))
+
+or from a shell: ``cuaderno worker --journal URL --agent module:attr [--concurrency N]``.
+
+What a worker claims (polling :meth:`~cuaderno.journal.base.SupportsClaims.open_runs` every
+``poll_interval`` seconds):
+
+- a ``running`` run that no live process holds: its holder died (SIGKILL, a lost host, a deploy
+  that killed it), a person's approval or denial was just journaled, a person settled an uncertain
+  effect, or the application started it and went away;
+- a run whose cancellation was asked while its holder was letting it go (the loop closes it);
+- a cancelled run whose record schedules compensations not yet run (``compensate``).
+
+A run waiting for a person (a pending approval, an effect nobody can know happened) is left alone:
+nothing a worker can do moves it. Neither is a run started under other versions of the agent
+(another definition, or the same agent before a deploy): with the default ``on_version_mismatch``
+it is refused without writing anything, so it waits for a worker of its own version.
+
+Never two workers on one step: a worker claims a run with the loop's own takeover
+(``Checkpointer.acquire``), which refuses a run a live process holds (:class:`~cuaderno.errors.RunBusy`:
+another worker won the race, or the application runs it) and bumps the fencing epoch that every
+intent and result write checks. ``holders()`` only saves a poll from opening runs that are
+obviously held; it decides nothing. A run first seen at epoch 0 (never held) is claimed only once
+it is seen unchanged at the next poll: its application may be between writing its first row and
+taking it over.
+
+Stopping: :meth:`Worker.stop` (SIGTERM or SIGINT with ``handle_signals``) lets every run in flight
+finish the step it is in, commits its result, releases the run (another worker takes it over at
+once) and returns; nothing new is claimed. The loop is the unchanged runner: a worker is the same
+``agent.run`` an application would call, with the task and tenant the run recorded when it started.
+
+Concurrency is the number of runs driven at once on this process's event loop. Model calls are
+awaited, so they overlap; a tool written as a plain function blocks the loop while it runs. Put
+more processes (on more hosts, for PostgreSQL) behind one journal to scale further.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import (
+    BudgetExceeded,
+    CuadernoError,
+    FencedOut,
+    RunBusy,
+    RunCancelled,
+    RunClosed,
+    UncertainEffect,
+    UsageError,
+    quoted,
+)
+from cuaderno.events import StepEvent
+from cuaderno.gateway.base import ModelGateway
+from cuaderno.journal import open_journal
+from cuaderno.journal._claims import work_for
+from cuaderno.journal.base import Checkpointer, SupportsClaims
+from cuaderno.loop.agent import Agent, RetryPolicy, Session
+from cuaderno.loop.cleanup import compensate
+from cuaderno.loop.steps import Step
+
+__all__ = ["Worker", "WorkerStats", "load_agent"]
+
+_MAX_BACKOFF_S = 60.0
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerStats:
+    """What a worker did, counted since it started."""
+
+    claimed: int = 0
+    """Runs it took over and drove (each drive counts once)."""
+    completed: int = 0
+    suspended: int = 0
+    """Drives that stopped to wait for a person's approval."""
+    needs_human: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    compensated: int = 0
+    """Cancelled runs whose compensations it ran."""
+    released: int = 0
+    """Runs it let go of unfinished because it was stopping (another worker takes them over)."""
+    busy: int = 0
+    """Claims refused because a live process held the run (another worker won the race)."""
+    errors: int = 0
+    """Drives that ended in an error the run's journal does not record (retried after a backoff)."""
+    skipped_versions: set[str] = field(default_factory=set[str])
+    """Runs it left alone because they were started under other versions of the agent."""
+
+
+class Worker:
+    """Claims runs of ``agent`` that need progress in one journal, and drives them.
+
+    Args:
+        journal: a journal URL (opened here, closed when :meth:`run` returns) or an open store
+            that declares :class:`~cuaderno.journal.base.SupportsClaims` (left open).
+        agent: the agent whose runs it drives: the same definition (versions) that started them.
+        gateway_factory: makes the gateway a drive calls the model through (called once per drive).
+        concurrency: runs driven at once by this worker.
+        poll_interval: seconds between two looks at the journal while there is nothing to claim.
+        name: names this worker in the runs' holder record (default ``worker@host:pid``).
+        retry: the loop's retry bounds for every drive.
+        log: where a line per claim, stop and error goes (default: standard error; ``None``: nowhere).
+    """
+
+    def __init__(self, journal: str | os.PathLike[str] | Checkpointer, agent: Agent,
+                 gateway_factory: Callable[[], ModelGateway], *, concurrency: int = 4, poll_interval: float = 0.5,
+                 name: str | None = None, retry: RetryPolicy | None = None,
+                 log: Callable[[str], None] | None = print) -> None:
+        if not isinstance(agent, Agent):
+            raise UsageError(f"agent must be an Agent, got {type(agent).__name__}")
+        if not callable(gateway_factory):
+            raise UsageError("gateway_factory must be a function that returns a ModelGateway")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UsageError(f"concurrency must be a positive integer, got {concurrency!r:.40}")
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+            raise UsageError(f"poll_interval must be a positive number of seconds, got {poll_interval!r:.40}")
+        self.agent = agent
+        self.gateway_factory = gateway_factory
+        self.concurrency = concurrency
+        self.poll_interval = float(poll_interval)
+        self.name = name or f"worker@{socket.gethostname()}:{os.getpid()}"
+        self.retry = retry
+        self.stats = WorkerStats()
+        self._log = log
+        self._journal = journal
+        self._store: Checkpointer | None = None
+        self._versions = agent.versions()
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: dict[str, str] = {}
+        """The task each run recorded when it started (it never changes), so a claim reads it once."""
+        self._seen_new: dict[str, int] = {}
+        """Runs never held, by the ``last_seq`` they had when first seen (claimed if unchanged next time)."""
+        self._backoff: dict[str, tuple[int, float, float]] = {}
+        """Runs whose last drive failed: ``last_seq`` then, when to try again, the wait that was set."""
+        self._no_cleanup: dict[str, int] = {}
+        """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; let each run in flight finish its step, commit and release. Safe from a
+        signal handler or another thread."""
+        self._stopping = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop just closed: nothing left to wake
+                pass
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stopping
+
+    def run_sync(self, *, until_idle: bool = False, handle_signals: bool = False) -> WorkerStats:
+        """:meth:`run` from synchronous code (a command line, a script)."""
+        return asyncio.run(self.run(until_idle=until_idle, handle_signals=handle_signals))
+
+    async def run(self, *, until_idle: bool = False, handle_signals: bool = False) -> WorkerStats:
+        """Poll and drive until :meth:`stop` (or, with ``until_idle``, until nothing is left that
+        this worker can move on). ``handle_signals``: SIGTERM and SIGINT call :meth:`stop`.
+
+        Raises:
+            UsageError: the journal cannot be polled (no SupportsClaims), or the runs waiting for a
+                worker were all started by another agent definition (nothing was written).
+        """
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        owned = not isinstance(self._journal, Checkpointer)
+        store = open_journal(self._journal, create=False) if not isinstance(self._journal, Checkpointer) \
+            else self._journal
+        self._store = store
+        previous: dict[signal.Signals, Any] = {}
+        try:
+            if not isinstance(store, SupportsClaims):
+                raise UsageError(f"{type(store).__name__} cannot be polled by a worker (it does not declare the "
+                                 "SupportsClaims capability: open_runs and holders)")
+            self._check_backlog(store)
+            if handle_signals:
+                # A plain Python handler, not loop.add_signal_handler: that one runs only when the
+                # event loop gets control back, and a run whose steps never suspend (a tool that
+                # is a plain function, a gateway that answers at once) could then run to its end
+                # before the worker learnt it was asked to stop. This one runs between two
+                # bytecodes of the main thread, wherever it is, and only sets a flag.
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    previous[sig] = signal.signal(sig, lambda signum, frame: self.stop())
+            self._say(f"{self.name}: polling {_where(store)} for runs of agent {self.agent.name!r} "
+                      f"(concurrency {self.concurrency})")
+            await self._poll(store, until_idle)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if owned:
+                store.close()
+            self._store = None
+        return self.stats
+
+    # -- the poll loop ----------------------------------------------------------------------------
+
+    async def _poll(self, store: Checkpointer, until_idle: bool) -> None:
+        assert self._wake is not None
+        active: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not self._stopping:
+                found = self._claimable(store, set(active), self.concurrency - len(active))
+                for cp, work in found:
+                    active[cp.run_id] = asyncio.create_task(self._drive(store, cp, work), name=f"drive {cp.run_id}")
+                if until_idle and not active and not found and not self._seen_new and not self._waiting_backoff():
+                    return
+                self._wake.clear()
+                waits: set[asyncio.Future[Any]] = {*active.values(), asyncio.ensure_future(self._wake.wait())}
+                done, _ = await asyncio.wait(waits, timeout=self.poll_interval if not found else 0,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for fut in waits - set(active.values()):
+                    fut.cancel()
+                for run_id, task in list(active.items()):
+                    if task.done():
+                        del active[run_id]
+                        task.result()  # _drive handles what it expects; anything else is a bug here
+        finally:
+            # Stopping (or an error of the poll itself): every run in flight finishes its step,
+            # commits and is released before this returns.
+            self._stopping = True
+            if active:
+                self._say(f"{self.name}: stopping; {len(active)} run(s) finish their step in flight")
+                await asyncio.gather(*active.values(), return_exceptions=True)
+
+    def _waiting_backoff(self) -> bool:
+        loop_time = asyncio.get_running_loop().time()
+        return any(until > loop_time for _, until, _ in self._backoff.values())
+
+    def _claimable(self, store: Checkpointer, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
+        """Runs to claim now (at most ``free``), with what to do for each."""
+        if free <= 0:
+            return []
+        assert isinstance(store, SupportsClaims)
+        now = asyncio.get_running_loop().time()
+        candidates: list[tuple[Checkpoint, str]] = []
+        seen_new: dict[str, int] = {}
+        for cp in store.open_runs(limit=max(200, 20 * self.concurrency)):
+            work = work_for(cp)
+            if work is None or cp.run_id in active:
+                continue
+            if cp.versions != self._versions:
+                if cp.run_id not in self.stats.skipped_versions:
+                    self.stats.skipped_versions.add(cp.run_id)
+                    self._say(f"{self.name}: run {quoted(cp.run_id)} was started under other versions of the agent "
+                              f"({cp.versions}); left for a worker of those")
+                continue
+            back = self._backoff.get(cp.run_id)
+            if back is not None and back[0] == cp.last_seq and back[1] > now:
+                continue  # failed at this very point of its journal: wait, or until something changes
+            if work == "compensate" and self._no_cleanup.get(cp.run_id) == cp.last_seq:
+                continue
+            if cp.epoch == 0 and work == "resume":
+                # Never held: its application may be between its first row and its takeover.
+                if self._seen_new.get(cp.run_id) != cp.last_seq:
+                    seen_new[cp.run_id] = cp.last_seq
+                    continue
+            candidates.append((cp, work))
+        self._seen_new = seen_new
+        if not candidates:
+            return []
+        held = store.holders([cp.run_id for cp, _ in candidates])
+        return [(cp, work) for cp, work in candidates if cp.run_id not in held][:free]
+
+    # -- driving one run --------------------------------------------------------------------------
+
+    async def _drive(self, store: Checkpointer, cp: Checkpoint, work: str) -> None:
+        run_id = cp.run_id
+        try:
+            if work == "compensate":
+                await self._compensate(store, cp)
+            else:
+                await self._resume(store, cp)
+            self._backoff.pop(run_id, None)
+        except RunBusy:
+            self.stats.busy += 1  # another worker (or the application) holds it: theirs
+        except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
+            self._backoff.pop(run_id, None)  # stopped in a state its journal records
+            self._count_end(store, run_id)
+        except FencedOut:
+            self._say(f"{self.name}: run {quoted(run_id)} was taken over by force while this worker drove it")
+        except Exception as exc:  # a drive must never end the worker; the run waits and is retried
+            self.stats.errors += 1
+            self._fail(store, run_id, exc)
+
+    async def _resume(self, store: Checkpointer, cp: Checkpoint) -> None:
+        run_id = cp.run_id
+        task = self._task(store, run_id)
+        session = Session(run_id, self.gateway_factory(), store, tenant=cp.tenant or "default", owner=self.name,
+                          retry=self.retry)
+        steps = cast(AsyncGenerator[Step, None], self.agent.run(task, session=session))
+        self.stats.claimed += 1
+        self._say(f"{self.name}: claimed run {quoted(run_id)} ({cp.status}, at {cp.next_step})")
+        stopped_early = False
+        try:
+            async for _ in steps:
+                if self._stopping:
+                    stopped_early = True
+                    break  # the step just yielded is committed; closing commits what it left pending
+        finally:
+            await steps.aclose()
+        if stopped_early:
+            after = store.checkpoint(run_id)
+            if after is not None and after.is_open:
+                self.stats.released += 1
+                self._say(f"{self.name}: released run {quoted(run_id)} at {after.next_step} (stopping)")
+                return
+        self._count_end(store, run_id)
+
+    async def _compensate(self, store: Checkpointer, cp: Checkpoint) -> None:
+        run_id = cp.run_id
+        left = _cleanup_left(cp, store.load(run_id))
+        if not left:
+            self._no_cleanup[run_id] = cp.last_seq
+            return
+        self.stats.claimed += 1
+        self._say(f"{self.name}: running {left} compensation(s) of cancelled run {quoted(run_id)}")
+        try:
+            await compensate(self.agent, store, run_id, tenant=cp.tenant, retry=self.retry)
+        except UncertainEffect:
+            after = store.checkpoint(run_id)
+            self._no_cleanup[run_id] = after.last_seq if after is not None else cp.last_seq  # a person settles it
+            raise
+        self.stats.compensated += 1
+        after = store.checkpoint(run_id)
+        if after is not None:
+            self._no_cleanup[run_id] = after.last_seq
+
+    def _task(self, store: Checkpointer, run_id: str) -> str:
+        """The task the run was started with (journaled in its first event)."""
+        task = self._tasks.get(run_id)
+        if task is None:
+            start = _start_event(store.load(run_id))
+            if start is None or not isinstance(start.payload.get("task"), str):
+                raise CuadernoError(f"run {quoted(run_id)} has no journaled task to resume it with")
+            if len(self._tasks) > 10_000:
+                self._tasks.clear()  # a cache; the journal keeps every task
+            task = self._tasks[run_id] = start.payload["task"]
+        return task
+
+    def _count_end(self, store: Checkpointer, run_id: str) -> None:
+        cp = store.checkpoint(run_id)
+        status = cp.status if cp is not None else "?"
+        if status in ("completed", "suspended", "needs_human", "failed", "cancelled"):
+            setattr(self.stats, status, getattr(self.stats, status) + 1)
+        self._say(f"{self.name}: run {quoted(run_id)} stopped {status}")
+
+    def _fail(self, store: Checkpointer, run_id: str, exc: Exception) -> None:
+        """Back off from a run whose drive raised what its journal does not record (a provider
+        down, a journal that refused): retried after 1, 2, 4... up to 60 s, at once if its journal
+        changes (a person acted on it)."""
+        try:
+            cp = store.checkpoint(run_id)
+        except CuadernoError:  # the journal itself refused: back off all the same
+            cp = None
+        seq = cp.last_seq if cp is not None else -1
+        previous = self._backoff.get(run_id)
+        wait = 1.0 if previous is None or previous[0] != seq else min(previous[2] * 2, _MAX_BACKOFF_S)
+        self._backoff[run_id] = (seq, asyncio.get_running_loop().time() + wait, wait)
+        self._say(f"{self.name}: run {quoted(run_id)}: {type(exc).__name__}: {str(exc)[:300]}; retried in {wait:g} s")
+
+    def _check_backlog(self, store: Checkpointer) -> None:
+        """Refuse a journal whose runs waiting for a worker were all started by another agent
+        definition: pointed at the wrong journal (or with the wrong ``--agent``), a worker would
+        poll forever and drive nothing."""
+        assert isinstance(store, SupportsClaims)
+        waiting = [cp for cp in store.open_runs(limit=1000) if work_for(cp) is not None]
+        if not waiting or any(cp.versions == self._versions for cp in waiting):
+            return
+        seen = waiting[0].versions
+        raise UsageError(f"journal {_where(store)}: the {len(waiting)} run(s) waiting for a worker were started by "
+                         f"another agent definition (versions {seen}), not by agent {self.agent.name!r} "
+                         f"({self._versions}); point the worker at the agent that started them; nothing was written")
+
+    def _say(self, line: str) -> None:
+        if self._log is not None:
+            self._log(line)
+
+
+def _where(store: Checkpointer) -> str:
+    return str(getattr(store, "url", None) or getattr(store, "path", None) or type(store).__name__)
+
+
+def _start_event(events: list[StepEvent]) -> StepEvent | None:
+    return next((ev for ev in events if ev.kind == "run" and ev.phase == "start"), None)
+
+
+def _cleanup_left(cp: Checkpoint, events: list[StepEvent]) -> int:
+    """Compensations the cancellation record scheduled whose results are not journaled yet (one
+    left uncertain counts: ``compensate`` says so again without writing)."""
+    done = {ev.step_id for ev in events if ev.phase == "result" and ev.step_id.startswith("cleanup")}
+    entries = (cp.outcome or {}).get("cleanup") or []
+    end = max((ev.seq for ev in events if ev.kind == "run" and ev.phase == "end"), default=None)
+    # Effects a person confirmed after the record was written get cleanup too (as compensate() counts them).
+    confirmed = 0 if end is None else sum(
+        1 for ev in events if ev.seq > end and ev.kind == "tool" and ev.phase == "result"
+        and ev.decision == "resolved" and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok")
+    total = len(entries) + confirmed
+    return sum(1 for i in range(total) if f"cleanup{i:02d}" not in done)
+
+
+def load_agent(reference: str) -> Any:
+    """The object ``module:attr`` names (``pkg.mod:agent``, ``pkg.mod:obj.attr``).
+
+    Raises:
+        UsageError: not of that form, the module does not import, or it has no such attribute.
+    """
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"{quoted(reference)} is not a reference of the form module:attr (say myapp.agents:agent)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the application's own modules import
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"{quoted(reference)}: module {quoted(module_name)} does not import "
+                         f"({type(exc).__name__}: {exc})") from None
+    value: Any = module
+    for part in attr.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise UsageError(f"{quoted(reference)}: {quoted(module_name)} has no attribute {quoted(attr)}") from None
+    return value
