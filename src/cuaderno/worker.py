@@ -295,9 +295,11 @@ class Worker:
         except RunBusy:
             self.stats.busy += 1  # another worker (or the application) holds it: theirs
         except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
+            self.stats.claimed += 1
             self._backoff.pop(run_id, None)  # stopped in a state its journal records
             self._count_end(store, run_id)
         except FencedOut:
+            self.stats.claimed += 1
             self._say(f"{self.name}: run {quoted(run_id)} was taken over by force while this worker drove it")
         except Exception as exc:  # a drive must never end the worker; the run waits and is retried
             self.stats.errors += 1
@@ -309,8 +311,7 @@ class Worker:
         session = Session(run_id, self.gateway_factory(), store, tenant=cp.tenant or "default", owner=self.name,
                           retry=self.retry)
         steps = cast(AsyncGenerator[Step, None], self.agent.run(task, session=session))
-        self.stats.claimed += 1
-        self._say(f"{self.name}: claimed run {quoted(run_id)} ({cp.status}, at {cp.next_step})")
+        self._say(f"{self.name}: claiming run {quoted(run_id)} ({cp.status}, at {cp.next_step})")
         stopped_early = False
         try:
             async for _ in steps:
@@ -319,6 +320,7 @@ class Worker:
                     break  # the step just yielded is committed; closing commits what it left pending
         finally:
             await steps.aclose()
+        self.stats.claimed += 1
         if stopped_early:
             after = store.checkpoint(run_id)
             if after is not None and after.is_open:
@@ -333,10 +335,10 @@ class Worker:
         if not left:
             self._no_cleanup[run_id] = cp.last_seq
             return
-        self.stats.claimed += 1
         self._say(f"{self.name}: running {left} compensation(s) of cancelled run {quoted(run_id)}")
         try:
             await compensate(self.agent, store, run_id, tenant=cp.tenant, retry=self.retry)
+            self.stats.claimed += 1
         except UncertainEffect:
             after = store.checkpoint(run_id)
             self._no_cleanup[run_id] = after.last_seq if after is not None else cp.last_seq  # a person settles it
