@@ -109,7 +109,7 @@ def test_known_bugs_name_real_cases() -> None:
 
 def test_cases_are_unique_documented_and_yielded() -> None:
     names = [c.name for c in CASES]
-    assert len(names) == len(set(names)) == 24
+    assert len(names) == len(set(names)) == 25
     assert list(conformance_cases()) == list(CASES)
     for name, check in conformance_cases():  # the (name, fn) form
         assert callable(check)

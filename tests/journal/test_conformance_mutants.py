@@ -118,6 +118,21 @@ class OldestFirst(MemoryCheckpointer):
         return super().list_runs(status=status, limit=1_000_000)[::-1][:limit]
 
 
+class ClaimsNewestFirst(MemoryCheckpointer):
+    """A worker would serve the runs that waited least first."""
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        return super().open_runs(limit=1_000_000)[::-1][:limit]
+
+
+class ClaimsEveryCancelled(MemoryCheckpointer):
+    """Lists every cancelled run, with cleanup or not."""
+
+    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
+        runs = [c for c in self.list_runs(limit=1_000_000)[::-1] if c.status != "completed"]
+        return runs[:limit]
+
+
 class StripsStepIds(MemoryCheckpointer):
     """'Normalizes' step ids by stripping whitespace."""
 
@@ -286,6 +301,7 @@ MUTANTS: dict[str, list[Factory]] = {
     "two_handles_same_key": [SeparateHandles, OwnRows],
     "two_handles_fencing": [SeparateHandles, StaleSummaries],
     "two_handles_see_each_other": [SeparateHandles, StaleSummaries],
+    "open_runs_and_holders": [ClaimsNewestFirst, ClaimsEveryCancelled],
 }
 
 

@@ -73,7 +73,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import CODEC_JSON, StepEvent, approval_step_id, model_step_id, row_hash, tool_step_id
-from cuaderno.journal.base import Checkpointer, SupportsRebuild
+from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
 
 __all__ = ["CASES", "Capability", "Case", "ConformanceFailure", "Factory", "SharedFactory", "TwoHandles", "capabilities",
            "conformance_cases", "run_conformance"]
@@ -98,6 +98,8 @@ class Capability(enum.StrEnum):
     """The store implements :class:`~cuaderno.journal.base.SupportsRebuild`."""
     SECOND_HANDLE = "second_handle"
     """The factory opens a second handle on a store's journal (:class:`SharedFactory`)."""
+    CLAIMS = "claims"
+    """The store implements :class:`~cuaderno.journal.base.SupportsClaims` (what a worker polls)."""
 
 
 @runtime_checkable
@@ -133,6 +135,8 @@ def capabilities(factory: Factory) -> frozenset[Capability]:
     with _open(factory) as store:
         if isinstance(store, SupportsRebuild):
             found.add(Capability.REBUILD)
+        if isinstance(store, SupportsClaims):
+            found.add(Capability.CLAIMS)
     if isinstance(factory, SharedFactory):
         found.add(Capability.SECOND_HANDLE)
     return frozenset(found)
@@ -1030,6 +1034,41 @@ def check_two_handles_see_each_other(factory: Factory) -> None:
         _assert_projection(b, run, "through B after both handles wrote")
 
 
+@_needs(Capability.CLAIMS)
+def check_open_runs_and_holders(factory: Factory) -> None:
+    """open_runs (SupportsClaims) lists open runs and cancelled ones with cleanup, least recently updated first, with their
+    epochs; holders names nobody for a run never taken or released, and reads write nothing."""
+    with _open(factory) as store:
+        if not isinstance(store, SupportsClaims):
+            raise ConformanceFailure(f"{type(store).__name__} does not declare SupportsClaims; this case needs it")
+        appr = approval_step_id(tool_step_id(0, 0))
+        store.append([_start("waits")])
+        store.append([_e("waits", appr, "request", "approval", name="pay", fingerprint="fp", payload={})])
+        store.append([_start("done")])
+        store.append([_e("done", "final", "result", "final", payload={"output": "ok"})])
+        store.append([_start("bare-cancel")])
+        store.append([_e("bare-cancel", "run", "end", "run", payload={"status": "cancelled", "cleanup": []})])
+        store.append([_start("cleanup")])
+        store.append([_e("cleanup", "run", "end", "run", payload={
+            "status": "cancelled", "cleanup": [{"for_step": "t0000.tool00", "tool": "refund", "arguments": {},
+                                                "status": "scheduled"}]})])
+        store.append([_start("runs")])
+        epoch = store.acquire("runs", "worker-1")
+        before = _snapshot(store)
+        listed = store.open_runs(limit=_ALL)
+        _eq([cp.run_id for cp in listed], ["waits", "cleanup", "runs"],
+            "open_runs(): open runs and cancelled ones with cleanup, least recently updated first")
+        _eq({cp.run_id: cp.status for cp in listed}, {"waits": "suspended", "cleanup": "cancelled", "runs": "running"},
+            "the statuses open_runs() returns")
+        _eq(next(cp.epoch for cp in listed if cp.run_id == "runs"), epoch, "the epoch open_runs() returns")
+        _eq([cp.run_id for cp in store.open_runs(limit=1)], ["waits"], "open_runs(limit=1)")
+        _eq(store.open_runs(limit=0), [], "open_runs(limit=0)")
+        _eq(store.holders(["waits", "done", "no-such-run"]), {}, "holders() of runs nobody took")
+        store.release("runs", epoch)
+        _eq(store.holders(["runs"]), {}, "holders() of a released run")
+        _unchanged(store, before, "open_runs() and holders()")
+
+
 # -- registry ------------------------------------------------------------------------------------------------------
 
 CASES: tuple[Case, ...] = (
@@ -1057,6 +1096,7 @@ CASES: tuple[Case, ...] = (
     Case("two_handles_same_key", check_two_handles_same_key),
     Case("two_handles_fencing", check_two_handles_fencing),
     Case("two_handles_see_each_other", check_two_handles_see_each_other),
+    Case("open_runs_and_holders", check_open_runs_and_holders),
 )
 """Every case, in a stable order. Names are test ids: renaming one is a visible change."""
 
