@@ -134,8 +134,8 @@ def test_list_json_shape_status_and_limit(db: Path, store: SqliteCheckpointer) -
 
     rows = json.loads(cli(db, "list", "--json").stdout)
     assert [r["run_id"] for r in rows] == ["r-b", "r-a"]
-    assert set(rows[0]) == {"run_id", "status", "next_step", "model_calls", "tool_calls", "cost",
-                            "pending_approvals", "uncertain"}
+    assert set(rows[0]) == {"run_id", "status", "state", "waiting_for", "held_by", "next_step", "model_calls",
+                            "tool_calls", "cost", "pending_approvals", "uncertain"}
     assert rows[0]["cost"] == {"usd": 0.0, "calls_paid": 0, "unpriced_calls": 1, "complete": False}
     assert rows[1]["pending_approvals"] == 1 and rows[1]["status"] == "suspended"
     assert rows[1]["cost"] == {"usd": 0.0042, "calls_paid": 1, "unpriced_calls": 1, "complete": False}
@@ -205,10 +205,12 @@ def test_show_human(db: Path, store: SqliteCheckpointer) -> None:
 def test_show_json_shape(db: Path, store: SqliteCheckpointer) -> None:
     run = suspended_run(store)
     data = json.loads(cli(db, "show", run, "--json").stdout)
-    assert set(data) == {"run_id", "status", "open", "next_step", "last_seq", "epoch", "versions",
-                         "task_fingerprint", "counters", "cost", "pending_approvals", "uncertain", "outcome",
+    assert set(data) == {"run_id", "status", "state", "waiting_for", "held_by", "open", "next_step", "last_seq",
+                         "epoch", "versions", "task_fingerprint", "counters", "cost", "pending_approvals", "uncertain", "outcome",
                          "compensations", "timeline"}
     assert data["status"] == "suspended" and data["open"] is True and data["versions"] == VERSIONS
+    assert (data["state"], data["held_by"]) == ("waiting", None)
+    assert data["waiting_for"].startswith("approval of ")
     assert set(COUNTERS) <= set(data["counters"])
     assert {k: data["counters"][k] for k in ("retries", "repairs", "replans", "reflects", "escalations")} == \
         {"retries": 1, "repairs": 2, "replans": 3, "reflects": 4, "escalations": 5}
