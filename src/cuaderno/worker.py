@@ -389,6 +389,10 @@ class Worker:
         waiting = [cp for cp in store.open_runs(limit=1000) if work_for(cp) is not None]
         if not waiting or any(cp.versions == self._versions for cp in waiting):
             return
+        held = store.holders([cp.run_id for cp in waiting])  # runs their own processes drive are not waiting
+        waiting = [cp for cp in waiting if cp.run_id not in held]
+        if not waiting:
+            return
         seen = waiting[0].versions
         raise UsageError(f"journal {_where(store)}: the {len(waiting)} run(s) waiting for a worker were started by "
                          f"another agent definition (versions {seen}), not by agent {self.agent.name!r} "
