@@ -223,7 +223,9 @@ class Worker:
                 found = self._claimable(store, set(active), self.concurrency - len(active))
                 for cp, work in found:
                     active[cp.run_id] = asyncio.create_task(self._drive(store, cp, work), name=f"drive {cp.run_id}")
-                if until_idle and not active and not found and not self._seen_new and not self._waiting_backoff():
+                # Until idle: a run whose drive failed was tried once by this worker; it is not
+                # waited for (a cron job must end), and the next worker tries it again.
+                if until_idle and not active and not found and not self._seen_new:
                     return
                 self._wake.clear()
                 waits: set[asyncio.Future[Any]] = {*active.values(), asyncio.ensure_future(self._wake.wait())}
@@ -242,10 +244,6 @@ class Worker:
             if active:
                 self._say(f"{self.name}: stopping; {len(active)} run(s) finish their step in flight")
                 await asyncio.gather(*active.values(), return_exceptions=True)
-
-    def _waiting_backoff(self) -> bool:
-        loop_time = asyncio.get_running_loop().time()
-        return any(until > loop_time for _, until, _ in self._backoff.values())
 
     def _claimable(self, store: Checkpointer, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
         """Runs to claim now (at most ``free``), with what to do for each."""

@@ -195,3 +195,21 @@ def test_cli_refuses_a_journal_of_another_agent(tmp_path: Path) -> None:
         assert [e.row_hash for e in store.load("r1")] == before
     finally:
         store.close()
+
+
+def test_a_drive_that_fails_is_counted_and_the_worker_goes_on(store: Any) -> None:
+    """A gateway that cannot be built (a provider's key missing, say): the run waits, untouched,
+    and an until-idle worker ends instead of retrying it forever."""
+    agent = _agent([])
+    assert asyncio.run(_start(agent, store, "r1")) == "suspended"
+    approve(store, "r1", "t0000.tool00")
+    before = store.checkpoint("r1")
+
+    def broken() -> ScriptedGateway:
+        raise RuntimeError("no API key")
+
+    stats = Worker(store, agent, broken, poll_interval=0.01, log=None).run_sync(until_idle=True)
+    assert (stats.errors, stats.claimed) == (1, 0)
+    after = store.checkpoint("r1")
+    assert after.status == "running" and after.last_seq == before.last_seq
+    assert _worker(store, agent).run_sync(until_idle=True).completed == 1

@@ -148,6 +148,9 @@ def test_sigterm_finishes_the_step_in_flight_releases_the_run_and_exits_0(world:
     # The worker's tools wait at the gate: SIGTERM arrives while the reserve is in flight.
     worker = world.worker("worker_agent:approving_agent", WORKER_GATE=str(world.gate))
     world.wait_until(lambda: (world.dir / "gate.inflight").exists(), what="the tool in flight")
+    state = json.loads(world.cli("status", "r1", "--json").stdout)
+    assert (state["state"], state["waiting_for"]) == ("running", None), state
+    assert state["held_by"].startswith("worker@") and f"process {worker.pid}" in state["held_by"], state
     worker.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert worker.poll() is None, "the worker must finish its step in flight first"
