@@ -12,7 +12,10 @@ The tree::
     │   │   └── JournalRolledBack  older than the journal this machine last saw at this path
     │   ├── SchemaTooNew           the journal was written by a newer cuaderno
     │   ├── FencedOut              another process took the run over; this one must stop
-    │   └── RunBusy                a live process is running the run; taking it over could repeat a step
+    │   ├── RunBusy                a live process is running the run; taking it over could repeat a step
+    │   ├── JournalReplaced        the journal file was replaced or deleted while its runs are held
+    │   ├── JournalLinked          the journal file has a second name (a hard link)
+    │   └── ConnectionLost         the connection to the journal's server was lost mid-write
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
@@ -53,8 +56,11 @@ __all__ = [
     "GatewayError",
     "IdempotencyKeyReuse",
     "JournalConflict",
+    "ConnectionLost",
     "JournalCorrupt",
     "JournalError",
+    "JournalLinked",
+    "JournalReplaced",
     "JournalRolledBack",
     "MigrationFailed",
     "NotUncertain",
@@ -483,3 +489,22 @@ class BudgetExceeded(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.budget, self.limit))
+
+
+class JournalReplaced(JournalError):
+    """The journal file at this path is not the one this process opened, or not the one whose
+    runs a live process still holds: it was replaced (moved aside, restored over, recreated) or
+    deleted. Writing into it would put rows where the holder never looks, or start a run the
+    holder is running elsewhere. Nothing was written."""
+
+
+class JournalLinked(JournalError):
+    """The journal file has another name (a hard link). Each name would get its own hold file and
+    its own ``-wal``, so two processes could run one run through the two names. Remove the other
+    name. Nothing was written."""
+
+
+class ConnectionLost(JournalError):
+    """The connection to the journal's server was lost during a write, and a new one could not
+    learn whether the write committed (the server is still unreachable). The step it belonged to
+    must not be acted on; resume the run once the server is back (the journal then says)."""

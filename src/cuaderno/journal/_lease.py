@@ -19,6 +19,26 @@ cannot be checked that way counts as alive.
 A holder releases the run when its loop stops for any reason (completed, suspended, failed,
 cancelled, or an exception), so a process that is still alive does not block a later resume
 elsewhere (a web server that ran a run until it waited for a person, say).
+
+The lock alone can be got around by changing files under it (RELIABILITY R22), so the hold is
+tied to the files' identities (``st_dev``, ``st_ino``), and a free lock is believed only for the
+file it was taken in:
+
+- a holder records, with its process (host, PID namespace, PID, start time, boot id), the
+  identity of the hold file it locked. A taker that finds the run's byte free in *another* hold
+  file (the holder's was deleted or replaced since) asks the operating system about that process
+  instead, and a live one keeps the run (:class:`~cuaderno.errors.RunBusy`);
+- the hold file names the journal file it serves (its identity, at its start), and every process
+  that holds a run through it keeps a shared lock on its byte 0. A journal at that path whose
+  identity is another one (the file was replaced or deleted) is refused while anyone still holds a
+  run of the file it replaced (:class:`~cuaderno.errors.JournalReplaced`), before anything is
+  written into it; once nobody does, the hold file is rebound to the new file;
+- a journal file with a second name (``st_nlink > 1``) is refused
+  (:class:`~cuaderno.errors.JournalLinked`): each name would have its own hold file, and its own
+  ``-wal``.
+
+What this cannot see: the journal *and* its hold file replaced together (a new directory, say) is
+a new journal, which knows nothing of the runs of the old one.
 """
 
 from __future__ import annotations
@@ -32,13 +52,22 @@ import threading
 from functools import cache
 from typing import Any
 
+from cuaderno.errors import JournalReplaced
+
 try:
     import fcntl
 except ImportError:  # not on Windows: the holder named in the journal is asked about instead
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Holder", "claim", "describe", "is_alive", "is_mine", "lock", "parse", "released", "take",
-           "this_process", "unlock"]
+__all__ = ["Holder", "Identity", "check_journal", "claim", "describe", "hold_file", "identity", "is_alive",
+           "is_mine", "lock", "parse", "released", "take", "this_process", "unlock"]
+
+Identity = tuple[int, int]
+"""A file's ``(st_dev, st_ino)``: which file a path names now."""
+
+_HEADER = 64
+"""Bytes at the start of a hold file that name the journal file it serves (``dev ino``, padded).
+Run bytes are locked at offsets derived from the run id, never read or written."""
 
 _files: dict[str, tuple[int, set[str]]] = {}
 """Per lock file: its descriptor and the runs this process has locked in it. The descriptor is
@@ -58,15 +87,118 @@ if hasattr(os, "register_at_fork"):
 
 
 def _byte(run_id: str) -> int:
+    # Never 0 in practice (2**-56): byte 0 is the "holds runs of this journal" lock.
     return int.from_bytes(hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).digest()[:7], "big")
 
 
-def lock(journal: str, run_id: str) -> bool | None:
+def identity(path: str) -> Identity | None:
+    """Which file ``path`` names now (``None``: none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def links(path: str) -> int:
+    """How many names the file at ``path`` has (0: no file)."""
+    try:
+        return os.stat(path).st_nlink
+    except OSError:
+        return 0
+
+
+def _holds_path(journal: str) -> str:
+    return os.path.realpath(journal) + "-holds"
+
+
+def _read_header(fd: int) -> Identity | None:
+    try:
+        text = os.pread(fd, _HEADER, 0).decode("ascii", "replace").split()
+        return (int(text[0]), int(text[1])) if len(text) >= 2 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_header(fd: int, journal: Identity) -> None:
+    os.pwrite(fd, f"{journal[0]} {journal[1]}".ljust(_HEADER - 1).encode("ascii") + b"\n", 0)
+
+
+def _others_hold(fd: int, mine: bool) -> bool:
+    """Whether another process holds runs through this hold file (a lock on its byte 0).
+    ``mine``: this process holds some (its shared lock is given back as it was)."""
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0, os.SEEK_SET)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return True
+        raise
+    fcntl.lockf(fd, fcntl.LOCK_SH if mine else fcntl.LOCK_UN, 1, 0, os.SEEK_SET)
+    return False
+
+
+def _bound(fd: int, journal: Identity, runs: set[str], path: str) -> None:
+    """Check that the hold file serves this journal file, or rebind it when nobody holds runs of
+    the one it named. Raises :class:`~cuaderno.errors.JournalReplaced` otherwise."""
+    named = _read_header(fd)
+    if named == journal:
+        return
+    if named is not None and (runs or _others_hold(fd, mine=bool(runs))):
+        raise JournalReplaced(f"journal {path[:-len('-holds')]!r} is not the file whose runs are held (the hold "
+                              f"file {path!r} serves file {named[0]}:{named[1]}, this one is {journal[0]}:"
+                              f"{journal[1]}): it was replaced or deleted while a process still runs runs of the "
+                              "old one; nothing was written. Stop that process (or let it finish), then open it "
+                              "again")
+    _write_header(fd, journal)  # a new hold file, or the old journal's holders are all gone
+
+
+def check_journal(journal: str, ident: Identity | None) -> None:
+    """Refuse to open a journal file that replaced (or, ``ident`` ``None``, deleted) the one whose
+    runs a live process still holds (:class:`~cuaderno.errors.JournalReplaced`). Creates nothing."""
+    if fcntl is None or journal == ":memory:":
+        return
+    path = _holds_path(journal)
+    with _files_lock:
+        fd, runs = _files.get(path) or (-1, set())
+        opened = fd < 0
+        if opened:
+            try:
+                fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                return  # no hold file (or not ours to open): nobody holds runs through it
+        try:
+            named = _read_header(fd)
+            if named is None or named == ident:
+                return
+            if runs or _others_hold(fd, mine=bool(runs)):
+                what = "deleted" if ident is None else "replaced"
+                raise JournalReplaced(f"journal {journal!r} was {what} while a process still runs runs of the file "
+                                      f"it was ({named[0]}:{named[1]}, named in {path!r}); nothing was written. "
+                                      "Stop that process (or let it finish), then open it again")
+        finally:
+            if opened:
+                os.close(fd)
+
+
+def hold_file(journal: str) -> Identity | None:
+    """The identity of the hold file this process locks the journal's runs in (``None``: none)."""
+    with _files_lock:
+        fd, _ = _files.get(_holds_path(journal)) or (-1, set())
+        if fd < 0:
+            return None
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+
+def lock(journal: str, run_id: str, ident: Identity | None = None) -> bool | None:
     """Take the run's lock for this process: ``True`` (taken, or this process had it),
-    ``False`` (a live process holds it), ``None`` (no such locks here: ask :func:`is_alive`)."""
+    ``False`` (a live process holds it), ``None`` (no such locks here: ask :func:`is_alive`).
+
+    ``ident``, the journal file's identity, is checked against the one the hold file serves
+    (:class:`~cuaderno.errors.JournalReplaced` when it serves another file still held)."""
     if fcntl is None or journal == ":memory:":
         return None
-    path = os.path.realpath(journal) + "-holds"
+    path = _holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if fd < 0:
@@ -75,12 +207,21 @@ def lock(journal: str, run_id: str) -> bool | None:
             except OSError:
                 return None
         try:
+            if ident is not None:
+                _bound(fd, ident, runs, path)
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _byte(run_id), os.SEEK_SET)
+            if not runs:
+                fcntl.lockf(fd, fcntl.LOCK_SH, 1, 0, os.SEEK_SET)  # "runs of this journal are held"
         except OSError as exc:
             if not runs:
                 os.close(fd)
                 _files.pop(path, None)
             return False if exc.errno in (errno.EACCES, errno.EAGAIN) else None
+        except BaseException:
+            if not runs:
+                os.close(fd)
+                _files.pop(path, None)
+            raise
         runs.add(run_id)
         _files[path] = (fd, runs)
         return True
@@ -90,7 +231,7 @@ def unlock(journal: str, run_id: str) -> None:
     """Give the run's lock back (this process stopped running it)."""
     if fcntl is None or journal == ":memory:":
         return
-    path = os.path.realpath(journal) + "-holds"
+    path = _holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if run_id not in runs:
@@ -104,7 +245,19 @@ def unlock(journal: str, run_id: str) -> None:
 
 
 Holder = dict[str, Any]
-"""``{"owner": label, "process": {"host", "ns", "pid", "start"}, "held": bool}``"""
+"""``{"owner": label, "process": {"host", "ns", "pid", "start", "boot"}, "held": bool, "holds": [dev, ino]}``
+(``holds``: the hold file the holder locked the run in; absent where it took no such lock, and in
+holds recorded by a cuaderno that kept none)."""
+
+
+@cache
+def _boot_id() -> str | None:
+    """This boot of the machine: a PID and start time recorded before a reboot name no process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 @cache
@@ -133,12 +286,16 @@ def this_process() -> dict[str, Any]:
     pid = os.getpid()
     stat = _stat(pid)
     return {"host": socket.gethostname(), "ns": _pid_namespace(), "pid": pid,
-            "start": None if stat is None else stat[1]}
+            "start": None if stat is None else stat[1], "boot": _boot_id()}
 
 
-def claim(owner: str) -> str:
-    """The stored form of a hold taken by this process under the label ``owner``."""
-    return json.dumps({"owner": owner, "process": this_process(), "held": True}, sort_keys=True)
+def claim(owner: str, holds: Identity | None = None) -> str:
+    """The stored form of a hold taken by this process under the label ``owner`` (``holds``: the
+    hold file it locked the run in)."""
+    value: dict[str, Any] = {"owner": owner, "process": this_process(), "held": True}
+    if holds is not None:
+        value["holds"] = list(holds)
+    return json.dumps(value, sort_keys=True)
 
 
 def released(stored: str | None) -> str | None:
@@ -166,6 +323,8 @@ def is_alive(holder: Holder) -> bool:
     known (another host or PID namespace): only a provably gone holder is taken over."""
     proc = holder["process"]
     me = this_process()
+    if proc.get("host") == me["host"] and proc.get("boot") and me["boot"] and proc.get("boot") != me["boot"]:
+        return False  # recorded on this host before its last boot: that process is gone
     if proc.get("host") != me["host"] or proc.get("ns") != me["ns"]:
         return True
     pid = proc.get("pid")
@@ -194,14 +353,24 @@ def is_mine(holder: Holder) -> bool:
     return all(proc.get(k) == me[k] for k in ("host", "ns", "pid", "start"))
 
 
-def take(journal: str, run_id: str, holder: Holder | None) -> bool:
+def take(journal: str, run_id: str, holder: Holder | None, ident: Identity | None = None) -> bool:
     """Whether this process may take the run over now (and, where OS record locks exist, take its
-    lock): the run's lock is free, or, without such locks, the holder the journal names has let
-    go, is this process, or is provably gone."""
-    taken = lock(journal, run_id)
-    if taken is not None:
-        return taken
-    return holder is None or not holder.get("held") or is_mine(holder) or not is_alive(holder)
+    lock): the run's lock is free in the hold file the holder locked it in, or the holder the
+    journal names has let go, is this process, or is provably gone.
+
+    A lock found free in another hold file than the holder's (it was deleted or replaced under a
+    live holder) proves nothing: the holder's process is asked about instead."""
+    let_go = holder is None or not holder.get("held") or is_mine(holder)
+    taken = lock(journal, run_id, ident)
+    if taken is None:
+        return let_go or not is_alive(holder)  # type: ignore[arg-type]
+    if not taken:
+        return False
+    recorded = None if holder is None else holder.get("holds")
+    if let_go or recorded is None or recorded == list(hold_file(journal) or ()) or not is_alive(holder):  # type: ignore[arg-type]
+        return True
+    unlock(journal, run_id)
+    return False
 
 
 def describe(holder: Holder) -> str:

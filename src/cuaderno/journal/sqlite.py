@@ -44,10 +44,20 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.errors import (
+    JournalCorrupt,
+    JournalError,
+    JournalLinked,
+    JournalReplaced,
+    RunBusy,
+    RunClosed,
+    RunNotFound,
+    SchemaTooNew,
+    UsageError,
+)
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
@@ -168,6 +178,15 @@ class SqliteCheckpointer:
             raise UsageError(f"accept_rollback must be True or False, got {accept_rollback!r:.40}")
         self._accept_rollback = accept_rollback
         on_disk = self.path != ":memory:"
+        self._ident: _lease.Identity | None = None
+        """The journal file this store opened (``st_dev``, ``st_ino``): every write checks that the
+        path still names it (R22)."""
+        if on_disk:
+            # Before anything is created or written (the anchor below, the tables): a second name
+            # for the file, or a file that replaced one whose runs a live process holds, is refused.
+            self._check_links()
+            if not self._readonly:
+                _lease.check_journal(self.path, _lease.identity(self.path))
         self._anchor = _anchor.Anchor(self.path) if on_disk else None
         fresh = not on_disk or _size(self.path) == 0
         if fresh and self._create and self._anchor is not None:
@@ -192,6 +211,7 @@ class SqliteCheckpointer:
             if self._readonly:
                 # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
                 self._db = _read_only(self.path, busy_timeout_ms)
+                self._bind_file()
                 self._refuse_newer_schema(older_too=True)
                 self._accept_rollback = self._accept_rollback or not self._check_anchor()
                 return
@@ -200,6 +220,7 @@ class SqliteCheckpointer:
                 # first writes, on a connection that can neither fold the -wal into the file nor
                 # rebuild the -shm (a refused command leaves all three as they were).
                 self._db = _read_only(self.path, busy_timeout_ms)
+                self._bind_file()
                 self._refuse_newer_schema()
                 self._check_anchor()
                 if self._reads_as_is(compress):
@@ -220,6 +241,7 @@ class SqliteCheckpointer:
         on a -wal with commits in it), checking and migrating the file."""
         self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                                    check_same_thread=False)
+        self._bind_file()
         self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
         rolled_back = not self._check_anchor()
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -259,6 +281,39 @@ class SqliteCheckpointer:
                 self._open_writer(*pending)
             except sqlite3.DatabaseError as exc:
                 raise _open_failure(self.path, exc, pending[1]) from exc
+
+    # -- the file itself ------------------------------------------------------------------------
+
+    def _check_links(self) -> None:
+        """Refuse a journal file with a second name (R21/R22): each name gets its own ``-holds``
+        and ``-wal``, so two processes could hold one run through the two names."""
+        if _lease.links(self.path) > 1:
+            raise JournalLinked(f"journal {self.path!r} has {_lease.links(self.path)} names (hard links): each "
+                                "name would have its own hold file and -wal, and a run could run through two of "
+                                "them at once; remove the other names; nothing was changed")
+
+    def _bind_file(self) -> None:
+        """Record which file this store opened (at its first connection), or check that a later
+        connection (the writer, opened at the first write) opened that same one."""
+        if self.path == ":memory:":
+            return
+        now = _lease.identity(self.path)
+        if self._ident is None:
+            self._ident = now
+        elif now != self._ident:
+            self._replaced(now)
+
+    def _check_file(self) -> None:
+        """Inside a write transaction: the path still names the file this store opened. A file
+        moved aside or replaced under a live store would take rows nobody reads any more (its
+        holder's results, say), while the file at the path lacks them."""
+        if self._ident is not None and _lease.identity(self.path) != self._ident:
+            self._replaced(_lease.identity(self.path))
+
+    def _replaced(self, now: _lease.Identity | None) -> NoReturn:
+        what = "deleted" if now is None else "replaced by another file"
+        raise JournalReplaced(f"journal {self.path!r} was {what} since this store opened it; nothing was written "
+                              "(open the journal again to work on the file now there)")
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -377,6 +432,7 @@ class SqliteCheckpointer:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
+                    self._check_file()  # under the write lock: no row lands in a file moved aside
                     yield db
                     db.execute("COMMIT")
                 except BaseException:
@@ -626,8 +682,9 @@ class SqliteCheckpointer:
             if open_only and row[2] in CLOSED_STATUSES:  # before the lock: nothing to give back
                 raise RunClosed(run_id, row[2])
             # Checked under the write lock: two resumers cannot both see the run free.
+            self._check_links()
             holder = _lease.parse(row[1])
-            if not _lease.take(self.path, run_id, holder) and not force:
+            if not _lease.take(self.path, run_id, holder, self._ident) and not force:
                 who = _lease.describe(holder) if holder is not None else "another process"
                 raise RunBusy(run_id, f"{who}, which is still alive")
             epoch = _epoch(run_id, row[0]) + 1
@@ -635,7 +692,7 @@ class SqliteCheckpointer:
                 raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
                                      "run's fencing record is damaged, nothing was written")
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
-                       (epoch, _lease.claim(owner), run_id))
+                       (epoch, _lease.claim(owner, _lease.hold_file(self.path)), run_id))
             self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
         self._taken[run_id] = epoch
         return epoch
@@ -643,19 +700,24 @@ class SqliteCheckpointer:
     def release(self, run_id: str, epoch: int) -> None:
         if not _storable(run_id):
             return
-        with self._txn() as db:
-            self._schema_of(db)
-            row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
-            mine = row is not None and row[0] == epoch
-            if mine:
-                db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
-                           (_lease.released(row[1]), run_id, epoch))
-            # Taken over since (by force, from another process): this process's lock must go too,
-            # or the run would look held until this process exits. Not when the newer holder is
-            # this very process (another loop of it): the lock is the process's, and that loop's.
-            current = _lease.parse(row[1]) if row is not None else None
-            superseded = not mine and self._taken.get(run_id) == epoch and not (
-                current is not None and _lease.is_mine(current))
+        try:
+            with self._txn() as db:
+                self._schema_of(db)
+                row = db.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+                mine = row is not None and row[0] == epoch
+                if mine:
+                    db.execute("UPDATE cuaderno_runs SET owner=? WHERE run_id=? AND epoch=?",
+                               (_lease.released(row[1]), run_id, epoch))
+                # Taken over since (by force, from another process): this process's lock must go
+                # too, or the run would look held until this process exits. Not when the newer
+                # holder is this very process (another loop of it): the lock is the process's.
+                current = _lease.parse(row[1]) if row is not None else None
+                superseded = not mine and self._taken.get(run_id) == epoch and not (
+                    current is not None and _lease.is_mine(current))
+        except JournalReplaced:
+            # The file this store held the run in is no longer at the path: nothing to record,
+            # but the lock goes, or the file now there stays refused until this process exits.
+            mine, superseded = self._taken.get(run_id) == epoch, False
         if mine or superseded:
             _lease.unlock(self.path, run_id)  # after the commit: nobody finds it free while it is not
         if self._taken.get(run_id) == epoch:
