@@ -14,6 +14,8 @@ from cuaderno.errors import (
     ApprovalMismatch,
     BudgetExceeded,
     ConnectionLost,
+    ConversationClosed,
+    ConversationDivergence,
     CuadernoError,
     DrainOnOldWorker,
     ErrorClass,
@@ -26,6 +28,7 @@ from cuaderno.errors import (
     JournalLinked,
     JournalReplaced,
     JournalRolledBack,
+    MessageUnfinished,
     MigrationFailed,
     NotUncertain,
     NotWaitingForApproval,
@@ -36,6 +39,7 @@ from cuaderno.errors import (
     RunClosed,
     RunNotFound,
     SchemaTooNew,
+    StreamInterrupted,
     ToolArgumentsInvalid,
     ToolError,
     ToolResultInvalid,
@@ -61,9 +65,12 @@ from cuaderno.loop import (
     RunResult,
     Session,
     Step,
+    Token,
+    TokenStream,
     ToolStep,
 )
 from cuaderno.loop.cleanup import compensate
+from cuaderno.loop.conversation import Conversation
 from cuaderno.loop.versions import Migration
 from cuaderno.tools import Compensation, Policy, PolicyDecision, Tool, ToolContext, tool
 
@@ -90,6 +97,9 @@ __all__ = [
     "Checkpointer",
     "Compensation",
     "ConnectionLost",
+    "Conversation",
+    "ConversationClosed",
+    "ConversationDivergence",
     "CuadernoError",
     "DrainOnOldWorker",
     "ErrorClass",
@@ -104,6 +114,7 @@ __all__ = [
     "JournalReplaced",
     "JournalRolledBack",
     "MemoryCheckpointer",
+    "MessageUnfinished",
     "Migration",
     "MigrationFailed",
     "ModelGateway",
@@ -130,7 +141,10 @@ __all__ = [
     "SqliteCheckpointer",
     "Step",
     "StepEvent",
+    "StreamInterrupted",
     "TieredGateway",
+    "Token",
+    "TokenStream",
     "Tool",
     "ToolArgumentsInvalid",
     "ToolCall",

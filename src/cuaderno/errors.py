@@ -20,6 +20,7 @@ The tree::
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
     ├── ReplayDivergence           the code asked for another step than the one recorded there
+    │   └── ConversationDivergence a message differs from the one recorded at its position
     ├── UncertainEffect            an effect may or may not have happened; nobody can know
     ├── NotUncertain               a resolution names a step that is not uncertain
     ├── VersionMismatch            the run was started under other versions; the caller must choose
@@ -32,7 +33,10 @@ The tree::
     │   └── ToolArgumentsInvalid   the arguments fail the tool's schema (invalid_input)
     ├── IdempotencyKeyReuse        a provider key was reused for a different body (Stripe semantics)
     ├── GatewayError               a model call failed; carries ErrorClass, sent, retry_after
-    └── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
+    │   └── StreamInterrupted      a streamed answer stopped before its end (ambiguous: maybe billed)
+    ├── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
+    ├── MessageUnfinished          a conversation's last message has not finished; finish it first
+    └── ConversationClosed         the conversation was closed; it takes no new message
 
 Errors never carry live objects: every field is plain data, so they can be journaled as evidence
 and read back by the CLI or a later version. A message quotes what it was given through
@@ -49,6 +53,8 @@ __all__ = [
     "ApprovalError",
     "ApprovalMismatch",
     "BudgetExceeded",
+    "ConversationClosed",
+    "ConversationDivergence",
     "CuadernoError",
     "DrainOnOldWorker",
     "ErrorClass",
@@ -62,6 +68,7 @@ __all__ = [
     "JournalLinked",
     "JournalReplaced",
     "JournalRolledBack",
+    "MessageUnfinished",
     "MigrationFailed",
     "NotUncertain",
     "NotWaitingForApproval",
@@ -72,6 +79,7 @@ __all__ = [
     "RunClosed",
     "RunNotFound",
     "SchemaTooNew",
+    "StreamInterrupted",
     "ToolArgumentsInvalid",
     "ToolError",
     "ToolResultInvalid",
@@ -508,3 +516,75 @@ class ConnectionLost(JournalError):
     """The connection to the journal's server was lost during a write, and a new one could not
     learn whether the write committed (the server is still unreachable). The step it belonged to
     must not be acted on; resume the run once the server is back (the journal then says)."""
+
+
+# -- conversations and streaming (appended: each class below is drawn in the tree above) ------------
+
+
+class ConversationDivergence(ReplayDivergence):
+    """A message sent to a conversation is not the one its journal recorded at that position.
+
+    A conversation replays its recorded messages in order (each answered once, never re-paid);
+    sending another text at a recorded position would give the recorded answer to a question
+    nobody asked. Nothing was written. Send the recorded messages in order, call
+    ``Conversation.resume()`` to continue after the last one, or start a new conversation id.
+    """
+
+    def __init__(self, conversation_id: str, number: int, recorded: str, sent: str) -> None:
+        self.conversation_id, self.number, self.recorded, self.sent = conversation_id, number, recorded, sent
+        self.run_id, self.step_id = conversation_id, f"m{number:04d}"
+        self.expected, self.found = f"message {recorded}", f"message {sent}"
+        CuadernoError.__init__(
+            self, f"conversation {quoted(conversation_id)} message {number}: the journal recorded "
+            f"{quoted(recorded)}, but {quoted(sent)} was sent. Send the recorded messages in order, "
+            "call resume() to continue after the last one, or start a new conversation id.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.conversation_id, self.number, self.recorded, self.sent))
+
+
+class MessageUnfinished(CuadernoError):
+    """A new message was sent while the conversation's last one has not finished.
+
+    Its run waits for a person (an approval, an uncertain effect) or was interrupted. Nothing was
+    written. Settle it (``approve``, ``deny``, ``resolve``), then ``Conversation.resume()``
+    finishes it; the next message follows its answer.
+    """
+
+    def __init__(self, conversation_id: str, message_run_id: str, status: str) -> None:
+        self.conversation_id, self.message_run_id, self.status = conversation_id, message_run_id, status
+        super().__init__(f"conversation {quoted(conversation_id)}: message run {quoted(message_run_id)} is "
+                         f"{quoted(status)}, not finished; finish it (approve, deny or resolve it, then "
+                         "resume()) before sending the next message")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.conversation_id, self.message_run_id, self.status))
+
+
+class ConversationClosed(CuadernoError):
+    """The conversation was closed (``Conversation.close()``); it takes no new message.
+
+    Its recorded messages and answers stay readable (``Conversation.messages``). Start a new
+    conversation id to go on talking."""
+
+    def __init__(self, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(f"conversation {quoted(conversation_id)} is closed; start a new conversation id")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.conversation_id,))
+
+
+class StreamInterrupted(GatewayError):
+    """A streamed model answer stopped before its end: the connection was cut, or an event was
+    cut in the middle.
+
+    Always ``ambiguous`` with ``sent=True``: the provider started generating, so it may bill the
+    whole answer. The loop re-sends with the same idempotency key within ``max_resends`` and
+    counts the re-send as possibly billed twice; past that, the failure is journaled and raised.
+    The tokens already shown to the caller were never journaled: only a complete answer is.
+    """
+
+    def __init__(self, message: str, *, error_class: ErrorClass = ErrorClass.AMBIGUOUS, sent: bool = True,
+                 retry_after: float | None = None, status: int | None = None) -> None:
+        super().__init__(message, error_class=error_class, sent=sent, retry_after=retry_after, status=status)

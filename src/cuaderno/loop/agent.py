@@ -31,7 +31,9 @@ from cuaderno.tools.definition import Tool
 from cuaderno.tools.policy import ALLOW_ALL, Policy
 
 if TYPE_CHECKING:
+    from cuaderno.loop.conversation import Conversation
     from cuaderno.loop.result import RunResult
+    from cuaderno.loop.streaming import Emit, TokenStream
 
 __all__ = ["LOOP_VERSION", "Agent", "RetryPolicy", "Session"]
 
@@ -237,6 +239,33 @@ class Agent:
         from cuaderno.loop.result import run_sync
 
         return run_sync(self.run_to_end(task, session=session))
+
+    def stream(self, task: str, *, session: Session, on_token: Emit | None = None) -> TokenStream:
+        """:meth:`run_to_end` with the model's answers streamed to the caller as they are
+        generated, while the journal records each complete response (see
+        :mod:`cuaderno.loop.streaming`). Iterate the returned stream for
+        :class:`~cuaderno.loop.streaming.Token` objects (its ``result`` is set at the end), or
+        ``await`` it for the :class:`~cuaderno.loop.result.RunResult`; ``on_token`` sees every token."""
+        from cuaderno.loop.runner import Runner
+        from cuaderno.loop.streaming import TokenStream, run_streaming
+
+        if not isinstance(task, str):
+            raise UsageError(f"the task must be a string, got {type(task).__name__}")
+        if not isinstance(session, Session):
+            raise UsageError("session must be a Session")
+        return TokenStream(lambda emit: run_streaming(self, session, emit, lambda s: Runner(self, task, s)),
+                           on_token)
+
+    def conversation(self, *, session: Session, id: str | None = None) -> Conversation:  # noqa: A002 - the API's word
+        """A multi-turn conversation with this agent (:mod:`cuaderno.loop.conversation`): each
+        user message a run ``<id>/m0001``, ``<id>/m0002``... of the same journal, earlier answers
+        replayed from it, never paid again. ``id`` defaults to ``session.run_id``; the session's
+        gateway, journal and settings serve every message."""
+        from cuaderno.loop.conversation import Conversation
+
+        if not isinstance(session, Session):
+            raise UsageError("session must be a Session")
+        return Conversation(self, session, id)
 
     def output_of(self, record: dict[str, Any]) -> Any:
         """The final answer of a journaled final record: its text, or for an ``output_type``
