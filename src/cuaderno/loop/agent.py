@@ -256,7 +256,7 @@ class Agent:
         return TokenStream(lambda emit: run_streaming(self, session, emit, lambda s: Runner(self, task, s)),
                            on_token)
 
-    def conversation(self, *, session: Session, id: str | None = None) -> Conversation:  # noqa: A002 - the API's word
+    def conversation(self, *, session: Session, id: str | None = None) -> Conversation:
         """A multi-turn conversation with this agent (:mod:`cuaderno.loop.conversation`): each
         user message a run ``<id>/m0001``, ``<id>/m0002``... of the same journal, earlier answers
         replayed from it, never paid again. ``id`` defaults to ``session.run_id``; the session's
