@@ -49,6 +49,7 @@ from cuaderno.gateway._common import (
 from cuaderno.gateway._errors import impossible_shape
 from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway._sdk import SdkGateway
+from cuaderno.gateway._stream import AnthropicEvents, OnToken, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.pricing import PriceTable
 
@@ -135,6 +136,20 @@ class AnthropicGateway(SdkGateway):
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
         return await self._client.messages.with_raw_response.create(**kwargs, extra_headers=headers, timeout=self._timeout)
+
+    async def complete_streaming(self, request: ModelRequest, *, idempotency_key: str,
+                                 on_token: OnToken) -> ModelResponse:
+        """:meth:`complete`, streamed (``stream=True``): each ``text_delta`` handed to ``on_token``
+        as it arrives, the events folded into the message a non-streamed call returns
+        (``body_sha256`` hashes the event stream). A stream that stops before ``message_stop``,
+        or sends an ``error`` event, is :class:`~cuaderno.errors.StreamInterrupted`."""
+        kwargs = {**self._request_kwargs(request), "stream": True}
+
+        def open_stream(headers: dict[str, str]) -> Any:
+            return self._client.messages.with_streaming_response.create(**kwargs, extra_headers=headers,
+                                                                        timeout=self._timeout)
+
+        return await stream_call(self, request, idempotency_key, on_token, open_stream, AnthropicEvents(_PROVIDER))
 
     def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": request.model or self.model, "messages": to_anthropic_messages(request),

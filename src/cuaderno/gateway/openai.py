@@ -40,6 +40,7 @@ from cuaderno.gateway._common import (
 from cuaderno.gateway._errors import impossible_shape
 from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway._sdk import SdkGateway
+from cuaderno.gateway._stream import OnToken, OpenAIEvents, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.pricing import Prices
 
@@ -117,6 +118,21 @@ class OpenAIGateway(SdkGateway):
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
         return await self._client.chat.completions.with_raw_response.create(**kwargs, extra_headers=headers, timeout=self._timeout)
+
+    async def complete_streaming(self, request: ModelRequest, *, idempotency_key: str,
+                                 on_token: OnToken) -> ModelResponse:
+        """:meth:`complete`, streamed: ``stream=True`` with ``stream_options.include_usage`` (so the
+        last chunk carries the usage the cost is computed from), each text delta handed to
+        ``on_token`` as it arrives. Returns the same :class:`ModelResponse` a non-streamed call
+        would (``body_sha256`` hashes the event stream). A stream that stops before ``[DONE]``
+        is :class:`~cuaderno.errors.StreamInterrupted` (see :mod:`cuaderno.gateway._stream`)."""
+        kwargs = {**self._request_kwargs(request), "stream": True, "stream_options": {"include_usage": True}}
+
+        def open_stream(headers: dict[str, str]) -> Any:
+            return self._client.chat.completions.with_streaming_response.create(
+                **kwargs, extra_headers=headers, timeout=self._timeout)
+
+        return await stream_call(self, request, idempotency_key, on_token, open_stream, OpenAIEvents())
 
     def _request_kwargs(self, request: ModelRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": request.model or self.model, "messages": to_openai_messages(request)}

@@ -163,8 +163,10 @@ class TokenStream:
         result = agent.stream(task, session=session, on_token=show).run_sync()
 
     ``on_token`` is called for every token in both ways. Errors are raised as by
-    ``run_to_end``. Leaving the ``async for`` early cancels the run's task: what was already
-    answered is journaled, the call in flight is re-sent (same key) when the run is resumed.
+    ``run_to_end``. To leave the ``async for`` early, iterate inside
+    ``contextlib.aclosing(stream.__aiter__())``: closing it cancels the run's task (results
+    already in are journaled; the call in flight is re-sent with the same key, counted as
+    possibly billed twice, when the run is resumed).
     """
 
     def __init__(self, start: Callable[[Emit], Awaitable[RunResult]], on_token: Emit | None = None) -> None:
