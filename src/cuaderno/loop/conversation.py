@@ -32,6 +32,9 @@ interrupted (a crash, a kill) is resumed there, re-sending only what had no resp
 finishes the last recorded message and places the next :meth:`~Conversation.send` after it.
 A new message while the last one waits for a person (or was interrupted and not resumed) is
 :class:`~cuaderno.errors.MessageUnfinished`.
+
+Crash point: ``conversation.M1``, after a message's head event commits and before its run
+starts (the resumed send finds the message recorded and starts its run).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from cuaderno.gateway.base import Message
 from cuaderno.loop.result import run_sync
 from cuaderno.loop.runner import Runner
 from cuaderno.loop.streaming import Emit, TokenStream, drive, run_streaming
+from cuaderno.testing import crash
 
 if TYPE_CHECKING:
     from cuaderno.loop.agent import Agent, Session
@@ -195,6 +199,7 @@ class Conversation:
                 self.store.append(events, expect_seq=last_seq)
             except (RunChanged, JournalConflict):
                 continue  # another process wrote to the head meanwhile: read it again
+            crash.point("conversation.M1")  # the message is recorded, its run not started
             return run_id, self._history(recorded, self.position)
         raise RunChanged(self.id, 0, 0)  # pragma: no cover - five writers in a row beat this one
 
