@@ -162,7 +162,9 @@ class TokenStream:
         result = await agent.stream(task, session=session, on_token=show)
         result = agent.stream(task, session=session, on_token=show).run_sync()
 
-    ``on_token`` is called for every token in both ways. Errors are raised as by
+    ``on_token`` is called for every token in both ways, as the token arrives (before the next
+    one is read). Iterating, tokens are queued for the ``async for``: the run does not wait for
+    the consumer. Errors are raised as by
     ``run_to_end``. To leave the ``async for`` early, iterate inside
     ``contextlib.aclosing(stream.__aiter__())``: closing it cancels the run's task (results
     already in are journaled; the call in flight is re-sent with the same key, counted as
