@@ -88,6 +88,19 @@ async def test_openai_tokens_arrive_in_order_and_the_response_is_the_complete_an
     assert fake.requests[0].headers["x-idempotency-key"] == KEY
 
 
+async def test_a_stream_without_usage_is_unpriced_never_free(fake: Any, make_openai: Any) -> None:
+    # llama-cpp-python 0.3 ignores stream_options: no usage chunk. A price table would price 0
+    # tokens at $0; the call is unpriced instead.
+    fake.queue(streamed(sse(chunk("hi", finish="stop"))))
+    gw: OpenAIGateway = make_openai(prices=PriceTable({"gpt-test": {"input": 1.0, "output": 2.0}}))
+    resp = await gw.complete_streaming(REQ, idempotency_key=KEY, on_token=lambda t: None)
+    assert resp.text == "hi" and resp.cost is None and resp.usage.output_tokens == 0
+    fake.queue(streamed(sse(chunk("hi", finish="stop"))))
+    fake.queue(streamed(sse(chunk("hi", finish="stop"), USAGE)))
+    assert (await gw.complete_streaming(REQ, idempotency_key=KEY, on_token=lambda t: None)).cost is None
+    assert (await gw.complete_streaming(REQ, idempotency_key=KEY, on_token=lambda t: None)).cost is not None
+
+
 async def test_openai_tool_calls_in_pieces_and_reasoning_are_folded_not_shown(fake: Any, make_openai: Any) -> None:
     frames = sse(chunk(reasoning_content="think"),
                  chunk(tool_calls=[{"index": 0, "id": "call_1", "type": "function",

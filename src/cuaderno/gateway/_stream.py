@@ -17,6 +17,8 @@ Failures:
   provider sent an ``error`` event. Each is :class:`~cuaderno.errors.StreamInterrupted`
   (``ambiguous``, ``sent=True``): the provider was generating and may bill it. Its message says
   how many bytes and characters of text had arrived;
+- a stream that carries no usage (llama-cpp-python 0.3 ignores ``stream_options``) leaves the
+  call's tokens at 0 and its cost unpriced (``None``), never $0 from a price table;
 - an event that is complete but not JSON is a malformed body (``ambiguous``), like a truncated
   non-streamed body.
 
@@ -33,7 +35,14 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 from cuaderno.errors import GatewayError, StreamInterrupted
-from cuaderno.gateway._common import enforce_size, key_headers, reraise, sdk_http_client, sha256_hex
+from cuaderno.gateway._common import (
+    LITELLM_COST_HEADER,
+    enforce_size,
+    key_headers,
+    reraise,
+    sdk_http_client,
+    sha256_hex,
+)
 from cuaderno.gateway._errors import ResponseTooLarge, malformed_body
 from cuaderno.gateway._sdk import _ATTEMPT, SdkGateway, _Attempt, _not_sent, _watch_sends
 from cuaderno.gateway.base import ModelRequest, ModelResponse
@@ -87,6 +96,7 @@ class Events(Protocol):
 
     done: bool
     text_chars: int
+    usage_known: bool
 
     def event(self, name: str | None, data: Any, on_token: OnToken) -> None: ...
 
@@ -146,7 +156,12 @@ async def stream_call(gateway: SdkGateway, request: ModelRequest, idempotency_ke
         _ATTEMPT.reset(token)
     body = json.dumps(events.body()).encode()
     parsed: ModelResponse = gateway._parse(body, response_headers, request)
-    return dataclasses.replace(parsed, body_sha256=sha256_hex(bytes(received)))
+    cost = parsed.cost
+    if not events.usage_known and LITELLM_COST_HEADER not in response_headers:
+        # No usage in the stream (llama-cpp-python ignores stream_options): a price table would
+        # price zero tokens at $0. The call is unpriced instead, never free.
+        cost = None
+    return dataclasses.replace(parsed, body_sha256=sha256_hex(bytes(received)), cost=cost)
 
 
 async def _chunks(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -184,6 +199,7 @@ class OpenAIEvents:
     def __init__(self) -> None:
         self.done = False
         self.text_chars = 0
+        self.usage_known = False
         self._top: dict[str, Any] = {}
         self._text: list[str] = []
         self._reasoning: list[str] = []
@@ -204,6 +220,7 @@ class OpenAIEvents:
                 self._top.setdefault(field, chunk[field])
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
+            self.usage_known = True
         if chunk.get("error") is not None and not chunk.get("choices"):
             self._error = chunk["error"]
         choices = chunk.get("choices")
@@ -270,6 +287,7 @@ class AnthropicEvents:
     def __init__(self, provider: str = "anthropic") -> None:
         self.done = False
         self.text_chars = 0
+        self.usage_known = False
         self._provider = provider
         self._message: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
@@ -284,6 +302,7 @@ class AnthropicEvents:
             message = _dict(event.get("message"))
             self._message = {k: message[k] for k in ("id", "model") if isinstance(message.get(k), str)}
             self._usage.update(_dict(message.get("usage")))
+            self.usage_known = self.usage_known or bool(self._usage)
         elif kind == "content_block_start":
             index = _index(event.get("index"), len(self._blocks))
             self._blocks[index] = dict(_dict(event.get("content_block")))
@@ -305,6 +324,7 @@ class AnthropicEvents:
             if delta.get("stop_reason") is not None:
                 self._stop = delta["stop_reason"]
             self._usage.update({k: v for k, v in _dict(event.get("usage")).items() if v is not None})
+            self.usage_known = self.usage_known or bool(self._usage)
         elif kind == "message_stop":
             self.done = True
         elif kind == "error":
