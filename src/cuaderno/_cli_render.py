@@ -22,7 +22,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from cuaderno.checkpoint import COUNTERS, Checkpoint
+from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import StepEvent
 
 __all__ = [
@@ -165,6 +165,9 @@ def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
         "task_fingerprint": cp.task_fingerprint, "counters": _counters(cp), "cost": cost_summary(cp),
         "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
     }
+    # What the providers may have billed: known + possibly doubled (computed from the events;
+    # None when they were not read, --no-timeline).
+    out["cost"]["upper_usd"] = cost_upper_usd(cp, events) if events is not None else None
     if events is not None:
         out["compensations"] = compensations(cp, events)
         out["timeline"] = [_event_json(ev) for ev in events]
@@ -267,6 +270,16 @@ def command_line(db: str | None, *words: str) -> str:
     return " ".join(shlex.quote(w) for w in [*head, *words])
 
 
+def max_cost_text(cp: Checkpoint, upper: float) -> str:
+    """The upper bound for people: the known cost plus every call possibly billed twice, at the
+    price its answer had (``show``'s "max cost" line). Unpriced calls are in neither figure."""
+    twice = cp.count("possibly_billed_twice")
+    unpriced = cp.count("unpriced_calls")
+    text = f"{_money(upper)}" + (f" (known {_money(cp.cost_usd)} + {counted(twice, 'call')} possibly billed twice)"
+                                 if twice else " (no call possibly billed twice)")
+    return text + (f", unpriced: {unpriced} call(s) not included" if unpriced else "")
+
+
 def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None, *,
                 db: str | None = None, state: dict[str, Any] | None = None) -> None:
     """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline.
@@ -294,6 +307,8 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     if others:
         _kv(console, "  other", ", ".join(f"{clean(name)} {n}" for name, n in others.items()))
     _kv(console, "  cost", cost_text(cp, short=False))
+    if events is not None:
+        _kv(console, "  max cost", max_cost_text(cp, cost_upper_usd(cp, events)))
 
     pending = _pending_list(cp)
     _heading(console, f"Pending approvals: {len(pending)}")

@@ -214,7 +214,7 @@ def test_show_json_shape(db: Path, store: SqliteCheckpointer) -> None:
     assert set(COUNTERS) <= set(data["counters"])
     assert {k: data["counters"][k] for k in ("retries", "repairs", "replans", "reflects", "escalations")} == \
         {"retries": 1, "repairs": 2, "replans": 3, "reflects": 4, "escalations": 5}
-    assert data["cost"] == {"usd": 0.0042, "calls_paid": 1, "unpriced_calls": 1, "complete": False}
+    assert data["cost"] == {"usd": 0.0042, "calls_paid": 1, "unpriced_calls": 1, "complete": False, "upper_usd": 0.0042}
     assert data["pending_approvals"] == [{"step_id": APPROVAL, "tool": "transfer", "fingerprint": FP,
                                           "tool_step": "t0000.tool00", "arguments": ARGS}]
     assert [e["seq"] for e in data["timeline"]] == [1, 2, 3, 4, 5]

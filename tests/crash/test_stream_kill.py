@@ -118,3 +118,13 @@ def test_killed_mid_stream_resumes_with_the_same_key(tmp_path: Path, crash_at: s
         assert cost_upper_usd(cp, events) == pytest.approx(0.015 * billed)
     finally:
         store.close()
+
+    # `cuaderno show` gives the same bound: known + possibly doubled, what the provider's log says.
+    shown = subprocess.run([sys.executable, "-m", "cuaderno", "show", "s", "--db", str(db)], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    line = next(x for x in shown.stdout.splitlines() if x.strip().startswith("max cost"))
+    assert f"${0.015 * billed:.6f}" in line and (("1 call possibly billed twice" in line) == (twice == 1))
+    data = json.loads(subprocess.run([sys.executable, "-m", "cuaderno", "show", "s", "--db", str(db), "--json"],
+                                     capture_output=True, text=True, timeout=60).stdout)
+    assert data["cost"]["upper_usd"] == pytest.approx(0.015 * billed) and data["cost"]["usd"] == pytest.approx(0.015)
