@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +222,18 @@ def test_a_conversation_streams_its_answers(store: Any) -> None:
     again = chat(store, ScriptedGateway(echo))
     result = again.stream("hola", on_token=lambda t: shown.append(t.text)).run_sync()
     assert result.replayed and shown == ["re: hola (after 0)"]  # replayed: one token, from the journal
+
+
+def test_the_guides_first_example_runs_as_written(tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "guide" / "conversations.md"
+    code = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)[0]
+    expected = [line.split("# ", 1)[1] for line in code.splitlines() if line.startswith("print(")]
+    out = io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, str(page), "exec"), {})
+    finally:
+        os.chdir(cwd)
+    assert out.getvalue().splitlines() == expected
