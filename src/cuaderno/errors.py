@@ -35,6 +35,7 @@ The tree::
     ├── GatewayError               a model call failed; carries ErrorClass, sent, retry_after
     │   └── StreamInterrupted      a streamed answer stopped before its end (ambiguous: maybe billed)
     ├── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
+    │   └── LadderExhausted        every rung of the empty-generation ladder was tried or skipped
     ├── MessageUnfinished          a conversation's last message has not finished; finish it first
     └── ConversationClosed         the conversation was closed; it takes no new message
 
@@ -68,6 +69,7 @@ __all__ = [
     "JournalLinked",
     "JournalReplaced",
     "JournalRolledBack",
+    "LadderExhausted",
     "MessageUnfinished",
     "MigrationFailed",
     "NotUncertain",
@@ -588,3 +590,25 @@ class StreamInterrupted(GatewayError):
     def __init__(self, message: str, *, error_class: ErrorClass = ErrorClass.AMBIGUOUS, sent: bool = True,
                  retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message, error_class=error_class, sent=sent, retry_after=retry_after, status=status)
+
+
+class LadderExhausted(BudgetExceeded):
+    """Every rung of the empty-generation ladder (:mod:`cuaderno.gateway.ladder`) was sent and
+    rejected, or skipped, and the answer is still empty: the run ended ``failed`` with reason
+    ``ladder_exhausted`` (budget ``"ladder"``, limit the number of rungs).
+
+    Attributes:
+        rungs: the ladder's rung names, in order.
+        skipped: the rungs skipped at the end of the climb and why (identical request, refused
+            because it would remove every tool the task needs, not applicable), as journaled.
+    """
+
+    def __init__(self, run_id: str, rungs: list[str], skipped: list[dict[str, Any]]) -> None:
+        self.rungs, self.skipped = list(rungs), list(skipped)
+        BudgetExceeded.__init__(self, run_id, "ladder", len(self.rungs))
+        tried = ", ".join(self.rungs) or "none: no recovery"
+        Exception.__init__(self, f"run {quoted(run_id)}: the answer stayed empty on every rung of the ladder "
+                                 f"({clipped(tried)}); the run ended failed (reason ladder_exhausted)")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.rungs, self.skipped))

@@ -9,6 +9,13 @@ HTTP errors are *not* escalated: a :class:`~cuaderno.errors.GatewayError` from e
 propagates, because the loop is the only retry layer and it must see the error's class.
 Refusals are not escalated by default either (a policy decision, not a capacity one); pass
 ``escalate_on`` to change that.
+
+Under cuaderno's loop the gateway's ``ladder`` (:mod:`cuaderno.gateway.ladder`, by default
+:data:`~cuaderno.gateway.ladder.DEFAULT_LADDER`) takes over: each rung — the original request, a
+changed request, the escalation — is a journaled step of its own, and the loop tells this gateway
+which tier each step goes to (:func:`~cuaderno.gateway.ladder.current_route`). A call without a route
+(a Temporal activity, a direct call) gets the in-step escalation above. ``ladder=None`` turns the
+ladder off: the loop then sees only the in-step escalation.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.gateway.empty import Outcome, ResponseOutcome, classify_response
+from cuaderno.gateway.ladder import DEFAULT_LADDER, Ladder, current_route
 
 __all__ = ["DEFAULT_ESCALATE_ON", "TieredGateway", "escalation_evidence", "strong_key"]
 
@@ -45,7 +53,9 @@ class TieredGateway:
         cheap: the first tier.
         strong: the tier a rejected cheap answer escalates to.
         names: the tiers' names, as written in ``tier`` and in the evidence.
-        escalate_on: the outcomes that escalate.
+        escalate_on: the outcomes that escalate (in-step, without a route from the loop).
+        ladder: the rungs the loop climbs after a rejected answer (``None``: none, in-step
+            escalation only).
 
     Attributes:
         escalations: how many turns escalated since construction.
@@ -53,7 +63,7 @@ class TieredGateway:
     """
 
     def __init__(self, cheap: ModelGateway, strong: ModelGateway, *, names: tuple[str, str] = ("cheap", "strong"),
-                 escalate_on: Iterable[Outcome] = DEFAULT_ESCALATE_ON) -> None:
+                 escalate_on: Iterable[Outcome] = DEFAULT_ESCALATE_ON, ladder: Ladder | None = DEFAULT_LADDER) -> None:
         if cheap is strong:
             raise UsageError("TieredGateway needs two different gateways: re-sending to the same model does not help")
         cheap_model, strong_model = getattr(cheap, "model", None), getattr(strong, "model", None)
@@ -64,6 +74,9 @@ class TieredGateway:
         self.cheap, self.strong = cheap, strong
         self.names = names
         self.escalate_on = frozenset(Outcome(o) for o in escalate_on)
+        if ladder is not None and not isinstance(ladder, Ladder):
+            raise UsageError(f"ladder must be a Ladder or None, got {type(ladder).__name__}")
+        self.ladder = ladder
         self.escalations = 0
         self.calls: dict[str, int] = {names[0]: 0, names[1]: 0}
         self._rejected: dict[str, dict[str, Any]] = {}
@@ -84,6 +97,9 @@ class TieredGateway:
         strong tier fails, the rejected cheap call's evidence rides on the error
         (``GatewayError.escalations``), so the loop can journal and count it.
         """
+        route = current_route()
+        if route is not None and self.ladder is not None:
+            return await self._routed(route, request, idempotency_key)
         cheap_name, strong_name = self.names
         evidence = self._rejected.get(idempotency_key)
         prior: tuple[dict[str, Any], ...] = ()
@@ -107,6 +123,22 @@ class TieredGateway:
             raise
         self._rejected.pop(idempotency_key, None)
         return dataclasses.replace(second, tier=strong_name, escalations=(*prior, evidence, *second.escalations))
+
+
+    async def _routed(self, tier: str, request: ModelRequest, idempotency_key: str) -> ModelResponse:
+        """One call to the tier the loop's ladder chose, with the step's own key (a rung is a step
+        of its own: its key already differs from every other rung's). A rejected answer comes back
+        as it is: the loop journals it and climbs the next rung."""
+        if tier not in self.names:
+            raise UsageError(f"the ladder routed a request to tier {tier!r}; the tiers are {self.names!r}")
+        self.calls[tier] += 1
+        if tier == self.names[0]:
+            answer = await self.cheap.complete(request, idempotency_key=idempotency_key)
+        else:
+            self.escalations += 1
+            answer = await self.strong.complete(dataclasses.replace(request, model=None),
+                                                idempotency_key=idempotency_key)
+        return dataclasses.replace(answer, tier=tier)
 
 
 def strong_key(idempotency_key: str, tier: str) -> str:

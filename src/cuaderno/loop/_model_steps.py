@@ -11,6 +11,7 @@ from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.empty import Outcome, classify_response
+from cuaderno.gateway.ladder import climb
 from cuaderno.loop._state import RunState, Turn, Unrecorded
 from cuaderno.loop.output import check_output, feedback_messages
 from cuaderno.loop.steps import FinalStep, ModelStep
@@ -108,7 +109,13 @@ class ModelSteps(RunState):
     async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
         """Send the request once its intent is durable; return the response and its staged result
         payload."""
-        key = idempotency_key(self.run_id, step_id, fp)
+        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self.messages),
+                               tools=self.agent.tool_schemas, model=self.agent.model,
+                               require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
+                               temperature=self.agent.temperature)
+        plan = climb(self, self.s.gateway, turn, request)  # the empty-generation ladder's rung, if any
+        request = plan.request
+        key = idempotency_key(self.run_id, step_id, plan.keyed(fp))
         sends = self._recorded_count(step_id, "intent")
         last_error = self.journal.get((step_id, f"error.{sends}"))
         sends += 1
@@ -118,11 +125,7 @@ class ModelSteps(RunState):
             # have been billed; a refused or unsent request was not.
             ambiguous = last_error.payload.get("error", {}).get("error_class") == ErrorClass.AMBIGUOUS
             after = "ambiguous" if ambiguous else "error"
-        self._stage(self._intent(step_id, sends, key, turn, after), "model.K1")
-        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self.messages),
-                               tools=self.agent.tool_schemas, model=self.agent.model,
-                               require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
-                               temperature=self.agent.temperature)
+        self._stage(plan.noted(self._intent(step_id, sends, key, turn, after), first=sends == 1), "model.K1")
         retries = resends = 0
         left = False  # did any attempt of this send leave the process (or may it have)?
         while True:
@@ -130,8 +133,8 @@ class ModelSteps(RunState):
             self._flush()
             crash.point("model.K2")
             try:
-                response = plain_calls(await self.model.call(request, run_id=self.run_id, step_id=step_id,
-                                                             idempotency_key=key))
+                response = plain_calls(await plan.routed(self.model.call(request, run_id=self.run_id,
+                                                                         step_id=step_id, idempotency_key=key)))
                 break
             except GatewayError as err:
                 left = left or err.sent is not False
@@ -158,7 +161,7 @@ class ModelSteps(RunState):
                     retries += 1
                 await self.s.runtime.sleep(wait)
         crash.point("model.K5")
-        verdict = classify_response(response, require_tool=self.agent.require_tool)
+        verdict = classify_response(response, require_tool=request.require_tool)
         output = None
         if verdict.ok and not response.tool_calls and self.agent.output_type is not None:
             verdict, output = check_output(self.agent.output_type, response)
@@ -168,7 +171,7 @@ class ModelSteps(RunState):
         self.charge(counters)
         self.charge({"escalations": len(response.escalations)})  # the projection counts them from the response
         payload = {"response": response.to_json(), "key": key, "sends": sends, "verdict": verdict.to_json(),
-                   "counters": counters}
+                   "counters": counters, **plan.on_result()}
         if output is not None:
             payload["output"] = output  # the validated value: what the final record and replay use
         self._stage(self._event(step_id, "result", "model", fingerprint=fp, payload=payload), "model.K6")
