@@ -71,7 +71,7 @@ from cuaderno.journal._claims import work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
-from cuaderno.loop.steps import Step
+from cuaderno.loop.steps import FinalStep, Step
 
 __all__ = ["Worker", "WorkerStats", "load_agent"]
 
@@ -95,7 +95,8 @@ class WorkerStats:
     released: int = 0
     """Runs it let go of unfinished because it was stopping (another worker takes them over)."""
     busy: int = 0
-    """Claims refused because a live process held the run (another worker won the race)."""
+    """Claims another process won: the run was held by a live process (``RunBusy``), or another
+    worker finished it between this worker's read and its takeover."""
     errors: int = 0
     """Drives that ended in an error the run's journal does not record (retried after a backoff)."""
     skipped_versions: set[str] = field(default_factory=set[str])
@@ -310,14 +311,20 @@ class Worker:
                           retry=self.retry)
         steps = cast(AsyncGenerator[Step, None], self.agent.run(task, session=session))
         self._say(f"{self.name}: claiming run {quoted(run_id)} ({cp.status}, at {cp.next_step})")
-        stopped_early = False
+        stopped_early = took = False
         try:
-            async for _ in steps:
+            async for step in steps:
+                # A run another worker finished since this one read it answers with its recorded
+                # final step, without being taken over: nothing was driven here.
+                took = took or not (isinstance(step, FinalStep) and step.replayed)
                 if self._stopping:
                     stopped_early = True
                     break  # the step just yielded is committed; closing commits what it left pending
         finally:
             await steps.aclose()
+        if not took:
+            self.stats.busy += 1
+            return
         self.stats.claimed += 1
         if stopped_early:
             after = store.checkpoint(run_id)
