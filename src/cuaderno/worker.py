@@ -285,6 +285,8 @@ class Worker:
 
     async def _drive(self, store: Checkpointer, cp: Checkpoint, work: str) -> None:
         run_id = cp.run_id
+        if self._stopping:
+            return  # asked to stop between the poll and this drive: nothing in flight, nothing to start
         try:
             if work == "compensate":
                 await self._compensate(store, cp)

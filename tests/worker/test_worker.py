@@ -22,6 +22,7 @@ from cuaderno import (
     approve,
     cancel,
     deny,
+    open_journal,
     tool,
 )
 from cuaderno.journal._claims import state_of, work_for
@@ -62,11 +63,21 @@ def _worker(store: Any, agent: Agent, **kw: Any) -> Worker:
     return Worker(store, agent, _script, poll_interval=0.01, log=None, **kw)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    s = MemoryCheckpointer() if request.param == "memory" else SqliteCheckpointer(tmp_path / "runs.db")
+    schemas: list[str] = []
+    if request.param == "postgres":
+        from _pg import drop_schemas, new_schema, schema_url, server_or_skip
+
+        server_or_skip()
+        schemas.append(new_schema())
+        s: Any = open_journal(schema_url(schemas[-1]))
+    else:
+        s = MemoryCheckpointer() if request.param == "memory" else SqliteCheckpointer(tmp_path / "runs.db")
     yield s
     s.close()
+    if schemas:
+        drop_schemas(schemas)
 
 
 def test_every_backend_declares_supports_claims(store: Any) -> None:
