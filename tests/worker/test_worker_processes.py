@@ -59,6 +59,22 @@ def test_a_run_killed_at_a_crash_point_is_finished_by_a_worker(world: World, poi
         store.close()
 
 
+@pytest.mark.parametrize("point", ["tool.K2:2", "tool.K4:2", "tool.K6:2", "model.K5:3"])
+def test_a_worker_killed_at_a_crash_point_is_finished_by_another(world: World, point: str) -> None:
+    ids = ["a", "b", "c"]
+    starter = world.start_runs("approving", ids)
+    starter.communicate(timeout=120)
+    _approve_all(world, ids)
+    first = world.worker("worker_agent:approving_agent", "--concurrency", "1", CUADERNO_CRASH_AT=point)
+    first.communicate(timeout=120)
+    assert first.returncode == -signal.SIGKILL, "the crash point was not reached"
+    second = world.worker("worker_agent:approving_agent", "--until-idle")
+    out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert world.statuses() == dict.fromkeys(ids, "completed"), err
+    _exactly_once(world, len(ids), TURNS + 1)
+
+
 def test_after_approve_the_run_waits_for_a_worker_and_a_worker_resumes_it(world: World) -> None:
     started = world.start_runs("approving", ["r1"])
     out, err = started.communicate(timeout=120)
