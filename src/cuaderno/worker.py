@@ -57,6 +57,7 @@ from cuaderno.errors import (
     BudgetExceeded,
     CuadernoError,
     FencedOut,
+    JournalError,
     RunBusy,
     RunCancelled,
     RunClosed,
@@ -221,7 +222,16 @@ class Worker:
         active: dict[str, asyncio.Task[None]] = {}
         try:
             while not self._stopping:
-                found = self._claimable(store, set(active), self.concurrency - len(active))
+                try:
+                    found = self._claimable(store, set(active), self.concurrency - len(active))
+                except JournalError as exc:
+                    # The journal did not answer (PostgreSQL restarting, a lost connection): the
+                    # runs in flight go on or fail on their own; look again after a pause.
+                    self.stats.errors += 1
+                    self._say(f"{self.name}: polling failed: {str(exc)[:300]}; trying again")
+                    found = []
+                    if until_idle and not active:
+                        raise
                 for cp, work in found:
                     active[cp.run_id] = asyncio.create_task(self._drive(store, cp, work), name=f"drive {cp.run_id}")
                 # Until idle: a run whose drive failed was tried once by this worker; it is not

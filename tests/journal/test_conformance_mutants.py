@@ -126,7 +126,7 @@ class ClaimsNewestFirst(MemoryCheckpointer):
 
 
 class ClaimsEveryCancelled(MemoryCheckpointer):
-    """Lists every cancelled run, with cleanup or not."""
+    """Lists every run that did not complete: cancelled with nothing to undo, waiting for a person."""
 
     def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
         runs = [c for c in self.list_runs(limit=1_000_000)[::-1] if c.status != "completed"]

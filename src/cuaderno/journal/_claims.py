@@ -30,11 +30,7 @@ try:
 except ImportError:  # no record locks: the holder named in the journal is asked about instead
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["CLAIMABLE_STATUSES", "cleanup_scheduled", "describe_holder", "live_holder", "state_of", "work_for"]
-
-CLAIMABLE_STATUSES: Final = ("running", "suspended", "needs_human", "cancelled")
-"""The statuses ``open_runs`` reads: the open ones, and ``cancelled`` for the compensations a
-cancellation may leave to run (:func:`cleanup_scheduled` keeps only those)."""
+__all__ = ["cleanup_scheduled", "describe_holder", "live_holder", "state_of", "work_for"]
 
 _FLOCK: Final = "hh4xqqi4x"
 """Linux's ``struct flock`` on 64-bit machines: type, whence, start, len, pid (with the padding

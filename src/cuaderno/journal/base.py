@@ -203,9 +203,11 @@ class SupportsClaims(Protocol):
 
     def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
         """Runs a worker may have to move on, least recently updated first (the longest waiting
-        first): every run that has not ended (``running``, ``suspended``, ``needs_human``) and every
-        cancelled run whose cancellation record schedules cleanup (compensations may remain to run).
-        Each checkpoint carries the run's current epoch."""
+        first): every ``running`` run, every run waiting for a person (``suspended``,
+        ``needs_human``) whose cancellation was asked, and every cancelled run whose cancellation
+        record schedules cleanup (compensations may remain to run); exactly the runs
+        :func:`cuaderno.journal._claims.work_for` gives work. Held runs are listed too (``holders``
+        tells them apart). Each checkpoint carries the run's current epoch."""
         ...
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

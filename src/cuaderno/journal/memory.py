@@ -10,7 +10,7 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import RunClosed, RunNotFound
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
-from cuaderno.journal._claims import CLAIMABLE_STATUSES, cleanup_scheduled
+from cuaderno.journal._claims import work_for
 from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["MemoryCheckpointer"]
@@ -109,7 +109,7 @@ class MemoryCheckpointer:
         :class:`~cuaderno.journal.base.SupportsClaims`)."""
         with self._lock:
             cps = [Checkpoint.loads(s) for s in self._checkpoints.values()]  # dict order: update order
-        wanted = [c for c in cps if c.status in CLAIMABLE_STATUSES and (c.status != "cancelled" or cleanup_scheduled(c))]
+        wanted = [c for c in cps if work_for(c) is not None]
         return wanted[:max(int(limit), 0)]
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -659,8 +659,8 @@ class PostgresCheckpointer:
 
     def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
         """Runs a worker may have to move on, least recently updated first (see
-        :class:`~cuaderno.journal.base.SupportsClaims`). A cancelled run is read only when its
-        summary holds a cleanup entry (``"cleanup":[{``, how a non-empty list of them is written)."""
+        :class:`~cuaderno.journal.base.SupportsClaims` and the SQLite store's, which filters the
+        same way)."""
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise UsageError("limit must be an integer")
         if limit <= 0:
@@ -668,14 +668,15 @@ class PostgresCheckpointer:
         with self._reading("*"), self._conn() as conn:
             self._version(conn)
             rows = conn.execute("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
-                                "WHERE status IN ('running', 'suspended', 'needs_human') "
+                                "WHERE status = 'running' OR (status IN ('suspended', 'needs_human') AND "
+                                "strpos(checkpoint, '\"cancel_requested\":{') > 0) "
                                 "OR (status = 'cancelled' AND strpos(checkpoint, '\"cleanup\":[{') > 0) "
                                 "ORDER BY updated_at LIMIT %s", (min(limit, 2**62),)).fetchall()
             out = []
             for run_id, epoch, text in rows:
                 cp = _loads(run_id, text)
                 cp.epoch = checked_epoch(run_id, epoch)
-                if cp.status != "cancelled" or _claims.cleanup_scheduled(cp):
+                if _claims.work_for(cp) is not None:
                     out.append(cp)
             return out
 

@@ -778,9 +778,11 @@ class SqliteCheckpointer:
 
     def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
         """Runs a worker may have to move on, least recently updated first (see
-        :class:`~cuaderno.journal.base.SupportsClaims`). A cancelled run is read only when its
-        summary holds a cleanup entry (``"cleanup":[{``, how a non-empty list of them is written),
-        so runs cancelled with nothing to undo are not decoded on every poll."""
+        :class:`~cuaderno.journal.base.SupportsClaims`). A run waiting for a person is read only
+        when its summary holds a cancellation request (``"cancel_requested":{``), a cancelled one
+        only when it holds a cleanup entry (``"cleanup":[{``): that is how they are written, and a
+        quote can be a raw ``"`` there only in a key. So the runs nothing but a person moves on
+        are not decoded on every poll, and do not fill the window of the oldest ``limit`` runs."""
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise UsageError("limit must be an integer")
         if limit <= 0:
@@ -789,14 +791,15 @@ class SqliteCheckpointer:
             with self._lock:
                 self._schema_of(self._db)
                 rows = self._db.execute(
-                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE status IN ('running', 'suspended', "
-                    "'needs_human') OR (status = 'cancelled' AND checkpoint LIKE '%\"cleanup\":[{%') "
+                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE status = 'running' "
+                    "OR (status IN ('suspended', 'needs_human') AND checkpoint LIKE '%\"cancel_requested\":{%') "
+                    "OR (status = 'cancelled' AND checkpoint LIKE '%\"cleanup\":[{%') "
                     "ORDER BY updated_at LIMIT ?", (min(limit, 2**62),)).fetchall()
             out = []
             for epoch, text in rows:
                 cp = Checkpoint.loads(text)
                 cp.epoch = _epoch(cp.run_id, epoch)
-                if cp.status != "cancelled" or _claims.cleanup_scheduled(cp):
+                if _claims.work_for(cp) is not None:
                     out.append(cp)
             return out
 

@@ -1036,8 +1036,8 @@ def check_two_handles_see_each_other(factory: Factory) -> None:
 
 @_needs(Capability.CLAIMS)
 def check_open_runs_and_holders(factory: Factory) -> None:
-    """open_runs (SupportsClaims) lists open runs and cancelled ones with cleanup, least recently updated first, with their
-    epochs; holders names nobody for a run never taken or released, and reads write nothing."""
+    """open_runs (SupportsClaims) lists running runs, waiting ones asked to cancel and cancelled ones with cleanup, oldest
+    update first, with their epochs; holders names nobody for a run never taken or released; reads write nothing."""
     with _open(factory) as store:
         if not isinstance(store, SupportsClaims):
             raise ConformanceFailure(f"{type(store).__name__} does not declare SupportsClaims; this case needs it")
@@ -1054,14 +1054,18 @@ def check_open_runs_and_holders(factory: Factory) -> None:
                                                 "status": "scheduled"}]})])
         store.append([_start("runs")])
         epoch = store.acquire("runs", "worker-1")
+        store.append([_start("asked")])
+        store.append([_e("asked", appr, "request", "approval", name="pay", fingerprint="fp", payload={})])
+        store.append([_e("asked", "cancel", "request", "cancel", payload={"reason": "r", "by": None})])
         before = _snapshot(store)
         listed = store.open_runs(limit=_ALL)
-        _eq([cp.run_id for cp in listed], ["waits", "cleanup", "runs"],
-            "open_runs(): open runs and cancelled ones with cleanup, least recently updated first")
-        _eq({cp.run_id: cp.status for cp in listed}, {"waits": "suspended", "cleanup": "cancelled", "runs": "running"},
+        _eq([cp.run_id for cp in listed], ["cleanup", "runs", "asked"],
+            "open_runs(): running runs, cancelled ones with cleanup, waiting ones asked to cancel; least recently "
+            "updated first; none that only a person moves on")
+        _eq({cp.run_id: cp.status for cp in listed}, {"cleanup": "cancelled", "runs": "running", "asked": "suspended"},
             "the statuses open_runs() returns")
         _eq(next(cp.epoch for cp in listed if cp.run_id == "runs"), epoch, "the epoch open_runs() returns")
-        _eq([cp.run_id for cp in store.open_runs(limit=1)], ["waits"], "open_runs(limit=1)")
+        _eq([cp.run_id for cp in store.open_runs(limit=1)], ["cleanup"], "open_runs(limit=1)")
         _eq(store.open_runs(limit=0), [], "open_runs(limit=0)")
         _eq(store.holders(["waits", "done", "no-such-run"]), {}, "holders() of runs nobody took")
         store.release("runs", epoch)
