@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -56,7 +57,16 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import JournalCorrupt, JournalError, RunBusy, RunClosed, RunNotFound, SchemaTooNew, UsageError
+from cuaderno.errors import (
+    ConnectionLost,
+    JournalCorrupt,
+    JournalError,
+    RunBusy,
+    RunClosed,
+    RunNotFound,
+    SchemaTooNew,
+    UsageError,
+)
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
@@ -241,19 +251,24 @@ class PostgresCheckpointer:
             with self._pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            raise JournalError(f"journal {self.url}: no connection to the server ({exc}); nothing was committed") from None
+            raise _NoServer(f"journal {self.url}: no connection to the server ({exc}); nothing was committed") from None
 
     @contextmanager
     def _txn(self) -> Iterator[psycopg.Cursor[Any]]:
         if self._readonly:
             raise UsageError(f"journal {self.url} was opened read-only; nothing was written")
+        conn: psycopg.Connection[Any] | None = None
         try:
             with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
                 yield cur
         except (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure):
             raise
         except psycopg.Error as exc:
-            # A lost connection, a full disk, a killed backend: the transaction did not commit.
+            if conn is not None and (conn.broken or conn.closed):
+                # The connection died: perhaps after the server committed, before its reply came
+                # back (R19). Whether it landed is for the journal to say (see _reconnected).
+                raise _Lost(_first_line(exc)) from None
+            # A full disk, a constraint, a refused statement: the transaction did not commit.
             raise JournalError(f"journal {self.url}: write failed, nothing was committed: {_first_line(exc)}") from None
 
     # -- schema -----------------------------------------------------------------------------------
@@ -323,9 +338,50 @@ class PostgresCheckpointer:
         try:
             out = self._append(run_id, events, epoch, expect_seq, lookups=False)
         except Duplicate:
-            out = self._append(run_id, events, epoch, expect_seq, lookups=True)
+            out = self._reconnected(run_id, events, epoch, expect_seq, lost=None)
+        except _Lost as lost:
+            out = self._reconnected(run_id, events, epoch, expect_seq, lost=str(lost))
         crash.point("append.W2")
         return out
+
+    def _reconnected(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
+                     lost: str | None) -> list[StepEvent]:
+        """The append again, looking up every key first: rows already stored are returned as they
+        are, and only missing ones are written. After a duplicate key, that is the slow path. After
+        a lost connection (``lost``), it is how the journal says whether the lost commit landed:
+        if it did, every key is found and nothing is written again; if not, the rows are written
+        now, once. A lost acknowledgement is never taken for a failure (a caller told "nothing was
+        committed" could redo a step whose intent is durable). New connections are tried until
+        ``connect_timeout_s`` (a server restarting); past it, :class:`ConnectionLost`."""
+        if lost is None:
+            return self._append(run_id, events, epoch, expect_seq, lookups=True)
+        deadline = time.monotonic() + max(self._connect_timeout, 1)
+        pause = 0.05
+        while True:
+            if self._pool is not None:
+                try:
+                    self._pool.check()  # drop the pool's other connections to a server that went away
+                except Exception:
+                    pass  # a server still down: the append below says so
+            try:
+                if run_id in self._taken and not self._lock_run(run_id):
+                    # The run's lock died with the server (a restart ends every session) and another
+                    # worker took it first: it may be running the step this write belongs to.
+                    raise ConnectionLost(f"journal {self.url}, run {run_id!r}: the connection was lost while "
+                                         f"writing ({lost}) and with it this worker's hold, which another worker "
+                                         "has taken since; this worker stops (the journal says what landed)")
+                return self._append(run_id, events, epoch, expect_seq, lookups=True)
+            except (_Lost, psycopg.OperationalError) as exc:
+                lost = _first_line(exc)
+            except _NoServer as exc:  # the pool waited for a connection already
+                lost, deadline = str(exc), 0.0
+            if time.monotonic() + pause > deadline:
+                raise ConnectionLost(f"journal {self.url}, run {run_id!r}: the connection was lost while writing "
+                                     f"({lost}), and the server has not answered since; whether the last write "
+                                     "committed is unknown, so nothing may act on it: resume the run once the "
+                                     "server is back (its journal says)")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
                 lookups: bool) -> list[StepEvent]:
@@ -712,6 +768,14 @@ class PostgresCheckpointer:
 
 
 _ON_OFF = {True: "on", False: "off"}
+
+
+class _Lost(Exception):
+    """A write's connection died: whether its transaction committed is not known yet."""
+
+
+class _NoServer(JournalError):
+    """The pool found no connection to the server in its wait."""
 
 
 def _readable(run_id: object) -> bool:
