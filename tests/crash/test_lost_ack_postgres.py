@@ -35,7 +35,7 @@ from _pgcluster import PrivateCluster, private_cluster  # noqa: F401 - the fixtu
 from _report import record
 from test_takeover import WORKLOAD
 
-from cuaderno import FinalStep, ScriptedGateway, Session, open_journal
+from cuaderno import FinalStep, RunBusy, ScriptedGateway, Session, open_journal
 from cuaderno.testing import crash
 from cuaderno.testing.records import read_records
 
@@ -185,3 +185,32 @@ def test_the_server_restarted_between_two_steps_the_run_goes_on(
     assert len(restarts) == 1
     assert isinstance(steps[-1], FinalStep) and steps[-1].output == "paid", steps
     assert len(receipts) == 1 and bills == 2, (receipts, bills)
+
+
+def test_a_holder_whose_lock_a_restart_ended_is_not_taken_over_while_it_runs(
+        private_cluster: PrivateCluster, tmp_path: Path) -> None:  # noqa: F811
+    """A restart ends every session, so every run's lock is free when the server is back, while
+    the holders may be alive inside a step (here: a transfer's body). A takeover right then would
+    run that step again; the holder gets a grace period to take its lock again (at its next write)."""
+    from test_takeover import _reap, _resume_here, _start, _wait_for
+
+    (tmp_path / "takeover_workload.py").write_text(WORKLOAD)
+    world = {"dir": tmp_path, "db": f"{private_cluster.url}?schema=restart_held",
+             "receipts": tmp_path / "receipts.jsonl", "billing": tmp_path / "billing.jsonl", "gate": tmp_path / "gate"}
+    holder = _start(world, gate=True)
+    try:
+        _wait_for(Path(str(world["gate"]) + ".inflight"), holder)  # inside the transfer's body
+        private_cluster.restart()
+        with pytest.raises(RunBusy, match="restart"):
+            _resume_here(world)
+        world["gate"].touch()
+        out, err = holder.communicate(timeout=60)
+    finally:
+        _reap(holder)
+    receipts, bills = read_records(world["receipts"]), len(read_records(world["billing"]))
+    record({"test": "R19 PostgreSQL restarted under a holder in a tool body", "kind": "tool_lookup",
+            "point": "tool body", "status": "completed", "kills": 0, "not_reached": 0,
+            "duplicated": max(len(receipts) - 1, 0), "rebilled_journaled": max(bills - 2, 0), "rebilled_in_flight": 0,
+            "violations": int(out.split() != ["done", "FinalStep"])})
+    assert out.split() == ["done", "FinalStep"], err[-2000:]
+    assert [r["pid"] for r in receipts] == [holder.pid] and bills == 2, (receipts, bills)

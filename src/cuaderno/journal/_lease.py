@@ -289,12 +289,15 @@ def this_process() -> dict[str, Any]:
             "start": None if stat is None else stat[1], "boot": _boot_id()}
 
 
-def claim(owner: str, holds: Identity | None = None) -> str:
+def claim(owner: str, holds: Identity | None = None, server: str | None = None) -> str:
     """The stored form of a hold taken by this process under the label ``owner`` (``holds``: the
-    hold file it locked the run in)."""
+    hold file it locked the run in; ``server``: when the database server that keeps its lock
+    started, for a lock that a server's restart, not the holder's death, ended)."""
     value: dict[str, Any] = {"owner": owner, "process": this_process(), "held": True}
     if holds is not None:
         value["holds"] = list(holds)
+    if server is not None:
+        value["server"] = server
     return json.dumps(value, sort_keys=True)
 
 

@@ -364,9 +364,11 @@ class PostgresCheckpointer:
                 except Exception:
                     pass  # a server still down: the append below says so
             try:
-                if run_id in self._taken and not self._lock_run(run_id):
-                    # The run's lock died with the server (a restart ends every session) and another
-                    # worker took it first: it may be running the step this write belongs to.
+                # The runs' locks may have died with the server (a restart ends every session): take
+                # them all again (see _restart_grace). This run's taken by another worker meanwhile:
+                # it may be running the step this write belongs to.
+                lost_runs = [held for held in list(self._taken) if not self._lock_run(held)]
+                if run_id in lost_runs:
                     raise ConnectionLost(f"journal {self.url}, run {run_id!r}: the connection was lost while "
                                          f"writing ({lost}) and with it this worker's hold, which another worker "
                                          "has taken since; this worker stops (the journal says what landed)")
@@ -574,16 +576,20 @@ class PostgresCheckpointer:
                 # Taken with the run's row locked: two takers cannot both find the run free.
                 held_before = run_id in self._locked
                 took = self._lock_run(run_id) and not held_before
+                holder = _lease.parse(row[1])
                 if run_id not in self._locked and not force:
-                    holder = _lease.parse(row[1])
                     who = _lease.describe(holder) if holder is not None else "another worker"
                     raise RunBusy(run_id, f"{who}, whose connection to the journal is still open")
+                server, up_s = _one(cur.execute("SELECT pg_postmaster_start_time()::text, "
+                                                "extract(epoch FROM now() - pg_postmaster_start_time())::float8"))
+                if not (held_before or force):
+                    self._restart_grace(run_id, holder, server, float(up_s))
                 epoch = checked_epoch(run_id, row[0]) + 1
                 if epoch >= 2**63:
                     raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
                                          "run's fencing record is damaged, nothing was written")
                 cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
-                            (epoch, _lease.claim(owner), run_id))
+                            (epoch, _lease.claim(owner, server=server), run_id))
                 with self._cache_lock:
                     self._cache.pop(run_id, None)
         except BaseException:
@@ -592,6 +598,22 @@ class PostgresCheckpointer:
             raise
         self._taken[run_id] = epoch
         return epoch
+
+    def _restart_grace(self, run_id: str, holder: _lease.Holder | None, server: str, up_s: float) -> None:
+        """The run's lock was free, but a server restart ends every session's locks, the living
+        holders' too: a holder that took the run before the server last started may be inside a
+        step (a tool body) and has not written since, so it had no chance to take its lock again.
+        It keeps the run until ``dead_peer_after_s`` after the start (as long as a dead peer's
+        lock would have lasted); a holder alive by then has taken its lock again at its next
+        write (see :meth:`_reconnected`), and one that has not is taken for dead. So a step that
+        outlasts a restart by more than that (a tool body without a write) may be taken over, as
+        with a holder whose connection the server dropped: its next write is then FencedOut."""
+        if holder is None or not holder.get("held") or holder.get("server") in (None, server):
+            return
+        grace = 3 * self._keepalive
+        if up_s < grace:
+            raise RunBusy(run_id, f"{_lease.describe(holder)}, whose lock the server's restart {up_s:.0f} s ago "
+                                  f"ended; it has {grace - up_s:.0f} s more to take it again")
 
     def release(self, run_id: str, epoch: int) -> None:
         if not _readable(run_id) or self._readonly:
