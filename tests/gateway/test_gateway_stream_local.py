@@ -4,6 +4,7 @@ several tokens arrive before the answer is journaled, and the journaled text is 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,13 @@ def server() -> Iterator[LlamaServer]:
         yield srv
     finally:
         srv.stop()
+        # llama_cpp (imported by the availability check) opens os.devnull twice and never closes
+        # it: close them, as tests/local_model/conftest.py does, or the exit prints ResourceWarnings.
+        utils = sys.modules.get("llama_cpp._utils")
+        for name in ("outnull_file", "errnull_file"):
+            handle = getattr(utils, name, None)
+            if handle is not None:
+                handle.close()
 
 
 async def test_tokens_stream_from_the_real_server_and_the_journal_holds_their_sum(server: LlamaServer,
