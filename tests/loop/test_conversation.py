@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pg import pg_schemas  # noqa: F401 - the fixture
 
 from cuaderno import (
     Agent,
@@ -237,3 +238,28 @@ def test_the_guides_first_example_runs_as_written(tmp_path: Path) -> None:
     finally:
         os.chdir(cwd)
     assert out.getvalue().splitlines() == expected
+
+
+@pytest.mark.postgres
+def test_a_conversation_on_postgres_replays_without_paying_and_refuses_a_second_writer(
+        pg_schemas: list[str]) -> None:  # noqa: F811
+    from _pg import new_schema, schema_url, server_or_skip
+
+    from cuaderno import open_journal
+
+    server_or_skip()
+    schema = new_schema()
+    pg_schemas.append(schema)
+    store = open_journal(schema_url(schema))
+    try:
+        gw = ScriptedGateway(echo)
+        conv = chat(store, gw)
+        assert [conv.send_sync(t).output for t in ("a", "b")] == ["re: a (after 0)", "re: b (after 1)"]
+        fresh = ScriptedGateway(echo)
+        again = chat(store, fresh)
+        assert [again.send_sync(t).replayed for t in ("a", "b")] == [True, True] and fresh.calls == 0
+        with pytest.raises(ConversationDivergence):
+            chat(store, fresh).send_sync("not a")
+        assert again.send_sync("c").output == "re: c (after 2)"
+    finally:
+        store.close()
