@@ -120,6 +120,23 @@ def test_two_writers_at_one_position_one_wins_the_other_diverges(store: Any) -> 
     assert [m["content"] for m in one.messages if m["role"] == "user"] == ["first"]
 
 
+def test_a_writer_that_lost_the_race_between_its_read_and_its_write_diverges(store: Any) -> None:
+    from cuaderno.testing import crash
+
+    one, two = chat(store, ScriptedGateway(echo)), chat(store, ScriptedGateway(echo))
+    # Between one's read of the head and its write, two records its own first message (the hook
+    # runs once, inside one's append, before its transaction).
+    crash.on("append.W0", lambda: two._place("from two"))
+    try:
+        with pytest.raises(ConversationDivergence):
+            one.send_sync("from one")
+    finally:
+        crash.on("append.W0", None)
+    head = [e.payload["text"] for e in store.load("c1") if e.phase == "message"]
+    assert head == ["from two"], "both writers recorded a message at one position"
+    assert store.checkpoint("c1/m0001") is None  # one never started a run for its message
+
+
 def test_resume_finishes_the_last_message_and_places_the_next_after_it(store: Any) -> None:
     conv = chat(store, ScriptedGateway(echo))
     conv.send_sync("a")
