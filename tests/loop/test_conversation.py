@@ -280,3 +280,17 @@ def test_a_conversation_on_postgres_replays_without_paying_and_refuses_a_second_
         assert again.send_sync("c").output == "re: c (after 2)"
     finally:
         store.close()
+
+
+HUGE = "x" * 1_048_576
+
+
+@pytest.mark.parametrize("error", [
+    ConversationDivergence(HUGE, 3, HUGE, HUGE), MessageUnfinished(HUGE, HUGE, HUGE), ConversationClosed(HUGE),
+], ids=lambda e: type(e).__name__)
+def test_the_new_errors_quote_a_megabyte_short_and_pickle(error: Exception) -> None:
+    text = str(error)
+    assert len(text) < 10_000 and "(1048576 chars)" in text
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == text
+    assert again.conversation_id == HUGE  # the field keeps the whole value
