@@ -34,7 +34,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from cuaderno.errors import GatewayError, StreamInterrupted
+from cuaderno.errors import GatewayError, StreamInterrupted, clipped
 from cuaderno.gateway._common import (
     LITELLM_COST_HEADER,
     enforce_size,
@@ -180,7 +180,7 @@ def _json(data: str, provider: str) -> Any:
 
 
 def _interrupted(gateway: SdkGateway, events: Events, received: int, why: str) -> StreamInterrupted:
-    return StreamInterrupted(f"{gateway.provider_name}: the streamed answer stopped before its end ({why}) after "
+    return StreamInterrupted(f"{gateway.provider_name}: the streamed answer stopped before its end ({clipped(why)}) after "
                              f"{received} bytes and {events.text_chars} characters of text; the provider may "
                              "bill the whole answer")
 
@@ -330,7 +330,7 @@ class AnthropicEvents:
         elif kind == "error":
             error = _dict(event.get("error"))
             raise StreamInterrupted(f"{self._provider}: the stream sent an error event "
-                                    f"({error.get('type', '?')}: {str(error.get('message', ''))[:200]}) after "
+                                    f"({clipped(str(error.get('type', '?')))}: {clipped(str(error.get('message', '')))}) after "
                                     f"{self.text_chars} characters of text; the provider may bill the answer")
 
     def body(self) -> dict[str, Any]:
