@@ -29,6 +29,7 @@ from cuaderno.errors import (
     JournalReplaced,
     JournalRolledBack,
     MessageUnfinished,
+    LadderExhausted,
     MigrationFailed,
     NotUncertain,
     NotWaitingForApproval,
@@ -51,6 +52,7 @@ from cuaderno.events import StepEvent
 from cuaderno.forks import export_lines, fork
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.empty import classify_response
+from cuaderno.gateway.ladder import Escalate, FittingTools, Ladder, NamedTool, RelaxToolChoice, Resend
 from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
@@ -103,8 +105,10 @@ __all__ = [
     "CuadernoError",
     "DrainOnOldWorker",
     "ErrorClass",
+    "Escalate",
     "FencedOut",
     "FinalStep",
+    "FittingTools",
     "GatewayError",
     "IdempotencyKeyReuse",
     "JournalConflict",
@@ -113,6 +117,8 @@ __all__ = [
     "JournalLinked",
     "JournalReplaced",
     "JournalRolledBack",
+    "Ladder",
+    "LadderExhausted",
     "MemoryCheckpointer",
     "MessageUnfinished",
     "Migration",
@@ -121,13 +127,16 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelStep",
+    "NamedTool",
     "NotUncertain",
     "NotWaitingForApproval",
     "OpenAIGateway",
     "Policy",
     "PolicyDecision",
     "PriceTable",
+    "RelaxToolChoice",
     "ReplayDivergence",
+    "Resend",
     "RetryPolicy",
     "RunBusy",
     "RunCancelled",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, ModelResponse, ToolCall, ToolSchema, Usage
 from cuaderno.gateway.empty import Outcome, Reason, ResponseOutcome, classify_response
+from cuaderno.gateway.ladder import Escalate, FittingTools, Ladder, NamedTool, RelaxToolChoice, Resend
 from cuaderno.gateway.pricing import ModelPrice, PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
@@ -20,15 +21,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AnthropicGateway",
+    "Escalate",
+    "FittingTools",
+    "Ladder",
     "Message",
     "ModelGateway",
     "ModelPrice",
     "ModelRequest",
     "ModelResponse",
+    "NamedTool",
     "OpenAIGateway",
     "Outcome",
     "PriceTable",
     "Reason",
+    "RelaxToolChoice",
+    "Resend",
     "ResponseOutcome",
     "ScriptedGateway",
     "TieredGateway",
