@@ -96,7 +96,8 @@ def build(workdir: Path, base_url: str, alias: str) -> tuple[Agent, TieredGatewa
                                   event_hooks={"request": [request_logger(workdir / "http.jsonl", tier)]})
         clients.append(http)
         tiers.append(OpenAIGateway(alias, base_url=base_url, api_key="local", http_client=http))
-    gateway = TieredGateway(tiers[0], ForcedToolChoice(tiers[1]))
+    # ladder=None: this demo shows the in-step escalation; the ladder is benchmarks/empty_generations.py.
+    gateway = TieredGateway(tiers[0], ForcedToolChoice(tiers[1]), ladder=None)
     agent = Agent(instructions=INSTRUCTIONS, tools=[get_weather], max_turns=MAX_TURNS, temperature=0.0,
                   max_output_tokens=64, budgets=BUDGETS)
     return agent, gateway, clients

@@ -129,7 +129,9 @@ async def local_gateways(server: LlamaServer, log: HttpLog | None = None) -> Asy
             tiers.append(OpenAIGateway(server.model_alias, base_url=server.base_url, api_key="local",
                                        http_client=http))
         cheap = CheapProbe(tiers[0])
-        yield Tiers(TieredGateway(cheap, ForcedToolChoice(tiers[1])), cheap, log)
+        # ladder=None: these figures are the in-step escalation (FINDINGS.md); the ladder is measured by
+        # benchmarks/empty_generations.py.
+        yield Tiers(TieredGateway(cheap, ForcedToolChoice(tiers[1]), ladder=None), cheap, log)
 
 
 @dataclass
