@@ -161,24 +161,30 @@ def test_a_connection_killed_around_commit_neither_stops_nor_repeats_the_run(
         store.close()
 
 
-def test_the_server_restarted_between_two_steps_the_run_goes_on(
-        private_cluster: PrivateCluster, tmp_path: Path) -> None:  # noqa: F811
+RESTARTS = ["tool.K2", "tool.K1", "tool.K6"]
+"""Between two steps (the transfer's intent committed, its body not run), and inside the intent's
+and the result's transactions (the server's restart rolls them back: written again, once)."""
+
+
+@pytest.mark.parametrize("point", RESTARTS)
+def test_the_server_restarted_mid_run_the_run_goes_on(
+        private_cluster: PrivateCluster, tmp_path: Path, point: str) -> None:  # noqa: F811
     url = f"{private_cluster.url}?schema=restart"
     workload = _workload(tmp_path, WORKLOAD)
     restarts: list[float] = []
 
-    def restart() -> None:  # the transfer's intent is committed; its body has not run
+    def restart() -> None:
         started = time.monotonic()
         private_cluster.restart()
         restarts.append(time.monotonic() - started)
 
-    crash.on("tool.K2", restart)
+    crash.on(point, restart)
     try:
         steps = _run(url, workload, tmp_path)
     finally:
-        crash.on("tool.K2", None)
+        crash.on(point, None)
     receipts, bills = read_records(tmp_path / "receipts.jsonl"), len(read_records(tmp_path / "billing.jsonl"))
-    record({"test": "R19 PostgreSQL restarted mid-run", "kind": "tool_lookup", "point": "tool.K2",
+    record({"test": "R19 PostgreSQL restarted mid-run", "kind": "tool_lookup", "point": point,
             "status": "completed", "kills": 0, "not_reached": 0, "duplicated": max(len(receipts) - 1, 0),
             "rebilled_journaled": max(bills - 2, 0), "rebilled_in_flight": 0,
             "violations": int(not (steps and isinstance(steps[-1], FinalStep)))})
