@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -218,22 +219,40 @@ async def run_arm(name: str, ladder: Ladder, srv: Servers, seed: int, turns: int
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """The seed's table form, one row per arm and seed, the seed's figure beside ours."""
-    base = {(r["seed"]): r for r in results if r["arm"] == "no recovery"}
-    lines = ["| arm | seed | turns | empty 200s | rescued | answered | right tool | calls | tokens | "
-             "cost / answered turn | vs no recovery | seed 002 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """The seed's table form: one row per arm, summed over the seeds run, the seed's figure beside ours.
+
+    ``empty 200s`` counts every rejected answer (the first and those of the rungs); ``rescued`` is
+    turns answered after an empty first answer, of the turns whose first answer was empty; cost is
+    the priced tokens of every call (empty ones included), per answered turn, in micro-dollars.
+    """
+    arms: dict[str, dict[str, Any]] = {}
     for r in results:
-        per = r["cost_usd"] / r["answered"] if r["answered"] else float("nan")
-        b = base.get(r["seed"])
-        ratio = ""
-        if b and b["answered"]:
-            ratio = f"{per / (b['cost_usd'] / b['answered']):.2f}x"
-        lines.append(f"| {r['arm']} | {r['seed']} | {r['turns']} | {r['empty_200s']} | "
-                     f"{r['rescued']}/{r['first_empty']} | {r['answered']}/{r['turns']} "
-                     f"({100 * r['answered'] / r['turns']:.0f}%) | {r['right_tool']} | {r['calls']} | {r['tokens']} | "
-                     f"${per * 1e6:.2f} per M turns | {ratio} | {SEED_002.get(r['arm'], '—')} |")
+        a = arms.setdefault(r["arm"], {"seeds": [], "per_seed": []})
+        a["seeds"].append(r["seed"])
+        a["per_seed"].append(f"{r['answered']}/{r['turns']}")
+        for k in ("turns", "first_empty", "empty_200s", "rescued", "answered", "right_tool", "calls", "tokens",
+                  "cost_usd"):
+            a[k] = a.get(k, 0) + r[k]
+        for tier, n in r["calls_by_tier"].items():
+            a[f"calls_{tier}"] = a.get(f"calls_{tier}", 0) + n
+    base = arms.get("no recovery")
+    base_per = base["cost_usd"] / base["answered"] if base and base["answered"] else None
+    lines = ["| arm | turns (seeds) | empty 200s | rescued | answered | answered per seed | right tool | "
+             "calls (cheap+strong) | tokens | cost per answered turn | vs no recovery | seed 002 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, a in arms.items():
+        per = a["cost_usd"] / a["answered"] if a["answered"] else float("nan")
+        ratio = f"{per / base_per:.2f}x" if base_per else ""
+        lines.append(
+            f"| {name} | {a['turns']} ({', '.join(map(str, a['seeds']))}) | {a['empty_200s']} | "
+            f"{a['rescued']}/{a['first_empty']} | {a['answered']}/{a['turns']} ({100 * a['answered'] / a['turns']:.0f}%) | "
+            f"{' · '.join(a['per_seed'])} | {a['right_tool']} | {a['calls']} ({a.get('calls_cheap', 0)}+"
+            f"{a.get('calls_strong', 0)}) | {a['tokens']} | {per * 1e6:.1f} µ$ | {ratio} | {SEED_002.get(name, '—')} |")
     return "\n".join(lines)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 async def main() -> None:
@@ -246,6 +265,8 @@ async def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--table", type=Path, nargs="+", default=None, help="print the table of saved results")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the servers (child processes) are stopped and reaped.
+    signal.signal(signal.SIGTERM, _interrupted)
     if args.table:
         print(table([r for p in args.table for r in json.loads(p.read_text())]))
         return
