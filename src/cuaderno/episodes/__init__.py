@@ -7,10 +7,23 @@
                                lookup=find_applied_patch)
     print(result.status, len(result.passes), result.turns, result.rejected, result.cost_usd)
 
-See :mod:`cuaderno.episodes.episode` for what is journaled and how a resume re-attaches.
+See :mod:`cuaderno.episodes.episode` for what is journaled and how a resume re-attaches. Child
+passes run through a :class:`ChildRunner`: in this process by default, as child workflows under
+Temporal (:func:`cuaderno.temporal.build_episode_worker`).
 """
 
 from cuaderno.episodes.budgets import EpisodeBudgets
-from cuaderno.episodes.episode import EPISODE_VERSION, Decision, Episode, EpisodeResult, PassRecord
+from cuaderno.episodes.episode import (
+    EPISODE_VERSION,
+    ChildOutcome,
+    ChildPass,
+    ChildRunner,
+    Decision,
+    Episode,
+    EpisodeResult,
+    LocalChildRunner,
+    PassRecord,
+)
 
-__all__ = ["EPISODE_VERSION", "Decision", "Episode", "EpisodeBudgets", "EpisodeResult", "PassRecord"]
+__all__ = ["EPISODE_VERSION", "ChildOutcome", "ChildPass", "ChildRunner", "Decision", "Episode", "EpisodeBudgets",
+           "EpisodeResult", "LocalChildRunner", "PassRecord"]

@@ -59,7 +59,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -89,7 +89,8 @@ from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool
 from cuaderno.tools.sandbox import ReadOnlyRoot
 
-__all__ = ["EPISODE_VERSION", "Decision", "Episode", "EpisodeResult", "PassRecord"]
+__all__ = ["EPISODE_VERSION", "ChildOutcome", "ChildPass", "ChildRunner", "Decision", "Episode", "EpisodeResult",
+           "LocalChildRunner", "PassRecord", "run_child_pass"]
 
 EPISODE_VERSION = "1"
 """Version of the rules that turn a parent's journal back into its next step (step ids, how a
@@ -254,15 +255,17 @@ class Episode(Generic[T]):
 
     # -- the public entry point ------------------------------------------------------------------
 
-    async def run(self, task: str, *, session: Session, snapshot: str | os.PathLike[str], decide: Decide[T],
-                  apply: Apply[T] | None = None, lookup: Lookup[T] | None = None) -> EpisodeResult[T]:
+    async def run(self, task: str, *, session: Session, snapshot: str | os.PathLike[str] | None = None,
+                  decide: Decide[T], apply: Apply[T] | None = None, lookup: Lookup[T] | None = None,
+                  runner: ChildRunner | None = None) -> EpisodeResult[T]:
         """Run (or resume) the episode as the parent run ``session.run_id``.
 
         Args:
             task: what the child is asked to do (each pass's task adds its number and feedback).
             session: the parent's run id, gateway and journal; every child pass uses the same
                 gateway and journal under its own derived run id.
-            snapshot: the directory the child may read (read-only, nothing outside it).
+            snapshot: the directory the child may read (read-only, nothing outside it). Required
+                unless ``runner`` is given (a runner brings its own: under Temporal, the worker's).
             decide: given a valid proposal, returns a :class:`Decision` (may be async). It runs
                 before the decision is journaled, so after a crash it may run again for the
                 same proposal: a check on a copy, never an effect.
@@ -272,6 +275,9 @@ class Episode(Generic[T]):
                 and its result: the receipt if the effect happened, ``None`` if it provably did
                 not (it is then applied again), an exception if nobody can tell. Without it,
                 that case stops the run ``needs_human``.
+            runner: where child passes run (:class:`ChildRunner`). By default a
+                :class:`LocalChildRunner` over ``snapshot``, in this process, in ``session``'s
+                journal; :mod:`cuaderno.temporal._child` runs each pass as a child workflow.
 
         Raises:
             UsageError: bad arguments (nothing written).
@@ -286,8 +292,13 @@ class Episode(Generic[T]):
         if not callable(decide) or (apply is not None and not callable(apply)) or (
                 lookup is not None and not callable(lookup)):
             raise UsageError("decide, apply and lookup must be callables")
+        if runner is not None:
+            return await _ParentRun(self, task, session, runner, decide, apply, lookup).run()
+        if snapshot is None:
+            raise UsageError("an episode needs the snapshot its child passes read (or a runner that has one)")
         with ReadOnlyRoot(snapshot) as root:
-            return await _ParentRun(self, task, session, root, decide, apply, lookup).run()
+            return await _ParentRun(self, task, session, LocalChildRunner(session, root), decide, apply,
+                                    lookup).run()
 
     # -- what replay needs to derive again -------------------------------------------------------
 
@@ -327,6 +338,127 @@ class Episode(Generic[T]):
             return None, f"the JSON object does not validate: {problems}"
 
 
+# -- where child passes run ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildPass:
+    """Child pass ``number`` as the parent asks for it: every field is derived from the parent's
+    journal (run id, step id, task, what is left of the rejection cap), so a resumed parent asks
+    for the same pass again, and a runner re-attaches to it by ``run_id``."""
+
+    parent_run_id: str
+    step_id: str
+    """``<episode>.passNN``, the parent's step for this pass."""
+    run_id: str
+    """The child's run id: ``<parent_run_id>/<step_id>`` (under Temporal, its workflow id)."""
+    number: int
+    task: str
+    rejected_left: int
+    """Rejected responses the child's loop may still admit (the episode's cap, less what earlier
+    passes spent)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildOutcome:
+    """How a child pass's run ended, read from its journal (the parent journals it as the pass's
+    ``result``). Plain JSON both ways: under Temporal it is a child workflow's result."""
+
+    status: str
+    """The child run's status: ``completed`` (``output`` holds its answer), ``failed``, ``cancelled``."""
+    output: str | None
+    """The final answer's text, or ``None`` when the child ended without one."""
+    outcome: dict[str, Any] = field(default_factory=dict[str, Any])
+    """The child checkpoint's outcome (why it ended: a budget, a bug, a cancellation)."""
+    turns: int = 0
+    rejected: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+    possibly_billed_twice: int = 0
+    tool_errors: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildOutcome:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+
+class ChildRunner(Protocol):
+    """Where a parent's child passes run: the seam between the episode's code and an engine.
+
+    :class:`LocalChildRunner` runs them in this process (the default); under Temporal each pass is
+    a child workflow (:mod:`cuaderno.temporal._child`). Both run :func:`run_child_pass`: the same
+    loop over the same agent (:meth:`Episode.child_agent`)."""
+
+    async def run(self, episode: Episode[Any], child: ChildPass) -> ChildOutcome:
+        """Run child pass ``child`` (or re-attach to it: a finished one answers from its journal
+        with no model call) and say how it ended."""
+        ...
+
+    def cancel(self, child_run_id: str, reason: str, *, by: str) -> None:
+        """The parent was cancelled while this child pass was open: ask it to stop (best effort)."""
+        ...
+
+
+async def run_child_pass(agent: Agent, child: ChildPass, session: Session) -> ChildOutcome:
+    """Run ``agent`` on the pass's task as run ``session.run_id`` (the same code in every runner)
+    and read how it ended from ``session.store``."""
+    final: FinalStep | None = None
+    try:
+        async for step in agent.run(child.task, session=session):
+            if isinstance(step, FinalStep):
+                final = step
+    except (BudgetExceeded, RunClosed, RunCancelled):
+        # The child run ended without an answer (a bound, or someone cancelled the child alone):
+        # its checkpoint says why. Caught here, so a cancelled child is never taken for a
+        # cancellation of the parent.
+        pass
+    except CuadernoError:
+        raise  # the journal, a lease, a divergence: nothing is known about the pass yet
+    except Exception:
+        # A child tool raised an unclassified error: the loop journaled it as a bug and ended the
+        # child failed. That is the pass's outcome; anything else is not known yet.
+        cp = session.store.checkpoint(session.run_id)
+        if cp is None or cp.status != "failed":
+            raise
+    cp = session.store.checkpoint(session.run_id)
+    assert cp is not None
+    output = final.output if final is not None else None
+    if output is None and cp.status == "completed":
+        output = str((cp.outcome or {}).get("output", ""))  # closed before: answered from its journal
+    return ChildOutcome(status=cp.status, output=output, outcome=dict(cp.outcome or {}),
+                        turns=cp.count("model_calls"), rejected=cp.count("rejected_responses"),
+                        cost_usd=cp.cost_usd, unpriced_calls=cp.count("unpriced_calls"),
+                        possibly_billed_twice=cp.count("possibly_billed_twice"), tool_errors=cp.count("tool_errors"))
+
+
+class LocalChildRunner:
+    """Child passes in this process, in the parent session's journal, over an open snapshot.
+
+    Each pass is a run of its own (``child.run_id``) with the parent session's gateway, runtime,
+    ownership and model caller. A finished child answers from its journal (0 model calls); one
+    killed mid-way resumes under the loop's rules (no journaled response is paid again)."""
+
+    def __init__(self, session: Session, root: ReadOnlyRoot) -> None:
+        self.session, self.root = session, root
+
+    async def run(self, episode: Episode[Any], child: ChildPass) -> ChildOutcome:
+        s = self.session
+        session = Session(child.run_id, s.gateway, s.store, tenant=s.tenant, owner=s.owner, retry=s.retry,
+                          runtime=s.runtime, ownership=s.ownership, model_caller=s.model_caller)
+        return await run_child_pass(episode.child_agent(self.root, child.rejected_left), child, session)
+
+    def cancel(self, child_run_id: str, reason: str, *, by: str) -> None:
+        store = self.session.store
+        cp = store.checkpoint(child_run_id)
+        if cp is not None and cp.is_open:
+            try:
+                cancel(store, child_run_id, reason, by=by)
+            except CuadernoError:
+                pass  # best effort: the child's next opener finds its parent closed anyway
+
+
 def _json_object(text: str) -> str | None:
     """The JSON object in a final answer: the whole text, or inside a code fence, or from the
     first ``{`` to the last ``}`` (small models wrap their JSON in prose)."""
@@ -353,9 +485,9 @@ class _Tally:
 class _ParentRun(Generic[T]):
     """One parent process's walk through the episode: replay what is journaled, do the rest."""
 
-    def __init__(self, episode: Episode[T], task: str, session: Session, root: ReadOnlyRoot, decide: Decide[T],
+    def __init__(self, episode: Episode[T], task: str, session: Session, runner: ChildRunner, decide: Decide[T],
                  apply: Apply[T] | None, lookup: Lookup[T] | None) -> None:
-        self.e, self.task, self.s, self.root = episode, task, session, root
+        self.e, self.task, self.s, self.runner = episode, task, session, runner
         self.decide_fn, self.apply_fn, self.lookup_fn = decide, apply, lookup
         self.run_id = session.run_id
         self.store = session.store
@@ -388,12 +520,7 @@ class _ParentRun(Generic[T]):
         for n in range(1, self.e.budgets.passes + 1):
             if self._ev(self._pass_id(n), "intent") is None or self._ev(self._pass_id(n), "result") is not None:
                 continue
-            child = self.store.checkpoint(self._child_id(n))
-            if child is not None and child.is_open:
-                try:
-                    cancel(self.store, self._child_id(n), f"its parent {self.run_id!r} was cancelled", by=self.s.owner)
-                except CuadernoError:
-                    pass  # best effort: the child's next opener finds its parent closed anyway
+            self.runner.cancel(self._child_id(n), f"its parent {self.run_id!r} was cancelled", by=self.s.owner)
         finalize(self.store, self.run_id, self.epoch)
 
     def _open(self) -> EpisodeResult[T] | None:
@@ -504,51 +631,28 @@ class _ParentRun(Generic[T]):
     # -- a child pass -----------------------------------------------------------------------------
 
     async def _run_child(self, n: int, feedback: str) -> StepEvent:
-        """Run (or re-attach to) child pass ``n`` and journal how it ended."""
+        """Run (or re-attach to) child pass ``n`` through the runner and journal how it ended."""
         step_id, child_id = self._pass_id(n), self._child_id(n)
         if self._ev(step_id, "intent") is None:
             self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="intent", kind=_KIND,
                                    payload={"child_run_id": child_id}))
-        agent = self.e.child_agent(self.root, self.e.budgets.rejected_responses - self.tally.rejected)
-        session = Session(child_id, self.s.gateway, self.store, tenant=self.s.tenant, owner=self.s.owner,
-                          retry=self.s.retry, runtime=self.s.runtime, ownership=self.s.ownership,
-                          model_caller=self.s.model_caller)
-        final: FinalStep | None = None
-        try:
-            async for step in agent.run(self.e.child_task(self.task, n, feedback), session=session):
-                if isinstance(step, FinalStep):
-                    final = step
-        except (BudgetExceeded, RunClosed, RunCancelled):
-            # The child run ended without an answer (a bound, or someone cancelled the child
-            # alone): its checkpoint says why. Caught here, so a cancelled child is never taken
-            # for a cancellation of the parent.
-            pass
-        except CuadernoError:
-            raise  # the journal, a lease, a divergence: nothing is known about the pass yet
-        except Exception:
-            # A child tool raised an unclassified error: the loop journaled it as a bug and ended
-            # the child failed. That is the pass's outcome; anything else is not known yet.
-            cp = self.store.checkpoint(child_id)
-            if cp is None or cp.status != "failed":
-                raise
-        cp = self.store.checkpoint(child_id)
-        assert cp is not None
-        counts = {"turns": cp.count("model_calls"), "child_rejected": cp.count("rejected_responses"),
-                  "cost_usd": cp.cost_usd, "unpriced_calls": cp.count("unpriced_calls"),
-                  "possibly_billed_twice": cp.count("possibly_billed_twice"), "tool_errors": cp.count("tool_errors"),
-                  "child_run_id": child_id}
-        if final is None and cp.status == "completed":
-            final = FinalStep(step_id="final", output=str((cp.outcome or {}).get("output", "")), replayed=True)
-        if final is not None:
-            proposal, errors = self.e.validate(final.output)
+        child = ChildPass(parent_run_id=self.run_id, step_id=step_id, run_id=child_id, number=n,
+                          task=self.e.child_task(self.task, n, feedback),
+                          rejected_left=max(self.e.budgets.rejected_responses - self.tally.rejected, 0))
+        ended = await self.runner.run(self.e, child)
+        counts = {"turns": ended.turns, "child_rejected": ended.rejected, "cost_usd": ended.cost_usd,
+                  "unpriced_calls": ended.unpriced_calls, "possibly_billed_twice": ended.possibly_billed_twice,
+                  "tool_errors": ended.tool_errors, "child_run_id": child_id}
+        if ended.output is not None:
+            proposal, errors = self.e.validate(ended.output)
             if proposal is not None:
                 payload = {**counts, "outcome": "proposal", "proposal": proposal.model_dump(mode="json")}
             else:
-                payload = {**counts, "outcome": "rejected", "errors": errors, "answer": final.output[:2000]}
+                payload = {**counts, "outcome": "rejected", "errors": errors, "answer": ended.output[:2000]}
         else:
-            outcome = cp.outcome or {}
+            outcome = ended.outcome
             payload = {**counts, "outcome": "ended", "reason": outcome.get("reason"), "budget": outcome.get("budget"),
-                       "child_status": cp.status, "child_outcome": outcome}
+                       "child_status": ended.status, "child_outcome": outcome}
         return self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="result", kind=_KIND,
                                       payload=payload))[0]
 
