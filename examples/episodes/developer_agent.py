@@ -166,7 +166,8 @@ SCRIPTS: dict[str, dict[int, list[ModelResponse]]] = {
 }
 
 
-def scripted(scenario: str, billing: Path) -> ScriptedGateway:
+def scripted(scenario: str, billing: Path, *, stripe: bool = True) -> ScriptedGateway:
+    """The scripted model of ``scenario``; ``stripe=False`` bills every request (its key ignored)."""
     script = SCRIPTS["fix" if scenario.startswith("fix") else scenario]
 
     def answer(request: ModelRequest) -> ModelResponse:
@@ -176,7 +177,7 @@ def scripted(scenario: str, billing: Path) -> ScriptedGateway:
         turn = sum(1 for m in request.messages if m.get("role") == "assistant")
         return responses[min(turn, len(responses) - 1)]
 
-    return ScriptedGateway(answer, stripe=True, billing_log=billing)
+    return ScriptedGateway(answer, stripe=stripe, billing_log=billing)
 
 
 # -- one process -----------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ Wrap an existing :class:`~cuaderno.Agent`; there is no second agent definition::
     await client.execute_workflow(CuadernoWorkflow.run, RunInput(agent=agent.name, task="..."),
                                   id="run-42", task_queue="agents")
 
+Child episodes (:mod:`cuaderno.episodes`): :func:`build_episode_worker` and :class:`EpisodeWorkflow`,
+each child pass a child workflow (:mod:`cuaderno.temporal._child`).
+
 The workflow id is the run id (idempotency and effect keys derive from it, never from Temporal's
 run id, so a continue-as-new keeps them). See ``docs/guide/temporal.md``.
 """
@@ -23,6 +26,7 @@ from temporalio.worker import Worker
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.loop.agent import Agent
 from cuaderno.temporal._activities import INLINE_BYTES, CuadernoActivities
+from cuaderno.temporal._child import EpisodeChildWorkflow, EpisodeInput, EpisodeWorkflow, build_episode_worker
 from cuaderno.temporal._names import (
     LOOKUP,
     MODEL_TURN,
@@ -42,7 +46,8 @@ from cuaderno.temporal._workflow import AGENTS, CuadernoWorkflow, Decision
 __all__ = ["CODE", "INLINE_BYTES", "LOOKUP", "MODEL", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW",
            "RecordInput", "ReplayInput", "CuadernoActivities",
            "CuadernoWorkflow", "Decision", "EffectPolicy", "EffectPolicyError", "ModelTurnInput", "Profile", "RunInput",
-           "ToolCallInput", "build_worker", "cuaderno_activities", "register"]
+           "ToolCallInput", "build_worker", "cuaderno_activities", "register",
+           "EpisodeChildWorkflow", "EpisodeInput", "EpisodeWorkflow", "build_episode_worker"]
 
 
 def register(agent: Agent, effect_policy: str | os.PathLike[str] | None = None) -> EffectPolicy:
