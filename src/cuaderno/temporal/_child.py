@@ -399,7 +399,9 @@ class EpisodeActivities:
         if self.apply_fn is None:
             raise ApplicationError("this worker's episode has no apply callback", type="UsageError",
                                    non_retryable=True)
-        self._copy(inp.run_id, inp.events)
+        # The parent's steps before this one; the workflow's own record of this step (its intent,
+        # journaled before it scheduled this activity) is not an earlier attempt's intent.
+        self._copy(inp.run_id, [e for e in inp.events if e["step_id"] != inp.step_id])
         journal = self._journal(inp.run_id)
         step_id, key = inp.step_id, inp.effect_key
         done = journal.get((step_id, "result"))
