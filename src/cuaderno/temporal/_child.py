@@ -43,7 +43,7 @@ import asyncio
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
@@ -78,7 +78,7 @@ from cuaderno.temporal._workflow import _NoGateway
 from cuaderno.testing import crash
 from cuaderno.tools.sandbox import ReadOnlyRoot
 
-__all__ = ["APPLY", "DECIDE", "EPISODE_CHILD", "EPISODE_RECORD", "EPISODE_WORKFLOW", "EPISODES", "ApplyInput",
+__all__ = ["APPLY", "DECIDE", "EPISODE_CHILD", "EPISODE_LOAD", "EPISODE_RECORD", "EPISODE_WORKFLOW", "EPISODES", "ApplyInput",
            "ChildInput", "DecideInput", "EpisodeActivities", "EpisodeChildWorkflow", "EpisodeInput",
            "EpisodeRecordInput", "EpisodeWorkflow", "TemporalChildRunner", "build_episode_worker", "register_episode"]
 
@@ -87,6 +87,7 @@ EPISODE_CHILD: Final = "cuaderno.episode_child"
 DECIDE: Final = "cuaderno.episode_decide"
 APPLY: Final = "cuaderno.episode_apply"
 EPISODE_RECORD: Final = "cuaderno.episode_record"
+EPISODE_LOAD: Final = "cuaderno.episode_load"
 
 APPLY_TIMEOUT: Final = timedelta(seconds=120)
 APPLY_ATTEMPTS: Final = 3
@@ -190,10 +191,15 @@ class TemporalChildRunner:
     """Each child pass is a child workflow (:class:`EpisodeChildWorkflow`) whose id is the child's
     run id; its result (the :class:`ChildOutcome`) is in the parent's history."""
 
-    def __init__(self, episode: str, tenant: str) -> None:
-        self.episode, self.tenant = episode, tenant
+    def __init__(self, episode: str, tenant: str, record: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.episode, self.tenant, self.record = episode, tenant, record
 
     async def run(self, episode: Episode[Any], child: ChildPass) -> ChildOutcome:
+        if self.record is not None:
+            # The parent's steps so far (the previous pass's decision, whose feedback is in this
+            # pass's task) reach cuaderno's journal before the pass starts: a parent started anew
+            # reads them back instead of deciding again.
+            await self.record()
         inp = ChildInput(episode=self.episode, parent_run_id=child.parent_run_id, step_id=child.step_id,
                          number=child.number, task=child.task, rejected_left=child.rejected_left, tenant=self.tenant)
         data = await workflow.execute_child_workflow(EPISODE_CHILD, inp, id=child.run_id, result_type=dict)
@@ -266,7 +272,19 @@ class EpisodeWorkflow:
         runtime = WorkflowRuntime()
         session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
                           ownership=WorkflowOwnership(), owner=runtime.owner())
-        runner = TemporalChildRunner(inp.episode, inp.tenant)
+        # What cuaderno's journal already holds of this run (a parent started again under its id
+        # after it ended or was terminated): its passes, decisions and apply are read back, not
+        # done again.
+        loaded = await workflow.execute_activity(EPISODE_LOAD, EpisodeRecordInput(episode=inp.episode,
+                                                                                  run_id=self.run_id, events=[]),
+                                                 result_type=list, start_to_close_timeout=CODE.timeout,
+                                                 retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+        if loaded:
+            self.store.append([StepEvent(run_id=self.run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"],
+                                         name=e.get("name"), decision=e.get("decision"),
+                                         fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
+                               for e in loaded])
+        runner = TemporalChildRunner(inp.episode, inp.tenant, record=lambda: self._record(inp))
         options: dict[str, Any] = {"heartbeat_timeout": known.policy.heartbeat}
 
         async def decide(proposal: Any) -> Decision:
@@ -297,8 +315,11 @@ class EpisodeWorkflow:
 
         while True:
             try:
+                # The apply activity is its own lookup: it returns the receipt cuaderno's journal
+                # or the receiver holds, or applies (once) what provably did not happen.
                 result = await episode.run(inp.task, session=session, decide=decide,
-                                           apply=apply if known.can_apply else None, runner=runner)
+                                           apply=apply if known.can_apply else None,
+                                           lookup=apply if known.can_apply else None, runner=runner)
             except asyncio.CancelledError:
                 # Temporal cancelled the parent: cuaderno's cancellation request, and the walk,
                 # opened again, closes the run with the local record.
@@ -359,7 +380,7 @@ class EpisodeActivities:
         self.store: Checkpointer = journal if isinstance(journal, Checkpointer) else open_journal(journal)
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.decide, self.apply, self.record]
+        return [self.decide, self.apply, self.record, self.load]
 
     def _check(self, name: str) -> None:
         if name != self.episode.name:
@@ -448,6 +469,12 @@ class EpisodeActivities:
     def _event(inp: ApplyInput, phase: str, payload: dict[str, Any]) -> StepEvent:
         return StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool", name="apply",
                          payload=payload)
+
+    @activity.defn(name=EPISODE_LOAD)
+    async def load(self, inp: EpisodeRecordInput) -> list[dict[str, Any]]:
+        """The parent's steps cuaderno's journal holds (none for a new run)."""
+        self._check(inp.episode)
+        return _events(self.store, inp.run_id)
 
     @activity.defn(name=EPISODE_RECORD)
     async def record(self, inp: EpisodeRecordInput) -> int:
