@@ -40,7 +40,8 @@ POLICY = "[activities]\nheartbeat_s = 1\n"
 @asynccontextmanager
 async def worker(env: WorkflowEnvironment, tmp_path: Path, scenario: str = "fix", *,
                  decide: Callable[..., Any] | None = None, apply: Callable[..., Any] | None = None,
-                 lookup: Callable[..., Any] | None | str = "default") -> AsyncIterator[str]:
+                 lookup: Callable[..., Any] | None | str = "default",
+                 gateway: Callable[[], Any] | None = None) -> AsyncIterator[str]:
     repo, receipts = tmp_path / "repo", tmp_path / "receipts.jsonl"
     policy = tmp_path / "effects.toml"
     policy.write_text(POLICY)
@@ -49,8 +50,8 @@ async def worker(env: WorkflowEnvironment, tmp_path: Path, scenario: str = "fix"
                                     decide=decide or dev.decide_for(repo), apply=apply or dev.apply_for(repo, receipts),
                                     lookup=dev.lookup_for(repo, receipts) if lookup == "default" else lookup,
                                     journal_url=f"sqlite:///{tmp_path / 'j.db'}", effect_policy=policy,
-                                    gateway_factory=lambda: dev.scripted(scenario, tmp_path / "billing.jsonl",
-                                                                         stripe=False)):
+                                    gateway_factory=gateway or (lambda: dev.scripted(
+                                        scenario, tmp_path / "billing.jsonl", stripe=False))):
         yield queue
 
 
@@ -170,3 +171,61 @@ async def test_a_parent_terminated_mid_episode_and_started_again_redoes_nothing(
     assert decided == ["return a * b", "return a + b", "return a + b"]  # pass 2 decided once
     assert len(read_records(workdir / "billing.jsonl")) == 8  # pass 3's child answered from the journal
     assert len(read_records(workdir / "receipts.jsonl")) == 1
+
+
+async def test_a_parent_cancelled_while_it_decides_closes_cancelled_and_applies_nothing(
+        env: WorkflowEnvironment, workdir: Path) -> None:
+    reached, release = threading.Event(), threading.Event()
+    check = dev.decide_for(workdir / "repo")
+
+    def decide(patch: Any) -> Any:
+        reached.set()
+        release.wait(30)
+        return check(patch)
+
+    async with worker(env, workdir, decide=decide) as queue:
+        handle = await env.client.start_workflow(EpisodeWorkflow.run, EpisodeInput(episode="fix", task=dev.TASK),
+                                                 id="dev-cancelled", task_queue=queue)
+        assert await asyncio.to_thread(reached.wait, 60)  # pass 2's proposal is being decided
+        await handle.cancel()
+        result = await handle.result()
+        release.set()
+    assert result["status"] == "cancelled"
+    assert len(read_records(workdir / "billing.jsonl")) == 6 and read_records(workdir / "receipts.jsonl") == []
+    journal = open_journal(f"sqlite:///{workdir / 'j.db'}")
+    cp = journal.checkpoint("dev-cancelled")
+    assert cp is not None and cp.status == "cancelled"
+    assert journal.checkpoint("dev-cancelled/fix.pass03") is None  # no pass started after the cancellation
+
+
+class Stalling:
+    """The scripted provider, except that its ``stall_at``-th request waits (a slow generation)."""
+
+    def __init__(self, inner: Any, stall_at: int) -> None:
+        self.inner, self.stall_at, self.n = inner, stall_at, 0
+        self.reached = threading.Event()
+
+    async def complete(self, request: Any, *, idempotency_key: str) -> Any:
+        self.n += 1
+        if self.n == self.stall_at:
+            self.reached.set()
+            await asyncio.sleep(60)
+        return await self.inner.complete(request, idempotency_key=idempotency_key)
+
+
+async def test_a_parent_cancelled_while_its_child_calls_the_model_closes_both_cancelled(
+        env: WorkflowEnvironment, workdir: Path) -> None:
+    gateway = Stalling(dev.scripted("fix", workdir / "billing.jsonl", stripe=False), stall_at=5)
+    async with worker(env, workdir, gateway=lambda: gateway) as queue:
+        handle = await env.client.start_workflow(EpisodeWorkflow.run, EpisodeInput(episode="fix", task=dev.TASK),
+                                                 id="dev-cancel-child", task_queue=queue)
+        assert await asyncio.to_thread(gateway.reached.wait, 60)  # pass 2's second generation in flight
+        await handle.cancel()
+        result = await handle.result()
+    assert result["status"] == "cancelled", result
+    assert len(read_records(workdir / "billing.jsonl")) == 4 and read_records(workdir / "receipts.jsonl") == []
+    journal = open_journal(f"sqlite:///{workdir / 'j.db'}")
+    parent, child = journal.checkpoint("dev-cancel-child"), journal.checkpoint("dev-cancel-child/fix.pass02")
+    assert parent is not None and parent.status == "cancelled"
+    assert child is not None and child.status == "cancelled"  # the local record, in the child's run too
+    assert journal.checkpoint("dev-cancel-child/fix.pass03") is None

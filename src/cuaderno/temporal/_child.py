@@ -51,7 +51,7 @@ from typing import Any, Final
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
 from temporalio.worker import Worker
 
 from cuaderno.cancellation import request_cancel
@@ -202,7 +202,18 @@ class TemporalChildRunner:
             await self.record()
         inp = ChildInput(episode=self.episode, parent_run_id=child.parent_run_id, step_id=child.step_id,
                          number=child.number, task=child.task, rejected_left=child.rejected_left, tenant=self.tenant)
-        data = await workflow.execute_child_workflow(EPISODE_CHILD, inp, id=child.run_id, result_type=dict)
+        try:
+            data = await workflow.execute_child_workflow(EPISODE_CHILD, inp, id=child.run_id, result_type=dict)
+        except ChildWorkflowError as exc:
+            if isinstance(exc.cause, CancelledError) and workflow.cancellation_reason() is not None:
+                raise asyncio.CancelledError() from None
+            raise
+        if workflow.cancellation_reason() is not None:
+            # The parent was cancelled while it waited: Temporal asked the child to stop and
+            # waited for it (the child closed its run with the cancellation record). That is the
+            # parent's cancellation, not a child cancelled alone (which ends the episode
+            # ``child_cancelled``, as locally).
+            raise asyncio.CancelledError()
         return ChildOutcome.from_json(data)
 
     def cancel(self, child_run_id: str, reason: str, *, by: str) -> None:
@@ -227,10 +238,19 @@ class EpisodeChildWorkflow:
                           model_caller=ActivityModelCaller(agent.name, inp.tenant, known.policy, {}, tools))
         child = ChildPass(parent_run_id=inp.parent_run_id, step_id=inp.step_id, run_id=run_id, number=inp.number,
                           task=inp.task, rejected_left=inp.rejected_left)
-        try:
-            outcome = await run_child_pass(agent, child, session)
-        except CuadernoError as exc:
-            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+        while True:
+            try:
+                outcome = await run_child_pass(agent, child, session)
+                break
+            except asyncio.CancelledError:
+                # Cancelled (with its parent): the same request a person's `cancel` writes; the
+                # pass, run again, closes its run with the local cancellation record.
+                if store.checkpoint(run_id) is None:
+                    raise
+                request_cancel(store, run_id, "the Temporal workflow was cancelled", by="temporal",
+                               ownership=WorkflowOwnership())
+            except CuadernoError as exc:
+                raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
         crash.point("temporal.episode.C1")  # the child has its answer; its workflow has not completed
         events = [e for e in _events(store, run_id)
                   if e["kind"] in ("final", "cancel") or (e["kind"] == "run" and e["phase"] != "start")]
@@ -244,6 +264,8 @@ class EpisodeChildWorkflow:
 def _activity_failure(exc: ActivityError) -> BaseException:
     """An apply or decide activity's failure as the episode's code expects it."""
     cause = exc.cause
+    if isinstance(cause, CancelledError):  # the parent was cancelled: its walk closes it as locally
+        return asyncio.CancelledError()
     if isinstance(cause, ApplicationError):
         detail = cause.details[0] if cause.details else None
         if cause.type == "ToolError" and isinstance(detail, dict):
