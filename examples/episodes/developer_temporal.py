@@ -79,6 +79,9 @@ def start_worker(address: str, queue: str, workdir: Path, *, crash_at: str | Non
     env = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
     if crash_at:
         env["CUADERNO_CRASH_AT"] = crash_at
+    src = HERE.parents[1] / "src"  # this checkout's cuaderno first, as the supervisor imports it
+    if src.is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     # The worker's log (an activity's refused read is logged as a failed activity) goes to a file.
     with open(workdir / "workers.log", "a") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "worker", address, queue,
