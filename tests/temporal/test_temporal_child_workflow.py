@@ -111,6 +111,18 @@ async def test_a_decide_that_returns_no_decision_fails_typed_and_applies_nothing
         e.phase == "decision" and e.step_id == "fix.pass02" for e in journal.load("dev-badecide"))
 
 
+async def test_a_decide_that_raises_fails_the_workflow_and_applies_nothing(env: WorkflowEnvironment,
+                                                                         workdir: Path) -> None:
+    def broken(patch: Any) -> Any:
+        raise KeyError("the check's configuration")
+
+    async with worker(env, workdir, decide=broken) as queue:
+        with pytest.raises(WorkflowFailureError) as caught:
+            await start(env, queue, "dev-broken-decide")
+    assert isinstance(caught.value.cause, ApplicationError) and caught.value.cause.type == "DecideFailed"
+    assert read_records(workdir / "receipts.jsonl") == []
+
+
 async def test_an_apply_refused_ends_the_episode_failed_with_nothing_applied(env: WorkflowEnvironment,
                                                                              workdir: Path) -> None:
     calls: list[str] = []

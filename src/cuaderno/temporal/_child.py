@@ -319,7 +319,13 @@ class EpisodeWorkflow:
                     result_type=dict, start_to_close_timeout=CODE.timeout,
                     retry_policy=RetryPolicy(maximum_attempts=CODE.attempts), **options)
             except ActivityError as exc:
-                raise _activity_failure(exc) from None
+                failure = _activity_failure(exc)
+                if isinstance(failure, RuntimeError):
+                    # decide raised on every attempt: as locally, the episode stops with that
+                    # error (the workflow fails; a task failure would be retried forever).
+                    raise ApplicationError(f"decide failed: {exc.cause or exc}", type="DecideFailed",
+                                           non_retryable=True) from None
+                raise failure from None
             return Decision(got["action"], str(got.get("reason", "")))
 
         async def apply(proposal: Any, key: str) -> Any:
