@@ -524,6 +524,9 @@ def build_episode_worker(client: Client, episode: Episode[Any], *, task_queue: s
         raise UsageError("decide, apply and lookup must be callables")
     register_episode(episode, snapshot, can_apply=apply is not None, effect_policy=effect_policy)
     known = EPISODES[episode.name]
+    # The activities' agent has the episode's whole rejection cap; each child workflow's agent has
+    # what is left of it. Only the workflow's loop counts rejections: the activities build requests
+    # (instructions, tools, model: the same in both) and check the versions their own turn 0 wrote.
     agent = episode.child_agent(known.root, episode.budgets.rejected_responses)
     child = CuadernoActivities(agent, gateway_factory, journal_url)
     parent = EpisodeActivities(episode, child.store, decide, apply, lookup)
