@@ -449,3 +449,43 @@ async def test_empty_generations_and_invalid_answers_share_one_cap_per_episode(t
         assert (result.status, result.reason, result.rejected, len(result.passes)) == (
             "exhausted", "rejected_responses", 3, 2)
         assert [p.rejected for p in result.passes] == [2, 1] and gw.calls == 3 and effects.applied == []
+
+
+class Canned:
+    """A runner that answers every pass without a model: the seam's contract, nothing else."""
+
+    def __init__(self, answers: list[str | None]) -> None:
+        self.answers = answers
+        self.asked: list[Any] = []
+
+    async def run(self, episode: Any, child: Any) -> Any:
+        from cuaderno.episodes import ChildOutcome
+
+        self.asked.append(child)
+        output = self.answers[child.number - 1]
+        return ChildOutcome(status="completed" if output is not None else "failed", output=output,
+                            outcome={} if output is not None else {"reason": "bug"}, turns=1)
+
+    def cancel(self, child_run_id: str, reason: str, *, by: str) -> None:
+        pass
+
+
+async def test_a_child_runner_is_asked_for_each_pass_and_its_outcome_journaled(tmp_path: Path) -> None:
+    runner = Canned(['{"value": "x"}', json.dumps({"value": 7, "why": "canned"})])
+    effects = Effects()
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await episode.run(TASK, session=Session(RUN, by_pass({1: [good()]}), store), decide=accept,
+                                   apply=effects.apply, runner=runner)  # no snapshot: the runner has its own
+        assert (result.status, [p.outcome for p in result.passes], result.turns) == ("applied", ["rejected", "proposal"], 2)
+        assert [c.run_id for c in runner.asked] == ["parent/find.pass01", "parent/find.pass02"]
+        assert "(pass 2 of at most 3)" in runner.asked[1].task and "value" in runner.asked[1].task
+        assert [c.rejected_left for c in runner.asked] == [2, 1] and [v for v, _ in effects.applied] == [7]
+
+
+async def test_an_episode_without_snapshot_or_runner_is_a_usage_error(tmp_path: Path) -> None:
+    episode = Episode(name="find", instructions="i", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(UsageError, match="snapshot"):
+            await episode.run(TASK, session=Session(RUN, by_pass({1: [good()]}), store), decide=accept)
+        assert store.checkpoint(RUN) is None

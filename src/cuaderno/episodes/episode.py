@@ -40,6 +40,11 @@ parent's status comes from the kinds that already mean something: ``final`` clos
 ``completed``, ``run``/``end`` ``failed``, and the apply step is a ``tool`` step, so an apply of
 unknown fate makes the run ``needs_human`` and ``cuaderno resolve`` settles it like any tool's.
 
+Child passes run through a :class:`ChildRunner` (the parent asks it for a :class:`ChildPass` and
+journals the :class:`ChildOutcome` it returns): :class:`LocalChildRunner` in this process by
+default, a child workflow per pass under Temporal (:mod:`cuaderno.temporal._child`); both run
+:func:`run_child_pass`, the same loop over the same agent.
+
 Child pass ``n`` runs as ``f"{parent_run_id}/{name}.pass{n:02d}"``: a resumed parent re-attaches
 to it. A finished child answers from its journal (0 model calls); one killed mid-way resumes
 under the loop's rules (no journaled response is paid again). Its task is derived from the
