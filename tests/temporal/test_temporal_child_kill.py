@@ -50,6 +50,7 @@ FIGURES: list[str] = []
 @pytest.mark.parametrize(("point", "dedup"), [
     ("temporal.model.A1:5", True),           # during pass 2's second model call: billed, not journaled
     ("temporal.model.A2:5", False),          # pass 2's second call journaled, not returned
+    ("temporal.tool.A1:4", False),           # inside pass 3's read of test_calc.py: read, not journaled
     ("temporal.episode.C1:2", False),        # pass 2's child has its proposal, its workflow not completed
     ("episode.P1:2", False),                 # the parent has pass 2's proposal, not its decision
     ("temporal.episode.decide.A1:2", False),  # pass 3 decided (apply) in the activity, not in the history
