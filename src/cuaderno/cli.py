@@ -50,6 +50,7 @@ except ImportError:  # pragma: no cover - typer without a bundled click
 import cuaderno.harness as harness
 from cuaderno import _cli_render as render
 from cuaderno._cli_fork import export_command, fork_command
+from cuaderno._cli_temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
 from cuaderno._cli_ui import ui_command
 from cuaderno._cli_worker import run_state, status_command, worker_command
 from cuaderno._json import MAX_DEPTH
@@ -357,8 +358,11 @@ def approve(
     fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
     by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
     reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+    temporal: TemporalOption = None,
 ) -> None:
     """Approve a pending tool call; a worker (or the next resume) runs it exactly once."""
+    if temporal is not None:
+        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=True)
     _decide(ctx, run, step, fingerprint, by, reason, approved=True)
 
 
@@ -371,8 +375,11 @@ def deny(
     fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
     by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
     reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+    temporal: TemporalOption = None,
 ) -> None:
     """Reject a pending tool call; the next resume tells the model it was rejected."""
+    if temporal is not None:
+        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=False)
     _decide(ctx, run, step, fingerprint, by, reason, approved=False)
 
 
@@ -382,8 +389,11 @@ def cancel(
     run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
     reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = "",
     by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who cancels, for the record.")] = None,
+    temporal: TemporalOption = None,
 ) -> None:
     """Cancel a run: no new step is admitted; what completed and what is uncertain are kept."""
+    if temporal is not None:
+        return cancel_on_temporal(temporal, run, reason, by)
     from cuaderno.cancellation import cancel as cancel_run
 
     with _refusals(), _store(ctx) as store:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporal_app import POLICY, SCRIPT, make_agent
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporal_app import waiting_run
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -21,26 +19,6 @@ from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.journal import open_journal
 from cuaderno.temporal import CuadernoWorkflow, Decision, RunInput, build_worker
 from cuaderno.testing.ledger import LedgerProcess
-
-
-@asynccontextmanager
-async def waiting_run(env: WorkflowEnvironment, tmp_path: Path,
-                      ledger: LedgerProcess) -> AsyncIterator[tuple[WorkflowHandle[Any, Any], str, str]]:
-    """A run waiting for approval of its transfer: the handle, the approval step and its fingerprint."""
-    policy = tmp_path / "effects.toml"
-    policy.write_text(POLICY)
-    queue = f"q-{uuid.uuid4().hex[:8]}"
-    async with build_worker(env.client, make_agent(ledger.url, name="approver", approval=True), task_queue=queue,
-                            journal_url=f"sqlite:///{tmp_path / 'j.db'}", effect_policy=policy,
-                            gateway_factory=lambda: ScriptedGateway(SCRIPT)):
-        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="approver", task="pay bob"),
-                                                 id=f"run-{uuid.uuid4().hex[:8]}", task_queue=queue)
-        pending: dict[str, Any] = {}
-        while not pending:  # synchronised on the workflow's own state (a query), not on a delay
-            pending = await handle.query(CuadernoWorkflow.pending)
-            await asyncio.sleep(0)
-        step_id, waiting = next(iter(pending.items()))
-        yield handle, step_id, waiting["fingerprint"]
 
 
 def refused_as(exc: WorkflowUpdateFailedError) -> str | None:

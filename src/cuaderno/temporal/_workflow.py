@@ -78,6 +78,7 @@ class CuadernoWorkflow:
         self.decisions: dict[str, dict[str, Any]] = {}
         self.queued: list[Decision] = []
         self.cancel_reason: str | None = None
+        self.cancel_by = "temporal"
 
     @workflow.run
     async def run(self, inp: RunInput) -> dict[str, Any]:
@@ -173,7 +174,7 @@ class CuadernoWorkflow:
                     self._apply(step_id, self.decisions[step_id])
                     return
             if self.cancel_reason is not None:
-                request_cancel(self.store, self.run_id, self.cancel_reason, by="temporal",
+                request_cancel(self.store, self.run_id, self.cancel_reason, by=self.cancel_by,
                                ownership=WorkflowOwnership())
                 return
             await workflow.wait_condition(lambda: bool(self.queued) or self.cancel_reason is not None)
@@ -216,11 +217,12 @@ class CuadernoWorkflow:
         self.queued.append(d)
 
     @workflow.signal(name="cancel")
-    async def cancel(self, reason: str) -> None:
-        """Ask to cancel: the loop stops at its next step and writes the same record as locally."""
-        self.cancel_reason = reason
+    async def cancel(self, reason: str, by: str | None = None) -> None:
+        """Ask to cancel: the loop stops at its next step and writes the same record as locally.
+        ``by`` (added later, optional: signals sent with the reason alone still replay) is who asked."""
+        self.cancel_reason, self.cancel_by = reason, by or "temporal"
         if self.run_id:
-            request_cancel(self.store, self.run_id, reason, by="temporal", ownership=WorkflowOwnership())
+            request_cancel(self.store, self.run_id, reason, by=self.cancel_by, ownership=WorkflowOwnership())
 
     @workflow.query(name="pending")
     def pending(self) -> dict[str, dict[str, Any]]:
