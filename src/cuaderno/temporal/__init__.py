@@ -28,6 +28,7 @@ from cuaderno.loop.agent import Agent
 from cuaderno.temporal._activities import INLINE_BYTES, CuadernoActivities
 from cuaderno.temporal._child import EpisodeChildWorkflow, EpisodeInput, EpisodeWorkflow, build_episode_worker
 from cuaderno.temporal._names import (
+    JOURNAL_MARK,
     LOOKUP,
     MODEL_TURN,
     RECORD,
@@ -43,7 +44,7 @@ from cuaderno.temporal._names import (
 from cuaderno.temporal._profiles import CODE, MODEL, EffectPolicy, EffectPolicyError, Profile, load_effect_policy
 from cuaderno.temporal._workflow import AGENTS, CuadernoWorkflow, Decision
 
-__all__ = ["CODE", "INLINE_BYTES", "LOOKUP", "MODEL", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW",
+__all__ = ["CODE", "INLINE_BYTES", "JOURNAL_MARK", "LOOKUP", "MODEL", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TOOL_CALL", "WORKFLOW",
            "RecordInput", "ReplayInput", "CuadernoActivities",
            "CuadernoWorkflow", "Decision", "EffectPolicy", "EffectPolicyError", "ModelTurnInput", "Profile", "RunInput",
            "ToolCallInput", "build_worker", "cuaderno_activities", "register",

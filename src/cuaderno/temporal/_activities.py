@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -35,17 +36,19 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from cuaderno._json import sorted_compact_nan
-from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, VersionMismatch
+from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError, VersionMismatch
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
 from cuaderno.gateway.empty import classify_response
 from cuaderno.journal import open_journal
+from cuaderno.journal._open import parse_journal_url
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
 from cuaderno.loop.executor import AgentTools, TracedTools
 from cuaderno.loop.model_calls import TracedGateway
 from cuaderno.temporal._names import (
+    JOURNAL_MARK,
     LOOKUP,
     MODEL_TURN,
     RECORD,
@@ -59,11 +62,17 @@ from cuaderno.temporal._names import (
 from cuaderno.testing import crash
 from cuaderno.tools.definition import ToolContext
 
-__all__ = ["INLINE_BYTES", "REF", "CuadernoActivities"]
+__all__ = ["INLINE_BYTES", "JOURNALS", "REF", "CuadernoActivities", "journal_kind", "read_to_mark", "replayed"]
 
 INLINE_BYTES: Final = 512
 """Tool results up to this size (canonical JSON) travel in the history; larger ones by reference."""
 REF: Final = "$cuaderno_ref"
+
+log = logging.getLogger("cuaderno.temporal")
+
+JOURNALS: dict[str, str] = {}
+"""The journal URL of each agent this worker process runs (filled when its activities are built):
+where a run continued-as-new reads its earlier steps, up to its mark."""
 
 
 @asynccontextmanager
@@ -98,12 +107,15 @@ class CuadernoActivities:
         self.agent = agent
         self.gateway_factory = gateway_factory
         self.journal_url = journal_url
-        self.store: Checkpointer = open_journal(journal_url)  # refused here, at worker start
+        self.where = journal_kind(journal_url)  # refused here, at worker start
+        self.store: Checkpointer = open_journal(journal_url)  # refused here too, at worker start
+        JOURNALS[agent.name] = journal_url
+        log.info("cuaderno.temporal worker for agent %r: journal %s", agent.name, self.where)
         self._gateway: ModelGateway | None = None
         self.tools = TracedTools(AgentTools(agent.tools))
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self.model_turn, self.tool_call, self.tool_lookup, self.replay_run, self.record]
+        return [self.model_turn, self.tool_call, self.tool_lookup, self.replay_run, self.record, self.journal_mark]
 
     def _check(self, name: str) -> None:
         if name != self.agent.name:
@@ -228,7 +240,7 @@ class CuadernoActivities:
             if done.payload.get("outcome") == "error":
                 raise ApplicationError(str(done.payload["error"].get("message")), done.payload["error"],
                                        type="ToolError", non_retryable=True)
-            return self._returned(inp.step_id, done.payload["value"])  # ran: never twice
+            return returned(inp.step_id, done.payload["value"])  # ran: never twice
         if not journal:
             raise ApplicationError(f"run {inp.run_id!r} has no journal at {self.journal_url!r}: a tool step "
                                    "comes after a model turn", type="UsageError", non_retryable=True)
@@ -253,17 +265,7 @@ class CuadernoActivities:
                                      name=inp.tool, payload={"outcome": "ok", "value": value,
                                                              "effect_key": inp.effect_key})])
         crash.point("temporal.tool.A2")  # journaled, not returned
-        return self._returned(inp.step_id, value)
-
-    @staticmethod
-    def _returned(step_id: str, value: Any) -> Any:
-        text = sorted_compact_nan(value)
-        if len(text.encode()) <= INLINE_BYTES:
-            return value
-        # 16 hex digits of the sha256: the reference names a journaled row, the digest only lets a
-        # reader check it is that row's value (it is not a security boundary), and it is sent twice
-        # per step (the tool's result, the next model input).
-        return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16], "bytes": len(text.encode())}
+        return returned(inp.step_id, value)
 
     @activity.defn(name=LOOKUP)
     async def tool_lookup(self, inp: ToolCallInput) -> Any:
@@ -280,24 +282,20 @@ class CuadernoActivities:
     @activity.defn(name=REPLAY_RUN)
     async def replay_run(self, inp: ReplayInput) -> dict[str, Any]:
         """Every journaled model response and tool outcome of the run, as the workflow received
-        them (large tool values as references): a run continued-as-new replays its earlier
-        steps from this one result instead of one activity per step."""
+        them (large tool values as references). Asked only by runs continued before journal
+        marks existed (kept forever: their histories schedule it); a run continued now reads
+        the journal up to its mark instead (:func:`read_to_mark`), so that result, which grows
+        with the run, is not in its history."""
         self._check(inp.agent)
-        model: dict[str, Any] = {}
-        tools: dict[str, Any] = {}
-        for (step_id, phase), ev in self._events(inp.run_id).items():
-            if phase != "result":
-                continue
-            if ev.kind == "model":
-                model[step_id] = {"key": ev.payload.get("key"), "response": ev.payload.get("response")}
-            elif ev.kind == "tool":
-                out = {"effect_key": ev.payload.get("effect_key"), "outcome": ev.payload.get("outcome")}
-                if ev.payload.get("outcome") == "error":
-                    out["error"] = ev.payload.get("error")
-                else:
-                    out["value"] = self._returned(step_id, ev.payload.get("value"))
-                tools[step_id] = out
-        return {"model": model, "tools": tools}
+        return replayed(self.store.load(inp.run_id) if self.store.checkpoint(inp.run_id) is not None else [])
+
+    @activity.defn(name=JOURNAL_MARK)
+    async def journal_mark(self, inp: ReplayInput) -> dict[str, Any] | None:
+        """The run's last row in this journal (``{"seq", "hash"}``, ``None`` if it has none): what a
+        continue-as-new carries, a few dozen bytes whatever the run's length."""
+        self._check(inp.agent)
+        cp = self.store.checkpoint(inp.run_id)
+        return None if cp is None else {"seq": cp.last_seq, "hash": cp.last_hash}
 
     @activity.defn(name=RECORD)
     async def record(self, inp: RecordInput) -> int:
@@ -311,3 +309,80 @@ class CuadernoActivities:
         if new:
             self.store.append(new)
         return len(new)
+
+
+def returned(step_id: str, value: Any) -> Any:
+    """A tool value as the workflow receives it: inline up to :data:`INLINE_BYTES`, else a reference."""
+    text = sorted_compact_nan(value)
+    if len(text.encode()) <= INLINE_BYTES:
+        return value
+    # 16 hex digits of the sha256: the reference names a journaled row, the digest only lets a
+    # reader check it is that row's value (it is not a security boundary), and it is sent twice
+    # per step (the tool's result, the next model input).
+    return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16], "bytes": len(text.encode())}
+
+
+def replayed(events: list[StepEvent]) -> dict[str, Any]:
+    """The journaled model responses and tool outcomes, by step id, exactly as the activities
+    returned them to the workflow: what a continued run replays its earlier steps from."""
+    model: dict[str, Any] = {}
+    tools: dict[str, Any] = {}
+    for ev in events:
+        if ev.phase != "result":
+            continue
+        if ev.kind == "model":
+            model[ev.step_id] = {"key": ev.payload.get("key"), "response": ev.payload.get("response")}
+        elif ev.kind == "tool":
+            out = {"effect_key": ev.payload.get("effect_key"), "outcome": ev.payload.get("outcome")}
+            if ev.payload.get("outcome") == "error":
+                out["error"] = ev.payload.get("error")
+            else:
+                out["value"] = returned(ev.step_id, ev.payload.get("value"))
+            tools[ev.step_id] = out
+    return {"model": model, "tools": tools}
+
+
+def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`replayed` gives for the run's rows up to ``mark``, read in workflow code.
+
+    Deterministic, so allowed in a workflow: rows up to the mark were committed before the
+    earlier run continued-as-new, and the journal is append-only and hash-chained, so every
+    replay of this run reads the same rows; the mark's hash is checked against the row at its
+    seq (a journal restored from an older copy, or another journal, is refused). Rows after
+    the mark (this run's own steps) are ignored: they come from this run's activity results.
+    Read on a handle of its own (workflow code runs on another thread than the activities).
+    """
+    url = JOURNALS.get(agent)
+    if url is None:
+        raise ApplicationError(f"this worker has no journal for agent {agent!r}: build it with build_worker or "
+                               "cuaderno_activities", type="UsageError", non_retryable=True)
+    store = open_journal(url, create=False, readonly=True)
+    try:
+        events = store.load(run_id) if store.checkpoint(run_id) is not None else []
+    finally:
+        store.close()
+    seq, want = int(mark["seq"]), str(mark["hash"])
+    upto = [e for e in events if e.seq <= seq]
+    if not upto or upto[-1].seq != seq or upto[-1].row_hash != want:
+        found = f"row {upto[-1].seq} hash {upto[-1].row_hash[:12]}" if upto else "no rows"
+        raise ApplicationError(f"run {run_id!r}: the journal at {url!r} does not hold the row the earlier run "
+                               f"ended at (seq {seq}, hash {want[:12]}); it has {found}. Another journal, or an "
+                               "older copy of this one: refused", type="JournalRolledBack", non_retryable=True)
+    return replayed(upto)
+
+
+def journal_kind(url: str) -> str:
+    """Which store a worker's activities journal to, said in words (logged at worker start).
+
+    Refuses a journal no other process can read (``memory://``, ``sqlite:///:memory:``): the
+    activities of one run land on any worker, a continued run reads the journal from workflow
+    code on another handle, and a killed worker would take the journal with it.
+    """
+    target = parse_journal_url(url)
+    if target.scheme == "memory" or (target.scheme == "sqlite" and target.path == ":memory:"):
+        raise UsageError(f"journal {target.url!r} lives in one process's memory: a worker under Temporal needs a "
+                         "journal every worker reaches (a SQLite file on a host they share, or PostgreSQL)")
+    if target.scheme == "sqlite":
+        return (f"SQLite file {target.path!r} (every worker of this task queue must run on this host and "
+                "open this same file)")
+    return f"PostgreSQL {target.url} (shared by workers on any host)"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKFLOW", "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
+__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKFLOW",
+           "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
 
 WORKFLOW: Final = "cuaderno.run"
 MODEL_TURN: Final = "cuaderno.model_turn"
@@ -19,6 +20,7 @@ TOOL_CALL: Final = "cuaderno.tool_call"
 LOOKUP: Final = "cuaderno.tool_lookup"
 REPLAY_RUN: Final = "cuaderno.replay_run"
 RECORD: Final = "cuaderno.record"
+JOURNAL_MARK: Final = "cuaderno.journal_mark"
 
 
 @dataclass
@@ -35,6 +37,12 @@ class RunInput:
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_history_events: int = 0
     """Continue-as-new once the history holds this many events (0: when the server suggests it)."""
+    mark: dict[str, Any] | None = None
+    """Set by a continue-as-new: ``{"seq", "hash"}`` of the run's last row in the activities'
+    journal when the earlier run ended. The new run reads the journal up to that row (rows there
+    never change: append-only and hash-chained, the hash checked) instead of carrying results in
+    its history. ``None`` on a first run, and on runs continued before marks existed (those ask
+    ``cuaderno.replay_run``)."""
 
 
 @dataclass

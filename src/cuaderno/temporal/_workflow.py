@@ -39,7 +39,8 @@ from cuaderno.errors import (
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import FinalStep
-from cuaderno.temporal._names import RECORD, REPLAY_RUN, WORKFLOW, RecordInput, ReplayInput, RunInput
+from cuaderno.temporal._activities import read_to_mark
+from cuaderno.temporal._names import JOURNAL_MARK, RECORD, REPLAY_RUN, WORKFLOW, RecordInput, ReplayInput, RunInput
 from cuaderno.temporal._profiles import CODE, EffectPolicy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 
@@ -92,8 +93,12 @@ class CuadernoWorkflow:
         self.decisions = dict(inp.decisions)
         runtime = WorkflowRuntime()
         replayed: dict[str, Any] = {"model": {}, "tools": {}}
-        if workflow.info().continued_run_id is not None:
-            # One activity for everything the earlier runs journaled, instead of one per step.
+        if inp.mark is not None:
+            # Continued as new: the earlier runs' steps come from the journal up to the mark the
+            # earlier run ended at (read here, deterministically), not from the history.
+            replayed = read_to_mark(inp.agent, self.run_id, inp.mark)
+        elif workflow.info().continued_run_id is not None:
+            # Continued before marks existed: one activity for everything the earlier runs journaled.
             replayed = await workflow.execute_activity(REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id),
                                                        result_type=dict, start_to_close_timeout=CODE.timeout,
                                                        retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
@@ -110,7 +115,8 @@ class CuadernoWorkflow:
                     if self._history_full(inp):
                         workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
                                                           decisions=self.decisions,
-                                                          max_history_events=inp.max_history_events))
+                                                          max_history_events=inp.max_history_events,
+                                                          mark=await self._mark(inp)))
             except asyncio.CancelledError:
                 # Temporal cancelled the workflow: the same request a person's `cancel` writes;
                 # the loop, opened again, closes the run with the local record (what completed,
@@ -156,6 +162,16 @@ class CuadernoWorkflow:
             await workflow.execute_activity(RECORD, RecordInput(agent=inp.agent, run_id=self.run_id, events=events),
                                             start_to_close_timeout=CODE.timeout,
                                             retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+
+    async def _mark(self, inp: RunInput) -> dict[str, Any] | None:
+        """The journal's last row of this run, for the next run (``None``: it asks replay_run).
+        Behind a patch: a history that continued-as-new without asking it still replays."""
+        if not workflow.patched("cuaderno.journal-mark"):
+            return None
+        mark: dict[str, Any] | None = await workflow.execute_activity(
+            JOURNAL_MARK, ReplayInput(agent=inp.agent, run_id=self.run_id), result_type=dict,
+            start_to_close_timeout=CODE.timeout, retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+        return mark
 
     def _history_full(self, inp: RunInput) -> bool:
         info = workflow.info()
