@@ -168,12 +168,19 @@ async def main() -> None:
                   f"{o['cuaderno_ms_per_step']:.1f} ms, bare workflow {o['bare_ms_per_step']:.1f} ms, "
                   f"ratio {o['ratio']:.2f} (goal <= 1.1)")
             h = await history(env.client, Path(tmp), a.calls)
-            print(f"history, {a.calls} model calls with 5 KB tool outputs: cuaderno "
-                  f"{h['cuaderno_bytes_per_call']:.0f} B/call ({h['cuaderno_total_bytes'] / 1e6:.2f} MB), naive "
-                  f"{h['naive_bytes_per_call']:.0f} B/call ({h['naive_total_bytes'] / 1e6:.2f} MB); "
-                  f"tool-call arguments ~{h['tool_args_bytes']:.0f} B; Temporal's floor (two empty activities per step) "
-                  f"{h['floor_bytes_per_step']:.0f} B/step")
-
+            goal = 2048 + h["tool_args_bytes"]
+            print(f"\nhistory bytes per model call, {a.calls} model calls, 5 KB tool output each (server's bytes):\n")
+            print("| workflow | bytes per model call | whole history |")
+            print("|---|---|---|")
+            print(f"| cuaderno (references) | {h['cuaderno_bytes_per_call']:,.0f} | "
+                  f"{h['cuaderno_total_bytes'] / 1e6:.2f} MB |")
+            print(f"| naive (conversation as input) | {h['naive_bytes_per_call']:,.0f} | "
+                  f"{h['naive_total_bytes'] / 1e6:.2f} MB |")
+            print(f"| floor (two empty activities per step) | {h['floor_bytes_per_step']:,.0f} | "
+                  f"{h['floor_bytes_per_step'] * a.calls / 1e6:.2f} MB |")
+            print(f"\ngoal <= 2 KB per step plus the tool-call arguments (~{h['tool_args_bytes']:.0f} B): "
+                  f"{goal:,.0f} B; cuaderno {'meets' if h['cuaderno_bytes_per_call'] <= goal else 'misses'} it, "
+                  f"{h['cuaderno_bytes_per_call'] - h['floor_bytes_per_step']:,.0f} B above Temporal's floor")
 
 if __name__ == "__main__":
     asyncio.run(main())

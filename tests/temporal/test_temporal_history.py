@@ -88,8 +88,8 @@ async def test_history_grows_linearly_where_the_naive_workflow_grows_quadratical
 
 @pytest.mark.parametrize("turns", [
     300,
-    pytest.param(1000, marks=pytest.mark.skipif(os.environ.get("CUADERNO_SOAK") != "1",
-                                                reason="soak: CUADERNO_SOAK=1")),
+    pytest.param(1000, marks=[pytest.mark.skipif(os.environ.get("CUADERNO_SOAK") != "1", reason="soak: CUADERNO_SOAK=1"),
+                              pytest.mark.timeout(1800)]),
 ])
 async def test_a_long_run_continues_as_new_with_a_bounded_history_per_run(env: WorkflowEnvironment, tmp_path: Path,
                                                                           turns: int) -> None:

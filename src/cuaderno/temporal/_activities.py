@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
@@ -69,6 +70,8 @@ INLINE_BYTES: Final = 512
 REF: Final = "$cuaderno_ref"
 
 log = logging.getLogger("cuaderno.temporal")
+
+TOOL_STEP: Final = re.compile(r"(t\d{4,})\.tool(\d{2,})")
 
 JOURNALS: dict[str, str] = {}
 """The journal URL of each agent this worker process runs (filled when its activities are built):
@@ -136,7 +139,7 @@ class CuadernoActivities:
         journal = self._events(run_id)
         done = journal.get((step_id, "result"))
         if done is not None and done.payload.get("key") == inp.idempotency_key:
-            return dict(done.payload["response"])  # journaled: a re-executed activity pays nothing
+            return slim_response(done.payload["response"])  # journaled: a re-executed activity pays nothing
         start = journal.get(("run", "start"))
         if start is not None:
             recorded = start.payload.get("versions")
@@ -146,7 +149,8 @@ class CuadernoActivities:
                 raise ApplicationError(str(VersionMismatch(run_id, recorded or {}, self.agent.versions())),
                                        type="VersionMismatch", non_retryable=True)
         if not journal:
-            task = next((m.get("content") for m in inp.new_messages if m.get("role") == "user"), None)
+            task = next((m.get("content") for m in inp.new_messages if isinstance(m, dict) and m.get("role") == "user"),
+                        None)
             if not isinstance(task, str):
                 raise ApplicationError("the first model turn of a run must carry its task", type="UsageError",
                                        non_retryable=True)
@@ -160,6 +164,12 @@ class CuadernoActivities:
         if (step_id, "intent") not in journal:
             self.store.append([intent])
             journal[(step_id, "intent")] = intent
+        if inp.send > 1 and (step_id, f"intent.{inp.send}") not in journal:
+            # A re-send after a send of unknown fate, journaled as the loop journals it locally
+            # (counted as a send, possibly billed twice).
+            self.store.append([StepEvent(run_id=run_id, step_id=step_id, phase=f"intent.{inp.send}", kind="model",
+                                         payload={"key": inp.idempotency_key, "turn": inp.turn,
+                                                  "after": "ambiguous"})])
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
             raise ApplicationError(str(ReplayDivergence(run_id, step_id, f"{len(messages)} messages in the journal",
@@ -180,13 +190,16 @@ class CuadernoActivities:
         crash.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
         # The same verdict the loop computes on the same response (empty generations counted).
         verdict = classify_response(response, require_tool=a.require_tool)
-        counters = {"rejected_responses": 1} if verdict.rejected else {}
+        # The loop's counters for the step: its retries (failed sends it tried again) come with the input.
+        counters = {"retries": inp.retries} if inp.retries else {}
+        if verdict.rejected:
+            counters["rejected_responses"] = 1
         data = response.to_json()
         self.store.append([StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
-                                     payload={"response": data, "key": inp.idempotency_key, "sends": 1,
+                                     payload={"response": data, "key": inp.idempotency_key, "sends": inp.send,
                                               "verdict": verdict.to_json(), "counters": counters})])
         crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
-        return data
+        return slim_response(data)
 
     def _conversation(self, run_id: str, upto: str, journal: dict[tuple[str, str], StepEvent]) -> list[Message]:
         """The request's messages, rebuilt from the intents' new messages and the journaled
@@ -196,13 +209,31 @@ class CuadernoActivities:
                         and s <= upto})
         for step in steps:
             for m in journal[(step, "intent")].payload.get("new") or ():
-                if m.get("role") == "assistant" and "ref" in m:
+                if isinstance(m, str):  # a bare step id: the journaled response, or tool result
+                    out.append(self._by_step(m, journal))
+                elif m.get("role") == "assistant" and "ref" in m:
                     out.append(assistant_message(journal[(str(m["ref"]), "result")].payload["response"]))
                 elif m.get("role") == "tool":
                     out.append(self._resolved(m, journal))
                 else:
                     out.append(m)
         return out
+
+    @staticmethod
+    def _by_step(step: str, journal: dict[tuple[str, str], StepEvent]) -> Message:
+        """The message a bare step id stands for: ``tNNNN.model``, that response's assistant
+        message; ``tNNNN.toolKK``, the ok result of call KK of ``tNNNN.model`` (its id and name
+        from that response, as the loop builds the message: the workflow sends the bare id only
+        when they match)."""
+        if step.endswith(".model"):
+            return assistant_message(journal[(step, "result")].payload["response"])
+        found = TOOL_STEP.fullmatch(step)
+        if found is None:
+            raise ApplicationError(f"{step!r} names no model or tool step", type="UsageError", non_retryable=True)
+        call = journal[(f"{found[1]}.model", "result")].payload["response"]["tool_calls"][int(found[2])]
+        value = journal[(step, "result")].payload["value"]
+        return {"role": "tool", "tool_call_id": call["id"], "name": call["name"],
+                "content": sorted_compact_nan(value), "is_error": False}
 
     @staticmethod
     def _resolved(message: Message, journal: dict[tuple[str, str], StepEvent]) -> Message:
@@ -386,3 +417,16 @@ def journal_kind(url: str) -> str:
         return (f"SQLite file {target.path!r} (every worker of this task queue must run on this host and "
                 "open this same file)")
     return f"PostgreSQL {target.url} (shared by workers on any host)"
+
+
+def slim_response(data: dict[str, Any]) -> dict[str, Any]:
+    """A response's JSON without what :meth:`ModelResponse.from_json` takes as default (null and
+    empty fields, zero token counts): the same response to the workflow, ~150 bytes less in
+    every model activity's result. ``cost`` absent is ``None``: unpriced, as before."""
+    out = {k: v for k, v in data.items() if v is not None and v != "" and v != [] and v != {}}
+    usage = {k: v for k, v in (data.get("usage") or {}).items() if v}
+    if usage:
+        out["usage"] = usage
+    else:
+        out.pop("usage", None)
+    return out

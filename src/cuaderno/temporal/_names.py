@@ -8,11 +8,12 @@ the same shape. New fields may be added with defaults; nothing here is renamed o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 __all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKFLOW",
-           "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput"]
+           "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
 MODEL_TURN: Final = "cuaderno.model_turn"
@@ -55,7 +56,12 @@ class ModelTurnInput:
     large result returned to the workflow as a reference stays one; only denials, errors and
     results found by a lookup travel as text. The assistant messages are references (``{"role": "assistant", "ref":
     STEP_ID}``) to the responses the journal holds, so nothing the history already has is sent
-    twice.
+    twice. Since the history-size work, both are usually a bare step id instead (``"t0003.model"``,
+    ``"t0003.tool00"``: the tool message's call id and name are those of call 00 of ``t0003.model``,
+    checked by the workflow before it sends the bare form); the dict forms stay readable forever.
+
+    The workflow sends this (and :class:`ToolCallInput`) without the fields that hold their
+    defaults (:func:`slim_input`); the activity gets them back as defaults.
     """
 
     agent: str
@@ -64,9 +70,14 @@ class ModelTurnInput:
     turn: int
     idempotency_key: str
     """hash(run id, step id, request fingerprint): names the request without its body."""
-    new_messages: list[dict[str, Any]]
+    new_messages: list[dict[str, Any] | str]
     n_messages: int
     tenant: str = "default"
+    send: int = 1
+    """Which send of the step this is: 2 and more are re-sends after a send of unknown fate
+    (journaled ``intent.N``, as the local loop does)."""
+    retries: int = 0
+    """Failed sends of the step the loop tried again (transient failures): the result's counter."""
 
 
 @dataclass
@@ -102,3 +113,18 @@ class RecordInput:
     run_id: str
     events: list[dict[str, Any]]
     """``step_id``, ``phase``, ``kind``, ``name``, ``decision``, ``fingerprint``, ``payload``."""
+
+
+def slim_input(inp: Any) -> dict[str, Any]:
+    """An activity input as a dict without the fields that equal their defaults (the tenant
+    ``default``, attempt 1, empty data, no call id): the activity's dataclass fills them back in.
+    Dozens of bytes per activity, in every activity of the history."""
+    out = {}
+    for f in dataclasses.fields(inp):
+        value = getattr(inp, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            continue
+        out[f.name] = value
+    return out

@@ -28,7 +28,7 @@ from cuaderno.gateway.base import ModelRequest, ModelResponse, assistant_message
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.executor import AgentTools
 from cuaderno.loop.runtime import Runtime
-from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput
+from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput, slim_input
 from cuaderno.temporal._profiles import CODE, MODEL, EffectPolicy, Profile
 from cuaderno.tools.definition import ToolContext
 
@@ -138,50 +138,78 @@ class ActivityModelCaller:
         """Messages of the conversation the activities already know of (the previous request's)."""
         self._responses: dict[str, str] = {}
         """An accepted response's assistant message (its canonical JSON) -> its model step id."""
+        self._failed: dict[str, list[ErrorClass]] = {}
+        """A model step id -> the classes of its failed sends so far (retries and re-sends)."""
+        self._calls: dict[str, tuple[str, str]] = {}
+        """A tool step id -> the (call id, tool name) of the response call it runs."""
 
     async def call(self, request: ModelRequest, *, run_id: str, step_id: str, idempotency_key: str) -> ModelResponse:
         messages = request.messages
-        new: list[dict[str, Any]] = []
+        new: list[dict[str, Any] | str] = []
         for message in messages[self._sent:]:
             role = message.get("role")
             ref = self._responses.get(sorted_compact(message)) if role == "assistant" else None
             if ref is not None:
-                new.append({"role": "assistant", "ref": ref})
+                new.append(ref)  # the bare step id: the journaled response's assistant message
             elif role == "tool" and self.tools is not None and (step := self.tools.journaled(message)) is not None:
                 # The tool activity journaled this result: the model activity reads it from there.
-                new.append({"role": "tool", "tool_call_id": message.get("tool_call_id"), "name": message.get("name"),
-                            "ref": step})
+                # The bare step id when its call id and name are those the activity will derive.
+                if self._calls.get(step) == (message.get("tool_call_id"), message.get("name")):
+                    new.append(step)
+                else:
+                    new.append({"role": "tool", "tool_call_id": message.get("tool_call_id"),
+                                "name": message.get("name"), "ref": step})
             else:
                 new.append(dict(message))
+        failed = self._failed.get(step_id, [])
         inp = ModelTurnInput(agent=self.agent, run_id=run_id, step_id=step_id,
                              turn=int(step_id[1:5]), idempotency_key=idempotency_key,
-                             new_messages=new, n_messages=len(messages), tenant=self.tenant)
+                             new_messages=new, n_messages=len(messages), tenant=self.tenant,
+                             send=1 + failed.count(ErrorClass.AMBIGUOUS),
+                             retries=sum(1 for c in failed if c is not ErrorClass.AMBIGUOUS))
         known = self.replayed.get(step_id)
         if known is not None and known.get("key") == idempotency_key:
-            self._sent = len(messages)
-            self._responses[sorted_compact(assistant_message(known["response"]))] = step_id
-            return ModelResponse.from_json(known["response"])
+            return self._answered(step_id, len(messages), known["response"])
         try:
-            data = await workflow.execute_activity(MODEL_TURN, inp, result_type=dict, **_options(MODEL, self.policy))
+            data = await workflow.execute_activity(MODEL_TURN, slim_input(inp), result_type=dict,
+                                                   **_options(MODEL, self.policy))
         except ActivityError as exc:
-            cause = exc.cause
-            _cancelled(exc)
-            if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
-                # Not a failed send: the worker refused the run (another agent, another journal).
-                # The workflow fails with the typed error; nothing was journaled.
-                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
-            if (err := _details(exc, "GatewayError")) is not None:
-                raise GatewayError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
+            failure = self._failure(exc)
+            self._failed.setdefault(step_id, []).append(failure.error_class)
+            raise failure from None
+        return self._answered(step_id, len(messages), data)
+
+    @staticmethod
+    def _failure(exc: ActivityError) -> GatewayError:
+        """The activity's failure as the loop's retry layer sees it (a refusal fails the workflow)."""
+        cause = exc.cause
+        _cancelled(exc)
+        if isinstance(cause, ApplicationError) and cause.type in REFUSALS:
+            # Not a failed send: the worker refused the run (another agent, another journal).
+            # The workflow fails with the typed error; nothing was journaled.
+            raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from None
+        if (err := _details(exc, "GatewayError")) is not None:
+            failure = GatewayError(str(err.get("message")), error_class=ErrorClass(err["error_class"]),
                                    sent=bool(err.get("sent")), retry_after=err.get("retry_after"),
-                                   status=err.get("status")) from None
-            # The worker died or the call outlived its timeout: it may have been sent (and billed).
-            # cuaderno's retry layer re-sends with the same key; the activity finds a journaled
-            # response first and pays nothing.
-            raise GatewayError(f"model activity failed: {exc.cause or exc}", error_class=ErrorClass.AMBIGUOUS,
-                               sent=True) from None
-        self._sent = len(messages)
-        self._responses[sorted_compact(assistant_message(data))] = step_id
-        return ModelResponse.from_json(data)
+                                   status=err.get("status"))
+            # Lower-tier calls made before it failed: counted where the loop journals the failure.
+            failure.escalations = tuple(err.get("escalations") or ())
+            return failure
+        # The worker died or the call outlived its timeout: it may have been sent (and billed).
+        # cuaderno's retry layer re-sends with the same key; the activity finds a journaled
+        # response first and pays nothing.
+        return GatewayError(f"model activity failed: {exc.cause or exc}", error_class=ErrorClass.AMBIGUOUS,
+                            sent=True)
+
+    def _answered(self, step_id: str, sent: int, data: dict[str, Any]) -> ModelResponse:
+        """Remember what the activities now know: the messages sent, this response (as the loop
+        will write its assistant message) and its tool calls, by the tool step each becomes."""
+        response = ModelResponse.from_json(data)  # the result may omit defaults (slim_response)
+        self._sent = sent
+        self._responses[sorted_compact(assistant_message(response.to_json()))] = step_id
+        for index, call in enumerate(response.tool_calls):
+            self._calls[f"{step_id.removesuffix('.model')}.tool{index:02d}"] = (call.id, call.name)
+        return response
 
 
 class ActivityTools(AgentTools):
@@ -225,13 +253,15 @@ class ActivityTools(AgentTools):
             return self._journaled(ctx, known.get("value"))
         try:
             return self._journaled(ctx, await workflow.execute_activity(
-                TOOL_CALL, self._input(name, arguments, ctx), **_options(self.policy.tools[name], self.policy)))
+                TOOL_CALL, slim_input(self._input(name, arguments, ctx)),
+                **_options(self.policy.tools[name], self.policy)))
         except ActivityError as exc:
             raise self._tool_error(exc, "tool activity") from None
 
     async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         try:
-            return await workflow.execute_activity(LOOKUP, self._input(name, arguments, ctx), **_options(CODE, self.policy))
+            return await workflow.execute_activity(LOOKUP, slim_input(self._input(name, arguments, ctx)),
+                                                   **_options(CODE, self.policy))
         except ActivityError as exc:
             raise self._tool_error(exc, "lookup activity") from None
 

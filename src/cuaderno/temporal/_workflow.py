@@ -92,16 +92,7 @@ class CuadernoWorkflow:
         self.run_id = workflow.info().workflow_id
         self.decisions = dict(inp.decisions)
         runtime = WorkflowRuntime()
-        replayed: dict[str, Any] = {"model": {}, "tools": {}}
-        if inp.mark is not None:
-            # Continued as new: the earlier runs' steps come from the journal up to the mark the
-            # earlier run ended at (read here, deterministically), not from the history.
-            replayed = read_to_mark(inp.agent, self.run_id, inp.mark)
-        elif workflow.info().continued_run_id is not None:
-            # Continued before marks existed: one activity for everything the earlier runs journaled.
-            replayed = await workflow.execute_activity(REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id),
-                                                       result_type=dict, start_to_close_timeout=CODE.timeout,
-                                                       retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+        replayed = await self._earlier_steps(inp)
         tools = ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"])
         session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
                           ownership=WorkflowOwnership(), owner=runtime.owner(), tools=tools,
@@ -141,7 +132,11 @@ class CuadernoWorkflow:
             except CuadernoError as exc:
                 # A typed error the loop gives up with (a model call that kept failing, a replay
                 # divergence) fails the workflow with its type: any other exception would fail
-                # only the workflow task, retried forever.
+                # only the workflow task, retried forever. The failure the loop journaled (a
+                # model step's error with what it spent) goes to the activities' journal first,
+                # as the local loop leaves it (behind a patch: older failed histories replay).
+                if workflow.patched("cuaderno.record-giveup"):
+                    await self._record(inp)
                 raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
@@ -157,11 +152,26 @@ class CuadernoWorkflow:
                    "fingerprint": e.fingerprint, "payload": e.payload}
                   for e in self.store.load(self.run_id)
                   if e.kind in ("final", "approval", "cancel") or (e.kind == "run" and e.phase != "start")
-                  or (e.kind == "tool" and e.phase == "decision")]
+                  or (e.kind == "tool" and e.phase == "decision")
+                  or (e.kind == "model" and e.phase.startswith("error"))]
         if events:
             await workflow.execute_activity(RECORD, RecordInput(agent=inp.agent, run_id=self.run_id, events=events),
                                             start_to_close_timeout=CODE.timeout,
                                             retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+
+    async def _earlier_steps(self, inp: RunInput) -> dict[str, Any]:
+        """What earlier runs of this workflow journaled (continue-as-new), by step: none on a first run."""
+        if inp.mark is not None:
+            # The journal up to the row the earlier run ended at (read here, deterministically),
+            # not a result in this run's history.
+            return read_to_mark(inp.agent, self.run_id, inp.mark)
+        if workflow.info().continued_run_id is not None:
+            # Continued before marks existed: one activity for everything the earlier runs journaled.
+            replayed: dict[str, Any] = await workflow.execute_activity(
+                REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id), result_type=dict,
+                start_to_close_timeout=CODE.timeout, retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
+            return replayed
+        return {"model": {}, "tools": {}}
 
     async def _mark(self, inp: RunInput) -> dict[str, Any] | None:
         """The journal's last row of this run, for the next run (``None``: it asks replay_run).
