@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from long_app import long_agent, script
 from temporal_app import POLICY, SCRIPT, make_agent
-from temporalio.client import WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
+from test_temporal_giveup import agent as giving_up_agent
+from test_temporal_giveup import flaky
 
+from cuaderno.errors import ErrorClass
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.temporal import CuadernoWorkflow, RunInput, build_worker, register
 from cuaderno.temporal._seams import ActivityTools
@@ -28,12 +32,15 @@ HISTORIES = Path(__file__).parent / "histories"
 HISTORY = HISTORIES / "payer.json"
 """Recorded before the cuaderno.record activity existed: still replays (workflow.patched)."""
 LATEST = HISTORIES / "payer_record.json"
+CONTINUED_TURNS = 6
 
 
 def registered(tmp_path: Path) -> None:
     policy = tmp_path / "effects.toml"
     policy.write_text(POLICY)
     register(make_agent("http://127.0.0.1:1"), policy)
+    register(giving_up_agent())  # looker_gave_up.json
+    register(long_agent(CONTINUED_TURNS))  # reader_continued.json
 
 
 def recorded(path: Path = HISTORY) -> WorkflowHistory:
@@ -75,3 +82,28 @@ async def test_record_history(env: WorkflowEnvironment, tmp_path: Path) -> None:
                                                      id="run-recorded", task_queue=queue)
             await handle.result()
             LATEST.write_text((await handle.fetch_history()).to_json())
+
+
+@pytest.mark.skipif(os.environ.get("CUADERNO_RECORD_HISTORY") != "1", reason="records the histories on demand")
+async def test_record_the_give_up_and_continue_as_new_histories(env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """A run whose model calls keep failing (it records the loop's give-up: cuaderno.record behind
+    its patch) and the first run of one that continues as new (cuaderno.journal_mark behind its
+    patch); neither replay reads the journal."""
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    async with build_worker(env.client, giving_up_agent(), task_queue=queue, journal_url=f"sqlite:///{tmp_path / 'g.db'}",
+                            gateway_factory=lambda: flaky({0: ErrorClass.TRANSIENT})):
+        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="looker", task="find x"),
+                                                 id="run-recorded", task_queue=queue)
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        (HISTORIES / "looker_gave_up.json").write_text((await handle.fetch_history()).to_json())
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    agent = long_agent(CONTINUED_TURNS)
+    async with build_worker(env.client, agent, task_queue=queue, journal_url=f"sqlite:///{tmp_path / 'c.db'}",
+                            gateway_factory=lambda: ScriptedGateway(script(CONTINUED_TURNS))):
+        handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent=agent.name, task="read",
+                                                                                max_history_events=30),
+                                                 id="run-recorded-2", task_queue=queue)
+        await handle.result()
+        first = env.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+        (HISTORIES / "reader_continued.json").write_text((await first.fetch_history()).to_json())
