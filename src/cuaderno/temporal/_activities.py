@@ -29,8 +29,10 @@ import hashlib
 import json
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 from temporalio import activity
@@ -103,6 +105,19 @@ def _failure(kind: str, err: GatewayError | ToolError) -> ApplicationError:
     return ApplicationError(str(err), err.to_json(), type=kind, non_retryable=True)
 
 
+CACHED_RUNS: Final = 64
+"""Runs whose journal index a worker keeps (least recently used dropped first)."""
+
+
+@dataclass(slots=True)
+class _Cached:
+    """A run's journal index as of its row ``seq`` (whose hash is ``row_hash``)."""
+
+    index: dict[tuple[str, str], StepEvent]
+    seq: int
+    row_hash: str
+
+
 class CuadernoActivities:
     """The activities of one agent, writing the journal at ``journal_url``."""
 
@@ -115,6 +130,7 @@ class CuadernoActivities:
         JOURNALS[agent.name] = journal_url
         log.info("cuaderno.temporal worker for agent %r: journal %s", agent.name, self.where)
         self._gateway: ModelGateway | None = None
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self.tools = TracedTools(AgentTools(agent.tools))
 
     def activities(self) -> list[Callable[..., Any]]:
@@ -126,9 +142,37 @@ class CuadernoActivities:
                                    type="UsageError", non_retryable=True)
 
     def _events(self, run_id: str) -> dict[tuple[str, str], StepEvent]:
-        if self.store.checkpoint(run_id) is None:
+        """The run's journal by (step, phase): from this worker's cache while the journal's last
+        row is still the one this worker last read or wrote (checked against the summary, one
+        row), else loaded whole. Without the cache every activity loaded the whole run: a
+        1000-turn run's last activities read ~3000 rows each."""
+        cp = self.store.checkpoint(run_id)
+        if cp is None:
+            self._cache.pop(run_id, None)
             return {}
-        return {(e.step_id, e.phase): e for e in self.store.load(run_id)}
+        hit = self._cache.get(run_id)
+        if hit is None or (hit.seq, hit.row_hash) != (cp.last_seq, cp.last_hash):
+            events = self.store.load(run_id)
+            hit = _Cached({(e.step_id, e.phase): e for e in events}, events[-1].seq if events else 0,
+                          events[-1].row_hash if events else "")
+            self._cache[run_id] = hit
+            while len(self._cache) > CACHED_RUNS:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(run_id)
+        return dict(hit.index)  # the caller's copy: it adds what it writes to it
+
+    def _append(self, run_id: str, events: list[StepEvent]) -> None:
+        """Append, and keep the cache when the rows written directly follow the ones cached
+        (anything else, such as another worker's rows in between, drops it)."""
+        stored = self.store.append(events)
+        hit = self._cache.get(run_id)
+        if hit is None:
+            return
+        if stored and all(ev.seq == hit.seq + 1 + i for i, ev in enumerate(stored)):
+            hit.index.update(((ev.step_id, ev.phase), ev) for ev in stored)
+            hit.seq, hit.row_hash = stored[-1].seq, stored[-1].row_hash
+        else:
+            self._cache.pop(run_id, None)
 
     # -- model ------------------------------------------------------------------------------------
 
@@ -154,7 +198,7 @@ class CuadernoActivities:
             if not isinstance(task, str):
                 raise ApplicationError("the first model turn of a run must carry its task", type="UsageError",
                                        non_retryable=True)
-            self.store.append([StepEvent(run_id=run_id, step_id="run", phase="start", kind="run",
+            self._append(run_id, [StepEvent(run_id=run_id, step_id="run", phase="start", kind="run",
                                          name=self.agent.name, fingerprint=fingerprint({"task": task}),
                                          payload={"task": task, "versions": self.agent.versions(),
                                                   "tenant": inp.tenant, "engine": "temporal"})])
@@ -162,12 +206,12 @@ class CuadernoActivities:
                            payload={"key": inp.idempotency_key, "turn": inp.turn, "new": inp.new_messages,
                                     "n_messages": inp.n_messages})
         if (step_id, "intent") not in journal:
-            self.store.append([intent])
+            self._append(run_id, [intent])
             journal[(step_id, "intent")] = intent
         if inp.send > 1 and (step_id, f"intent.{inp.send}") not in journal:
             # A re-send after a send of unknown fate, journaled as the loop journals it locally
             # (counted as a send, possibly billed twice).
-            self.store.append([StepEvent(run_id=run_id, step_id=step_id, phase=f"intent.{inp.send}", kind="model",
+            self._append(run_id, [StepEvent(run_id=run_id, step_id=step_id, phase=f"intent.{inp.send}", kind="model",
                                          payload={"key": inp.idempotency_key, "turn": inp.turn,
                                                   "after": "ambiguous"})])
         messages = self._conversation(run_id, step_id, journal)
@@ -195,7 +239,7 @@ class CuadernoActivities:
         if verdict.rejected:
             counters["rejected_responses"] = 1
         data = response.to_json()
-        self.store.append([StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
+        self._append(run_id, [StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
                                      payload={"response": data, "key": inp.idempotency_key, "sends": inp.send,
                                               "verdict": verdict.to_json(), "counters": counters})])
         crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
@@ -277,7 +321,7 @@ class CuadernoActivities:
                                    "comes after a model turn", type="UsageError", non_retryable=True)
         phase = "intent" if inp.attempt == 1 else f"intent.{inp.attempt}"
         if (inp.step_id, phase) not in journal:
-            self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool",
+            self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool",
                                          name=inp.tool, payload={"effect_key": inp.effect_key,
                                                                  "arguments": inp.arguments}),])
         try:
@@ -287,12 +331,12 @@ class CuadernoActivities:
         except ToolError as err:
             # A classified failure is the step's outcome: journaled, so a run continued-as-new
             # gets it back instead of running the body again.
-            self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
+            self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
                                          name=inp.tool, payload={"outcome": "error", "error": err.to_json(),
                                                                  "effect_key": inp.effect_key})])
             raise _failure("ToolError", err) from None
         crash.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
-        self.store.append([StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
+        self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
                                      name=inp.tool, payload={"outcome": "ok", "value": value,
                                                              "effect_key": inp.effect_key})])
         crash.point("temporal.tool.A2")  # journaled, not returned
@@ -338,7 +382,7 @@ class CuadernoActivities:
                          decision=e.get("decision"), fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
                for e in inp.events if (e["step_id"], e["phase"]) not in journal]
         if new:
-            self.store.append(new)
+            self._append(inp.run_id, new)
         return len(new)
 
 
