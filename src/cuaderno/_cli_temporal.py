@@ -130,9 +130,14 @@ def decide_on_temporal(target: str, run: str, step: str, fingerprint: str | None
                        reason: str | None, *, approved: bool) -> None:
     """The ``decide`` update for ``step`` of the workflow ``run``: printed, bound, then sent."""
     from cuaderno import _cli_render as render
-    from cuaderno.cli import ERROR_EXIT, _fail, _stdout
+    from cuaderno.cli import ERROR_EXIT, USAGE_EXIT, _fail, _normal_fingerprint, _stdout
     from cuaderno.temporal import CuadernoWorkflow, Decision
 
+    if fingerprint is not None:
+        fingerprint = _normal_fingerprint(fingerprint)  # spaces, a newline, upper-case hex: as locally
+        if not fingerprint:
+            _fail("--fingerprint is empty: pass the full fingerprint shown, or leave the option out to bind "
+                  "the call printed here; nothing was sent", USAGE_EXIT)
     verb = "approving" if approved else "denying"
     step_id = render.approval_step(step)
     console = _stdout()

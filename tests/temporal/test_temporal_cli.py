@@ -57,7 +57,9 @@ async def test_a_stale_fingerprint_is_refused_by_the_workflow_and_it_still_waits
             assert stale.returncode == 4 and "ApprovalMismatch" in stale.stderr
             assert len(stale.stderr.splitlines()) == 1 and stale.stderr.startswith("error: ")
             assert (await handle.query(CuadernoWorkflow.pending))[step_id]["fingerprint"] == fp  # nothing recorded
-            denied = await cuaderno("deny", handle.id, step_id, "--temporal", target(env), "--fingerprint", fp)
+            # Pasted with a newline and in capitals: the same fingerprint, as the local deny reads it.
+            denied = await cuaderno("deny", handle.id, step_id, "--temporal", target(env), "--fingerprint",
+                                    f" {fp.upper()}\n")
             assert denied.returncode == 0, denied.stderr
             assert (await handle.result())["status"] == "completed"
         assert ledger.receipts() == []  # denied: the transfer never ran
