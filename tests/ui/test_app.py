@@ -325,3 +325,18 @@ def test_a_journal_gone_under_the_server_is_a_page_not_a_traceback(db: Path) -> 
             raw.execute("DROP TABLE cuaderno_runs")
         for reply in (client.get("/"), client.get("/run", params={"id": "pay-1"})):
             assert reply.status_code == 500 and "refusal" in reply.text and "Traceback" not in reply.text
+
+
+def test_an_approved_run_nobody_drives_is_shown_waiting_for_a_worker_never_running(client: TestClient, db: Path) -> None:
+    assert decide(client, "pay-1").status_code == 303
+    assert status(db, "pay-1") == "running"  # what the journal stores after a decision
+    page = client.get("/run", params={"id": "pay-1"}).text
+    assert '<span class="status st-waiting">waiting</span>' in page and "waiting for a worker" in page
+    assert 'st-running' not in page
+    listing = client.get("/").text
+    row = listing[listing.index('id=pay-1"'):]
+    row = row[:row.index("</tr>")]
+    assert ">waiting</span>" in row and "waiting for a worker" in row and "running" not in row
+    # A run waiting for its approval keeps its stored status, with what it waits for.
+    page = client.get("/run", params={"id": "pay-2"}).text
+    assert '<span class="status st-suspended">suspended</span>' in page and "waits for approval of" in page

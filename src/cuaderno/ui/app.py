@@ -60,6 +60,8 @@ from cuaderno.errors import (
     RunNotFound,
 )
 from cuaderno.events import StepEvent
+from cuaderno.journal._claims import state_of
+from cuaderno.journal.base import SupportsClaims
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.ui import _timeline
 from cuaderno.ui._index import RunIndex
@@ -176,6 +178,7 @@ class _UI:
         run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size,
                                          by_start=order == "started")
         starts = self.index.starts(run_ids)
+        holders = _holders(self.store, run_ids)
         rows: list[dict[str, Any]] = []
         for run_id in run_ids:
             try:
@@ -187,6 +190,7 @@ class _UI:
                 continue
             summary = render.run_summary(cp)
             rows.append({"run_id": run_id, "damaged": None, "cp": cp, "start": starts.get(run_id), "cost": render.cost_text(cp, short=True),
+                         "state": _now(cp, holders.get(run_id)),
                          "pending": summary["pending_approvals"], "uncertain": summary["uncertain"]})
         pages = max(1, -(-total // self.page_size))
         if page > pages:
@@ -214,6 +218,7 @@ class _UI:
         outcome_seq = next((ev.seq for ev in reversed(events)
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
+                         state=_now(cp, _holders(self.store, [run_id]).get(run_id)),
                          task=start.payload.get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
@@ -474,3 +479,19 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
                     middleware=[Middleware(_SecurityHeaders),
                                 Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
     return app
+
+
+def _holders(store: Any, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Who holds each run now. The stored status says ``running`` for a run whose process died or
+    that waits for a worker after an approval; the page says ``running`` only while a live process
+    holds the run (the same rule as ``cuaderno status``). A store that cannot tell names nobody."""
+    if not run_ids or not isinstance(store, SupportsClaims):
+        return {}
+    return dict(store.holders(list(run_ids)))
+
+
+def _now(cp: Checkpoint, holder: dict[str, Any] | None) -> dict[str, Any]:
+    """:func:`state_of` plus ``shown``, the badge: the stored status, except that a stored
+    ``running`` becomes ``waiting`` while no live process holds the run."""
+    state = state_of(cp, holder)
+    return {**state, "shown": state["state"] if cp.status == "running" else cp.status}
