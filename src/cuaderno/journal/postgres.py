@@ -39,6 +39,14 @@ only its next write would be refused. Take such a run over with ``force`` when y
 
 The lock is the store's (one connection per store), not the process's: two stores in one process
 are two workers, like two hosts.
+
+A server restart ends every session, so it frees every run's lock, the live holders' too. A holder
+takes its locks again at its first write after the lost connection; until ``dead_peer_after_s``
+after the server started, a takeover of a run whose holder took it under the previous server start
+is ``RunBusy`` (the claim records that start). A write whose connection dies, even after the
+server committed it, is not a failure: the store asks the journal on a new connection whether it
+landed, and writes it once if not (R19; :class:`~cuaderno.errors.ConnectionLost` when the server
+stays away).
 """
 
 from __future__ import annotations
