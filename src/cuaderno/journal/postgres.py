@@ -275,7 +275,8 @@ class PostgresCheckpointer:
             if conn is not None and (conn.broken or conn.closed):
                 # The connection died: perhaps after the server committed, before its reply came
                 # back (R19). Whether it landed is for the journal to say (see _reconnected).
-                raise _Lost(_first_line(exc)) from None
+                raise _Lost(f"journal {self.url}: the connection was lost during a write ({_first_line(exc)}); "
+                            "whether it committed is unknown until the journal is read again") from None
             # A full disk, a constraint, a refused statement: the transaction did not commit.
             raise JournalError(f"journal {self.url}: write failed, nothing was committed: {_first_line(exc)}") from None
 
@@ -800,8 +801,10 @@ class PostgresCheckpointer:
 _ON_OFF = {True: "on", False: "off"}
 
 
-class _Lost(Exception):
-    """A write's connection died: whether its transaction committed is not known yet."""
+class _Lost(JournalError):
+    """A write's connection died: whether its transaction committed is not known yet. An append
+    asks the journal (``_reconnected``); to the callers of the other writes (a takeover, a
+    release) it is the JournalError it says it is."""
 
 
 class _NoServer(JournalError):
