@@ -79,6 +79,7 @@ from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._open import _masked
 from cuaderno.journal._rows import (
     Duplicate,
@@ -344,6 +345,10 @@ class PostgresCheckpointer:
         if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         crash.point("append.W0")
+        return self._append_alone(run_id, events, epoch, expect_seq)
+
+    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
+                      expect_seq: int | None) -> list[StepEvent]:
         try:
             out = self._append(run_id, events, epoch, expect_seq, lookups=False)
         except Duplicate:
@@ -398,35 +403,92 @@ class PostgresCheckpointer:
                 lookups: bool) -> list[StepEvent]:
         try:
             with self._txn() as cur:
-                cp = self._locked_summary(cur, run_id, use_cache=not lookups)
-
-                def existing(ev: StepEvent) -> StepEvent | None:
-                    row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
-                    return None if row is None else decode_row(row)
-
-                # Optimistic, as in SQLite: insert without looking; a stored key fails the INSERT
-                # and the transaction is redone with per-key lookups.
-                new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
-                if new:
-                    try:
-                        self._insert(cur, new)
-                    except psycopg.errors.UniqueViolation as exc:
-                        if lookups:
-                            raise JournalError(f"journal {self.url}: {_first_line(exc)}; nothing was committed") \
-                                from None
-                        raise Duplicate from None
-                    crash.in_txn("checkpoint")
-                    xmin = _one(cur.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                          cp.dumps())))[0]
-                    crash.in_txn()
-                    crash.point("append.W1")
-                    with self._cache_lock:
-                        self._cache[run_id] = (xmin, cp)
-            return out
+                return self._write(cur, run_id, events, epoch, expect_seq, lookups=lookups)
         except BaseException:
             with self._cache_lock:
                 self._cache.pop(run_id, None)
             raise
+
+    def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        """The appends of several runs in one transaction and one WAL flush (group commit, see
+        :mod:`cuaderno.journal._group`); per batch, its stored events or its own error.
+
+        The runs' summary rows are locked in run-id order (the batches of one run keep their
+        order), so two workers' groups cannot deadlock on each other. If any batch is refused (or
+        the commit fails), the transaction is rolled back whole and each batch is appended alone.
+        """
+        for _ in batches:
+            crash.point("append.W0")
+        if len(batches) == 1 or any(not b.events or not _readable(b.events[0].run_id) for b in batches):
+            return self._one_by_one(batches)
+        order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
+        outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
+        try:
+            with self._txn() as cur:
+                for i in order:
+                    b = batches[i]
+                    crash.set_txn_points(*b.points)
+                    outs[i] = self._write(cur, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+                crash.set_txn_points()
+                crash.point("group.G1")  # every append of the group written, before COMMIT
+        except Exception:
+            crash.set_txn_points()
+            with self._cache_lock:
+                for b in batches:
+                    self._cache.pop(b.events[0].run_id, None)
+            return self._one_by_one(batches)
+        for _ in batches:
+            crash.point("append.W2")
+        return outs
+
+    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        outs: list[list[StepEvent] | Exception] = []
+        for b in batches:
+            crash.set_txn_points(*b.points)
+            try:
+                if not b.events:
+                    outs.append([])
+                    continue
+                run_id = b.events[0].run_id
+                if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
+                    validate_event(b.events[0])
+                outs.append(self._append_alone(run_id, b.events, b.epoch, b.expect_seq))
+            except Exception as exc:  # that batch's own outcome
+                outs.append(exc)
+            finally:
+                crash.set_txn_points()
+        if len(batches) > 1:
+            crash.point("group.G1")
+        return outs
+
+    def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
+               expect_seq: int | None, *, lookups: bool) -> list[StepEvent]:
+        """One append's rows and summary, in ``cur``'s transaction; the stored events."""
+        cp = self._locked_summary(cur, run_id, use_cache=not lookups)
+
+        def existing(ev: StepEvent) -> StepEvent | None:
+            row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
+            return None if row is None else decode_row(row)
+
+        # Optimistic, as in SQLite: insert without looking; a stored key fails the INSERT
+        # and the transaction is redone with per-key lookups.
+        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
+        if new:
+            try:
+                self._insert(cur, new)
+            except psycopg.errors.UniqueViolation as exc:
+                if lookups:
+                    raise JournalError(f"journal {self.url}: {_first_line(exc)}; nothing was committed") \
+                        from None
+                raise Duplicate from None
+            crash.in_txn("checkpoint")
+            xmin = _one(cur.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
+                                                  cp.dumps())))[0]
+            crash.in_txn()
+            crash.point("append.W1")
+            with self._cache_lock:
+                self._cache[run_id] = (xmin, cp)
+        return out
 
     def _locked_summary(self, cur: psycopg.Cursor[Any], run_id: str, *, use_cache: bool) -> Checkpoint:
         """The run's summary with its row locked for this transaction (or, for a run with no row

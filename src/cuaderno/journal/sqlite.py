@@ -62,6 +62,7 @@ from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
+from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._rows import decode_small_payloads as _decode_small_payloads
@@ -193,7 +194,12 @@ class SqliteCheckpointer:
             self._anchor.reset()  # a journal created anew at this path: what was seen at it is gone
         self._hot_wal = on_disk and not fresh and _size(self.path + "-wal") > 0
         """A -wal with commits in it was there at open: a store that writes nothing must not fold it."""
-        self._lock = threading.Lock()
+        # Reentrant: the first write of a store that opened on a read-only connection swaps in the
+        # writer while holding it (so no other thread of the store can use the read-only or the
+        # closed connection meanwhile: two threads writing at once right after a SIGKILL left a
+        # -wal got "attempt to write a readonly database" and "Cannot operate on a closed
+        # database"), and opening the writer migrates in a transaction of its own.
+        self._lock = threading.RLock()
         # Checkpoints this connection wrote last, keyed by run, so an append does not read back and
         # decode the row it wrote itself. Inside every write transaction (under the write lock) the
         # cache is dropped if any other connection has committed since this one last wrote:
@@ -205,7 +211,6 @@ class SqliteCheckpointer:
         self._writer: tuple[str, float, bool | None] | None = None
         """Set while a store that opened on a -wal with commits reads on a read-only connection:
         how to open the writer at its first write."""
-        self._writer_lock = threading.Lock()
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             if self._readonly:
@@ -268,15 +273,15 @@ class SqliteCheckpointer:
         return compress is None or _compress_setting(db) == _ON_OFF[compress]
 
     def _start_writing(self) -> None:
-        """Swap the read-only connection a store opened with for the writer, once (see __init__)."""
-        with self._writer_lock:
+        """Swap the read-only connection a store opened with for the writer, once (see __init__);
+        under the store's lock, which the caller holds."""
+        with self._lock:
             pending, self._writer = self._writer, None
             if pending is None:
                 return
-            with self._lock:
-                if self._closed:
-                    raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer")
-                self._db.close()  # read-only: closing it folds nothing
+            if self._closed:
+                raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer")
+            self._db.close()  # read-only: closing it folds nothing
             try:
                 self._open_writer(*pending)
             except sqlite3.DatabaseError as exc:
@@ -425,9 +430,9 @@ class SqliteCheckpointer:
     def _txn(self) -> Iterator[sqlite3.Connection]:
         if self._readonly:
             raise UsageError(f"journal {self.path!r} was opened read-only; nothing was written")
-        if self._writer is not None:
-            self._start_writing()
         with self._lock:
+            if self._writer is not None:
+                self._start_writing()
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
@@ -454,6 +459,10 @@ class SqliteCheckpointer:
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         run_id = events[0].run_id
         crash.point("append.W0")  # before the transaction (every write, whoever makes it)
+        return self._append_alone(run_id, events, epoch, expect_seq)
+
+    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
+                      expect_seq: int | None) -> list[StepEvent]:
         try:
             out = self._append(run_id, events, epoch, expect_seq, lookups=False)
         except _Duplicate:
@@ -465,50 +474,122 @@ class SqliteCheckpointer:
                 lookups: bool) -> list[StepEvent]:
         try:
             with self._txn() as db:
-                version = db.execute("PRAGMA data_version").fetchone()[0]
-                if version != self._data_version:
-                    self._cache.clear()  # another connection committed: any cached row may be stale
-                    self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
-                cp = self._current(db, run_id, use_cache=not lookups)
-
-                def existing(ev: StepEvent) -> StepEvent | None:
-                    row = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
-                                     "WHERE run_id=? AND step_id=? AND phase=?", ev.key).fetchone()
-                    return None if row is None else decode_row(row)
-
-                # Optimistic: insert without looking first. A key that is already stored makes the
-                # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
-                new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
-                bump = False
-                mark = None
-                if new:
-                    try:
-                        compressed = self._insert(db, new)
-                    except sqlite3.IntegrityError as exc:
-                        if lookups:
-                            raise
-                        raise _Duplicate from exc
-                    mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], new[-1][0].row_hash)
-                    if compressed and self._file_schema < _COMPRESSED_SINCE:
-                        # The first compressed row: from this commit on, schema 1 must refuse the file.
-                        db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
-                                   (str(_COMPRESSED_SINCE),))
-                        bump = True
-                if new:
-                    crash.in_txn("checkpoint")
-                    db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
-                    crash.in_txn()
-                    crash.point("append.W1")  # everything written, before COMMIT
-                self._cache[run_id] = cp
+                version = self._fresh(db)
+                out, mark, bump = self._write(db, run_id, events, epoch, expect_seq, lookups=lookups)
                 self._data_version = version
-            if bump:
-                self._file_schema = _COMPRESSED_SINCE  # committed
-            if mark is not None and self._anchor is not None:
-                self._anchor.write(*mark)  # after the commit: the anchor may lag the journal, never lead it
+            self._committed(mark, bump)
             return out
         except BaseException:
             self._cache.pop(run_id, None)
             raise
+
+    def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        """The appends of several runs in one transaction and one sync (group commit, see
+        :mod:`cuaderno.journal._group`); per batch, its stored events or its own error.
+
+        Optimistic, like :meth:`append`: everything in one transaction; if any batch is refused
+        (or the commit fails), it is rolled back whole and each batch is appended on its own.
+        """
+        for _ in batches:
+            crash.point("append.W0")
+        if len(batches) == 1 or any(not b.events or not _storable(b.events[0].run_id) for b in batches):
+            return self._one_by_one(batches)
+        try:
+            outs: list[list[StepEvent] | Exception] = []
+            marks = []
+            bump = False
+            with self._txn() as db:
+                version = self._fresh(db)
+                for b in batches:
+                    crash.set_txn_points(*b.points)
+                    out, mark, bumped = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq,
+                                                    lookups=False)
+                    outs.append(out)
+                    marks.append(mark)
+                    bump = bump or bumped
+                crash.set_txn_points()
+                crash.point("group.G1")  # every append of the group written, before COMMIT
+                self._data_version = version
+        except Exception:
+            crash.set_txn_points()
+            for b in batches:
+                self._cache.pop(b.events[0].run_id, None)
+            return self._one_by_one(batches)
+        self._committed(next((m for m in reversed(marks) if m is not None), None), bump)
+        for _ in batches:
+            crash.point("append.W2")
+        return outs
+
+    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        outs: list[list[StepEvent] | Exception] = []
+        for b in batches:
+            crash.set_txn_points(*b.points)
+            try:
+                if not b.events:
+                    outs.append([])
+                    continue
+                if not _storable(b.events[0].run_id):
+                    validate_event(b.events[0])  # raises the UsageError before the run_id reaches SQL
+                outs.append(self._append_alone(b.events[0].run_id, b.events, b.epoch, b.expect_seq))
+            except Exception as exc:  # that batch's own outcome
+                outs.append(exc)
+            finally:
+                crash.set_txn_points()
+        if len(batches) > 1:
+            crash.point("group.G1")
+        return outs
+
+    def _fresh(self, db: sqlite3.Connection) -> int:
+        """Inside a write transaction: drop what this store cached if another connection committed
+        since it last wrote; return the data version to record once this transaction is written."""
+        version: int = db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._cache.clear()  # another connection committed: any cached row may be stale
+            self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
+        return version
+
+    def _committed(self, mark: tuple[int, str] | None, bump: bool) -> None:
+        """After a commit: the schema it raised, and the anchor of its last row."""
+        if bump:
+            self._file_schema = _COMPRESSED_SINCE  # committed
+        if mark is not None and self._anchor is not None:
+            self._anchor.write(*mark)  # after the commit: the anchor may lag the journal, never lead it
+
+    def _write(self, db: sqlite3.Connection, run_id: str, events: Sequence[StepEvent], epoch: int | None,
+               expect_seq: int | None, *, lookups: bool) -> tuple[list[StepEvent], tuple[int, str] | None, bool]:
+        """One append's rows and summary, in ``db``'s transaction: the stored events, the anchor
+        mark of its last row (``None``: nothing new), and whether it raised the file's schema."""
+        cp = self._current(db, run_id, use_cache=not lookups)
+
+        def existing(ev: StepEvent) -> StepEvent | None:
+            row = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
+                             "WHERE run_id=? AND step_id=? AND phase=?", ev.key).fetchone()
+            return None if row is None else decode_row(row)
+
+        # Optimistic: insert without looking first. A key that is already stored makes the
+        # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
+        new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
+        bump = False
+        mark = None
+        if new:
+            try:
+                compressed = self._insert(db, new)
+            except sqlite3.IntegrityError as exc:
+                if lookups:
+                    raise
+                raise _Duplicate from exc
+            mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], new[-1][0].row_hash)
+            if compressed and self._file_schema < _COMPRESSED_SINCE:
+                # The first compressed row: from this commit on, schema 1 must refuse the file.
+                db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
+                           (str(_COMPRESSED_SINCE),))
+                bump = True
+            crash.in_txn("checkpoint")
+            db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
+            crash.in_txn()
+            crash.point("append.W1")  # everything written, before COMMIT
+        self._cache[run_id] = cp
+        return out, mark, bump
 
     def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> bool:
         """Insert the rows; return whether any of them was stored compressed."""

@@ -130,7 +130,7 @@ class ModelSteps(RunState):
         left = False  # did any attempt of this send leave the process (or may it have)?
         while True:
             crash.point("model.K0")
-            self._flush()
+            await self._flush_durable()
             crash.point("model.K2")
             try:
                 response = plain_calls(await plan.routed(self.model.call(request, run_id=self.run_id,

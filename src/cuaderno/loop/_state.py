@@ -9,6 +9,7 @@ from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
+from cuaderno.journal._group import GroupCommit
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
@@ -171,11 +172,30 @@ class RunState:
         if self.pass_marker is not None:
             self.pending.insert(0, self.pass_marker)
             self.pass_marker = None
-        crash.set_txn_points(*self.points)
-        try:
-            self.store.append(self.pending, epoch=self.epoch)
-        finally:
-            crash.set_txn_points()  # named for this transaction only, not for a later direct append
+        if isinstance(self.store, GroupCommit):  # joins the next group; the group names its points
+            self.store.append(self.pending, epoch=self.epoch, points=tuple(self.points))
+        else:
+            crash.set_txn_points(*self.points)
+            try:
+                self.store.append(self.pending, epoch=self.epoch)
+            finally:
+                crash.set_txn_points()  # named for this transaction only, not for a later direct append
+        self._flushed()
+
+    async def _flush_durable(self) -> None:
+        """:meth:`_flush` before an action (a model call, a tool body): with a :class:`GroupCommit`
+        the commit runs off the event loop, so the loop's other runs join its group meanwhile;
+        this run goes on only once its events are durable."""
+        if not self.pending or not isinstance(self.store, GroupCommit) or not self.store.off_loop:
+            self._flush()
+            return
+        if self.pass_marker is not None:
+            self.pending.insert(0, self.pass_marker)
+            self.pass_marker = None
+        await self.store.append_async(self.pending, epoch=self.epoch, points=tuple(self.points))
+        self._flushed()
+
+    def _flushed(self) -> None:
         self.flushes += 1
         if crash.armed():
             for name in self.points:  # K7: after the commit that holds a step's result

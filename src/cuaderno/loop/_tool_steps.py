@@ -190,7 +190,7 @@ class ToolSteps(RunState):
         retries = 0
         while True:
             crash.point("tool.K0")
-            self._flush()
+            await self._flush_durable()
             crash.point("tool.K2")
             try:
                 value = await self.tools.invoke(call.name, call.arguments, self._context(step_id, call, ekey, attempt))
