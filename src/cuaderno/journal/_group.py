@@ -210,7 +210,8 @@ class GroupCommit:
         if isinstance(store, SupportsGroupAppend):
             return list(store.append_group(batches))
         out: list[list[StepEvent] | BaseException] = []
-        for b in batches:  # a store without a shared transaction: one by one, as the callers would
+        crash.point("group.G1")  # a store without a shared transaction: nothing of the group written yet
+        for b in batches:  # one by one, as the callers would
             crash.set_txn_points(*b.points)
             try:
                 out.append(store.append(b.events, epoch=b.epoch, expect_seq=b.expect_seq))
@@ -218,7 +219,6 @@ class GroupCommit:
                 out.append(exc)
             finally:
                 crash.set_txn_points()
-        crash.point("group.G1")
         return out
 
     @staticmethod

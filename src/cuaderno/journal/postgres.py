@@ -419,7 +419,7 @@ class PostgresCheckpointer:
         """
         for _ in batches:
             crash.point("append.W0")
-        if len(batches) == 1 or any(not b.events or not _readable(b.events[0].run_id) for b in batches):
+        if any(not b.events or not _readable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
         order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
         outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
@@ -457,8 +457,6 @@ class PostgresCheckpointer:
                 outs.append(exc)
             finally:
                 crash.set_txn_points()
-        if len(batches) > 1:
-            crash.point("group.G1")
         return outs
 
     def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,

@@ -492,7 +492,7 @@ class SqliteCheckpointer:
         """
         for _ in batches:
             crash.point("append.W0")
-        if len(batches) == 1 or any(not b.events or not _storable(b.events[0].run_id) for b in batches):
+        if any(not b.events or not _storable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
         try:
             outs: list[list[StepEvent] | Exception] = []
@@ -535,8 +535,6 @@ class SqliteCheckpointer:
                 outs.append(exc)
             finally:
                 crash.set_txn_points()
-        if len(batches) > 1:
-            crash.point("group.G1")
         return outs
 
     def _fresh(self, db: sqlite3.Connection) -> int:
