@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,7 +48,11 @@ from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 from cuaderno.testing import crash
 
-__all__ = ["GroupBatch", "GroupCommit", "SupportsGroupAppend"]
+__all__ = ["SOLO_WINDOW_S", "GroupBatch", "GroupCommit", "SupportsGroupAppend"]
+
+SOLO_WINDOW_S = 0.05
+"""How long one run must have been the only one appending before its commits stay on its event
+loop (no committer thread): a run alone gains nothing from a group, and the hop costs it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,6 +131,9 @@ class GroupCommit:
         self._queue: list[_Slot] = []
         self._leading = False
         self._committer: ThreadPoolExecutor | None = None
+        self._last_run: str | None = None
+        self._mixed_at = float("-inf")
+        """When an append last came from another run than the one before it."""
         self.groups = 0
         """Transactions written so far (``appends / groups`` is the mean group size)."""
         self.appends = 0
@@ -156,11 +164,24 @@ class GroupCommit:
         loop's other runs go on meanwhile and their appends join the same group."""
         if not events:
             return []
+        if self._alone(events[0].run_id):
+            # One run: nobody could join its group, and a hop to a thread would be pure cost.
+            return self.append(events, epoch=epoch, expect_seq=expect_seq, points=points)
         slot = _Slot(GroupBatch(events, epoch, expect_seq, points), asyncio.get_running_loop())
         if self._join(slot):
             self._hand_to_committer()
         assert slot.future is not None
         return await slot.future
+
+    def _alone(self, run_id: str) -> bool:
+        """Whether only this run has appended for ``SOLO_WINDOW_S``: then it commits on its own
+        thread (the loop), exactly as the store alone would, and pays no thread hop."""
+        now = time.monotonic()
+        if run_id != self._last_run:
+            if self._last_run is not None:
+                self._mixed_at = now
+            self._last_run = run_id
+        return now - self._mixed_at > SOLO_WINDOW_S
 
     def _join(self, slot: _Slot) -> bool:
         """Queue the slot; ``True``: no leader is writing, so the caller leads."""
