@@ -89,7 +89,7 @@ from cuaderno.journal._rows import (
     schema_version,
     storable,
 )
-from cuaderno.journal.base import CLOSED_STATUSES, validate_event
+from cuaderno.journal.base import CLOSED_STATUSES, Tail, tail_base, validate_event
 from cuaderno.testing import crash
 
 __all__ = ["PostgresCheckpointer"]
@@ -129,6 +129,14 @@ _SELECT_EVENT = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fing
 _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                "checkpoint=excluded.checkpoint RETURNING xmin::text")
+_SELECT_LAST_MARK = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
+                     "created_at, row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s ORDER BY seq DESC "
+                     "LIMIT 1")
+_SELECT_TAIL = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+                "row_hash FROM cuaderno_events WHERE run_id=%s AND seq>%s ORDER BY seq")
+_TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
+"""Lets a resume read the rows after a snapshot alone (not a schema step: a cuaderno without it
+reads and writes the tables as they are); created by the first tail read of a writable store."""
 _NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
 _MIGRATE_LOCK = 0x6D696772  # "migr"
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -856,6 +864,49 @@ class PostgresCheckpointer:
             holder = _lease.parse(owners.get(run_id)) or {"owner": None, "process": {}}
             found[run_id] = {**holder, "backend_pid": backend}
         return found
+
+    # -- tails (SupportsTail): a resume reads the latest snapshot and the rows after it ------------
+
+    _tail_ready = False
+
+    def load_tail(self, run_id: str, step_id: str) -> Tail | None:
+        """See :meth:`~cuaderno.journal.base.SupportsTail.load_tail`. Needs the index on
+        ``(run_id, seq)`` (:data:`_TAIL_INDEX`), created by the first tail read of a writable
+        store; a read-only store answers ``None`` without it (the whole journal is read)."""
+        if not _readable(run_id) or not _readable(step_id):
+            raise RunNotFound(run_id)
+        if not self._tail_index():
+            return None
+        with self._reading(run_id), self._conn() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot (see load)
+            self._version(conn)
+            head = conn.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
+            snap = None if head is None else conn.execute(_SELECT_LAST_MARK, (run_id, step_id)).fetchone()
+            base = None if snap is None else tail_base(snap[2])
+            rows: list[RawRow] = [] if base is None else conn.execute(_SELECT_TAIL, (run_id, base)).fetchall()
+        if head is None:
+            raise RunNotFound(run_id)
+        if snap is None or base is None:
+            return None
+        with self._reading(run_id):
+            summary = _loads(run_id, head[1])
+            summary.epoch = checked_epoch(run_id, head[0])
+            return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
+
+    def _tail_index(self) -> bool:
+        """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
+        if self._tail_ready:
+            return True
+        with self._reading("*"), self._conn() as conn:
+            found = conn.execute("SELECT to_regclass('cuaderno_events_run_seq')").fetchone()
+        if found is None or found[0] is None:
+            if self._readonly:
+                return False
+            with self._reading("*"), self._txn() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))  # one creator at a time
+                cur.execute(_TAIL_INDEX)
+        self._tail_ready = True
+        return True
 
 
 _ON_OFF = {True: "on", False: "off"}

@@ -69,7 +69,7 @@ from cuaderno.journal._rows import decode_small_payloads as _decode_small_payloa
 from cuaderno.journal._rows import no_existing as _no_existing
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, validate_event
+from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, Tail, tail_base, validate_event
 from cuaderno.testing import crash
 
 __all__ = ["SqliteCheckpointer"]
@@ -906,8 +906,68 @@ class SqliteCheckpointer:
                 found[run_id] = holder
         return found
 
+    # -- tails (SupportsTail): a resume reads the latest snapshot and the rows after it ------------
+
+    _tail_ready = False
+
+    def load_tail(self, run_id: str, step_id: str) -> Tail | None:
+        """See :meth:`~cuaderno.journal.base.SupportsTail.load_tail`. Needs the index on
+        ``(run_id, seq)`` (:data:`_TAIL_INDEX`), created by the first tail read of a writable
+        store; a store that may not write answers ``None`` without it (the whole journal is read)."""
+        if not _storable(run_id):
+            raise RunNotFound(run_id)
+        if not self._tail_index():
+            return None
+        mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
+        with self._reading(run_id):
+            with self._lock:
+                self._db.execute("BEGIN")  # one snapshot for the three statements (see load)
+                try:
+                    self._schema_of(self._db)
+                    _anchor.check(self._db, self.path, mark)
+                    head = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
+                                            (run_id,)).fetchone()
+                    snap = None if head is None else self._db.execute(_SELECT_LAST_MARK, (run_id, step_id)).fetchone()
+                    base = None if snap is None else tail_base(snap[2])
+                    rows: list[RawRow] = [] if base is None else self._db.execute(
+                        _SELECT_TAIL, (run_id, base)).fetchall()
+                finally:
+                    self._db.execute("COMMIT")
+            if head is None:
+                raise RunNotFound(run_id)
+            if snap is None or base is None:
+                return None
+            summary = Checkpoint.loads(head[1])
+            summary.epoch = _epoch(run_id, head[0])
+            return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
+
+    def _tail_index(self) -> bool:
+        """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
+        if self._tail_ready:
+            return True
+        with self._reading("*"), self._lock:
+            found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='index' AND name=?",
+                                     (_TAIL_INDEX_NAME,)).fetchone()
+        if found is None:
+            if self._readonly or self._writer is not None:
+                return False  # may not write (or not yet): a tail read is not worth the writer
+            with self._txn() as db:
+                db.execute(_TAIL_INDEX)
+        self._tail_ready = True
+        return True
+
 
 _ON_OFF = {True: "on", False: "off"}
+
+_SELECT_LAST_MARK = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
+                     "created_at, row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC LIMIT 1")
+_SELECT_TAIL = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+                "row_hash FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq")
+_TAIL_INDEX_NAME = "cuaderno_events_run_seq"
+_TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
+"""Lets a resume read the rows after a snapshot without reading the run's others. Not a schema
+step: a cuaderno without it reads and writes the file as it is (the index only costs each insert
+one more b-tree entry), so it is created by the first tail read of a writable store."""
 
 
 def _size(path: str) -> int:

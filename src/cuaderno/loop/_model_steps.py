@@ -109,7 +109,7 @@ class ModelSteps(RunState):
     async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
         """Send the request once its intent is durable; return the response and its staged result
         payload."""
-        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self.messages),
+        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self._conversation()),
                                tools=self.agent.tool_schemas, model=self.agent.model,
                                require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
                                temperature=self.agent.temperature)

@@ -10,6 +10,7 @@ from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.journal._group import GroupCommit
+from cuaderno.loop import _snapshots
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
@@ -166,12 +167,20 @@ class RunState:
         raise ReplayDivergence(self.run_id, first, f"{seen.kind} step {first}{name} ({seen.phase}) at this point",
                                f"{instead} without reaching it")
 
+    _since_snap = 0
+    """Journal rows since the run's last snapshot, as this loop counts them (:mod:`._snapshots`)."""
+    _snap: Any = None
+    """The snapshot this loop went on from, until the conversation before it is rebuilt."""
+    _start_turn = 0
+    """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
+
     def _flush(self) -> None:
         if not self.pending:
             return
         if self.pass_marker is not None:
             self.pending.insert(0, self.pass_marker)
             self.pass_marker = None
+        self._snapshot_if_due()
         if isinstance(self.store, GroupCommit):  # joins the next group; the group names its points
             self.store.append(self.pending, epoch=self.epoch, points=tuple(self.points))
         else:
@@ -192,6 +201,7 @@ class RunState:
         if self.pass_marker is not None:
             self.pending.insert(0, self.pass_marker)
             self.pass_marker = None
+        self._snapshot_if_due()
         await self.store.append_async(self.pending, epoch=self.epoch, points=tuple(self.points))
         self._flushed()
 
@@ -202,6 +212,28 @@ class RunState:
                 if name.endswith(".K6"):
                     crash.point(name[:-1] + "7")
         self.pending, self.points = [], []
+
+    def _snapshot_if_due(self) -> None:
+        """Put a snapshot before a model turn's first send once :data:`._snapshots.EVERY` rows
+        were written since the last (one more row of the same transaction; see :mod:`._snapshots`)."""
+        self._since_snap += len(self.pending)
+        last = self.pending[-1]
+        if self._since_snap < _snapshots.EVERY or last.phase != "intent" or last.kind != "model" or self.migrated:
+            return
+        snap = _snapshots.snapshot_event(self, last)
+        if snap is not None:
+            self.pending.insert(len(self.pending) - 1, snap)
+            self.points.append("snapshot.K6")  # K0 before, K6/K8 inside, K7 after its commit
+            crash.point("snapshot.K0")
+            self._since_snap = 1
+
+    def _conversation(self) -> list[Message]:
+        """The messages a model request sends: after a resume from a snapshot, the turns before it
+        are rebuilt from the journal at the first request (:func:`._snapshots.conversation_before`)."""
+        if self._snap is not None:
+            self.messages[1:1] = _snapshots.conversation_before(self, self._snap)
+            self._snap = None
+        return self.messages
 
     def _recorded_count(self, step_id: str, phase: str) -> int:
         """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a

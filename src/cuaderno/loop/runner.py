@@ -53,6 +53,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION
+from cuaderno.loop import _snapshots
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
@@ -80,7 +81,11 @@ class Runner(ModelSteps, ToolSteps):
                                                   "tenant": self.s.tenant})])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
-            checked = self._checked(task_fp, versions)
+            # From the latest snapshot and the rows after it when there is a usable one (checked
+            # as the whole journal would be; :mod:`._snapshots`), else from the whole journal.
+            tail = _snapshots.tail_open(self, cp, versions)
+            checked = tail if tail is not None and self._check_resumable(tail[0], task_fp, versions) is None \
+                else self._checked(task_fp, versions)
             if isinstance(checked, FinalStep):
                 return checked
             cp, events = checked
@@ -105,7 +110,7 @@ class Runner(ModelSteps, ToolSteps):
         # more, and if the journal grew since it was checked (a forced takeover's previous owner,
         # a person's decision, the version choice above), check it again.
         latest = self.store.checkpoint(self.run_id)
-        if not events or latest is None or (latest.last_seq, latest.last_hash) != (len(events), events[-1].row_hash):
+        if not events or latest is None or (latest.last_seq, latest.last_hash) != (events[-1].seq, events[-1].row_hash):
             cp, events = verified(self.store, self.run_id)
         migrate_seq = 0
         for ev in events:
@@ -114,6 +119,7 @@ class Runner(ModelSteps, ToolSteps):
                 self.unvisited.setdefault(ev.step_id, ev.seq)
             elif ev.kind == "run" and ev.phase.startswith("migrate"):
                 migrate_seq = ev.seq
+        _snapshots.opened(self, events)
         # The pass's span links to the previous pass's; its own marker rides on its first write.
         self.pass_marker = self.pass_span.opened(self.journal)
         if migrate_seq:
@@ -335,7 +341,7 @@ class Runner(ModelSteps, ToolSteps):
             if self.cancel_found:
                 self._finalize_cancel()
             self._enforce_budgets()
-            for turn in range(self.agent.max_turns):
+            for turn in range(self._start_turn, self.agent.max_turns):
                 response = await self._model_turn(turn)
                 for s in self._drain():
                     yield s
