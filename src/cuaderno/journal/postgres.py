@@ -875,8 +875,13 @@ class PostgresCheckpointer:
         store; a read-only store answers ``None`` without it (the whole journal is read)."""
         if not _readable(run_id) or not _readable(step_id):
             raise RunNotFound(run_id)
-        if not self._tail_index():
-            return None
+        if not self._tail_ready:
+            # The index is created only for a run that has a snapshot, found by the primary key.
+            with self._reading(run_id), self._conn() as conn:
+                found = conn.execute("SELECT 1 FROM cuaderno_events WHERE run_id=%s AND step_id=%s LIMIT 1",
+                                     (run_id, step_id)).fetchone()
+            if found is None or not self._tail_index():
+                return None
         with self._reading(run_id), self._conn() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot (see load)
             self._version(conn)

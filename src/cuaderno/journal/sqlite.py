@@ -916,8 +916,14 @@ class SqliteCheckpointer:
         store; a store that may not write answers ``None`` without it (the whole journal is read)."""
         if not _storable(run_id):
             raise RunNotFound(run_id)
-        if not self._tail_index():
-            return None
+        if not self._tail_ready:
+            # The index is created only for a run that has a snapshot (a resume of a short run,
+            # or one refused, leaves the file as it was), found by the primary key alone.
+            with self._reading(run_id), self._lock:
+                found = self._db.execute("SELECT 1 FROM cuaderno_events WHERE run_id=? AND step_id=? LIMIT 1",
+                                         (run_id, step_id)).fetchone()
+            if found is None or not self._tail_index():
+                return None
         mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
         with self._reading(run_id):
             with self._lock:
