@@ -178,8 +178,8 @@ def opened(state: RunState, events: list[StepEvent]) -> None:
 
 def conversation_before(state: RunState, snap: Restored) -> list[Message]:
     """The messages of the turns before the snapshot's (after the task), rebuilt from the whole
-    journal as replay would add them, and checked: the configuration, the task and these
-    messages must hash to the snapshot's chain.
+    journal (chain-checked) as replay would add them, and checked: the last turn's recorded
+    request followed by that turn's messages must hash to the snapshot's chain.
 
     Raises:
         JournalCorrupt: they do not (the journal and its snapshot disagree).
@@ -192,11 +192,13 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
 
     index = {(ev.step_id, ev.phase): ev for ev in events}
     out: list[Message] = []
+    last_start, last_fp = 0, None
     for turn in range(snap.turn):
         rec = index.get((model_step_id(turn), "result"))
         if rec is None or rec.payload.get("response") is None:
             raise JournalCorrupt(f"run {state.run_id!r}: turn {turn} has no response before its snapshot at turn "
                                  f"{snap.turn}; the conversation cannot be rebuilt")
+        last_start, last_fp = len(out), rec.fingerprint
         if not accepted(rec.payload):
             out.extend(feedback_messages(rec.payload))
             continue
@@ -209,8 +211,13 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
                 raise JournalCorrupt(f"run {state.run_id!r}: tool call {tool_step_id(turn, i)} has no result before "
                                      f"its snapshot at turn {snap.turn}; the conversation cannot be rebuilt")
             out.append(tool_message(call.id, call.name, result.payload))
-    fp = state.config_fp
-    for message in [{"role": "user", "content": state.task}, *out]:
+    # The last turn's recorded request (hash-chained in the journal) extended by that turn's
+    # messages must be the snapshot's request: the same trust a whole replay gives recorded
+    # requests (it adopts them without hashing every message again; ``verify_replay`` does not,
+    # and never opens from a snapshot). Without a recorded request, from the start.
+    fp, tail = (last_fp, out[last_start:]) if last_fp else \
+        (state.config_fp, [{"role": "user", "content": state.task}, *out])
+    for message in tail:
         fp = chain(fp, fingerprint(message))
     if fp != snap.chain:
         raise JournalCorrupt(f"run {state.run_id!r}: the conversation rebuilt from its journal does not hash to the "
