@@ -85,7 +85,8 @@ def build(kind: str, run_id: str, turns: int, work: Path, ledger: str | None) ->
             policy = Policy({"transfer": "require_approval"}, version="crash-1")
     gateway = ScriptedGateway([*calls, ScriptedGateway.text("done")], billing_log=work / "billing.jsonl",
                               stripe=kind == "model_dedup")
-    return Agent(instructions=f"crash workload {kind}", tools=tools, policy=policy), gateway
+    # max_turns as before for the sweeps (<= 30 turns); the snapshot kills run 140 turns.
+    return Agent(instructions=f"crash workload {kind}", tools=tools, policy=policy, max_turns=max(32, turns + 2)), gateway
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,97 @@
+"""SIGKILL at every point of a snapshot's write, and during a resume that goes on from one.
+
+A snapshot (``cuaderno.loop._snapshots``) commits in the transaction of a model turn's first
+send; its points are ``snapshot.K0`` (before that transaction), ``snapshot.K6`` (inside it, every
+row written), ``snapshot.K8`` (inside it, the rows written, the summary not) and ``snapshot.K7``
+(after its commit). Each is killed at the run's first and second snapshot, for a model workload
+(the fake provider's billing log), a deduplicating ledger and a ledger with a lookup (its
+receipts); then, killed after the first snapshot's commit, the recovery itself is killed while it
+opens the run from the snapshot (``recovery.R0/R2/R3``) and at its first send (``K2``, after the
+conversation was rebuilt). Checked by ``_sweep.run_case`` from records cuaderno did not write:
+every effect applied once, no journaled answer billed again, the journal only grew, the file's
+integrity, the run completed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _report import record
+from _sweep import Case, Outcome, run_case
+
+from cuaderno.testing.ledger import LedgerProcess
+
+TURNS = 140
+"""Two snapshots (about 4 rows a turn, one snapshot every 256 rows)."""
+KINDS = ("model", "tool_dedup", "tool_lookup")
+POINTS = ("K0", "K6", "K8", "K7")
+
+
+@dataclass
+class SnapCase(Case):
+    at: str = ""
+
+    @property
+    def crash_at(self) -> str:
+        return self.at
+
+
+@pytest.fixture(scope="module")
+def ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("ledgers")
+    with LedgerProcess(d / "dedup.db", mode="dedup") as dedup, LedgerProcess(d / "nodedup.db", mode="nodedup") as nd:
+        yield {"dedup": dedup, "nodedup": nd}
+
+
+def _report(o: Outcome) -> None:
+    record({"test": "snapshot kills (SQLite)", "kind": o.case.kind, "point": o.case.point, "status": o.status,
+            "kills": int(o.crashed) + int(o.second_crashed), "not_reached": int(not o.crashed),
+            "duplicated": int(any("I1" in v for v in o.violations)), "rebilled_journaled": o.rebilled_journaled,
+            "rebilled_in_flight": o.rebilled_unjournaled, "violations": len(o.violations)})
+
+
+def _snapshots(db: Path, run_id: str) -> int:
+    con = sqlite3.connect(db)
+    try:
+        return int(con.execute("SELECT count(*) FROM cuaderno_events WHERE run_id=? AND kind='snapshot'",
+                               (run_id,)).fetchone()[0])
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("hit", [1, 2])
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_kill_at_a_snapshot_write(kind: str, point: str, hit: int, ledgers: dict[str, Any], tmp_path: Path) -> None:
+    case = SnapCase(kind=kind, point=f"snap{point}h{hit}", seed=0, turns=TURNS, hit=hit, tag="snap-",
+                    at=f"snapshot.{point}:{hit}")
+    out = run_case(case, tmp_path, ledgers)
+    _report(out)
+    assert out.crashed, "the point was not reached"
+    assert not out.violations, out.violations
+    assert out.status == "completed"
+    assert _snapshots(tmp_path / "runs.db", case.run_id) == 2  # the killed one written again, not twice
+
+
+@pytest.mark.parametrize("second", ["R0", "R2", "R3", "K2"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_kill_while_resuming_from_a_snapshot(kind: str, second: str, ledgers: dict[str, Any], tmp_path: Path) -> None:
+    case = SnapCase(kind=kind, point="snapK7h1", seed=0, turns=TURNS, hit=1, tag="snapr-", second=second,
+                    at="snapshot.K7:1")
+    out = run_case(case, tmp_path, ledgers)
+    _report(out)
+    assert out.crashed and out.second_crashed, (out.crashed, out.second_crashed)
+    assert not out.violations, out.violations
+    assert out.status == "completed"
+    # The recovery read the tail: the (run_id, seq) index exists only once a tail read found a
+    # snapshot to read after.
+    con = sqlite3.connect(tmp_path / "runs.db")
+    try:
+        assert con.execute("SELECT 1 FROM sqlite_master WHERE name='cuaderno_events_run_seq'").fetchone()
+    finally:
+        con.close()
