@@ -26,7 +26,9 @@ is not journaled), and the child is SIGKILLed once every run is frozen. A recove
 all of them with M concurrent resumers in one process, and the world is checked from records
 cuaderno did not write: the transfer service's receipts (one per effect key) and the provider's
 billing log (a journaled response never billed again). Runs/s is the number of runs over the
-recovery's wall time, from opening the journal to the last run completed.
+recovery's wall time, from opening the journal to the last run completed; beside it the floor:
+the recovery's own number of write transactions (appends, takeovers, releases) as raw synced
+commits of one row each on one connection of the same backend, measured right after it.
 """
 
 from __future__ import annotations
@@ -165,13 +167,15 @@ def main() -> int:
 
             result["storm"] = []
             print(f"\nrecovery storm: {args.storm} runs of {_storm.TURNS} turns frozen and SIGKILLed, then recovered")
-            print(f"  {'backend':<9} {'M':>3} {'runs/s':>8} {'wall s':>7} {'completed':>9} {'dup receipts':>12} "
-                  f"{'rebilled journaled':>18} {'re-sent in flight':>17} {'reconciled':>10}")
+            print(f"  {'backend':<9} {'M':>3} {'runs/s':>8} {'wall s':>7} {'commits':>8} {'floor runs/s':>12} "
+                  f"{'x floor':>7} {'completed':>9} {'dup receipts':>12} {'rebilled journaled':>18} "
+                  f"{'re-sent in flight':>17} {'reconciled':>10}")
             for backend in args.backends.split(","):
                 for m in (int(x) for x in args.resumers.split(",")):
                     got = _storm.storm(Path(tmp) / f"storm-{backend}-{m}", backend, args.storm, m)
                     result["storm"].append(got)
                     print(f"  {backend:<9} {m:>3} {got['runs_per_s']:>8.1f} {got['wall_s']:>7.1f} "
+                          f"{got['commits']:>8} {got['floor_runs_per_s']:>12.1f} {got['x_floor']:>7.2f} "
                           f"{got['completed']:>9} {got['duplicate_receipts']:>12} {got['rebilled_journaled']:>18} "
                           f"{got['resent_in_flight']:>17} {got['reconciled']:>10}", flush=True)
     if args.json:

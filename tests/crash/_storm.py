@@ -149,6 +149,9 @@ async def recover(url: str, work: Path, runs: int, resumers: int) -> dict[str, A
     world = World(work, "recover", runs)
     t0 = time.perf_counter()
     store = open_journal(url)
+    writes = Counter[str]()
+    for name in ("append", "acquire", "release"):  # every write transaction of the recovery
+        setattr(store, name, _counted(getattr(store, name), name, writes))
     todo = [cp.run_id for cp in store.list_runs(status="running", limit=runs * 2)]
     queue: asyncio.Queue[str] = asyncio.Queue()
     for rid in todo:
@@ -176,7 +179,50 @@ async def recover(url: str, work: Path, runs: int, resumers: int) -> dict[str, A
         reconciled += cp.count("reconciled")  # transfers found applied by the lookup, not sent again
     store.close()
     return {"found": len(todo), "wall_s": wall, "runs_per_s": len(todo) / wall, "statuses": dict(statuses),
-            "reconciled": reconciled, **outcomes}
+            "reconciled": reconciled, "commits": sum(writes.values()), **outcomes}
+
+
+def _counted(fn: Any, name: str, writes: Counter[str]) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        writes[name] += 1
+        return fn(*args, **kwargs)
+
+    return counted
+
+
+def commit_floor(url: str, commits: int) -> float:
+    """Seconds for ``commits`` raw synced commits of one 400-byte row each, on one connection of
+    the same backend (plain ``sqlite3`` in WAL with ``synchronous=FULL``; ``psycopg`` with
+    ``synchronous_commit=on``): what the recovery's write transactions cost at the least."""
+    row = b"x" * 400
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        path = url.removeprefix("sqlite:///") + ".floor"
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("CREATE TABLE IF NOT EXISTS floor (x BLOB)")
+            t0 = time.perf_counter()
+            for _ in range(commits):
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO floor VALUES (?)", (row,))
+                db.execute("COMMIT")
+            return time.perf_counter() - t0
+        finally:
+            db.close()
+    import psycopg
+
+    base, _, _ = url.partition("?")
+    with psycopg.connect(base) as conn:
+        conn.execute("CREATE TEMP TABLE floor (x bytea)")
+        conn.commit()
+        t0 = time.perf_counter()
+        for _ in range(commits):
+            conn.execute("INSERT INTO floor VALUES (%s)", (row,))
+            conn.commit()
+        return time.perf_counter() - t0
 
 
 def check_world(work: Path, runs: int) -> dict[str, int]:
@@ -232,6 +278,8 @@ def storm(work: Path, backend: str, runs: int, resumers: int, timeout: float = 1
     assert child.returncode == -signal.SIGKILL
     try:
         got = asyncio.run(recover(url, work, runs, resumers))
+        floor = commit_floor(url, int(got["commits"]))  # measured right after, on the same machine
+        got.update(floor_s=floor, floor_runs_per_s=runs / floor, x_floor=(runs / got["wall_s"]) / (runs / floor))
     finally:
         if backend != "sqlite":
             from _pg import drop_schemas
