@@ -20,7 +20,10 @@ in the same transaction as the *next* intent, which must be on disk before the n
 anyway. So each step costs one synced commit, and nothing leaves the process (a request, a tool
 body) before everything it depends on is durable. Steps are yielded only after their commit.
 
-A resume replays every turn through the same loop as a live run. Two shortcuts were measured on
+A resume replays the turns after the run's latest snapshot (:mod:`._snapshots`; every turn when
+there is none, or the run is not simply running) through the same loop as a live run, so it is
+ready for its next step in a time that does not grow with the run's length; the first model call
+rebuilds the conversation before the snapshot from the whole journal. Two shortcuts were measured on
 a 1000-turn resume and not adopted: replaying whole turns in a synchronous pre-pass, without a
 coroutine per step, took 3% *more* instructions (it looks each result up twice to know a turn is
 whole); pausing the cyclic garbage collector while the journal is opened moved no median (the
