@@ -17,8 +17,8 @@ per resume, all from the moment the store is opened:
 
 Medians over ``--repeats``; ratios against the 100-turn figure of the same mode in the same run.
 The file is built with ``synchronous=NORMAL`` (the bytes are the same, the build is faster); the
-resumes use the default ``FULL``. The index a tail read uses is created by a first tail read on
-the template, before the copies (a one-time cost per journal file, reported).
+resumes use the default ``FULL``. The index a tail read uses was created before the run's first
+snapshot; the template's first tail read (its cost reported) is made before the copies.
 
 **Recovery storm** (``tests/crash/_storm.py``): ``--storm`` runs of 8 turns are started in a child
 process, each frozen at its own point (a model call in flight, or a transfer applied whose result
@@ -108,7 +108,7 @@ def resume_table(sizes: list[int], repeats: int, tmp: Path) -> dict[str, Any]:
         asyncio.run(build(template, n))
         built = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with SqliteCheckpointer(template) as s:  # the index, once per file
+        with SqliteCheckpointer(template) as s:  # the first tail read of the file
             tail = s.load_tail("r", _snapshots.STEP)
         indexed = time.perf_counter() - t0
         rows = tail.summary.last_seq if tail is not None else 0
@@ -126,7 +126,7 @@ def resume_table(sizes: list[int], repeats: int, tmp: Path) -> dict[str, Any]:
                     Path(path + suffix).unlink(missing_ok=True)
         out[str(n)] = {"rows": rows, "build_s": built, "index_s": indexed,
                        **{k: statistics.median(v) for k, v in figures.items()}, "all": figures}
-        print(f"  built {n} turns ({rows} rows) in {built:.1f} s; index {indexed * 1e3:.1f} ms", flush=True)
+        print(f"  built {n} turns ({rows} rows) in {built:.1f} s; first tail read {indexed * 1e3:.1f} ms", flush=True)
     return out
 
 

@@ -88,8 +88,8 @@ def test_kill_while_resuming_from_a_snapshot(kind: str, second: str, ledgers: di
     assert out.crashed and out.second_crashed, (out.crashed, out.second_crashed)
     assert not out.violations, out.violations
     assert out.status == "completed"
-    # The recovery read the tail: the (run_id, seq) index exists only once a tail read found a
-    # snapshot to read after.
+    # The index a tail read needs was made before the first snapshot committed (the recovery
+    # opened on the killed process's -wal, on a connection that could not have made it).
     con = sqlite3.connect(tmp_path / "runs.db")
     try:
         assert con.execute("SELECT 1 FROM sqlite_master WHERE name='cuaderno_events_run_seq'").fetchone()

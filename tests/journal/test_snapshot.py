@@ -9,6 +9,7 @@ body ran once (counted by the tools, outside the journal).
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -226,10 +227,24 @@ def test_damage_before_the_snapshot_is_found_before_the_first_request(tmp_path: 
     assert gateway.calls == 0
 
 
-def test_readonly_store_without_the_index_reads_the_whole_journal(tmp_path: Path) -> None:
+def test_the_index_is_there_before_the_first_snapshot_and_made_if_missing(tmp_path: Path) -> None:
+    """The loop has the (run_id, seq) index created before the first snapshot commits; a journal
+    without it (dropped here) is read whole by a read-only store, and a writable one creates it."""
     world = World(TURNS)
     url = _url(tmp_path)
     asyncio.run(drive(world, url, "r", world.gateway(), stop_after=333))
+    ro = open_journal(url, readonly=True)
+    try:
+        tail = ro.load_tail("r", "snapshot")  # type: ignore[attr-defined]
+        assert tail is not None and tail.events[-1].seq == tail.summary.last_seq
+    finally:
+        ro.close()
+    db = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        db.execute("DROP INDEX cuaderno_events_run_seq")
+        db.commit()
+    finally:
+        db.close()
     ro = open_journal(url, readonly=True)
     try:
         assert ro.load_tail("r", "snapshot") is None  # type: ignore[attr-defined]
@@ -243,3 +258,35 @@ def test_readonly_store_without_the_index_reads_the_whole_journal(tmp_path: Path
             rw.load_tail("nope", "snapshot")  # type: ignore[attr-defined]
     finally:
         rw.close()
+
+
+def _killed_child(url: str, at: str) -> None:
+    from cuaderno.testing import crash
+
+    crash.arm(at)
+    world = World(TURNS)
+    asyncio.run(drive(world, url, "r", world.gateway()))
+    os._exit(3)  # not reached: the armed point kills the process
+
+
+def test_resume_after_a_sigkill_reads_the_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               baseline: tuple[World, list[Any], list[StepEvent]]) -> None:
+    """A process killed mid-run (its -wal holds commits, so the resumer reads on a connection
+    that cannot write until it writes): the resume still goes on from the snapshot, whose index
+    was created before the first snapshot was committed."""
+    import multiprocessing
+
+    _, want, _ = baseline
+    url = _url(tmp_path)
+    proc = multiprocessing.get_context("fork").Process(target=_killed_child, args=(url, "model.K2:120"))
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == -9
+    assert Path(url.removeprefix("sqlite:///") + "-wal").stat().st_size > 0
+    spy = TailSpy()
+    monkeypatch.setattr(_snapshots, "tail_open", spy)
+    world = World(TURNS)
+    gateway = world.gateway()
+    assert asyncio.run(drive(world, url, "r", gateway)).output == "done"
+    assert spy.used == [True]
+    assert bodies(gateway) == want[119:]  # turn 119's request sent again (its answer was lost), none other

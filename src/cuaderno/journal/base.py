@@ -238,6 +238,13 @@ class SupportsTail(Protocol):
     journal, as before.
     """
 
+    def prepare_tail(self) -> None:
+        """Create what :meth:`load_tail` needs (an index on ``(run_id, seq)``) if it is missing.
+        The loop calls it before it commits the first snapshot of a run in a process, so that a
+        journal with snapshots has it before any resume needs it (a store that opened on a
+        crashed process's ``-wal`` reads on a connection that may not create it)."""
+        ...
+
     def load_tail(self, run_id: str, step_id: str) -> Tail | None:
         """The run's summary, its last event under ``step_id`` and the events after that event's
         base (its phase is ``base.N``: the events with ``seq > N``), read in one transaction.

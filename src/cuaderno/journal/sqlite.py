@@ -947,6 +947,10 @@ class SqliteCheckpointer:
             summary.epoch = _epoch(run_id, head[0])
             return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
 
+    def prepare_tail(self) -> None:
+        """See :meth:`~cuaderno.journal.base.SupportsTail.prepare_tail` (once per store)."""
+        self._tail_index()
+
     def _tail_index(self) -> bool:
         """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
         if self._tail_ready:

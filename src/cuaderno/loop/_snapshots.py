@@ -75,7 +75,13 @@ def snapshot_event(state: RunState, intent: StepEvent) -> StepEvent | None:
     # Turn 0's request, as this loop sent or replayed it: a run that was never migrated (the only
     # kind that gets snapshots) was checked to have sent exactly this one.
     first = first_request(state)
-    cp = state.store.checkpoint(state.run_id)
+    store = state.store
+    if not isinstance(store, SupportsTail):
+        return None  # a store that cannot read a tail would never use it
+    if not state._snap_prepared:
+        store.prepare_tail()
+        state._snap_prepared = True
+    cp = store.checkpoint(state.run_id)
     if cp is None:
         return None
     base = cp.to_json()

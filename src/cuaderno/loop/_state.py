@@ -171,6 +171,8 @@ class RunState:
     """Journal rows since the run's last snapshot, as this loop counts them (:mod:`._snapshots`)."""
     _snap: Any = None
     """The snapshot this loop went on from, until the conversation before it is rebuilt."""
+    _snap_prepared = False
+    """Whether the store was asked to prepare tail reads (before this loop's first snapshot)."""
     _start_turn = 0
     """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
 
