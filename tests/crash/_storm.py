@@ -213,10 +213,15 @@ def commit_floor(url: str, commits: int) -> float:
         finally:
             db.close()
     import psycopg
+    from psycopg import sql
 
-    base, _, _ = url.partition("?")
+    base, _, schema = url.partition("?schema=")
     with psycopg.connect(base) as conn:
-        conn.execute("CREATE TEMP TABLE floor (x bytea)")
+        # An ordinary table in the storm's schema: a temporary one is not WAL-logged, and its
+        # commits would not wait for a flush.
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        conn.execute("SET synchronous_commit TO on")
+        conn.execute("CREATE TABLE floor (x bytea)")
         conn.commit()
         t0 = time.perf_counter()
         for _ in range(commits):
