@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -100,6 +101,14 @@ async def resume_once(path: str, turns: int, use_snapshots: bool) -> dict[str, f
     return {"ready": marks["ready"] - t0, "first_call": model.first_call_at - t0}
 
 
+def _synced(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def resume_table(sizes: list[int], repeats: int, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in sizes:
@@ -119,6 +128,7 @@ def resume_table(sizes: list[int], repeats: int, tmp: Path) -> dict[str, Any]:
                 for suffix in ("", "-wal", "-shm"):
                     if Path(template + suffix).exists():
                         shutil.copyfile(template + suffix, path + suffix)
+                        _synced(path + suffix)  # else the resume's first fsync may wait for the copy's pages
                 got = asyncio.run(resume_once(path, n, use_snapshots=mode == "snap"))
                 figures[f"{mode}_ready"].append(got["ready"])
                 figures[f"{mode}_first"].append(got["first_call"])
