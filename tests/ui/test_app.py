@@ -332,7 +332,7 @@ def test_an_approved_run_nobody_drives_is_shown_waiting_for_a_worker_never_runni
     assert status(db, "pay-1") == "running"  # what the journal stores after a decision
     page = client.get("/run", params={"id": "pay-1"}).text
     assert '<span class="status st-waiting">waiting</span>' in page and "waiting for a worker" in page
-    assert 'st-running' not in page
+    assert "st-running" not in page
     listing = client.get("/").text
     row = listing[listing.index('id=pay-1"'):]
     row = row[:row.index("</tr>")]
