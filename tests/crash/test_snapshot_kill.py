@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pg import new_schema, pg_schemas, schema_url  # noqa: F401 - the fixture
 from _report import record
 from _sweep import Case, Outcome, run_case
 
+from cuaderno import open_journal
 from cuaderno.testing.ledger import LedgerProcess
 
 TURNS = 140
@@ -48,20 +50,19 @@ def ledgers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         yield {"dedup": dedup, "nodedup": nd}
 
 
-def _report(o: Outcome) -> None:
-    record({"test": "snapshot kills (SQLite)", "kind": o.case.kind, "point": o.case.point, "status": o.status,
+def _report(o: Outcome, backend: str = "SQLite") -> None:
+    record({"test": f"snapshot kills ({backend})", "kind": o.case.kind, "point": o.case.point, "status": o.status,
             "kills": int(o.crashed) + int(o.second_crashed), "not_reached": int(not o.crashed),
             "duplicated": int(any("I1" in v for v in o.violations)), "rebilled_journaled": o.rebilled_journaled,
             "rebilled_in_flight": o.rebilled_unjournaled, "violations": len(o.violations)})
 
 
-def _snapshots(db: Path, run_id: str) -> int:
-    con = sqlite3.connect(db)
+def _snapshots(db: Path | str, run_id: str) -> int:
+    store = open_journal(db)
     try:
-        return int(con.execute("SELECT count(*) FROM cuaderno_events WHERE run_id=? AND kind='snapshot'",
-                               (run_id,)).fetchone()[0])
+        return sum(ev.kind == "snapshot" for ev in store.load(run_id))  # the whole chain checked
     finally:
-        con.close()
+        store.close()
 
 
 @pytest.mark.parametrize("hit", [1, 2])
@@ -75,7 +76,7 @@ def test_kill_at_a_snapshot_write(kind: str, point: str, hit: int, ledgers: dict
     assert out.crashed, "the point was not reached"
     assert not out.violations, out.violations
     assert out.status == "completed"
-    assert _snapshots(tmp_path / "runs.db", case.run_id) == 2  # the killed one written again, not twice
+    assert _snapshots(f"sqlite:///{tmp_path / 'runs.db'}", case.run_id) == 2  # the killed one written again, not twice
 
 
 @pytest.mark.parametrize("second", ["R0", "R2", "R3", "K2"])
@@ -95,3 +96,25 @@ def test_kill_while_resuming_from_a_snapshot(kind: str, second: str, ledgers: di
         assert con.execute("SELECT 1 FROM sqlite_master WHERE name='cuaderno_events_run_seq'").fetchone()
     finally:
         con.close()
+
+
+PG_CASES = [("model", "K6", None), ("model", "K7", None), ("tool_lookup", "K8", None), ("tool_lookup", "K7", None),
+            ("tool_dedup", "K7", "R2"), ("tool_lookup", "K7", "K2")]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(("kind", "point", "second"), PG_CASES)
+def test_snapshot_kills_postgres(kind: str, point: str, second: str | None, ledgers: dict[str, Any], tmp_path: Path,
+                                 pg_schemas: list[str]) -> None:  # noqa: F811
+    """The same kills on PostgreSQL (a schema per case): at a snapshot's write, and during a
+    recovery that goes on from one (the tail read on the (run_id, seq) index)."""
+    pg_schemas.append(new_schema())
+    url = schema_url(pg_schemas[-1])
+    case = SnapCase(kind=kind, point=f"snap{point}h1", seed=0, turns=TURNS, hit=1, tag="snappg-", second=second,
+                    at=f"snapshot.{point}:1")
+    out = run_case(case, tmp_path, ledgers, journal=url)
+    _report(out, "PostgreSQL")
+    assert out.crashed and (second is None or out.second_crashed)
+    assert not out.violations, out.violations
+    assert out.status == "completed"
+    assert _snapshots(url, case.run_id) == 2
