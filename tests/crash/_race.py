@@ -25,10 +25,15 @@ def child(url: str, work: Path, ready_w: int, go_r: int) -> str:
 
     from cuaderno import FencedOut, RunBusy, ScriptedGateway, Session, open_journal
 
-    store = open_journal(url)
+    try:
+        store = open_journal(url)
+    finally:
+        # Ready even when the open failed: the parent waits for one byte per child, and the
+        # others (which hold the pipe's write end too) wait at the barrier, so a child that
+        # failed silently would hang the race instead of reporting its verdict.
+        os.write(ready_w, b"r")
     try:
         gw = ScriptedGateway(script(), billing_log=work / "billing.jsonl")
-        os.write(ready_w, b"r")
         os.read(go_r, 1)  # the barrier
 
         async def run() -> str:

@@ -176,3 +176,46 @@ def test_parse_keeps_what_each_form_names() -> None:
 def test_open_journal_is_public() -> None:
     assert cuaderno.open_journal is open_journal
     assert "open_journal" in cuaderno.__all__
+
+
+RACE_OPEN = """
+import os, sys, time
+from cuaderno import open_journal
+path, n = sys.argv[1], int(sys.argv[2])
+go_r, go_w = os.pipe()
+pids = []
+for i in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os.read(go_r, 1)  # all released at once
+        try:
+            open_journal(path).close()
+            verdict = "ok"
+        except BaseException as exc:
+            verdict = f"{type(exc).__name__}: {exc}"
+        with open(f"{path}.verdict.{i}", "w") as f:
+            f.write(verdict)
+        os._exit(0)
+    pids.append(pid)
+time.sleep(0.2)
+os.write(go_w, b"g" * n)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_processes_opening_a_new_journal_at_once_all_open_it(tmp_path: Path) -> None:
+    # Workers started together on a journal nobody created yet: before the fix, about 1 open in
+    # 40 failed (SQLITE_CANTOPEN on the -wal another process had just made, or SQLITE_BUSY on
+    # its switch to WAL), and a worker died at start.
+    import subprocess
+    import sys
+
+    (tmp_path / "race.py").write_text(RACE_OPEN)
+    for rep in range(20):
+        db = tmp_path / f"runs{rep}.db"
+        subprocess.run([sys.executable, str(tmp_path / "race.py"), str(db), "10"], check=True, timeout=120)
+        verdicts = [(tmp_path / f"runs{rep}.db.verdict.{i}").read_text() for i in range(10)]
+        assert verdicts == ["ok"] * 10, verdicts
+    with SqliteCheckpointer(tmp_path / "runs0.db", create=False) as store:
+        assert store.list_runs() == []

@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,6 +190,27 @@ class SqliteCheckpointer:
             if not self._readonly:
                 _lease.check_journal(self.path, _lease.identity(self.path))
         self._anchor = _anchor.Anchor(self.path) if on_disk else None
+        # Several processes opening a new journal at the same moment (workers started together)
+        # race its creation: one may see the -wal another just made before that one's -shm is
+        # there (SQLITE_CANTOPEN on the read-only connection), or meet the other's switch to WAL,
+        # which SQLite refuses without waiting (SQLITE_BUSY on journal_mode). Both pass within
+        # milliseconds; the open is retried (from the file as it then is) for a bounded time.
+        deadline = time.monotonic() + min(busy_timeout_ms / 1000, _OPEN_RACE_S)
+        while True:
+            try:
+                self._connect(on_disk, synchronous, busy_timeout_ms, compress)
+                return
+            except sqlite3.OperationalError as exc:
+                self._close_quietly()
+                if not _open_race(exc, self.path, self._readonly) or time.monotonic() >= deadline:
+                    raise _open_failure(self.path, exc, busy_timeout_ms) from exc
+                self._closed = False
+                self._anchor = _anchor.Anchor(self.path) if on_disk else None
+                time.sleep(0.01)
+
+    def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
+        """Open the store's connection on the file as it is now (see ``__init__``); on a failure
+        the caller closes what was opened."""
         fresh = not on_disk or _size(self.path) == 0
         if fresh and self._create and self._anchor is not None:
             self._anchor.reset()  # a journal created anew at this path: what was seen at it is gone
@@ -234,12 +256,15 @@ class SqliteCheckpointer:
                     return
                 self._db.close()  # opening writes (tables, a migration, a setting): the writer does it now
             self._open_writer(synchronous, busy_timeout_ms, compress)
+        except sqlite3.OperationalError:
+            raise  # the caller retries an open race, or names the failure
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise _open_failure(self.path, exc, busy_timeout_ms) from exc
         except BaseException:
             self._close_quietly()
             raise
+
 
     def _open_writer(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         """Open the connection that writes (at open, or at the first write of a store that opened
@@ -1014,6 +1039,20 @@ def _compress_setting(db: sqlite3.Connection) -> str | None:
     """The journal's recorded compression setting, as stored (``None`` if nobody set one)."""
     row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
     return None if row is None else str(row[0])
+
+
+_OPEN_RACE_S = 5.0
+"""How long an open that met another process's creation of the same journal is retried."""
+
+
+def _open_race(exc: sqlite3.OperationalError, path: str, readonly: bool) -> bool:
+    """Whether an open may have failed on another process creating the journal at that moment: a
+    lock, or a file that exists but could not be opened (a missing file or folder, or a read-only
+    store, fails at once)."""
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    if name.startswith("SQLITE_BUSY"):
+        return True
+    return name.startswith("SQLITE_CANTOPEN") and not readonly and _size(path) > 0
 
 
 def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
