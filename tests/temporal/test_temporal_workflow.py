@@ -26,10 +26,10 @@ from cuaderno.temporal import (
 from cuaderno.testing.ledger import LedgerProcess
 
 
-async def run_once(env: WorkflowEnvironment, tmp_path: Path, ledger: LedgerProcess,
-                   gateway: ScriptedGateway) -> tuple[dict[str, object], WorkflowHistory, str]:
+async def run_once(env: WorkflowEnvironment, tmp_path: Path, ledger: LedgerProcess, gateway: ScriptedGateway,
+                   policy_text: str = POLICY) -> tuple[dict[str, object], WorkflowHistory, str]:
     policy = tmp_path / "effects.toml"
-    policy.write_text(POLICY)
+    policy.write_text(policy_text)
     queue, run_id = f"q-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
     journal = f"sqlite:///{tmp_path / 'journal.db'}"
     async with build_worker(env.client, make_agent(ledger.url), task_queue=queue, journal_url=journal,
@@ -71,3 +71,20 @@ def test_a_policy_without_a_production_timeout_is_refused_at_worker_start(tmp_pa
         bad.write_text(text)
         with pytest.raises(EffectPolicyError, match=what):
             load_effect_policy(agent, bad)
+
+
+async def test_each_activity_is_scheduled_with_its_effect_class_profile(env: WorkflowEnvironment,
+                                                                         tmp_path: Path) -> None:
+    # What the server was told, read from the history: the production timeout is the one written in
+    # the policy file (47 s here, not a default), model turns 210 s with 1 attempt, code 25 s with 3.
+    policy = POLICY.replace("timeout_s = 30", "timeout_s = 47").replace("heartbeat_s = 1", "heartbeat_s = 2")
+    with LedgerProcess(mode="nodedup") as ledger:
+        result, history, _ = await run_once(env, tmp_path, ledger, ScriptedGateway(SCRIPT, stripe=True), policy)
+    assert result["status"] == "completed"
+    scheduled = [e.activity_task_scheduled_event_attributes for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    got = [(a.activity_type.name, a.start_to_close_timeout.seconds, a.retry_policy.maximum_attempts,
+            a.heartbeat_timeout.seconds) for a in scheduled]
+    assert got[:5] == [(MODEL_TURN, 210, 1, 2), (TOOL_CALL, 47, 1, 2), (MODEL_TURN, 210, 1, 2),
+                       (TOOL_CALL, 25, 3, 2), (MODEL_TURN, 210, 1, 2)], got
+    assert got[5][0] == RECORD and got[5][1:3] == (25, 3), got
