@@ -355,9 +355,11 @@ class Ladder:
 
 
 DEFAULT_LADDER = Ladder((NamedTool(), Escalate()))
-"""The ladder :class:`~cuaderno.gateway.tiered.TieredGateway` climbs by default: the cheapest one
-that reached the best answered rate in ``benchmarks/empty_generations.py`` (README, "Empty
-generations: the ladder")."""
+"""The ladder :class:`~cuaderno.gateway.tiered.TieredGateway` climbs by default. In
+``benchmarks/empty_generations.py`` (README, "Empty generations: the ladder"; 150 turns per arm)
+the named tool alone was the cheapest ladder at the best answered rate (149/150, 0.96x the cost of
+no recovery); escalation behind it costs nothing while the named tool answers (no strong call in
+150 turns) and rescues the tasks where no single tool fits, where the named rung is refused."""
 
 
 class _Loop(Protocol):
