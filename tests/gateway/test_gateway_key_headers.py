@@ -44,3 +44,28 @@ async def test_configured_headers_replace_the_default(fake: Any, make_openai: Ma
 def test_a_bad_header_name_is_refused_at_construction(make_openai: MakeGw, bad: Any) -> None:
     with pytest.raises(UsageError, match="idempotency_header"):
         make_openai(idempotency_header=bad)
+
+
+def test_the_documented_headers_are_the_defaults() -> None:
+    # What the README's provider table and each quickstart tell a user to look for in their logs
+    # is what the gateways send by default; a changed default without its docs fails here.
+    import inspect
+    import re
+    from pathlib import Path
+
+    from cuaderno.gateway.anthropic import AnthropicGateway
+    from cuaderno.gateway.openai import DEFAULT_KEY_HEADERS
+
+    root = Path(__file__).resolve().parents[2]
+    readme = root.joinpath("README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line.split("|")[2] for line in readme.splitlines()
+            if line.startswith("| OpenAI, or") or line.startswith("| Anthropic (")}
+    openai_row = next(v for k, v in rows.items() if k.startswith("OpenAI"))
+    anthropic_row = next(v for k, v in rows.items() if k.startswith("Anthropic"))
+    assert re.findall(r"`([^`]+)`", openai_row) == list(DEFAULT_KEY_HEADERS)
+    anthropic_default = inspect.signature(AnthropicGateway.__init__).parameters["idempotency_header"].default
+    assert re.findall(r"`([^`]+)`", anthropic_row) == [anthropic_default]
+    quick = root / "docs" / "quickstart"
+    for page, headers in (("openai.md", DEFAULT_KEY_HEADERS), ("anthropic.md", (anthropic_default,))):
+        line = next(x for x in quick.joinpath(page).read_text(encoding="utf-8").splitlines() if "**Key header**" in x)
+        assert re.findall(r"`([A-Za-z-]+-Key)`", line) == list(headers), (page, line)
