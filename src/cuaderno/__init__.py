@@ -75,6 +75,7 @@ from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.conversation import Conversation
 from cuaderno.loop.versions import Migration
 from cuaderno.tools import Compensation, Policy, PolicyDecision, Tool, ToolContext, tool
+from cuaderno.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -165,6 +166,8 @@ __all__ = [
     "Usage",
     "UsageError",
     "VersionMismatch",
+    "Worker",
+    "WorkerStats",
     "__version__",
     "approve",
     "cancel",
