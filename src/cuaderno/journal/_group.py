@@ -47,6 +47,13 @@ step latency (SQLite M=32: 10 ms against 1.6 ms): a step waits for the group bef
 alone skips the hop (:data:`SOLO_WINDOW_S`), yet SQLite M=1 measured 0.81x the store alone over 7
 repeats (Postgres 1.0x); the cause was not found (the journal's CPU per flush measured the same).
 
+The same benchmark on a quiet machine (``--repeats 3``; load average 0.7 at the start, 3.8 at
+the end; floors 8,156 steps/s for sqlite3 and 4,353-5,135 for psycopg), the store alone / through a group:
+SQLite M=1 1,253 / 1,238 (0.99x: the 0.81x above was the load), M=32 2,056 / 2,614, M=128
+1,948 / 2,968; PostgreSQL M=32 864 / 1,334, and 4 processes at M=32 1,674 / 2,083. Groups of
+10 runs at ~2,600 steps/s on 2 CPUs are about 0.4 ms of CPU per step: the CPU per step, not the
+sync, is now what bounds SQLite.
+
 Crash points (``cuaderno.testing.crash``): ``group.G1`` inside the group's transaction, every
 append of the group written, before COMMIT (nothing of the group is durable: none may have
 acted); ``group.G2`` after the commit, before any follower is woken (all of it is durable, and
