@@ -36,7 +36,10 @@ once) and returns; nothing new is claimed. The loop is the unchanged runner: a w
 ``agent.run`` an application would call, with the task and tenant the run recorded when it started.
 
 Concurrency is the number of runs driven at once on this process's event loop. Model calls are
-awaited, so they overlap; a tool written as a plain function blocks the loop while it runs. Put
+awaited, so they overlap; a tool written as a plain function blocks the loop while it runs. The
+steps these runs commit in one turn of the loop share one transaction and one sync
+(:class:`~cuaderno.journal._group.GroupCommit`); each still acts only once its own intent has
+committed. Put
 more processes (on more hosts, for PostgreSQL) behind one journal to scale further.
 """
 
@@ -69,6 +72,7 @@ from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal import open_journal
 from cuaderno.journal._claims import work_for
+from cuaderno.journal._group import GroupCommit
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
@@ -190,6 +194,7 @@ class Worker:
         store = open_journal(self._journal, create=False) if not isinstance(self._journal, Checkpointer) \
             else self._journal
         self._store = store
+        group: GroupCommit | None = None
         previous: dict[signal.Signals, Any] = {}
         try:
             if not isinstance(store, SupportsClaims):
@@ -206,10 +211,16 @@ class Worker:
                     previous[sig] = signal.signal(sig, lambda signum, frame: self.stop())
             self._say(f"{self.name}: polling {_where(store)} for runs of agent {self.agent.name!r} "
                       f"(concurrency {self.concurrency})")
-            await self._poll(store, until_idle)
+            if self.concurrency > 1:
+                # The runs this worker drives at once share their commits (one transaction and one
+                # sync for the steps that commit in the same turn of the event loop).
+                group = GroupCommit(store, close_store=False)
+            await self._poll(group if group is not None else store, until_idle)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if group is not None:
+                group.close()  # its store stays open: closed below if this worker opened it
             if owned:
                 store.close()
             self._store = None

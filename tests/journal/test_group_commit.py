@@ -121,8 +121,8 @@ def test_tasks_of_one_loop_share_a_transaction(store: Any) -> None:
         return await group.append_async([_start(f"r{r}")])
 
     async def main() -> list[list[StepEvent]]:
-        # A run appending alone commits on the loop (no thread hop); once two runs have appended,
-        # the commits go to the committer thread, and the loop's runs queue behind it.
+        # A run appending alone commits at once; once two runs have appended, an append waits for
+        # the end of the loop's iteration, and the runs stepped in it share one transaction.
         await one(-1)
         await one(-2)
         held.armed = True
@@ -156,6 +156,110 @@ def test_a_run_alone_commits_on_its_loop(store: Any) -> None:
         del store.append_group
     assert seen == [loop_thread] * 5
     assert len(store.load("solo")) == 5
+
+
+def test_runs_stepped_in_one_loop_iteration_share_one_transaction_on_the_loop(store: Any) -> None:
+    """No thread and no timer: the appends made while the loop steps its ready runs are written
+    together at the end of that iteration, on the loop's own thread."""
+    group = GroupCommit(store)
+    loop_thread = threading.get_ident()
+    calls: list[tuple[int, int]] = []
+    real = store.append_group
+
+    def spy(batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        calls.append((threading.get_ident(), len(batches)))
+        return list(real(batches))
+
+    store.append_group = spy
+
+    async def one(r: int) -> None:
+        await group.append_async([_start(f"r{r}")])
+        for i in range(3):
+            await group.append_async([_ev(f"r{r}", f"s{i}")])
+
+    async def main() -> None:
+        await group.append_async([_start("warm-a")])
+        await group.append_async([_start("warm-b")])  # two runs: no longer alone
+        calls.clear()
+        await asyncio.gather(*(one(r) for r in range(12)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        del store.append_group
+        group.close()
+    assert calls == [(loop_thread, 12)] * 4, calls
+    assert group._committer is None  # never needed
+
+
+def test_a_caller_blocked_in_append_on_the_loop_is_not_left_behind_a_deferred_group(store: Any) -> None:
+    """A loop's own synchronous append (a run's last commit) while other runs' appends wait for
+    the end of the iteration: it leads, writes them with its own, and nothing waits forever."""
+    group = GroupCommit(store, close_store=False)
+
+    async def deferred(r: int) -> list[StepEvent]:
+        return await group.append_async([_start(f"d{r}")])
+
+    async def main() -> tuple[list[list[StepEvent]], list[StepEvent]]:
+        await group.append_async([_start("warm-a")])
+        await group.append_async([_start("warm-b")])
+        tasks = [asyncio.ensure_future(deferred(r)) for r in range(3)]
+        await asyncio.sleep(0)  # the three are queued, their flush scheduled
+        mine = group.append([_start("sync")])
+        return await asyncio.wait_for(asyncio.gather(*tasks), 10), mine
+
+    try:
+        waited, mine = asyncio.run(main())
+    finally:
+        group.close()
+    assert [w[0].seq for w in waited] == [1, 1, 1] and mine[0].seq == 1
+    assert {cp.run_id for cp in store.list_runs()} >= {"d0", "d1", "d2", "sync"}
+
+
+def test_the_store_capabilities_are_the_groups_and_closing_can_leave_it_open(tmp_path: Path) -> None:
+    from cuaderno.journal.base import SupportsClaims, SupportsRebuild, SupportsTail
+
+    class Bare:
+        """A Checkpointer with no optional capability."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def append(self, events: Any, *, epoch: Any = None, expect_seq: Any = None) -> Any:
+            return self.inner.append(events, epoch=epoch, expect_seq=expect_seq)
+
+        def load(self, run_id: str) -> Any:
+            return self.inner.load(run_id)
+
+        def checkpoint(self, run_id: str) -> Any:
+            return self.inner.checkpoint(run_id)
+
+        def list_runs(self, *, status: Any = None, limit: int = 100) -> Any:
+            return self.inner.list_runs(status=status, limit=limit)
+
+        def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
+            return int(self.inner.acquire(run_id, owner, force=force, open_only=open_only))
+
+        def release(self, run_id: str, epoch: int) -> None:
+            self.inner.release(run_id, epoch)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    sqlite = SqliteCheckpointer(tmp_path / "runs.db")
+    group = GroupCommit(sqlite, close_store=False)
+    # Snapshots (tail reads), a worker's claims and summary rebuilds reach the store through the group.
+    assert isinstance(group, SupportsTail) and isinstance(group, SupportsClaims) and isinstance(group, SupportsRebuild)
+    group.append([_start("r1")])
+    assert [cp.run_id for cp in group.open_runs()] == ["r1"]
+    group.close()
+    assert sqlite.checkpoint("r1") is not None  # still open
+    sqlite.close()
+    bare = Bare(SqliteCheckpointer(tmp_path / "bare.db"))
+    assert isinstance(bare, Checkpointer)
+    plain = GroupCommit(bare)
+    assert not isinstance(plain, SupportsTail) and not isinstance(plain, SupportsClaims)
+    plain.close()
 
 
 def test_a_refused_append_is_refused_alone(store: Any) -> None:

@@ -59,13 +59,19 @@ def test_a_run_killed_at_a_crash_point_is_finished_by_a_worker(world: World, poi
         store.close()
 
 
-@pytest.mark.parametrize("point", ["tool.K2:2", "tool.K4:2", "tool.K6:2", "model.K5:3"])
-def test_a_worker_killed_at_a_crash_point_is_finished_by_another(world: World, point: str) -> None:
+@pytest.mark.parametrize(("concurrency", "point"), [
+    *(("1", p) for p in ("tool.K2:2", "tool.K4:2", "tool.K6:2", "model.K5:3")),
+    # Three runs at once share their commits (group commit): killed inside a group's transaction
+    # (G1: nothing of it durable), after its commit before anyone acted on it (G2), and at the
+    # loop's own points while its steps ride in groups.
+    *(("3", p) for p in ("group.G1:3", "group.G2:3", "tool.K4:2", "tool.K6:2", "model.K5:3")),
+])
+def test_a_worker_killed_at_a_crash_point_is_finished_by_another(world: World, concurrency: str, point: str) -> None:
     ids = ["a", "b", "c"]
     starter = world.start_runs("approving", ids)
     starter.communicate(timeout=120)
     _approve_all(world, ids)
-    first = world.worker("worker_agent:approving_agent", "--concurrency", "1", CUADERNO_CRASH_AT=point)
+    first = world.worker("worker_agent:approving_agent", "--concurrency", concurrency, CUADERNO_CRASH_AT=point)
     first.communicate(timeout=120)
     assert first.returncode == -signal.SIGKILL, "the crash point was not reached"
     second = world.worker("worker_agent:approving_agent", "--until-idle")
