@@ -27,6 +27,10 @@ COMMIT per step, on one connection, in this process: ``sqlite3`` in WAL with
 goals compare against it: SQLite M=32 in one process at least 1.0x the floor, PostgreSQL M=32 in
 one process at least 5x it, and four PostgreSQL processes at least 3x one.
 
+The loop's ceiling, measured first: the largest M in one process on a store in memory (no SQL,
+no sync, nothing durable): what the agent loop itself costs per step, which no durable store can
+beat in one process (``--no-ceiling`` skips it).
+
 ``--quick``: M = 1, 8, 32, P = 1, 2, 10 turns, one repeat: a smoke run of a minute or two.
 SQLite journals live in a temporary directory on the disk of ``--dir`` (default: the system's);
 PostgreSQL journals in schemas of their own, dropped at the end.
@@ -229,6 +233,14 @@ def _median(cells: list[dict[str, Any]], key: str) -> float | None:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     journals = Journals(args.dir, args.pg)
     report: dict[str, Any] = {"floors": {}, "cells": [], "load_before": os.getloadavg()}
+    if args.ceiling:
+        # The loop's own ceiling: the same runs on a store in memory (no SQL, no sync, nothing
+        # durable). No durable store can make a step cheaper than this in one process.
+        reps = [cell("memory://", "alone", m, 1, args.turns) for m in (max(args.runs),) for _ in range(args.repeats)]
+        report["ceiling"] = {"M": max(args.runs), "steps_per_s": _median(reps, "steps_per_s"),
+                             "repeats": [r["steps_per_s"] for r in reps]}
+        print(f"ceiling (memory store, M={max(args.runs)}, P=1): {report['ceiling']['steps_per_s']:,.0f} steps/s",
+              file=sys.stderr, flush=True)
     try:
         for backend in args.backends:
             floor = sqlite_floor if backend == "sqlite" else pg_floor
@@ -260,6 +272,10 @@ def render(report: dict[str, Any]) -> str:
     lines = []
     for backend, floor in report["floors"].items():
         ref = statistics.mean([floor["before"], floor["after"]])
+        if "ceiling" in report:
+            lines.append(f"\nthe loop's ceiling (memory store, nothing durable, M={report['ceiling']['M']}, one process): "
+                         f"{report['ceiling']['steps_per_s']:,.0f} steps/s = "
+                         f"{report['ceiling']['steps_per_s'] / ref:.2f}x the {backend} floor")
         lines.append(f"\n{backend}: raw driver floor {floor['before']:,.0f} / {floor['after']:,.0f} steps/s "
                      "(before / after the cells; ratios below use their mean)")
         lines.append("| mode | M | P | steps/s | x floor | p50 ms | p99 ms | mean group |")
@@ -288,6 +304,8 @@ def main() -> int:
     ap.add_argument("--pg", default=os.environ.get("CUADERNO_TEST_PG", "postgresql://127.0.0.1:5432/test"))
     ap.add_argument("--dir", default=None, help="where the SQLite journals go (a temporary folder in it)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help="skip the loop's ceiling (the same runs on a store in memory)")
     args = ap.parse_args()
     quick = args.quick
     args.runs = [int(x) for x in (args.runs or ("1,8,32" if quick else "1,8,32,128")).split(",")]

@@ -131,7 +131,8 @@ class _Slot:
         self.done = False
         self.lead = False
         """Set by the last leader: this caller leads the next group."""
-        self.woken = threading.Event()
+        self.woken = threading.Event() if loop is None else None
+        """How a caller blocked in append() is woken (one on a loop awaits its future instead)."""
         self.loop = loop
         self.future: asyncio.Future[list[StepEvent]] | None = loop.create_future() if loop is not None else None
 
@@ -192,6 +193,7 @@ class GroupCommit:
         if self._join(slot):
             self._lead()
         while not slot.done:
+            assert slot.woken is not None
             slot.woken.wait()
             slot.woken.clear()
             if slot.lead and not slot.done:
@@ -281,6 +283,7 @@ class GroupCommit:
             self._settle(slot, outcome)
         if nxt is not None:
             if nxt.future is None:
+                assert nxt.woken is not None
                 nxt.lead = True
                 nxt.woken.set()
             else:
@@ -330,7 +333,7 @@ class GroupCommit:
                     slot.loop.call_soon_threadsafe(_resolve, slot.future, outcome)
                 except RuntimeError:  # its loop closed: the caller is gone, its events are durable
                     pass
-        else:
+        elif slot.woken is not None:
             slot.woken.set()
 
     # -- everything else is the store's -----------------------------------------------------------
