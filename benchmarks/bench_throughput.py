@@ -74,6 +74,10 @@ class Canned:
 
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
         self.calls += 1
+        # A provider call always suspends its caller (it awaits the network). An answer that never
+        # suspended would let the first run of a loop drive all its turns before any other run
+        # started, alone and at one sync per step, inside the M-run measurement.
+        await asyncio.sleep(0)
         return self.answers[min(self.calls, len(self.answers)) - 1]
 
 
