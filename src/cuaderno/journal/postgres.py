@@ -129,6 +129,21 @@ _SELECT_EVENT = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fing
 _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                "checkpoint=excluded.checkpoint RETURNING xmin::text")
+_LOCK_RUN = "SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE"
+_LOCK_NEW_RUN_NOWAIT = "SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE NOWAIT"
+_LOCK_RUNS = ('SELECT run_id, epoch, xmin::text FROM cuaderno_runs WHERE run_id = ANY(%b) ORDER BY run_id COLLATE "C" '
+              "FOR UPDATE")
+"""A group's summary rows, locked in one statement in the order of their run ids' code points (the
+``C`` collation compares UTF-8 bytes: the order of Python's ``sorted``, whatever the database's
+collation). PostgreSQL locks the rows as the sort hands them out (the locking clause is applied
+after ``ORDER BY``), so every writer locks runs in one order and two groups cannot deadlock."""
+_SELECT_SUMMARIES = "SELECT run_id, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%b)"
+_UPSERT_RUNS = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) SELECT * FROM "
+                "unnest(%b::text[], %b::text[], %b::bigint[], %b::float8[], %b::text[]) "
+                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+                "checkpoint=excluded.checkpoint RETURNING run_id, xmin::text")
+""":data:`_UPSERT_RUN` for several runs (each once) in one statement. Its arrays are sent in binary:
+in text, every quote of every summary's JSON would be escaped (by a regular expression, in Python)."""
 _SELECT_LAST_MARK = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
                      "created_at, row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s ORDER BY seq DESC "
                      "LIMIT 1")
@@ -424,6 +439,11 @@ class PostgresCheckpointer:
         The runs' summary rows are locked in run-id order (the batches of one run keep their
         order), so two workers' groups cannot deadlock on each other. If any batch is refused (or
         the commit fails), the transaction is rolled back whole and each batch is appended alone.
+
+        A handful of statements whatever the group's size (:meth:`_write_group`): BEGIN, one
+        statement locking every run's row, one loading the summaries this store has not cached,
+        one ``executemany`` of every new row (one round trip), one upsert of every run's summary,
+        COMMIT; a run without a row yet adds two (its creation lock, then its row looked up again).
         """
         for _ in batches:
             crash.point("append.W0")
@@ -433,10 +453,7 @@ class PostgresCheckpointer:
         outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
         try:
             with self._txn() as cur:
-                for i in order:
-                    b = batches[i]
-                    crash.set_txn_points(*b.points)
-                    outs[i] = self._write(cur, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+                self._write_group(cur, batches, order, outs)
                 crash.set_txn_points()
                 crash.point("group.G1")  # every append of the group written, before COMMIT
         except Exception:
@@ -448,6 +465,93 @@ class PostgresCheckpointer:
         for _ in batches:
             crash.point("append.W2")
         return outs
+
+    def _write_group(self, cur: psycopg.Cursor[Any], batches: Sequence[GroupBatch], order: list[int],
+                     outs: list[list[StepEvent] | Exception]) -> None:
+        """Every batch of a group (taken in ``order``: by run id, the batches of one run in their
+        own order), in ``cur``'s transaction; ``outs[i]``: batch ``i``'s stored events.
+
+        What each batch writes is what :meth:`_write` would write batch after batch: a run's
+        batches fold into one summary, each seeing the one before it (as :meth:`_write` finds
+        the summary its previous batch cached, under this transaction's row version), and the
+        run's summary row ends as its last batch leaves it, so one upsert per run, with its
+        final summary, stores what one per batch would have. Any error leaves the transaction to
+        be rolled back whole (the caller then appends batch by batch). The crash points of each
+        batch are passed in their order, inside the transaction: ``K8`` once the rows are in,
+        then its own points and ``append.W1`` once the summaries are."""
+        runs = list(dict.fromkeys(batches[i].events[0].run_id for i in order))
+        summaries = self._group_summaries(cur, runs)
+        rows: list[tuple[Any, ...]] = []
+        updated: dict[str, float] = {}  # per run that has new rows, its last new row's time
+        written: list[int] = []  # the batches with new rows, in order
+        for i in order:
+            b = batches[i]
+            run_id = b.events[0].run_id
+            new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq)
+            if new:
+                rows.extend(self._rows(new))
+                updated[run_id] = new[-1][0].created_at
+                written.append(i)
+        if not rows:
+            return
+        # A stored key fails this (UniqueViolation): the group is then appended batch by batch,
+        # each batch that meets it redone with lookups (see _append_alone).
+        cur.executemany(_INSERT, rows)  # one round trip (psycopg pipelines it)
+        for i in written:
+            crash.set_txn_points(*batches[i].points)
+            crash.in_txn("checkpoint")
+        crash.set_txn_points()
+        done = [(run_id, summaries[run_id]) for run_id in updated]
+        params = ([r for r, _ in done], [cp.status for _, cp in done], [cp.epoch for _, cp in done],
+                  [updated[r] for r, _ in done], [cp.dumps() for _, cp in done])
+        xmins = dict(cur.execute(_UPSERT_RUNS, params).fetchall())
+        if set(xmins) != set(updated):
+            raise JournalCorrupt(f"journal {self.url}: the database stored other summaries than the ones written")
+        for i in written:
+            crash.set_txn_points(*batches[i].points)
+            crash.in_txn()
+            crash.point("append.W1")
+        crash.set_txn_points()
+        with self._cache_lock:
+            for run_id, cp in done:
+                self._cache[run_id] = (str(xmins[run_id]), cp)
+
+    def _group_summaries(self, cur: psycopg.Cursor[Any], runs: list[str]) -> dict[str, Checkpoint]:
+        """:meth:`_locked_summary` of each of ``runs`` (distinct, in code-point order), in a few
+        statements: every existing row locked by one (:data:`_LOCK_RUNS`), the summaries this
+        store has not cached (or whose row another writer changed since) read by one more.
+
+        A run with no row yet is taken as :meth:`_locked_summary` takes it (its creation lock,
+        then its row looked up again), after the rows. If a locked row's run sorts after it, that
+        is out of the order every writer locks in: the creation lock and the row are then only
+        taken if free (held by another writer, the group fails and is appended batch by batch),
+        so that this transaction never waits for a lock while holding a later one."""
+        found = {run_id: (epoch, xmin) for run_id, epoch, xmin in cur.execute(_LOCK_RUNS, (runs,)).fetchall()}
+        out: dict[str, Checkpoint] = {}
+        misses: dict[str, int] = {}
+        for run_id in runs:
+            if run_id not in found:
+                continue
+            epoch = checked_epoch(run_id, found[run_id][0])
+            with self._cache_lock:  # taken out, not read (see _locked_summary)
+                cached = self._cache.pop(run_id, None)
+            if cached is not None and cached[0] == found[run_id][1]:
+                cached[1].epoch = epoch
+                out[run_id] = cached[1]
+            else:
+                misses[run_id] = epoch
+        if misses:
+            texts = dict(cur.execute(_SELECT_SUMMARIES, (list(misses),)).fetchall())
+            for run_id, epoch in misses.items():
+                cp = _loads(run_id, texts.get(run_id))
+                cp.epoch = epoch
+                out[run_id] = cp
+        last = max(found) if found else None
+        for run_id in runs:
+            if run_id not in found:
+                in_order = last is None or run_id > last  # no row locked after it
+                out[run_id] = self._new_run_summary(cur, run_id, use_cache=True, wait=in_order)
+        return out
 
     def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
         outs: list[list[StepEvent] | Exception] = []
@@ -499,16 +603,35 @@ class PostgresCheckpointer:
     def _locked_summary(self, cur: psycopg.Cursor[Any], run_id: str, *, use_cache: bool) -> Checkpoint:
         """The run's summary with its row locked for this transaction (or, for a run with no row
         yet, the run's creation lock taken), its epoch the column's."""
-        row = cur.execute("SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
-                          (run_id,)).fetchone()
+        row = cur.execute(_LOCK_RUN, (run_id,)).fetchone()
         if row is None:
-            # Nothing to lock yet: serialise the run's creators, then look again (read committed:
-            # the new statement sees a row another creator committed while this one waited).
-            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_NEW_RUN_LOCK, _int4(self._journal_id + run_id)))
-            row = cur.execute("SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
-                              (run_id,)).fetchone()
-            if row is None:
-                return Checkpoint(run_id=run_id)
+            return self._new_run_summary(cur, run_id, use_cache=use_cache, wait=True)
+        return self._summary(cur, run_id, row, use_cache=use_cache)
+
+    def _new_run_summary(self, cur: psycopg.Cursor[Any], run_id: str, *, use_cache: bool,
+                         wait: bool) -> Checkpoint:
+        """:meth:`_locked_summary` of a run whose row was not there: nothing to lock yet, so
+        serialise the run's creators, then look again (read committed: the new statement sees a
+        row another creator committed while this one waited). Not ``wait``: the lock and the row
+        only if free, else :class:`_Contended` (see :meth:`_group_summaries`)."""
+        key = (_NEW_RUN_LOCK, _int4(self._journal_id + run_id))
+        if wait:
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", key)
+            row = cur.execute(_LOCK_RUN, (run_id,)).fetchone()
+        else:
+            if not _one(cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", key))[0]:
+                raise _Contended(run_id)
+            try:
+                row = cur.execute(_LOCK_NEW_RUN_NOWAIT, (run_id,)).fetchone()
+            except psycopg.errors.LockNotAvailable:
+                raise _Contended(run_id) from None
+        if row is None:
+            return Checkpoint(run_id=run_id)
+        return self._summary(cur, run_id, row, use_cache=use_cache)
+
+    def _summary(self, cur: psycopg.Cursor[Any], run_id: str, row: tuple[Any, ...], *,
+                 use_cache: bool) -> Checkpoint:
+        """The summary of a run whose row ``(epoch, xmin)`` this transaction has locked."""
         epoch = checked_epoch(run_id, row[0])
         with self._cache_lock:
             # Taken out, not read: this append folds events into it in place, and if it then
@@ -523,7 +646,8 @@ class PostgresCheckpointer:
         cp.epoch = epoch  # a takeover writes only the column
         return cp
 
-    def _insert(self, cur: psycopg.Cursor[Any], new: list[tuple[StepEvent, bytes]]) -> None:
+    def _rows(self, new: list[tuple[StepEvent, bytes]]) -> list[tuple[Any, ...]]:
+        """The parameters of :data:`_INSERT` for each new row (compressed as the journal says)."""
         rows = []
         for e, payload in new:
             if len(payload) > MAX_PAYLOAD:
@@ -533,6 +657,10 @@ class PostgresCheckpointer:
             codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
             rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
                          stored, e.created_at, e.row_hash))
+        return rows
+
+    def _insert(self, cur: psycopg.Cursor[Any], new: list[tuple[StepEvent, bytes]]) -> None:
+        rows = self._rows(new)
         if len(rows) == 1:
             cur.execute(_INSERT, rows[0])
         else:
@@ -925,6 +1053,11 @@ class _Lost(JournalError):
     """A write's connection died: whether its transaction committed is not known yet. An append
     asks the journal (``_reconnected``); to the callers of the other writes (a takeover, a
     release) it is the JournalError it says it is."""
+
+
+class _Contended(Exception):
+    """A group met a run another writer is creating (or locking) where waiting for it could
+    deadlock (see ``_group_summaries``): the group is appended batch by batch instead."""
 
 
 class _NoServer(JournalError):

@@ -1,0 +1,255 @@
+"""PostgresCheckpointer.append_group: a group in a few statements, storing what its appends alone store.
+
+Runs against the machine's PostgreSQL (see ``_pg``), each test in schemas of its own.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import psycopg
+import pytest
+from _pg import PG_URL, new_schema, pg_schemas  # noqa: F401 - the fixture
+from psycopg import pq, sql
+
+from cuaderno.errors import FencedOut, RunChanged
+from cuaderno.events import StepEvent
+from cuaderno.journal import _append
+from cuaderno.journal._group import GroupBatch
+from cuaderno.journal.postgres import _NEW_RUN_LOCK, PostgresCheckpointer, _int4
+
+pytestmark = pytest.mark.postgres
+
+NOW = 1_700_000_000.25
+
+
+def _start(run: str) -> StepEvent:
+    return StepEvent(run_id=run, step_id="run", phase="start", kind="run", payload={"task": "t"})
+
+
+def _ev(run: str, step: str, phase: str = "intent", **payload: Any) -> StepEvent:
+    return StepEvent(run_id=run, step_id=step, phase=phase, kind="tool", name="lookup",
+                     payload={"text": "x" * 300, **payload})  # compressed (256 bytes and more)
+
+
+@pytest.fixture
+def stores(pg_schemas: list[str]) -> Iterator[list[PostgresCheckpointer]]:  # noqa: F811
+    """Two journals of one database; the second store is opened with one connection (see _Trace)."""
+    made: list[PostgresCheckpointer] = []
+    for size in (8, 1):
+        pg_schemas.append(new_schema())
+        made.append(PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], pool_size=size))
+    try:
+        yield made
+    finally:
+        for s in made:
+            s.close()
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every append stamps the same time, so that two journals can be compared column for column."""
+    monkeypatch.setattr(_append, "time", SimpleNamespace(time=lambda: NOW))
+
+
+def _tables(store: PostgresCheckpointer) -> tuple[list[Any], list[Any]]:
+    """The journal's rows and summary rows as stored (every column but the holder's description)."""
+    assert store.schema is not None
+    with psycopg.connect(PG_URL) as conn:
+        events = conn.execute(sql.SQL("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
+                                      "payload, created_at, row_hash FROM {}.cuaderno_events ORDER BY run_id, seq")
+                              .format(sql.Identifier(store.schema))).fetchall()
+        runs = conn.execute(sql.SQL("SELECT run_id, status, epoch, updated_at, checkpoint FROM {}.cuaderno_runs "
+                                    "ORDER BY run_id").format(sql.Identifier(store.schema))).fetchall()
+    return events, runs
+
+
+def _writers(store: PostgresCheckpointer, after: dict[str, int]) -> set[str]:
+    """The transactions (xmin) that wrote the rows of each run of ``after`` past its seq there."""
+    assert store.schema is not None
+    with psycopg.connect(PG_URL) as conn:
+        rows = conn.execute(sql.SQL("SELECT DISTINCT e.xmin::text FROM {}.cuaderno_events e JOIN unnest(%s::text[], "
+                                    "%s::bigint[]) AS a(run_id, seq) ON e.run_id = a.run_id AND e.seq > a.seq")
+                            .format(sql.Identifier(store.schema)), (list(after), list(after.values()))).fetchall()
+    return {r[0] for r in rows}
+
+
+def _shape(outs: list[Any]) -> list[Any]:
+    return [type(o).__name__ if isinstance(o, Exception) else [(e.run_id, e.step_id, e.phase, e.seq, e.row_hash)
+                                                              for e in o] for o in outs]
+
+
+def _alone(store: PostgresCheckpointer, batches: list[GroupBatch]) -> list[Any]:
+    outs: list[Any] = []
+    for b in batches:
+        try:
+            outs.append(store.append(b.events, epoch=b.epoch, expect_seq=b.expect_seq))
+        except Exception as exc:
+            outs.append(exc)
+    return outs
+
+
+def test_a_group_stores_what_its_appends_alone_store(stores: list[PostgresCheckpointer], frozen: None) -> None:
+    """Two batches of one run (existing, and new), runs with and without a row yet, a holder's
+    epoch and a compare-and-set: the group stores, column for column, what the same appends
+    made one by one store, in one transaction; and so do the groups after it (the cached
+    summaries) and a group after another store changed a run (the summaries read again)."""
+    grouped, alone = stores
+    epochs = []
+    for s in stores:
+        for r in ("a", "b", "e"):
+            s.append([_start(r)])
+        epochs.append(s.acquire("b", "me"))
+    assert epochs[0] == epochs[1]
+    epoch = epochs[0]
+    rounds = [
+        [GroupBatch([_ev("b", "s0")], epoch=epoch), GroupBatch([_ev("a", "s0"), _ev("a", "s0", "result")]),
+         GroupBatch([_start("d")]), GroupBatch([_ev("a", "s1")], expect_seq=3),
+         GroupBatch([_start("c"), _ev("c", "s0")]), GroupBatch([_ev("d", "s0")], points=("tool.K1",)),
+         GroupBatch([_ev("e", "s0")]), GroupBatch([_ev("a", "s2"), _ev("a", "s2")])],  # a key twice in a batch
+        [GroupBatch([_ev(r, "s9")]) for r in ("e", "d", "c", "b", "a")],
+    ]
+    for batches in rounds:
+        seqs = {r: (grouped.checkpoint(r) or SimpleNamespace(last_seq=0)).last_seq for r in "abcde"}
+        outs = grouped.append_group(batches)
+        assert _shape(outs) == _shape(_alone(alone, batches))
+        assert not any(isinstance(o, Exception) for o in outs)
+        assert len(_writers(grouped, seqs)) == 1  # every row of the group, by one transaction
+        assert _tables(grouped) == _tables(alone)
+    # Another store (another worker) writes a run: this store's summary of it is stale, and read again.
+    with PostgresCheckpointer(PG_URL, schema=grouped.schema) as other:
+        other.append([_ev("c", "s10")])
+    alone.append([_ev("c", "s10")])
+    batches = [GroupBatch([_ev(r, "s11")]) for r in "abcde"]
+    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
+    assert _tables(grouped) == _tables(alone)
+    for r in "abcde":
+        assert [e.seq for e in grouped.load(r)] == list(range(1, len(grouped.load(r)) + 1))
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["existing", "new"])
+def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], frozen: None, fresh: bool) -> None:
+    """Run ids sent as arrays, sorted by code point whatever the database's collation: quotes,
+    backslashes, braces, commas, spaces, accents, emoji; and summaries whose
+    JSON holds every character an array's text form would escape."""
+    grouped, alone = stores
+    runs = [" ", "a", "B", 'q"uote', "back\\slash", "{brace,comma}", "NULL", "é", "éz", "日本", "🙂"]
+    if not fresh:
+        for s in stores:
+            for r in runs:
+                s.append([_start(r)])
+    batches = [GroupBatch([_ev(r, "s0", note='"{,}\\ NULL é 🙂')]) for r in reversed(runs)]
+    batches += [GroupBatch([_start(r)]) for r in ("zz", "0")] if not fresh else []
+    outs = grouped.append_group(batches)
+    assert not any(isinstance(o, Exception) for o in outs), outs
+    assert len(_writers(grouped, {**dict.fromkeys(runs, 0 if fresh else 1), "zz": 0, "0": 0})) == 1
+    assert _shape(outs) == _shape(_alone(alone, batches))
+    assert _tables(grouped) == _tables(alone)
+    batches = [GroupBatch([_ev(r, "s1")]) for r in runs]
+    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))  # the cached summaries
+    assert _tables(grouped) == _tables(alone)
+
+
+def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[PostgresCheckpointer],
+                                                                     frozen: None) -> None:
+    grouped, alone = stores
+    for s in stores:
+        for r in ("a", "b"):
+            s.append([_start(r)])
+    epoch = grouped.acquire("b", "me")
+    assert alone.acquire("b", "me") == epoch
+    batches = [GroupBatch([_ev("a", "s0")]), GroupBatch([_ev("b", "s0")], epoch=epoch - 1),  # a stale holder
+               GroupBatch([_start("c")]), GroupBatch([_ev("b", "s1")], epoch=epoch),
+               GroupBatch([_ev("a", "s1")], expect_seq=1)]  # "a" has moved on (s0, in this group)
+    outs = grouped.append_group(batches)
+    assert isinstance(outs[1], FencedOut) and isinstance(outs[4], RunChanged)
+    assert _shape(outs) == _shape(_alone(alone, batches))
+    assert _tables(grouped) == _tables(alone)
+    assert [e.step_id for e in grouped.load("b")] == ["run", "s1"]
+    # The rolled-back group had folded events into its runs' cached summaries: none of them is used.
+    batches = [GroupBatch([_ev(r, "s2")]) for r in "abc"]
+    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
+    assert _tables(grouped) == _tables(alone)
+
+
+class _Trace:
+    """Counts the round trips of a store of one connection: each time the client, having sent,
+    waits for the server (in libpq's protocol trace, a run of frontend messages, then backend ones)."""
+
+    def __init__(self, store: PostgresCheckpointer) -> None:
+        assert store._pool is not None and store._pool.max_size == 1
+        with store._pool.connection() as conn:
+            self.pgconn = conn.pgconn
+        self.trips = 0
+
+    def __enter__(self) -> _Trace:
+        self.file = tempfile.TemporaryFile(mode="w+")
+        self.pgconn.trace(self.file.fileno())
+        self.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pgconn.untrace()  # flushes libpq's buffer
+        with self.file:
+            self.file.seek(0)
+            sides = [line[0] for line in self.file.read().splitlines() if line[:1] in ("F", "B")]
+        self.trips = sum(1 for a, b in zip(sides, sides[1:], strict=False) if a == "F" and b == "B")
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "read-again"])
+def test_a_group_of_existing_runs_costs_the_same_few_round_trips_whatever_its_size(
+        stores: list[PostgresCheckpointer], cached: bool) -> None:
+    store = stores[1]
+    runs = [f"r{i:02d}" for i in range(24)]
+    for r in runs:
+        store.append([_start(r)])
+    trace = _Trace(store)
+    trips = {}
+    for n in (1, 4, 24):
+        if not cached:
+            store._cache.clear()  # as after another worker wrote every run
+        with trace:
+            outs = store.append_group([GroupBatch([_ev(r, f"s{n}")]) for r in runs[:n]])
+        assert not any(isinstance(o, Exception) for o in outs)
+        trips[n] = trace.trips
+    # BEGIN, the rows locked, (the summaries read,) the new rows, the summaries, COMMIT.
+    assert trips == dict.fromkeys(trips, 5 if cached else 6), trips
+    if not cached:
+        store._cache.clear()
+    with trace:  # a run's first append adds its creation lock and a second look at its row
+        store.append_group([GroupBatch([_ev(r, "s99")]) for r in runs] + [GroupBatch([_start("zz")])])
+    assert trace.trips == (5 if cached else 6) + 2
+    for i, r in enumerate(runs):
+        assert [e.step_id for e in store.load(r)] == ["run", *(f"s{n}" for n in (1, 4, 24) if i < n), "s99"]
+    assert [e.step_id for e in store.load("zz")] == ["run"]
+
+
+def test_a_new_run_out_of_lock_order_is_not_waited_for(stores: list[PostgresCheckpointer]) -> None:
+    """A group whose new run sorts before a run whose row it has locked must not wait for that
+    run's creation lock (a group holding it could be waiting for the locked row: a deadlock):
+    while another transaction holds it, the group is appended batch by batch, and lands."""
+    store = stores[0]
+    store.append([_start("b")])
+    with psycopg.connect(PG_URL, autocommit=True) as other, other.transaction():
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_NEW_RUN_LOCK, _int4(store._journal_id + "a")))
+        outs: list[Any] = []
+        worker = threading.Thread(target=lambda: outs.extend(store.append_group(
+            [GroupBatch([_ev("b", "s0")]), GroupBatch([_start("a")])])))
+        worker.start()
+        time.sleep(0.5)
+        assert worker.is_alive()  # the batch of "a", alone, waits for the creator (in order)
+        assert [e.step_id for e in store.load("b")] == ["run", "s0"]  # "b" did not wait for "a"
+    worker.join(10)
+    assert not worker.is_alive()
+    assert _shape(outs) == [[("b", "s0", "intent", 2, outs[0][0].row_hash)], [("a", "run", "start", 1,
+                                                                               outs[1][0].row_hash)]]
+    assert len(_writers(store, {"a": 0, "b": 1})) == 2  # appended one by one
+    # Not held: the same shape is one transaction.
+    outs = store.append_group([GroupBatch([_ev("b", "s1")]), GroupBatch([_start("a0")])])
+    assert not any(isinstance(o, Exception) for o in outs)
+    assert len(_writers(store, {"a0": 0, "b": 2})) == 1
