@@ -195,6 +195,31 @@ def test_a_holder_whose_connection_dies_is_taken_over_and_fenced(journal: Postgr
         proc.wait()
 
 
+def test_reads_and_writes_after_the_server_ended_the_pools_sessions_are_answered(
+        journal: PostgresCheckpointer) -> None:
+    """A restart (or ``pg_terminate_backend``, an idle timeout) ends every pooled session while it
+    sits idle. Before the pool checked a connection on the way out, the next read on each stale
+    one failed (``JournalError: read failed: terminating connection ...``) before the pool
+    replaced it; now each is dropped unused and the read is answered."""
+    journal.append([_start("r1")])
+    pool = journal._pool
+    assert pool is not None
+    with pool.connection() as a, pool.connection() as b:  # two pooled sessions, both idle after this
+        pids = [a.info.backend_pid, b.info.backend_pid]
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        for pid in pids:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone():
+            time.sleep(0.01)
+    time.sleep(0.05)  # the goodbye reaches the idle sockets
+    cp = journal.checkpoint("r1")
+    assert cp is not None and cp.last_seq == 1
+    assert [e.phase for e in journal.load("r1")] == ["start"]
+    assert [c.run_id for c in journal.list_runs()] == ["r1"]
+    out = journal.append([StepEvent(run_id="r1", step_id="s1", phase="intent", kind="tool", payload={})])
+    assert out[0].seq == 2
+
+
 def test_a_stopped_holder_keeps_the_run(journal: PostgresCheckpointer, tmp_path: Path) -> None:
     run = "r-stopped"
     journal.append([_start(run)])

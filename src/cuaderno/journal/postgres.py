@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import select
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -216,7 +217,7 @@ class PostgresCheckpointer:
                                            "names none that exists); give schema=; nothing was changed")
                 self._journal_id, self._compress = self._migrate(conn, compress)
             self._pool = ConnectionPool(conninfo, min_size=1, max_size=pool_size, open=True,
-                                        kwargs=self._connect_kwargs(), configure=self._configure,
+                                        kwargs=self._connect_kwargs(), configure=self._configure, check=_idle_alive,
                                         name=f"cuaderno-{self.schema}", timeout=max(30.0, self._connect_timeout))
         except psycopg.Error as exc:
             self._close_quietly()
@@ -453,7 +454,12 @@ class PostgresCheckpointer:
         outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
         try:
             with self._txn() as cur:
-                self._write_group(cur, batches, order, outs)
+                if len(batches) == 1:  # a run alone: the plain append's statements are fewer
+                    b = batches[0]
+                    crash.set_txn_points(*b.points)
+                    outs[0] = self._write(cur, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+                else:
+                    self._write_group(cur, batches, order, outs)
                 crash.set_txn_points()
                 crash.point("group.G1")  # every append of the group written, before COMMIT
         except Exception:
@@ -1062,6 +1068,23 @@ class _Contended(Exception):
 
 class _NoServer(JournalError):
     """The pool found no connection to the server in its wait."""
+
+
+def _idle_alive(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check of a connection it is about to hand out, without a round trip.
+
+    A pooled connection is idle: nothing may be waiting on its socket (its queries' answers were
+    all read, and nothing here LISTENs). When the server ends a session (a restart, a crash,
+    ``pg_terminate_backend``, an idle timeout) it sends its goodbye to the idle socket, and libpq
+    notices only at the next query, which would then fail. Raising here makes the pool drop that
+    connection and hand out another (or open a new one), so a read after a restart is answered
+    instead of failing once per stale connection. A message that is not a goodbye costs only a
+    new connection."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    if select.select([conn.pgconn.socket], [], [], 0)[0]:
+        conn.close()  # closed, the pool replaces it (one it takes back open, it would hand out again)
+        raise psycopg.OperationalError("the server sent something to an idle connection (it ended the session)")
 
 
 def _readable(run_id: object) -> bool:
