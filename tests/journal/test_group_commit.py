@@ -305,7 +305,8 @@ async def _drive(store: Checkpointer, run: str, turns: int) -> int:
     gateway = ScriptedGateway([*(ScriptedGateway.call("note", text=f"n{i}") for i in range(turns)),
                                ScriptedGateway.text("done")])
     n = 0
-    async for _ in Agent(instructions="group", tools=[note]).run("task", session=Session(run, gateway, store)):
+    agent = Agent(instructions="group", tools=[note], max_turns=turns + 1)
+    async for _ in agent.run("task", session=Session(run, gateway, store)):
         n += 1
     return n
 
@@ -375,3 +376,24 @@ def test_first_writes_from_threads_after_a_kill(tmp_path: Path) -> None:
         assert sum(len(store.load(f"r{r}")) for r in range(4)) == 4 + 8 * 4
         store.close()
     assert errors == []
+
+
+def test_runs_through_a_group_write_snapshots_as_alone(tmp_path: Path) -> None:
+    """Snapshots need the store's tail reads (SupportsTail); a group that hid them made every run
+    it carried resume by replaying its whole journal (a worker's runs, since workers group)."""
+    turns = 140  # 2 rows a turn: past the 256 rows after which the loop writes a snapshot
+
+    async def main(store: Checkpointer) -> None:
+        await asyncio.gather(*(_drive(store, f"r{i}", turns) for i in range(2)))
+
+    alone = SqliteCheckpointer(tmp_path / "alone.db")
+    asyncio.run(main(alone))
+    group = GroupCommit(SqliteCheckpointer(tmp_path / "group.db"))
+    asyncio.run(main(group))
+    try:
+        for run in ("r0", "r1"):
+            snaps = [e.phase for e in group.load(run) if e.kind == "snapshot"]
+            assert snaps and snaps == [e.phase for e in alone.load(run) if e.kind == "snapshot"], snaps
+    finally:
+        group.close()
+        alone.close()

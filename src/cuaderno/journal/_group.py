@@ -34,33 +34,34 @@ each in its own transaction, so one run's refusal is never another's, and no app
 refused and written. The store decides what one transaction of several runs is
 (:class:`SupportsGroupAppend`); a store without it is called append by append under a lock.
 
-Measured (``benchmarks/bench_throughput.py``, 50 turns per run, medians of 2; this machine: 2
-CPUs under a load average of 10-13 from other work, so every figure is low and noisy; the raw
-driver floor, one INSERT and one synced COMMIT per step, measured 460-746 steps/s for sqlite3 and
-310-377 for psycopg in the same invocations), durable steps/s, the store alone / through a group:
+Measured (``benchmarks/bench_throughput.py --repeats 3``, 50 turns per run, one tool call per
+turn, medians; 2 CPUs, load average 2.3-3.1; the raw driver floor, one INSERT and one synced
+COMMIT per step on one connection, measured in the same invocation: 15,552 / 11,149 steps/s for
+sqlite3, 4,364 / 5,028 for psycopg), durable steps/s, the store alone / through a group:
 
-==========  ================  ================  ================
-one process SQLite            PostgreSQL        mean group
-==========  ================  ================  ================
-M=1         409 / 311         201 / 204         1
-M=8         379 / 967         297 / 513         2.6-2.8
-M=32        404 / 1,620       223 / 665         8.5-9.2
-M=128       430 / 2,382       222 / 729         19-22
-==========  ================  ================  ================
+============  ===================  ===================
+processes, M  SQLite               PostgreSQL
+============  ===================  ===================
+1, M=1        1,135 / 876          1,063 / 872
+1, M=8        1,676 / 3,528        1,033 / 2,101
+1, M=32       1,655 / 5,066        1,246 / 3,645
+1, M=128      1,418 / 5,435        1,166 / 4,016
+2, M=32       1,264 / 4,250        1,619 / 5,104
+4, M=32       1,507 / 3,290        2,040 / 4,522
+4, M=128      1,705 / 4,405        2,011 / 6,644
+============  ===================  ===================
 
-The commit off the event loop is what makes tasks of one loop share a group: committed on the
-loop (``off_loop=False``, or the store alone) a run's commit blocks every other run, so a group
-never holds more than one append, and the figures stay flat in M, as above. The price is p50
-step latency (SQLite M=32: 10 ms against 1.6 ms): a step waits for the group before it. A run
-alone skips the hop (:data:`SOLO_WINDOW_S`), yet SQLite M=1 measured 0.81x the store alone over 7
-repeats (Postgres 1.0x); the cause was not found (the journal's CPU per flush measured the same).
+M=1 through a group swings with the machine's load (another run of the same benchmark: 1,146
+alone, 1,374 grouped); a run alone commits at once (:data:`SOLO_WINDOW_S`), and PostgreSQL writes
+a group of one with the plain append's statements. p50 step latency at
+M=32: 4.8 ms on SQLite, 6.7 ms on PostgreSQL (a step waits for the group it rides in); a group
+held ~20 appends at M=32.
 
-The same benchmark on a quiet machine (``--repeats 3``; load average 0.7 at the start, 3.8 at
-the end; floors 8,156 steps/s for sqlite3 and 4,353-5,135 for psycopg), the store alone / through a group:
-SQLite M=1 1,253 / 1,238 (0.99x: the 0.81x above was the load), M=32 2,056 / 2,614, M=128
-1,948 / 2,968; PostgreSQL M=32 864 / 1,334, and 4 processes at M=32 1,674 / 2,083. Groups of
-10 runs at ~2,600 steps/s on 2 CPUs are about 0.4 ms of CPU per step: the CPU per step, not the
-sync, is now what bounds SQLite.
+What bounds it is CPU, not the sync: the same loop over an in-memory store that writes nothing
+(the benchmark's ceiling cell, M=128) gave 8,296 steps/s, 0.62x the sqlite3 floor, so SQLite's
+1.0x-floor goal is out of reach of any commit scheme on this loop; a group commit's fsync takes
+0.7-1.4 ms for ~16 WAL pages against 0.09 ms for the floor's one page. PostgreSQL's server shares
+the same 2 CPUs, so more worker processes add little past two.
 
 Crash points (``cuaderno.testing.crash``): ``group.G1`` inside the group's transaction, every
 append of the group written, before COMMIT (nothing of the group is durable: none may have
