@@ -7,13 +7,13 @@ Usage: ``python benchmarks/bench_throughput.py [--quick] [--runs 1,8,32,128] [--
 M concurrent runs of ``--turns`` turns each (a canned model, :class:`Canned`, that calls one
 idempotent tool per turn, then answers: ``2 * turns + 1`` durable steps per run, the tool returning 400 bytes of
 English-like text) are spread over P worker processes (M/P runs each, as tasks of one asyncio
-event loop, which is how a worker drives its runs). The P processes start together at a barrier.
+event loop, which is how a worker drives its runs; the runs of a process share one agent, as a
+worker's share the one it was given). The P processes start together at a barrier.
 Every process opens its own store on one journal, new for each cell:
 
 - ``alone``: the store as it is: each run's commit blocks the loop (one sync per step);
-- ``group``: the same store wrapped in :class:`~cuaderno.journal._group.GroupCommit`: the steps'
-  commits run on a committer thread, and the appends that queue meanwhile share the next
-  transaction and its sync.
+- ``group``: the same store wrapped in :class:`~cuaderno.journal._group.GroupCommit`: the
+  appends the loop's runs make in one turn of the loop share one transaction and its sync.
 
 Reported per cell: aggregate durable steps/s (steps yielded by every run, each only after its
 commit, over the time from the barrier to the last run's end), and p50 / p99 step latency (the
@@ -81,15 +81,20 @@ class Canned:
         return self.answers[min(self.calls, len(self.answers)) - 1]
 
 
-def _agent(turns: int) -> tuple[Agent, Canned]:
+def _agent(turns: int) -> Agent:
+    """One agent for every run of a process, as a worker's runs share the one it was given."""
     @tool(idempotent=True)
     def lookup(item: str) -> str:
         """Look an item up (400 bytes of text)."""
         return PAYLOAD
 
-    gateway = Canned([*(ScriptedGateway.call("lookup", item=f"i{i}") for i in range(turns)),
-                      ScriptedGateway.text("done")])
-    return Agent(instructions="throughput", tools=[lookup], max_turns=turns + 1), gateway
+    return Agent(instructions="throughput", tools=[lookup], max_turns=turns + 1)
+
+
+def _gateway(turns: int) -> Canned:
+    """A run's own model: ``turns`` tool calls, then its answer."""
+    return Canned([*(ScriptedGateway.call("lookup", item=f"i{i}") for i in range(turns)),
+                   ScriptedGateway.text("done")])
 
 
 async def _drive(url: str, mode: str, run_ids: list[str], turns: int) -> dict[str, Any]:
@@ -98,11 +103,12 @@ async def _drive(url: str, mode: str, run_ids: list[str], turns: int) -> dict[st
     gaps: list[float] = []
     steps = 0
 
+    agent = _agent(turns)
+
     async def one(run_id: str) -> None:
         nonlocal steps
-        agent, gateway = _agent(turns)
         last = time.perf_counter()
-        async for _ in agent.run("task", session=Session(run_id, gateway, store)):
+        async for _ in agent.run("task", session=Session(run_id, _gateway(turns), store)):
             now = time.perf_counter()
             gaps.append(now - last)
             last = now

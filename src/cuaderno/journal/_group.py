@@ -35,33 +35,42 @@ refused and written. The store decides what one transaction of several runs is
 (:class:`SupportsGroupAppend`); a store without it is called append by append under a lock.
 
 Measured (``benchmarks/bench_throughput.py --repeats 3``, 50 turns per run, one tool call per
-turn, medians; 2 CPUs, load average 2.3-3.1; the raw driver floor, one INSERT and one synced
-COMMIT per step on one connection, measured in the same invocation: 15,552 / 11,149 steps/s for
-sqlite3, 4,364 / 5,028 for psycopg), durable steps/s, the store alone / through a group:
+turn, the runs of a process sharing one agent as a worker's do; medians; 2 CPUs, load average
+0.7 at the start, 3.2 at the end; the raw driver floor, one INSERT and one synced COMMIT per step
+on one connection, measured in the same invocation before and after the cells: 6,255 / 6,337
+steps/s for sqlite3, 1,423 / 1,746 for psycopg), durable steps/s, the store alone / through a
+group, and the group's mean size:
 
-============  ===================  ===================
-processes, M  SQLite               PostgreSQL
-============  ===================  ===================
-1, M=1        1,135 / 876          1,063 / 872
-1, M=8        1,676 / 3,528        1,033 / 2,101
-1, M=32       1,655 / 5,066        1,246 / 3,645
-1, M=128      1,418 / 5,435        1,166 / 4,016
-2, M=32       1,264 / 4,250        1,619 / 5,104
-4, M=32       1,507 / 3,290        2,040 / 4,522
-4, M=128      1,705 / 4,405        2,011 / 6,644
-============  ===================  ===================
+============  =====================  =====================  ==========
+processes, M  SQLite                 PostgreSQL             mean group
+============  =====================  =====================  ==========
+1, M=1        1,780 / 1,797          595 / 615              1
+1, M=8        2,305 / 5,317          735 / 1,975            7
+1, M=32       2,624 / 7,723 (1.23x)  794 / 3,355 (2.12x)    20
+1, M=128      2,453 / 6,956          680 / 3,337            37
+2, M=32       2,516 / 5,989          1,131 / 3,072          12
+4, M=32       2,222 / 4,552          1,351 / 3,063          7
+4, M=128      1,851 / 4,170          1,385 / 4,824          20
+============  =====================  =====================  ==========
 
-M=1 through a group swings with the machine's load (another run of the same benchmark: 1,146
-alone, 1,374 grouped); a run alone commits at once (:data:`SOLO_WINDOW_S`), and PostgreSQL writes
-a group of one with the plain append's statements. p50 step latency at
-M=32: 4.8 ms on SQLite, 6.7 ms on PostgreSQL (a step waits for the group it rides in); a group
-held ~20 appends at M=32.
+(1.23x, 2.12x: the floor's multiple.) A second run of the SQLite cells (``--backends sqlite --runs
+1,32 --procs 1 --repeats 5``): M=32 through a group 7,098 steps/s against a floor of 5,129 / 4,977
+(1.40x); M=1 1,494 against 1,506 alone. p50 step latency at M=32: 3.4 ms on SQLite, 6.4 ms on
+PostgreSQL (a step waits for the group it rides in). A run alone commits at once
+(:data:`SOLO_WINDOW_S`), and PostgreSQL writes a group of one with the plain append's statements.
 
-What bounds it is CPU, not the sync: the same loop over an in-memory store that writes nothing
-(the benchmark's ceiling cell, M=128) gave 8,296 steps/s, 0.62x the sqlite3 floor, so SQLite's
-1.0x-floor goal is out of reach of any commit scheme on this loop; a group commit's fsync takes
-0.7-1.4 ms for ~16 WAL pages against 0.09 ms for the floor's one page. PostgreSQL's server shares
-the same 2 CPUs, so more worker processes add little past two.
+The floors move with the virtual disk's sync latency, not with cuaderno: on another day the same
+benchmark measured 15,552 / 11,149 for sqlite3 and 4,364 / 5,028 for psycopg, and there SQLite
+M=32 through a group reached 0.38x its floor. What bounds it then is CPU: the loop over an
+in-memory store that writes nothing (the ceiling cell; 10,065 steps/s at M=128 in the run above)
+cannot reach a floor of 15,000 whatever the commits cost.
+
+PostgreSQL is bound by CPU on this machine: at M=32 through a group, a step took 164-228 µs of
+the worker's CPU and 58-83 µs of the server's (``benchmarks/bench_cpu_per_step.py``, two runs:
+rusage and ``/proc``), so 2 CPUs hold at most about 6,400-9,000 steps/s however many worker
+processes share them. Four processes cannot reach 3x one (9,600-13,500: one process made
+3,205-4,493 in those runs), and one process cannot reach 5x the psycopg floor wherever the floor
+is above ~1,800 (it measured 1,423-5,028).
 
 Crash points (``cuaderno.testing.crash``): ``group.G1`` inside the group's transaction, every
 append of the group written, before COMMIT (nothing of the group is durable: none may have
