@@ -27,15 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-from typing import Any
 
-from bench_throughput import Journals, _agent, _gateway
-
-from cuaderno import Session, open_journal
-from cuaderno.journal._group import GroupCommit
+from bench_throughput import Journals, drive_runs, open_store
 
 TICK = os.sysconf("SC_CLK_TCK")
+CORES = len(os.sched_getaffinity(0))
+"""The CPUs this process may run on (``os.cpu_count()`` counts the host's, not the container's)."""
 
 
 def server_cpu_s() -> float:
@@ -61,32 +58,17 @@ def own_cpu_s() -> float:
 
 
 def cell(url: str, mode: str, m: int, turns: int, pg: bool) -> dict[str, float]:
-    base = open_journal(url)
-    store: Any = GroupCommit(base) if mode == "group" else base
-    tag = uuid.uuid4().hex[:6]
-
-    async def drive() -> int:
-        steps = 0
-        agent = _agent(turns)
-
-        async def one(run_id: str) -> None:
-            nonlocal steps
-            async for _ in agent.run("task", session=Session(run_id, _gateway(turns), store)):
-                steps += 1
-
-        await asyncio.gather(*(one(f"{tag}-{i}") for i in range(m)))
-        return steps
-
+    store = open_store(url, mode)
     try:
         server0, own0, t0 = server_cpu_s() if pg else 0.0, own_cpu_s(), time.perf_counter()
-        steps = asyncio.run(drive())
+        steps = asyncio.run(drive_runs(store, [f"r{i}" for i in range(m)], turns))  # a new journal each cell
         server1, own1, t1 = server_cpu_s() if pg else 0.0, own_cpu_s(), time.perf_counter()
     finally:
-        store.close()
+        store.close()  # after the readings: the pool's backends take their CPU counts with them
     wall = t1 - t0
     worker_us, server_us = 1e6 * (own1 - own0) / steps, 1e6 * (server1 - server0) / steps
     return {"steps_per_s": steps / wall, "worker_us": worker_us, "server_us": server_us,
-            "busy": (own1 - own0) / wall, "bound": (os.cpu_count() or 1) * 1e6 / (worker_us + server_us)}
+            "busy": (own1 - own0) / wall, "bound": CORES * 1e6 / (worker_us + server_us)}
 
 
 def main() -> None:
@@ -99,7 +81,7 @@ def main() -> None:
     ap.add_argument("--pg", default=os.environ.get("CUADERNO_TEST_PG", "postgresql://127.0.0.1:5432/test"))
     args = ap.parse_args()
     journals = Journals(tempfile.mkdtemp(prefix="bench-cpu-"), args.pg)
-    print(f"M={args.runs}, {args.turns} turns, one process, {os.cpu_count()} CPUs, medians of {args.repeats}")
+    print(f"M={args.runs}, {args.turns} turns, one process, {CORES} CPUs, medians of {args.repeats}")
     print("| backend | mode | steps/s | worker µs/step | server µs/step | worker busy | bound, all cores |")
     print("|---|---|---|---|---|---|---|")
     try:

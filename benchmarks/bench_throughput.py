@@ -97,26 +97,38 @@ def _gateway(turns: int) -> Canned:
                    ScriptedGateway.text("done")])
 
 
-async def _drive(url: str, mode: str, run_ids: list[str], turns: int) -> dict[str, Any]:
+def open_store(url: str, mode: str) -> Any:
+    """The journal at ``url``, through a group commit in mode ``group``."""
     base = open_journal(url)
-    store: Any = GroupCommit(base) if mode == "group" else base
-    gaps: list[float] = []
-    steps = 0
+    return GroupCommit(base) if mode == "group" else base
 
+
+async def drive_runs(store: Any, run_ids: list[str], turns: int, gaps: list[float] | None = None) -> int:
+    """Drive the runs to their end on this loop, sharing one agent; the number of durable steps.
+    ``gaps``: each step's time since the run's previous one is appended to it."""
     agent = _agent(turns)
+    steps = 0
 
     async def one(run_id: str) -> None:
         nonlocal steps
         last = time.perf_counter()
         async for _ in agent.run("task", session=Session(run_id, _gateway(turns), store)):
             now = time.perf_counter()
-            gaps.append(now - last)
+            if gaps is not None:
+                gaps.append(now - last)
             last = now
             steps += 1
 
+    await asyncio.gather(*(one(r) for r in run_ids))
+    return steps
+
+
+async def _drive(url: str, mode: str, run_ids: list[str], turns: int) -> dict[str, Any]:
+    store = open_store(url, mode)
+    gaps: list[float] = []
     t0 = time.monotonic()
     try:
-        await asyncio.gather(*(one(r) for r in run_ids))
+        steps = await drive_runs(store, run_ids, turns, gaps)
     finally:
         t1 = time.monotonic()
         groups = getattr(store, "groups", 0)
