@@ -61,15 +61,16 @@ def _dwell(seconds: float) -> None:
     crash.on("group.G1", hook)
 
 
-async def _worker(db: str, ledger: str, runs: int, turns: int) -> dict[str, str]:
-    _dwell(DWELL_S)
+async def _worker(db: str, ledger: str, runs: int, turns: int, dwell: float) -> dict[str, str]:
+    if dwell:
+        _dwell(dwell)
     group = GroupCommit(open_journal(db))
 
     async def one(run_id: str) -> str:
         transfer = transfer_tool(ledger, run_id, idempotent=False, with_lookup=True)
         gateway = ScriptedGateway([*(ScriptedGateway.call("transfer", to=f"acct{i}", amount=10 + i)
                                      for i in range(turns)), ScriptedGateway.text("done")])
-        agent = Agent(instructions="group commit kill", tools=[transfer])
+        agent = Agent(instructions="group commit kill", tools=[transfer], max_turns=turns + 1)
         async for _ in agent.run(f"pay {run_id}", session=Session(run_id, gateway, group)):
             pass
         cp = group.checkpoint(run_id)
@@ -82,14 +83,15 @@ async def _worker(db: str, ledger: str, runs: int, turns: int) -> dict[str, str]
         group.close()
 
 
-def _run_worker(db: str, ledger: str, crash_at: str | None) -> tuple[int, dict[str, str]]:
+def _run_worker(db: str, ledger: str, crash_at: str | None, *, runs: int = RUNS, turns: int = TURNS,
+                dwell: float = DWELL_S) -> tuple[int, dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k != crash.ENV_VAR}
     if crash_at:
         env[crash.ENV_VAR] = crash_at
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, __file__, "--db", db, "--ledger", ledger, "--runs", str(RUNS),
-                           "--turns", str(TURNS)], env=env, capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, __file__, "--db", db, "--ledger", ledger, "--runs", str(runs),
+                           "--turns", str(turns), "--dwell", str(dwell)], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     if done.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"worker failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -155,14 +157,53 @@ def test_kill_in_a_group(backend: str, point: str, hit: int, ledger: LedgerProce
             "rebilled_in_flight": 0, "violations": 0, "receipts_at_kill": before, "receipts": len(receipts)})
 
 
+SNAP_RUNS, SNAP_TURNS = 2, 70
+"""Each run writes one snapshot (about 4 rows a turn; one snapshot every 256 rows)."""
+
+
+@pytest.mark.parametrize("point", ["snapshot.K6:2", "snapshot.K7:2"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_kill_at_a_snapshot_of_grouped_runs(backend: str, point: str, ledger: LedgerProcess, tmp_path: Path,
+                                            request: pytest.FixtureRequest) -> None:
+    """A worker's runs share commits and write snapshots through the group (they need the store's
+    tail reads). Killed while the second run's snapshot commits, or right after it, the runs resume
+    through a group from what the journal holds: every transfer happens once, and each run keeps
+    exactly one snapshot, the killed one written again, not twice."""
+    if backend == "sqlite":
+        db = f"sqlite:///{tmp_path / 'runs.db'}"
+    else:
+        names = request.getfixturevalue("pg_schemas")
+        names.append(new_schema())
+        db = schema_url(names[-1])
+    code, _ = _run_worker(db, ledger.url, point, runs=SNAP_RUNS, turns=SNAP_TURNS, dwell=0)
+    assert code == -signal.SIGKILL, f"{point} was not reached"
+    assert max(Counter(str(r["key"]) for r in read_receipts(ledger.db_path)).values()) == 1
+
+    code, statuses = _run_worker(db, ledger.url, None, runs=SNAP_RUNS, turns=SNAP_TURNS, dwell=0)
+    assert code == 0
+    assert statuses == {f"run-{i}": "completed" for i in range(SNAP_RUNS)}
+    per_key = Counter(str(r["key"]) for r in read_receipts(ledger.db_path))
+    assert len(per_key) == SNAP_RUNS * SNAP_TURNS and set(per_key.values()) == {1}, "each transfer exactly once"
+    store = open_journal(db)
+    try:
+        snapshots = {f"run-{i}": sum(ev.kind == "snapshot" for ev in store.load(f"run-{i}")) for i in range(SNAP_RUNS)}
+    finally:
+        store.close()
+    assert snapshots == {f"run-{i}": 1 for i in range(SNAP_RUNS)}
+    record({"test": f"group commit snapshot kill ({backend})", "kind": "tool_lookup", "point": point,
+            "status": "completed", "kills": 1, "not_reached": 0, "duplicated": 0, "rebilled_journaled": 0,
+            "rebilled_in_flight": 0, "violations": 0, "receipts": sum(per_key.values())})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", required=True)
     ap.add_argument("--ledger", required=True)
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--turns", type=int, default=TURNS)
+    ap.add_argument("--dwell", type=float, default=DWELL_S)
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(_worker(args.db, args.ledger, args.runs, args.turns))), flush=True)
+    print(json.dumps(asyncio.run(_worker(args.db, args.ledger, args.runs, args.turns, args.dwell))), flush=True)
     return 0
 
 
