@@ -26,7 +26,7 @@ Backends:
 Every table the benchmark creates is its own (named after its pid) and dropped at the end.
 
 The figures measured, and the decision they led to (the contract stays synchronous; runs that
-share a loop call it from off the loop, through group commit), are in the docstring of
+share a loop call it through a group commit, one transaction and one sync per turn of the loop), are in the docstring of
 :mod:`cuaderno.journal.base`.
 """
 

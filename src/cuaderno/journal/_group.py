@@ -159,14 +159,14 @@ class GroupCommit:
         store: the journal; with :class:`SupportsGroupAppend` (SQLite, PostgreSQL) the group is
             one transaction, otherwise its appends are made one by one.
         max_group: the most appends one transaction holds (the rest lead the next group).
-        off_loop: the loop commits a step's intent through :meth:`append_async` (at the end of
+        share_loop: the loop commits a step's intent through :meth:`append_async` (at the end of
             the loop's iteration), so that runs sharing an event loop share commits; ``False``: it
             commits at once in :meth:`append`, as with the store alone (then only runs on other
             threads group).
         close_store: :meth:`close` closes the store too (``False``: the caller keeps it open).
     """
 
-    def __init__(self, store: Checkpointer, *, max_group: int = 512, off_loop: bool = True,
+    def __init__(self, store: Checkpointer, *, max_group: int = 512, share_loop: bool = True,
                  close_store: bool = True) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"GroupCommit needs a Checkpointer, got {type(store).__name__}")
@@ -176,7 +176,7 @@ class GroupCommit:
         self.path = getattr(store, "path", None)
         """The store's file, if it has one: two handles on one file are one journal (``_holds``)."""
         self._max = max_group
-        self.off_loop = bool(off_loop)
+        self.share_loop = bool(share_loop)
         self._close_store = bool(close_store)
         self._cond = threading.Lock()
         self._queue: list[_Slot] = []

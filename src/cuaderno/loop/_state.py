@@ -195,9 +195,9 @@ class RunState:
 
     async def _flush_durable(self) -> None:
         """:meth:`_flush` before an action (a model call, a tool body): with a :class:`GroupCommit`
-        the commit runs off the event loop, so the loop's other runs join its group meanwhile;
-        this run goes on only once its events are durable."""
-        if not self.pending or not isinstance(self.store, GroupCommit) or not self.store.off_loop:
+        the commit waits for the end of the loop's turn, so the loop's other runs join its group
+        meanwhile; this run goes on only once its events are durable."""
+        if not self.pending or not isinstance(self.store, GroupCommit) or not self.store.share_loop:
             self._flush()
             return
         if self.pass_marker is not None:
