@@ -116,6 +116,15 @@ def _durable_intents(db: str) -> tuple[set[str], Counter[str]]:
         store.close()
 
 
+def _journal_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A new journal: a SQLite file, or a PostgreSQL schema dropped after the test."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'runs.db'}"
+    names = request.getfixturevalue("pg_schemas")
+    names.append(new_schema())
+    return schema_url(names[-1])
+
+
 @pytest.fixture
 def ledger(tmp_path: Path) -> Iterator[LedgerProcess]:
     with LedgerProcess(tmp_path / "ledger.db", mode="nodedup") as process:
@@ -127,12 +136,7 @@ def ledger(tmp_path: Path) -> Iterator[LedgerProcess]:
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_kill_in_a_group(backend: str, point: str, hit: int, ledger: LedgerProcess, tmp_path: Path,
                          request: pytest.FixtureRequest) -> None:
-    if backend == "sqlite":
-        db = f"sqlite:///{tmp_path / 'runs.db'}"
-    else:
-        names = request.getfixturevalue("pg_schemas")
-        names.append(new_schema())
-        db = schema_url(names[-1])
+    db = _journal_url(backend, tmp_path, request)
     code, _ = _run_worker(db, ledger.url, f"{point}:{hit}")
     assert code == -signal.SIGKILL, f"{point}:{hit} was not reached"
 
@@ -169,12 +173,7 @@ def test_kill_at_a_snapshot_of_grouped_runs(backend: str, point: str, ledger: Le
     tail reads). Killed while the second run's snapshot commits, or right after it, the runs resume
     through a group from what the journal holds: every transfer happens once, and each run keeps
     exactly one snapshot, the killed one written again, not twice."""
-    if backend == "sqlite":
-        db = f"sqlite:///{tmp_path / 'runs.db'}"
-    else:
-        names = request.getfixturevalue("pg_schemas")
-        names.append(new_schema())
-        db = schema_url(names[-1])
+    db = _journal_url(backend, tmp_path, request)
     code, _ = _run_worker(db, ledger.url, point, runs=SNAP_RUNS, turns=SNAP_TURNS, dwell=0)
     assert code == -signal.SIGKILL, f"{point} was not reached"
     assert max(Counter(str(r["key"]) for r in read_receipts(ledger.db_path)).values()) == 1
