@@ -73,36 +73,32 @@ def worker_command(
 ) -> None:
     """Claim runs that need progress (a dead holder, a decided approval, a cancellation to close,
     compensations to run) and drive them; SIGTERM finishes each step in flight, releases, exits 0."""
-    from cuaderno.cli import _check_sqlite_file
-    from cuaderno.errors import CuadernoError, UsageError
+    from cuaderno.cli import _check_sqlite_file, _refusals
+    from cuaderno.errors import UsageError
     from cuaderno.journal._open import parse_journal_url
     from cuaderno.loop.agent import Agent
     from cuaderno.worker import Worker, load_agent
 
     url = journal or ctx.obj.db
     try:
-        target = parse_journal_url(url)
-        if target.scheme == "sqlite" and target.path != ":memory:":
-            from pathlib import Path
+        # The CLI's own refusals (a directory, an empty file, a missing journal) and cuaderno's errors
+        # become one ``error:`` line with their exit status, as in every other command.
+        with _refusals():
+            target = parse_journal_url(url)
+            if target.scheme == "sqlite" and target.path != ":memory:":
+                from pathlib import Path
 
-            _check_sqlite_file(Path(target.path))
-        agent = load_agent(agent_ref)
-        if not isinstance(agent, Agent):
-            raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent")
-        factory = _gateway_factory(agent_ref, gateway_ref)
-        worker = Worker(url, agent, factory, concurrency=concurrency, poll_interval=poll_interval, name=name,
-                        log=lambda line: print(line, file=sys.stderr, flush=True))
-        stats = worker.run_sync(until_idle=until_idle, handle_signals=True)
-    except CuadernoError as exc:
-        _fail(str(exc), exc)
-    except Exception as exc:  # the CLI's own refusals (_NotFound, ...) and what opening a journal raised
-        from cuaderno.cli import NOT_FOUND_EXIT, _NotFound
-
-        if isinstance(exc, _NotFound):
-            from cuaderno.cli import _say_error
-
-            _say_error(str(exc))
-            raise typer.Exit(NOT_FOUND_EXIT) from None
+                _check_sqlite_file(Path(target.path))
+            agent = load_agent(agent_ref)
+            if not isinstance(agent, Agent):
+                raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent")
+            factory = _gateway_factory(agent_ref, gateway_ref)
+            worker = Worker(url, agent, factory, concurrency=concurrency, poll_interval=poll_interval, name=name,
+                            log=lambda line: print(line, file=sys.stderr, flush=True))
+            stats = worker.run_sync(until_idle=until_idle, handle_signals=True)
+    except typer.Exit:
+        raise
+    except Exception as exc:  # what a driver library raised while opening (psycopg's OperationalError, ...)
         _fail(f"{type(exc).__name__}: {exc}")
     counts = {k: v for k, v in (("claimed", stats.claimed), ("completed", stats.completed),
                                 ("suspended", stats.suspended), ("needs_human", stats.needs_human),

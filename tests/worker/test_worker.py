@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,12 +182,16 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (["--agent", "worker_agent:TURNS"], 2, "not a cuaderno Agent"),
     (["--agent", "worker_agent:agent", "--journal", "nosuch://x"], 2, "nosuch"),
     (["--agent", "worker_agent:agent", "--journal", "missing.db"], 3, "does not exist"),
+    (["--agent", "worker_agent:agent", "--journal", "."], 4, "is a directory"),
+    (["--agent", "worker_agent:agent", "--journal", "empty.db"], 4, "is an empty file"),
 ])
 def test_cli_bad_input_is_one_error_line(tmp_path: Path, args: list[str], code: int, says: str) -> None:
     SqliteCheckpointer(tmp_path / "runs.db").close()  # the default --db, an empty journal
+    (tmp_path / "empty.db").touch()
     done = _cli(tmp_path, "worker", *args)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == code and len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done
+    assert not re.search(r"\b_[A-Z]\w*", lines[0]), f"an internal class name in the message: {lines[0]}"
     assert not (tmp_path / "missing.db").exists()
 
 
