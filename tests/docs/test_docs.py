@@ -59,3 +59,14 @@ def test_the_results_guide_runs_as_written(tmp_path: Path, monkeypatch: pytest.M
     for code in blocks[1:]:
         imports = "\n".join(line for line in code.splitlines() if line.startswith(("from ", "import ")))
         exec(compile(imports, "results.md", "exec"), {})
+
+
+def test_product_docs_speak_of_the_product_not_the_tracker() -> None:
+    # The README, the docs site and the public docstrings are read by users, who have no access to
+    # the project's tracker: "the ladder (issue 25)" tells them nothing.
+    pages = [ROOT / "README.md", *DOCS.rglob("*.md"), *(ROOT / "src").rglob("*.py")]
+    found = [f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
+             for page in pages
+             for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bissues? #?\d+\b", line, flags=re.I)]
+    assert found == [], "tracker issue numbers in the product's docs:\n" + "\n".join(found)

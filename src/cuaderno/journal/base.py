@@ -51,7 +51,7 @@ So the contract stays a small synchronous protocol (what the harness, the CLI an
 activity call, with no loop of their own), and what changes is *how* it is called when runs share
 a loop: through a group commit (:mod:`cuaderno.journal._group`) that writes the appends the
 loop's runs make in one turn of the loop in one transaction and one sync, and resolves each run's
-future once its events are durable (issue 21, part 5). The group is written on the loop itself,
+future once its events are durable. The group is written on the loop itself,
 at the end of that turn: the first version wrote it from a thread off the loop, which measured
 ~20% slower at SQLite M=32 (GIL hand-offs; the figures are in :mod:`cuaderno.journal._group`).
 It needs one more optional capability from a backend (the events of several runs in one
