@@ -2,30 +2,45 @@
 
 A child episode may choose which files to open and in what order; it may not open anything
 outside its snapshot, write, create, truncate, or run anything. :class:`ReadOnlyRoot` gives it two
-tools, ``read_file(path)`` and ``list_dir(path)``, and resolves every path the model sends the
-way ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`` would, by hand, because Python has no
-binding for it:
+tools, ``read_file(path)`` and ``list_dir(path, after, limit)``, and resolves every path the model
+sends the way ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV)`` would, by hand,
+because Python has no binding for it (and container seccomp filters often refuse the syscall):
 
 - the path is text the model wrote: it must be relative, valid UTF-8, free of NUL, backslashes and
   ``..``, and short (``PATH_MAX`` bytes, ``NAME_MAX`` per component);
-- it is walked one component at a time from a directory descriptor of the root, each component
-  opened with ``O_NOFOLLOW`` relative to the previous descriptor: a symlink anywhere on the path,
-  even one swapped in between two steps of the walk, makes the open fail instead of being
-  followed, so there is no window between a check and an open;
-- what is opened must be a directory or a regular file on the root's own device (no FIFO, device,
-  socket or mount point), a regular file must have one link (a hard link to a file outside the
-  root is the same inode as that file), and the descriptor's path in ``/proc/self/fd`` must still
-  lie under the root: a directory renamed out of the root while it was being walked is refused;
-- every descriptor is ``O_RDONLY``: nothing can be written through it.
+- it is walked one component at a time from a descriptor of the root, each component opened with
+  ``O_PATH | O_NOFOLLOW`` relative to the previous descriptor. An ``O_PATH`` open only names the
+  file: it runs no driver's open, does not wake a writer blocked on a FIFO and reads nothing. A
+  symlink anywhere on the path, even one swapped in between two steps of the walk, is refused
+  instead of followed, so there is no window between a check and an open;
+- every component must lie on the root's own **mount** (its mount id, read from
+  ``/proc/self/fdinfo`` for the descriptor just opened): a mount point under the root is refused,
+  a bind mount of another directory of the same file system included (same device, other mount);
+- what is named must be a directory (``list_dir``) or a regular file (``read_file``): a FIFO,
+  socket, character or block device is refused from the ``O_PATH`` descriptor's type, before
+  anything opens it. A regular file must have one link (a hard link to a file outside the root is
+  the same inode as that file), and the descriptor's path in ``/proc/self/fd`` must still lie under
+  the root: a directory renamed out of the root while it was being walked is refused;
+- only then is the checked descriptor reopened ``O_RDONLY`` through ``/proc/self/fd`` (the same
+  inode, no second lookup by name): nothing can be written through it.
 
-A refusal is a :class:`~cuaderno.errors.ToolError` of class ``permanent``: journaled as the tool's
-outcome and told to the model, never retried. Both tools are idempotent (reading twice costs
-nothing), so a resumed episode may re-read a file whose result was not journaled yet.
+``list_dir`` returns entries sorted by name (byte order of the name, which is code-point order for
+UTF-8), one page at a time: at most ``limit`` (≤ ``max_entries``) entries strictly after the
+cursor ``after``, the directory's ``total``, ``more`` and the ``next_after`` cursor to pass for the
+next page. Each page is one pass over the directory keeping only the ``limit`` smallest names, so
+memory stays bounded by the page, not by the directory (100,000 entries cost one page's worth).
+
+A refusal is a :class:`PathRefused` (a :class:`~cuaderno.errors.ToolError` of class
+``permanent``, with ``data["refused"]`` saying why and ``data["reason"]`` a stable code):
+journaled as the tool's outcome and told to the model, never retried. Both tools are idempotent
+(reading twice costs nothing), so a resumed episode may re-read a file whose result was not
+journaled yet.
 """
 
 from __future__ import annotations
 
 import errno
+import heapq
 import os
 import stat
 from collections.abc import Iterator
@@ -36,20 +51,50 @@ from typing import Any
 from cuaderno.errors import ErrorClass, ToolError, UsageError
 from cuaderno.tools.definition import Tool
 
-__all__ = ["PATH_MAX", "ReadOnlyRoot"]
+__all__ = ["PATH_MAX", "PathRefused", "ReadOnlyRoot"]
 
 PATH_MAX = 4096
 NAME_MAX = 255
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; it is refused after
-# fstat anyway, and regular files ignore the flag.
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+# O_PATH: the walk names files without opening them (no FIFO wakes, no driver open, no atime).
+_WALK_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_WALK_LAST = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FILE = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+_READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# A cursor for a name that is not UTF-8: "/" and hex. No name contains "/", so it is unambiguous.
+_HEX_CURSOR = "/"
 
 
-def _refuse(path: object, why: str) -> ToolError:
+class PathRefused(ToolError):
+    """A path the sandbox will not read: outside the root, a link, a mount point, a special file…
+
+    ``data["refused"]`` is the sentence told to the model; ``data["reason"]`` a stable code
+    (``syntax``, ``not_found``, ``symlink``, ``mount_point``, ``special_file``, ``hard_link``,
+    ``moved_out``, ``wrong_kind``, ``bad_argument``, ``closed``, ``os_error``).
+    """
+
+
+def _refuse(path: object, why: str, reason: str) -> PathRefused:
     shown = path if isinstance(path, str) and len(path) <= 200 else f"{str(path)[:200]}…"
-    return ToolError(f"refused path {shown!r}: {why}", error_class=ErrorClass.PERMANENT,
-                     data={"refused": why})
+    return PathRefused(f"refused path {shown!r}: {why}", error_class=ErrorClass.PERMANENT,
+                       data={"refused": why, "reason": reason})
+
+
+def _mount_id(fd: int) -> int | None:
+    """The id of the mount ``fd`` lies on, from ``/proc/self/fdinfo`` (Linux ≥ 3.15).
+
+    Why this and not ``statx(STATX_MNT_ID)``: Python 3.11 has no ``os.statx``, and a ctypes
+    ``statx`` needs the struct's layout and glibc ≥ 2.28; ``name_to_handle_at`` fails on file
+    systems without file handles. ``fdinfo`` is text, describes exactly the descriptor held (no
+    lookup by name, so no race), and works on ``O_PATH`` descriptors of any file type.
+    """
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            for line in info:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class ReadOnlyRoot:
@@ -57,9 +102,15 @@ class ReadOnlyRoot:
 
     Args:
         root: the snapshot's directory. It is opened once, here; renaming or replacing it later
-            does not move what the tools read.
+            does not move what the tools read. Its mount is the only one read: a mount point or
+            bind mount under it is refused.
         max_file_bytes: larger files are returned cut at this size, and say so.
-        max_entries: ``list_dir`` returns at most this many entries, and says how many there were.
+        max_entries: the largest page ``list_dir`` returns (its ``limit`` is capped at this).
+
+    Raises:
+        UsageError: the root is not a readable directory, a size is not positive, or the kernel
+            does not say which mount a descriptor is on (``/proc`` not mounted): without it a
+            bind mount under the root could not be told apart, so the sandbox does not start.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_file_bytes: int = 256_000,
@@ -71,7 +122,15 @@ class ReadOnlyRoot:
             self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise UsageError(f"the snapshot root {str(root)!r} is not a readable directory: {exc.strerror}") from exc
-        self._dev = os.fstat(self._fd).st_dev
+        # Held open for the sandbox's life, the root's mount cannot be freed, so its id cannot be
+        # given to another mount while the tools compare against it.
+        mount = _mount_id(self._fd)
+        if mount is None:
+            os.close(self._fd)
+            self._fd = -1
+            raise UsageError("cannot tell which mount a file is on (/proc/self/fdinfo has no mnt_id): "
+                             "the sandbox needs it to refuse bind mounts under the root")
+        self._mount = mount
         self.max_file_bytes = max_file_bytes
         self.max_entries = max_entries
 
@@ -90,25 +149,42 @@ class ReadOnlyRoot:
     # -- the two tools --------------------------------------------------------------------------
 
     def read_file(self, path: str) -> dict[str, Any]:
-        """The text of a file under the root (``path`` relative to it), cut at ``max_file_bytes``."""
+        """The text of a regular file under the root (``path`` relative to it), cut at ``max_file_bytes``.
+
+        Raises:
+            PathRefused: see the module's docstring for what is refused.
+        """
         with self._open(path, directory=False) as fd:
             data = _read_up_to(fd, self.max_file_bytes + 1)
         cut = len(data) > self.max_file_bytes
         data = data[: self.max_file_bytes]
         return {"path": path, "text": data.decode("utf-8", errors="replace"), "bytes": len(data), "truncated": cut}
 
-    def list_dir(self, path: str = ".") -> dict[str, Any]:
-        """The entries of a directory under the root: name and kind (file, dir, link, other)."""
+    def list_dir(self, path: str = ".", after: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        """One page of a directory under the root, sorted by name: name and kind (file, dir, link, other).
+
+        Args:
+            path: the directory, relative to the root.
+            after: the ``next_after`` of the previous page (``None`` for the first page): the
+                page holds the entries whose names sort strictly after it.
+            limit: entries per page, at most (and by default) ``max_entries``.
+
+        Returns:
+            ``path``, ``entries``, ``total`` (entries in the directory), ``more`` (entries remain
+            after this page) and ``next_after`` (the cursor for the next page, ``None`` at the end).
+        """
+        size = self._page_size(path, limit)
+        start = _cursor_key(path, after)
         with self._open(path, directory=True) as fd:
-            entries: list[dict[str, str]] = []
-            total = 0
-            with os.scandir(fd) as it:
-                for entry in it:
-                    total += 1
-                    if len(entries) < self.max_entries:
-                        entries.append({"name": _printable(entry.name), "kind": _kind(entry)})
-        entries.sort(key=lambda e: e["name"])
-        return {"path": path, "entries": entries, "total": total, "truncated": total > len(entries)}
+            counts = [0, 0]  # entries in the directory, entries after the cursor
+            page = heapq.nsmallest(size, _entries_after(fd, start, counts), key=lambda item: item[0])
+            # Kinds while the descriptor is open: on file systems without d_type they need an
+            # lstat relative to it (never an open).
+            entries = [{"name": _printable(entry.name), "kind": _kind(entry)} for _, entry in page]
+        total, remaining = counts
+        more = remaining > len(page)
+        return {"path": path, "entries": entries, "total": total, "more": more,
+                "next_after": _cursor(page[-1][0]) if more else None}
 
     def tools(self) -> list[Tool]:
         """``read_file`` and ``list_dir`` as effect-free tools for an agent: idempotent, and a read
@@ -119,83 +195,157 @@ class ReadOnlyRoot:
             """Read a text file of the repository. `path` is relative to the repository's root."""
             return self.read_file(path)
 
-        def list_dir(path: str = ".") -> dict[str, Any]:
-            """List a directory of the repository. `path` is relative to the repository's root ('.' for it)."""
-            return self.list_dir(path)
+        def list_dir(path: str = ".", after: str | None = None, limit: int | None = None) -> dict[str, Any]:
+            """List a directory of the repository, sorted by name, one page at a time. `path` is
+            relative to the repository's root ('.' for it). When the answer says `more`, call again
+            with `after` set to its `next_after` for the next page; `total` counts all entries."""
+            return self.list_dir(path, after, limit)
 
+        list_dir.__doc__ = (list_dir.__doc__ or "") + f" At most {self.max_entries} entries per page."
         return [Tool(read_file, effect_free=True), Tool(list_dir, effect_free=True)]
 
     # -- resolution -----------------------------------------------------------------------------
 
     @contextmanager
     def _open(self, path: object, *, directory: bool) -> Iterator[int]:
+        """A readable descriptor of ``path``, opened only after every check passed."""
         parts = self._components(path)
-        fd = self._walk(path, parts, directory=directory)
+        named = self._walk(path, parts)
         try:
-            self._check_opened(path, fd, directory=directory)
+            checked = self._check_opened(path, named, directory=directory)
+            try:
+                # The checked inode itself, not a second lookup by name (a mount laid over it
+                # since is not entered): a directory or a regular file, whose type cannot change,
+                # so this open has no effect.
+                fd = os.open(f"/proc/self/fd/{named}", _READ_DIR if directory else _READ_FILE)
+            except OSError as exc:
+                raise _refuse(path, _why(exc, directory=directory), "os_error") from None
+        finally:
+            os.close(named)
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino):  # defence in depth
+            os.close(fd)
+            raise _refuse(path, "changed while it was opened", "moved_out")
+        try:
             yield fd
         finally:
             os.close(fd)
 
     def _components(self, path: object) -> list[str]:
         if self._fd < 0:
-            raise _refuse(path, "the snapshot is closed")
+            raise _refuse(path, "the snapshot is closed", "closed")
         if not isinstance(path, str):
-            raise _refuse(path, "a path must be text")
+            raise _refuse(path, "a path must be text", "syntax")
         try:
             raw = path.encode("utf-8")
         except UnicodeEncodeError:
-            raise _refuse(path, "not valid UTF-8") from None
+            raise _refuse(path, "not valid UTF-8", "syntax") from None
         if "\x00" in path:
-            raise _refuse(path, "contains a NUL byte")
+            raise _refuse(path, "contains a NUL byte", "syntax")
         if len(raw) > PATH_MAX:
-            raise _refuse(path, f"longer than {PATH_MAX} bytes")
+            raise _refuse(path, f"longer than {PATH_MAX} bytes", "syntax")
         if "\\" in path:
-            raise _refuse(path, "contains a backslash")
+            raise _refuse(path, "contains a backslash", "syntax")
         if path.startswith("/") or path.startswith("~"):
-            raise _refuse(path, "absolute: paths are relative to the snapshot's root")
+            raise _refuse(path, "absolute: paths are relative to the snapshot's root", "syntax")
         parts = [p for p in path.split("/") if p not in ("", ".")]
         if ".." in parts:
-            raise _refuse(path, "'..' leaves the directory it names")
+            raise _refuse(path, "'..' leaves the directory it names", "syntax")
         if any(len(p.encode("utf-8")) > NAME_MAX for p in parts):
-            raise _refuse(path, f"a component is longer than {NAME_MAX} bytes")
+            raise _refuse(path, f"a component is longer than {NAME_MAX} bytes", "syntax")
         return parts
 
-    def _walk(self, path: object, parts: list[str], *, directory: bool) -> int:
-        fd = os.open(".", _DIR_FLAGS, dir_fd=self._fd)
+    def _walk(self, path: object, parts: list[str]) -> int:
+        """An ``O_PATH`` descriptor of the last component, every component on the root's mount."""
+        fd = os.open(".", _WALK_DIR, dir_fd=self._fd)
         try:
+            self._check_mount(path, fd)
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
-                flags = _DIR_FLAGS if (not last or directory) else _FILE_FLAGS
                 try:
-                    nxt = os.open(part, flags, dir_fd=fd)
+                    nxt = os.open(part, _WALK_LAST if last else _WALK_DIR, dir_fd=fd)
                 except OSError as exc:
-                    raise _refuse(path, _why(exc, directory=directory or not last)) from None
+                    raise _refuse(path, _why(exc, directory=not last), _reason(exc)) from None
                 os.close(fd)
                 fd = nxt
+                # Per component: a lookup that crossed into a mount lands on that mount's root.
+                self._check_mount(path, fd)
             return fd
         except BaseException:
             os.close(fd)
             raise
 
-    def _check_opened(self, path: object, fd: int, *, directory: bool) -> None:
+    def _check_mount(self, path: object, fd: int) -> None:
+        if _mount_id(fd) != self._mount:
+            raise _refuse(path, "a mount point: it is on another mount than the snapshot's root "
+                                "(a bind mount or another file system)", "mount_point")
+
+    def _check_opened(self, path: object, fd: int, *, directory: bool) -> os.stat_result:
+        """Refuse what ``fd`` names unless it is the wanted kind, singly linked and still inside."""
         st = os.fstat(fd)
-        if st.st_dev != self._dev:
-            raise _refuse(path, "on another file system (a mount point under the root)")
+        kind = _file_type(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            raise _refuse(path, "a symbolic link (links are not followed)", "symlink")
         if directory:
             if not stat.S_ISDIR(st.st_mode):
-                raise _refuse(path, "not a directory")
+                raise _refuse(path, f"not a directory (a {kind})", "wrong_kind")
         else:
+            if stat.S_ISDIR(st.st_mode):
+                raise _refuse(path, "not a regular file (a directory: list it with list_dir)", "wrong_kind")
             if not stat.S_ISREG(st.st_mode):
-                raise _refuse(path, "not a regular file (a directory, FIFO, device or socket)")
+                raise _refuse(path, f"not a regular file (a {kind}); it was not opened", "special_file")
             if st.st_nlink != 1:
-                raise _refuse(path, "a file with more than one hard link (it may be a file outside the root)")
+                raise _refuse(path, "a file with more than one hard link (it may be a file outside the root)",
+                              "hard_link")
         # The walk never followed a symlink, but a directory on the way may have been renamed out
         # of the root while it was walked: the kernel's name for the descriptor says where it is now.
         where = os.readlink(f"/proc/self/fd/{fd}")
         root = str(self.root)
         if where != root and not where.startswith(root.rstrip("/") + "/"):
-            raise _refuse(path, "moved outside the snapshot while it was opened")
+            raise _refuse(path, "moved outside the snapshot while it was opened", "moved_out")
+        return st
+
+    def _page_size(self, path: object, limit: object) -> int:
+        if limit is None:
+            return self.max_entries
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise _refuse(path, f"limit must be a whole number from 1 to {self.max_entries}", "bad_argument")
+        return min(limit, self.max_entries)
+
+
+def _entries_after(fd: int, start: bytes | None, counts: list[int]) -> Iterator[tuple[bytes, os.DirEntry[str]]]:
+    """Every entry whose raw name sorts after ``start``, counting all entries and those yielded."""
+    with os.scandir(fd) as it:
+        for entry in it:
+            counts[0] += 1
+            key = os.fsencode(entry.name)
+            if start is None or key > start:
+                counts[1] += 1
+                yield key, entry
+
+
+def _cursor(key: bytes) -> str:
+    """The ``next_after`` for a raw name: the name itself, or ``/`` and hex when it is not UTF-8."""
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return _HEX_CURSOR + key.hex()
+
+
+def _cursor_key(path: object, after: object) -> bytes | None:
+    if after is None:
+        return None
+    if not isinstance(after, str) or len(after) > 2 * NAME_MAX + 1:
+        raise _refuse(path, "after must be the next_after of the previous page", "bad_argument")
+    if after.startswith(_HEX_CURSOR):
+        try:
+            return bytes.fromhex(after[len(_HEX_CURSOR):])
+        except ValueError:
+            raise _refuse(path, "after must be the next_after of the previous page", "bad_argument") from None
+    try:
+        return after.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _refuse(path, "after is not valid UTF-8", "bad_argument") from None
 
 
 def _read_up_to(fd: int, limit: int) -> bytes:
@@ -222,6 +372,23 @@ def _why(exc: OSError, *, directory: bool) -> str:
     if exc.errno == errno.ENAMETOOLONG:
         return "name too long"
     return exc.strerror or f"cannot be opened (errno {exc.errno})"
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOENT:
+        return "not_found"
+    if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):
+        return "symlink"
+    return "os_error"
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISREG, "regular file"), (stat.S_ISLNK, "symbolic link"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "file of unknown type"
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
