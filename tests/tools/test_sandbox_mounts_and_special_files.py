@@ -294,7 +294,11 @@ def test_a_mount_laid_over_a_directory_after_its_check_is_not_entered(tree: tupl
         def walk_then_mount(path: object, parts: list[str]) -> int:
             fd = walk(path, parts)
             mount = _bind_mount(outside, root / "mnt")
-            mount.__enter__()
+            try:
+                mount.__enter__()
+            except BaseException:
+                os.close(fd)
+                raise
             mounted.append(mount)
             return fd
 
@@ -362,3 +366,16 @@ def test_no_escape_while_another_process_mounts_and_unmounts(tree: tuple[Path, P
     assert proc.exitcode == 0
     assert escapes == 0
     assert reads > 0 and refused_mount > 0  # the race had both states
+
+
+def test_refusals_on_the_way_say_what_was_in_the_way(tmp_path: Path) -> None:
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file.txt").write_text("inside\n")
+    (tmp_path / "to_dir").symlink_to("dir")
+    with ReadOnlyRoot(tmp_path) as sandbox:
+        assert _refusal(sandbox.read_file, "to_dir/x").data["reason"] == "symlink"
+        assert _refusal(sandbox.read_file, "file.txt/x").data["reason"] == "wrong_kind"
+        assert _refusal(sandbox.read_file, "missing/x").data["reason"] == "not_found"
+        assert _refusal(sandbox.read_file, "dir").data["reason"] == "wrong_kind"
+        assert _refusal(sandbox.list_dir, "file.txt").data["reason"] == "wrong_kind"
+        assert _refusal(sandbox.read_file, "../x").data["reason"] == "syntax"

@@ -265,7 +265,7 @@ class ReadOnlyRoot:
                 try:
                     nxt = os.open(part, _WALK_LAST if last else _WALK_DIR, dir_fd=fd)
                 except OSError as exc:
-                    raise _refuse(path, _why(exc, directory=not last), _reason(exc)) from None
+                    raise _refuse(path, _why(exc, directory=not last), _reason(exc, part, fd)) from None
                 os.close(fd)
                 fd = nxt
                 # Per component: a lookup that crossed into a mount lands on that mount's root.
@@ -374,11 +374,19 @@ def _why(exc: OSError, *, directory: bool) -> str:
     return exc.strerror or f"cannot be opened (errno {exc.errno})"
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, name: str, dir_fd: int) -> str:
     if exc.errno == errno.ENOENT:
         return "not_found"
-    if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR):
+    if exc.errno in (errno.ELOOP, errno.EMLINK):
         return "symlink"
+    if exc.errno == errno.ENOTDIR:
+        # O_DIRECTORY | O_NOFOLLOW says ENOTDIR for a symlink and for a file alike; an lstat
+        # (no open) tells them apart, for the code only: the refusal stands either way.
+        try:
+            is_link = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+        except OSError:
+            is_link = False
+        return "symlink" if is_link else "wrong_kind"
     return "os_error"
 
 
