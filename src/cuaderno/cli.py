@@ -51,7 +51,7 @@ import cuaderno.harness as harness
 from cuaderno import _cli_render as render
 from cuaderno._cli_fork import export_command, fork_command
 from cuaderno._cli_temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
-from cuaderno._cli_ui import ui_command
+from cuaderno._cli_ui import ui_command, ui_passwd_command
 from cuaderno._cli_worker import run_state, status_command, worker_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
@@ -473,6 +473,7 @@ def rebuild_summary(
 
 
 app.command("ui")(ui_command)
+app.command("ui-passwd")(ui_passwd_command)
 app.command("worker")(worker_command)
 app.command("status")(status_command)
 app.command("fork")(fork_command)

@@ -42,9 +42,13 @@ def db(tmp_path: Path) -> Path:
     return path
 
 
+BROWSER = {"origin": "http://testserver"}
+"""What a browser sends with every form of the page: its origin (the app refuses a POST without one)."""
+
+
 @pytest.fixture
 def client(db: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(db, allow_decisions=True, allowed_hosts=["testserver"])) as c:
+    with TestClient(create_app(db, allow_decisions=True, allowed_hosts=["testserver"]), headers=BROWSER) as c:
         yield c
 
 

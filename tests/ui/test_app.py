@@ -294,15 +294,29 @@ def test_journal_urls() -> None:
             journal_path(bad)
 
 
-def test_a_long_run_draws_its_last_steps_and_links_to_all(client: TestClient, db: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_run_is_paged_never_drawn_whole(client: TestClient, db: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_timeline, "STEPS_SHOWN", 3)
-    steps = len({e.step_id for e in events(db, "pay-1")})
+    order = list(dict.fromkeys(e.step_id for e in events(db, "pay-1")))
+    steps = len(order)
+    assert steps > 3
     page = client.get("/run", params={"id": "pay-1"}).text
-    assert page.count('<rect class="bar') == 3 and f"Show all {steps} steps" in page
+    assert page.count('<rect class="bar') == 3 and f"of {steps} are drawn" in page
     assert "t0001.tool00.approval" in page and 'id="s0"' not in page  # the last ones, not the first
-    every = client.get("/run", params={"id": "pay-1", "steps": "all"}).text
-    assert every.count('<rect class="bar') == steps and "Show all" not in every
+    assert "later steps" not in page and "earlier steps" in page
+    # The old "show all" link opens the first page, with the way on; no page draws more than 3.
+    first = client.get("/run", params={"id": "pay-1", "steps": "all"}).text
+    assert first.count('<rect class="bar') == 3 and 'id="s0"' in first and "earlier steps" not in first
+    seen: list[str] = []
+    start: str | None = "1"
+    while start is not None:
+        page = client.get("/run", params={"id": "pay-1", "from": start}).text
+        assert page.count('<rect class="bar') <= 3
+        seen += re.findall(r'<details id="s\d+" class="step">\s*<summary>\s*<span class="mono">([^<]+)</span>', page)
+        found = re.search(r'rel="next" href="/run\?id=pay-1&amp;from=(\d+)"', page)
+        start = found.group(1) if found else None
+    assert seen == order  # every step, once, in order, page by page
+    assert client.get("/run", params={"id": "pay-1", "from": "0"}).status_code == 400
     monkeypatch.setattr(_timeline, "INLINE_EVENTS", 2)  # past it, payloads are links
     page = client.get("/run", params={"id": "pay-1"}).text
     assert '<pre class="payload">' not in page.split('<section class="steps">')[1].split("</section>")[0]

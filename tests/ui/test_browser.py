@@ -48,11 +48,10 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture
-def server(db: Path) -> Iterator[str]:
-    """``cuaderno ui --allow-decisions`` on a free port of 127.0.0.1; its base URL."""
+def serve(db: Path, *options: str) -> Iterator[str]:
+    """``cuaderno ui --allow-decisions OPTIONS`` on a free port of 127.0.0.1; its base URL."""
     proc = subprocess.Popen([sys.executable, "-m", "cuaderno", "--db", str(db), "ui", "--port", "0",
-                             "--allow-decisions"], stderr=subprocess.PIPE, text=True)
+                             "--allow-decisions", *options], stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()  # printed once the socket listens
@@ -64,6 +63,22 @@ def server(db: Path) -> Iterator[str]:
         proc.wait(timeout=30)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+@pytest.fixture
+def server(db: Path) -> Iterator[str]:
+    """``cuaderno ui --allow-decisions`` on a free port of 127.0.0.1; its base URL."""
+    yield from serve(db)
+
+
+@pytest.fixture
+def login_server(db: Path, tmp_path: Path) -> Iterator[str]:
+    """The same with a login: user ana, password "correct horse"."""
+    from cuaderno.ui._auth import set_password
+
+    users = tmp_path / "users"
+    set_password(users, "ana", "correct horse")
+    yield from serve(db, "--auth-file", str(users))
 
 
 @pytest.fixture
@@ -161,3 +176,34 @@ def test_hostile_tool_name_renders_as_text(page: Any, server: str) -> None:
     shot(page, "05-hostile-run")
     page.goto(server + "/")
     assert page.evaluate("typeof window.__pwned") == "undefined"
+
+
+def test_log_in_then_approve_records_the_user(page: Any, login_server: str, db: Path) -> None:
+    page.goto(login_server + "/run?id=pay-1")
+    assert page.url.startswith(login_server + "/login")  # no page before a login
+    page.fill("input[name=user]", "ana")
+    page.fill("input[name=password]", "wrong")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_load_state()
+    assert "Wrong user name or password" in page.inner_text("main")
+    page.fill("input[name=user]", "ana")
+    page.fill("input[name=password]", "correct horse")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_selector("h1 .id")
+    assert page.url == login_server + "/run?id=pay-1" and "signed in as ana" in page.inner_text("header")
+    cookie = next(c for c in page.context.cookies() if c["name"] == "cuaderno_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    form = page.locator("form.decide").first
+    assert form.locator("input[name=by]").count() == 0  # nobody types who they are
+    form.locator("input[name=reason]").fill("checked")
+    form.get_by_role("button", name="Approve").click()  # Chromium sends its Origin; the page takes it
+    page.wait_for_load_state()
+    assert "approved by ana" in page.inner_text(".flash")
+    shot(page, "06-approved-after-login")
+    with SqliteCheckpointer(db) as store:
+        decision = store.load("pay-1")[-1]
+    assert (decision.decision, decision.payload["approver"]) == ("approved", "ana")
+    page.get_by_role("button", name="Log out").click()
+    page.wait_for_load_state()
+    page.goto(login_server + "/")
+    assert page.url.startswith(login_server + "/login")

@@ -11,10 +11,11 @@ from typer.testing import CliRunner, Result
 
 from cuaderno._cli_ui import allowed_hosts, is_loopback
 from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, app
+from cuaderno.errors import UsageError
 
 
-def cli(*args: str) -> Result:
-    result = CliRunner().invoke(app, list(args), prog_name="cuaderno")
+def cli(*args: str, input: str | None = None) -> Result:
+    result = CliRunner().invoke(app, list(args), prog_name="cuaderno", input=input)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert "Traceback" not in result.output
     return result
@@ -54,11 +55,16 @@ def test_a_port_in_use_is_one_error_line(db: Path) -> None:
         refused(cli("--db", str(db), "ui", "--port", str(port)), f"cannot listen on 127.0.0.1:{port}")
 
 
-def test_another_host_is_warned_about(db: Path) -> None:
+def test_another_host_is_warned_about(db: Path, tmp_path: Path) -> None:
     # 192.0.2.1 (TEST-NET-1) is on no interface: the bind fails after the warning, so nothing
     # ever listens beyond loopback in this test.
-    result = cli("--db", str(db), "ui", "--host", "192.0.2.1", "--port", "0", "--allow-decisions")
+    result = cli("--db", str(db), "ui", "--host", "192.0.2.1", "--port", "0")
     assert "warning: listening on 192.0.2.1, not loopback" in result.stderr
+    refused(result, "cannot listen on 192.0.2.1")
+    users = tmp_path / "users"
+    assert cli("ui-passwd", str(users), "ana", input="pw\n").exit_code == 0
+    result = cli("--db", str(db), "ui", "--host", "192.0.2.1", "--port", "0", "--allow-decisions",
+                 "--auth-file", str(users))
     assert "can decide its approvals" in result.stderr
     refused(result, "cannot listen on 192.0.2.1")
 
@@ -73,7 +79,12 @@ def test_loopback(host: str, loopback: bool) -> None:
 def test_allowed_hosts() -> None:
     assert "evil.example" not in allowed_hosts("127.0.0.1") and "localhost" in allowed_hosts("127.0.0.1")
     assert "192.168.1.5" in allowed_hosts("192.168.1.5")
-    assert allowed_hosts("0.0.0.0") == ["*"]
+    assert "*" not in allowed_hosts("0.0.0.0", ["ops.example.com"])
+    assert "ops.example.com" in allowed_hosts("0.0.0.0", ["ops.example.com"])
+    for bad in (("0.0.0.0", []), ("::", []), ("127.0.0.1", ["*"]), ("127.0.0.1", ["http://ops.example.com"]),
+                ("127.0.0.1", ["ops.example.com:8765"])):
+        with pytest.raises(UsageError):
+            allowed_hosts(*bad)
 
 
 def test_a_damaged_summary_is_a_clear_page(db: Path) -> None:

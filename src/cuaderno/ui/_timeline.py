@@ -26,8 +26,9 @@ INLINE_EVENTS: Final = 1_200
 it, each event links to its payload instead."""
 
 STEPS_SHOWN: Final = 300
-"""A run page draws and lists this many steps, the last ones, unless asked for all: a
-1000-turn run's 2,001 steps made a page of 2.4 MB that took a second to render."""
+"""A run page draws and lists this many steps: by default the last ones, and a long run's others
+page by page (earlier / later). Never all at once: a 1000-turn run's 2,001 steps made a page of
+2.4 MB that took a second to render, and "show all" of a 10,000-step run one of 15 MB."""
 
 # The picture's geometry, in SVG user units.
 _WIDTH: Final = 1000
@@ -107,7 +108,25 @@ class Timeline:
     row_h: int = _ROW_H
     span: float = 0.0
     hidden: int = 0
-    """Steps before the first one drawn (a long run shows its last ones unless asked for all)."""
+    """Steps before the first one drawn (a long run shows one page of its steps)."""
+    after: int = 0
+    """Steps after the last one drawn."""
+    page: int = 0
+    """How many steps a page draws (the ``count`` the timeline was built with)."""
+
+    @property
+    def total(self) -> int:
+        return self.hidden + len(self.steps) + self.after
+
+    @property
+    def earlier(self) -> int | None:
+        """The 1-based number of the first step of the page before this one (``None``: none)."""
+        return max(0, self.hidden - self.page) + 1 if self.hidden else None
+
+    @property
+    def later(self) -> int | None:
+        """The 1-based number of the first step of the page after this one (``None``: none)."""
+        return self.hidden + len(self.steps) + 1 if self.after else None
 
 
 def duration_text(seconds: float) -> str:
@@ -168,9 +187,10 @@ def _ticks(x0: float, x1: float, span: float) -> list[Tick]:
     return [Tick(x0 + (x1 - x0) * i / 4, duration_text(span * i / 4) if i else "0") for i in range(5)]
 
 
-def build(events: Sequence[StepEvent], *, last: int | None = None) -> Timeline:
-    """The steps of a run, in the order each first appears in the journal, laid out on one axis
-    (only the ``last`` ones when given: ``Timeline.hidden`` says how many came before)."""
+def build(events: Sequence[StepEvent], *, start: int | None = None, count: int | None = None) -> Timeline:
+    """The steps of a run, in the order each first appears in the journal, laid out on one axis:
+    ``count`` of them from the 0-based ``start`` (by default the last ``count``; every step when
+    ``count`` is ``None``). ``Timeline.hidden`` and ``Timeline.after`` say how many are not drawn."""
     by_id: dict[str, Step] = {}
     for ev in events:
         step = by_id.get(ev.step_id)
@@ -180,8 +200,10 @@ def build(events: Sequence[StepEvent], *, last: int | None = None) -> Timeline:
         if step.name is None and ev.name is not None:
             step.name = ev.name
     steps = list(by_id.values())
-    hidden = max(0, len(steps) - last) if last is not None else 0
-    steps = steps[hidden:]
+    total = len(steps)
+    size = total if count is None else max(1, count)
+    hidden = max(0, total - size) if start is None else max(0, min(start, total - 1 if total else 0))
+    steps = steps[hidden:hidden + size]
     for row, step in enumerate(steps):
         step.row = row
         _mark(step)
@@ -195,7 +217,8 @@ def build(events: Sequence[StepEvent], *, last: int | None = None) -> Timeline:
         step.x = min(step.x, x1 - _MIN_BAR)
         step.y = _TOP + step.row * _ROW_H
     return Timeline(steps=steps, ticks=_ticks(x0, x1, span), height=_TOP + len(steps) * _ROW_H + 8,
-                    axis_x0=x0, axis_x1=x1, span=span, hidden=hidden)
+                    axis_x0=x0, axis_x1=x1, span=span, hidden=hidden, after=total - hidden - len(steps),
+                    page=size)
 
 
 def payload_text(ev: StepEvent) -> tuple[str, bool]:

@@ -13,15 +13,28 @@ Safe by construction:
 - the Content-Security-Policy admits no script at all (the page has none), so even a value that
   escaped escaping could not run;
 - without ``allow_decisions`` the app has no route that writes (the store is opened read-only);
-  with it, every decision is a POST carrying the app's CSRF token, and a request another site
-  sent (its ``Origin`` or ``Sec-Fetch-Site`` says so) is refused;
-- requests naming a host other than the ones the server was bound for are refused (a page of
-  another site that rebinds its name to 127.0.0.1 cannot read the token).
+  with it, every decision is a POST carrying the CSRF token of the person's pages, whose
+  ``Origin`` (or, when a browser sent none, ``Referer``) names this page on one of the allowed
+  host names; a request that says neither, or that another site sent (``Sec-Fetch-Site``), is
+  refused;
+- every request must name one of an explicit list of host names (``allowed_hosts``; never "any"):
+  a page of another site that rebinds its own name to this server's address arrives with its own
+  ``Host`` and is refused, so it can neither read a token nor post one;
+- with an :class:`~cuaderno.ui._auth.Auth` (a credentials file and its login form, or a trusted
+  proxy's header) every page needs an identity and the approver recorded is that identity, never
+  a typed field; the app refuses to offer decisions beyond loopback (``public``) without one;
+- the run page draws a bounded number of steps (a long run is paged), and at most
+  :data:`HEAVY_AT_ONCE` run pages are built at once, so a crowd of readers of a long run cannot
+  exhaust the server's memory;
+- a journal file deleted or replaced since the server opened it is said on every page, and no
+  decision is written to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import secrets
 import sqlite3
 from collections import OrderedDict
@@ -58,20 +71,27 @@ from cuaderno.errors import (
     NotWaitingForApproval,
     RunClosed,
     RunNotFound,
+    UsageError,
+    clipped,
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal._claims import state_of
 from cuaderno.journal.base import SupportsClaims
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.ui import _timeline
+from cuaderno.ui._auth import COOKIE, SESSION_SECONDS, Auth, Identity
 from cuaderno.ui._index import RunIndex
 from cuaderno.ui._journal import journal_path, open_journal
 
-__all__ = ["LOOPBACK_HOSTS", "STATUSES", "create_app", "journal_path"]
+__all__ = ["HEAVY_AT_ONCE", "LOOPBACK_HOSTS", "STATUSES", "Auth", "create_app", "journal_path"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
 PAGE_SIZE: Final = 50
+HEAVY_AT_ONCE: Final = 2
+"""Run pages (and whole payloads) built at once; more requests wait their turn. Each reads and
+chain-checks the run's whole journal: 8 at once of a 10,000-step run took the server to 1 GB."""
+_OPEN_PATHS: Final = frozenset({"/login", "/favicon.ico"})
 _HERE: Final = Path(__file__).resolve().parent
 _CSP: Final = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
                "frame-ancestors 'none'; base-uri 'none'")
@@ -147,17 +167,60 @@ class _Refusal(Exception):
 
 
 class _UI:
-    def __init__(self, store: SqliteCheckpointer, *, allow_decisions: bool, page_size: int) -> None:
+    def __init__(self, store: SqliteCheckpointer, *, allow_decisions: bool, page_size: int,
+                 allowed_hosts: Sequence[str], auth: Auth | None) -> None:
         self.store = store
         self.index = RunIndex(store.path)
         self.allow_decisions = allow_decisions
         self.page_size = page_size
+        self.allowed_hosts = list(allowed_hosts)
+        self.auth = auth
         self.csrf = secrets.token_urlsafe(32)
         self.flash = _Flash()
         self.templates = _templates()
+        self.heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+        self.stamp = _stamp(store.path)
+
+    def identity(self, request: Request) -> Identity | None:
+        """Who sent the request, as the configured authentication establishes it (``None``: nobody
+        authenticated, or no authentication configured)."""
+        if self.auth is None:
+            return None
+        peer = request.client.host if request.client is not None else None
+        return self.auth.from_proxy(peer, request.headers) or self.auth.from_cookie(request.cookies.get(COOKIE))
+
+    def gate(self, request: Request) -> Response | None:
+        """With authentication on, a request without an identity gets the login form (a GET) or a
+        refusal (anything else); ``None`` lets it through. The identity goes to ``request.state``."""
+        request.state.identity = self.identity(request)
+        if self.auth is None or request.state.identity is not None or request.url.path in _OPEN_PATHS:
+            return None
+        if request.method == "GET" and self.auth.credentials is not None:
+            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse("/login?" + urlencode({"next": target}), status_code=303)
+        how = ("log in first" if self.auth.credentials is not None else
+               f"this page takes its users from the proxy's {self.auth.proxy_header_shown} header, and this "
+               "request did not come through the proxy")
+        return self.refused(request, _Refusal(401, "Who are you?", f"{how}; nothing was written"))
+
+    def journal_gone(self) -> str | None:
+        """What happened to the journal file since the server opened it, if anything: the page
+        shows what the server still holds open, and says so."""
+        now = _stamp(self.store.path)
+        if now == self.stamp:
+            return None
+        what = "deleted" if now is None else "replaced by another file"
+        return (f"The journal file {self.store.path} was {what} after this server opened it. What is shown is "
+                "the old file the server still holds open, and no decision can be written to it: restart "
+                "cuaderno ui to see the journal at that path now.")
 
     def page(self, request: Request, name: str, code: int = 200, **context: Any) -> Response:
-        context.update(allow_decisions=self.allow_decisions, csrf=self.csrf, journal=self.store.path)
+        identity: Identity | None = getattr(request.state, "identity", None)
+        token = self.auth.csrf(identity, self.csrf) if self.auth is not None else self.csrf
+        context.update(allow_decisions=self.allow_decisions, csrf=token, journal=self.store.path,
+                       identity=identity, auth=self.auth is not None,
+                       login=self.auth is not None and self.auth.credentials is not None,
+                       journal_gone=self.journal_gone())
         return self.templates.TemplateResponse(request, name, context, status_code=code)
 
     def refused(self, request: Request, exc: _Refusal) -> Response:
@@ -203,8 +266,12 @@ class _UI:
     def run(self, request: Request) -> Response:
         run_id = _run_id(request)
         cp, events = _verified(self.store, run_id)
-        every = request.query_params.get("steps") == "all"
-        timeline = _timeline.build(events, last=None if every else _timeline.STEPS_SHOWN)
+        # A long run is paged: ``from`` is the first step drawn (by default the last page). The
+        # old "show all" link (``steps=all``) opens the first page.
+        first = request.query_params.get("from")
+        begin = (_positive(first, "from") - 1 if first else 0 if request.query_params.get("steps") == "all"
+                 else None)
+        timeline = _timeline.build(events, start=begin, count=_timeline.STEPS_SHOWN)
         shown = [ev for step in timeline.steps for ev in step.events]
         # A long run's payloads stay behind their links: every one inline would make a page of
         # megabytes (a 1000-turn run: 3 MB, 2 s) where the picture and the facts are what is read.
@@ -240,13 +307,12 @@ class _UI:
     # -- deciding -----------------------------------------------------------------------------------
 
     async def form(self, request: Request) -> dict[str, str]:
-        """The POSTed form, after the CSRF checks; every field a string."""
-        site = request.headers.get("sec-fetch-site")
-        if site is not None and site not in ("same-origin", "none"):
-            raise _Refusal(403, "Refused", f"the request came from another site ({site}); nothing was written")
-        origin = request.headers.get("origin")
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-            raise _Refusal(403, "Refused", "the request came from another origin; nothing was written")
+        """The POSTed form, after the checks that it came from this page: the origin, the journal
+        file still being the one opened, and the CSRF token; every field a string."""
+        _same_origin(request, self.allowed_hosts)
+        gone = self.journal_gone()
+        if gone is not None and request.url.path != "/login":
+            raise _Refusal(409, "Journal gone", gone + " Nothing was written.")
         try:
             raw = await request.form(max_files=0, max_fields=20, max_part_size=1024 * 1024)
         except Exception as exc:  # a malformed body: starlette raises its own errors for it
@@ -255,15 +321,27 @@ class _UI:
         fields = {k: v for k, v in raw.items() if isinstance(v, str)}
         request.state.run_id = fields.get("run")
         token = fields.get("csrf", "")
-        if not secrets.compare_digest(token.encode(), self.csrf.encode()):
+        identity: Identity | None = getattr(request.state, "identity", None)
+        expected = self.auth.csrf(identity, self.csrf) if self.auth is not None else self.csrf
+        if not secrets.compare_digest(token.encode(), expected.encode()):
             raise _Refusal(403, "Refused", "the form carries no valid CSRF token (it was not sent by this page, or "
                            "the server was restarted since the page was loaded): reload the page; nothing was written")
         return fields
 
+    def who(self, request: Request, fields: dict[str, str], what: str) -> str:
+        """The name recorded for a decision: the authenticated identity when the page has
+        authentication (a ``by`` field is ignored, whatever it says); else the typed name."""
+        identity: Identity | None = getattr(request.state, "identity", None)
+        if identity is not None:
+            return identity.user
+        if self.auth is not None:  # the gate lets no such request through; never record a typed name
+            raise _Refusal(401, "Who are you?", "log in first; nothing was written")
+        return _required(fields, "by", what)
+
     async def decide(self, request: Request, approved: bool) -> Response:
         fields = await self.form(request)
         run_id, step = _required(fields, "run"), _required(fields, "step")
-        by = _required(fields, "by", "your name (who decides, for the record)")
+        by = self.who(request, fields, "your name (who decides, for the record)")
         fingerprint = _required(fields, "fingerprint")
         reason = fields.get("reason") or None
         decide = harness.approve if approved else harness.deny
@@ -276,7 +354,7 @@ class _UI:
     async def resolve(self, request: Request) -> Response:
         fields = await self.form(request)
         run_id, step = _required(fields, "run"), _required(fields, "step")
-        by = _required(fields, "by", "your name (who checked, for the record)")
+        by = self.who(request, fields, "your name (who checked, for the record)")
         happened = {"happened": True, "not_happened": False}.get(fields.get("happened", ""))
         if happened is None:
             raise _Refusal(400, "Bad form", "say whether the effect happened or not; nothing was written")
@@ -289,7 +367,7 @@ class _UI:
     async def cancel(self, request: Request) -> Response:
         fields = await self.form(request)
         run_id = _required(fields, "run")
-        by = _required(fields, "by", "your name (who cancels, for the record)")
+        by = self.who(request, fields, "your name (who cancels, for the record)")
         cp = await run_in_threadpool(_refusing, cancel_run, self.store, run_id, fields.get("reason", ""), by=by)
         if cp.status == "cancelled":
             message = f"run cancelled by {by}."
@@ -298,9 +376,90 @@ class _UI:
                        "(or its next resume finalizes it).")
         return self.done(run_id, message)
 
+    # -- logging in ---------------------------------------------------------------------------------
+
+    def login_form(self, request: Request) -> Response:
+        return self.page(request, "login.html", next=_next(request.query_params.get("next")), failed=False)
+
+    async def login(self, request: Request) -> Response:
+        """Check a user name and password against the credentials file; a session cookie on success.
+        The form is checked like a decision's (origin and token), so another site cannot log a
+        browser in under its own account."""
+        assert self.auth is not None and self.auth.credentials is not None
+        fields = await self.form(request)
+        user, password = fields.get("user", "").strip(), fields.get("password", "")
+        target = _next(fields.get("next"))
+        # scrypt takes tens of megabytes for a moment: checks share the heavy pages' limit.
+        async with self.heavy:
+            ok = bool(user and password) and await run_in_threadpool(self.auth.credentials.verify, user, password)
+        if not ok:
+            return self.page(request, "login.html", 401, next=target, failed=True)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(COOKIE, self.auth.session(user), max_age=SESSION_SECONDS, httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https", path="/")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        await self.form(request)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
     def done(self, run_id: str, message: str) -> Response:
         token = self.flash.put(message)
         return RedirectResponse("/run?" + urlencode({"id": run_id, "flash": token}), status_code=303)
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """The identity of the file at ``path`` now (``None``: no file there)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """``host`` (no port) matches an allowed name, as ``TrustedHostMiddleware`` matches them."""
+    host = host.lower()
+    return any(host == name.lower() or (name.startswith("*.") and host.endswith(name[1:].lower()))
+               for name in allowed)
+
+
+def _same_origin(request: Request, allowed: Sequence[str]) -> None:
+    """Refuse a state-changing request that does not say it came from this page.
+
+    Browsers send ``Origin`` with every POST; when one is absent (an old browser, a privacy
+    extension), the ``Referer`` must name this page instead. A request that names neither is
+    refused too: no browser sends such a form, and a script that holds a valid token can send
+    ``Origin: http://HOST:PORT`` like a browser. Either header must name an allowed host and the
+    ``Host`` the request was sent to (a page on another port of the same machine is another site).
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise _Refusal(403, "Refused", f"the request came from another site ({site[:40]}); nothing was written")
+    origin = request.headers.get("origin")
+    source, what = (origin, "origin") if origin is not None else (request.headers.get("referer"), "referring page")
+    if source is None:
+        raise _Refusal(403, "Refused", "the request says neither its Origin nor its Referer, so it cannot be told "
+                       "from a form another site sent; a script must send 'Origin: http://HOST:PORT' as a browser "
+                       "does; nothing was written")
+    try:
+        parts = urlsplit(source)
+        scheme, hostname, netloc = parts.scheme, parts.hostname, parts.netloc
+    except ValueError:  # "http://[x" and the like
+        scheme, hostname, netloc = "", None, ""
+    if (scheme not in ("http", "https") or hostname is None or netloc != request.headers.get("host")
+            or not _host_allowed(hostname, allowed)):
+        raise _Refusal(403, "Refused", f"the request came from another {what} ({clipped(source, 80)}); "
+                       "nothing was written")
+
+
+def _next(target: str | None) -> str:
+    """Where the login form goes after: a path of this page only (``//host`` is another site)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
 
 
 def _forked_from(start: StepEvent | None) -> dict[str, Any] | None:
@@ -385,26 +544,30 @@ def _refusal(exc: CuadernoError | sqlite3.Error) -> _Refusal:
     return _Refusal(409, "Refused", str(exc) or type(exc).__name__)
 
 
-def _handler(ui: _UI, fn: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
+def _handler(ui: _UI, fn: Callable[[Request], Any], *, heavy: bool = False,
+             sync: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    """``fn`` as an endpoint: behind the authentication gate, its refusals and cuaderno's typed
+    errors shown as a page. ``sync``: ``fn`` reads the journal and runs in a worker thread;
+    ``heavy``: it reads a whole run, and waits for one of :data:`HEAVY_AT_ONCE` turns."""
+    async def call(request: Request) -> Response:
+        if sync:
+            result: Response = await run_in_threadpool(fn, request)
+            return result
+        outcome = fn(request)
+        if isinstance(outcome, Response):
+            return outcome
+        response: Response = await outcome
+        return response
+
     async def endpoint(request: Request) -> Response:
         try:
-            result = fn(request)
-            if isinstance(result, Response):
-                return result
-            response: Response = await result
-            return response
-        except _Refusal as exc:
-            return ui.refused(request, exc)
-        except (CuadernoError, sqlite3.Error) as exc:  # a read outside _refusing (the list, its index)
-            return ui.refused(request, _refusal(exc))
-    return endpoint
-
-
-def _sync_handler(ui: _UI, fn: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
-    async def endpoint(request: Request) -> Response:
-        try:
-            response: Response = await run_in_threadpool(fn, request)
-            return response
+            gated = ui.gate(request)
+            if gated is not None:
+                return gated
+            if heavy:
+                async with ui.heavy:
+                    return await call(request)
+            return await call(request)
         except _Refusal as exc:
             return ui.refused(request, exc)
         except (CuadernoError, sqlite3.Error) as exc:  # a read outside _refusing (the list, its index)
@@ -433,32 +596,52 @@ class _SecurityHeaders:
 
 
 def create_app(journal: str | Path, *, allow_decisions: bool = False,
-               allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, page_size: int = PAGE_SIZE) -> Starlette:
+               allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, page_size: int = PAGE_SIZE,
+               auth: Auth | None = None, public: bool = False) -> Starlette:
     """The web app for one journal.
 
     Args:
         journal: a path or ``sqlite:///path``; the file must exist (it is never created).
         allow_decisions: add the routes that approve, deny, resolve and cancel. Without it the
             journal is opened read-only and the app has no route that writes.
-        allowed_hosts: the ``Host`` names requests may carry (the names the server is reached by).
+        allowed_hosts: the ``Host`` names requests may carry (the names the server is reached
+            by; ``*.example.com`` matches its subdomains). Never ``*``: a server that answers to
+            any name answers a DNS-rebinding page.
         page_size: runs per page of the list.
+        auth: who may use the page (a credentials file, a trusted proxy header); every page
+            then needs an identity, and decisions record it as the approver.
+        public: the server listens beyond loopback. Decisions are then refused without ``auth``.
 
     Raises:
-        UsageError, JournalError: the journal cannot be opened (nothing was created or written).
+        UsageError, JournalError: the journal cannot be opened, the host list is empty or holds
+            ``*``, or decisions were asked for beyond loopback without authentication (nothing
+            was created or written).
     """
+    hosts = [h.strip() for h in allowed_hosts if h.strip()]
+    if not hosts or any(h == "*" or "*" in h.removeprefix("*.") for h in hosts):
+        raise UsageError("the page needs an explicit list of the host names it is reached by (--allowed-host "
+                         "NAME), not '*': a server that answers to any name answers a DNS-rebinding page")
+    if public and allow_decisions and auth is None:
+        raise UsageError("decisions beyond loopback need an identity for the record: start with --auth-file FILE "
+                         "(a login) or --trusted-proxy-header NAME --trusted-proxy ADDR (an authenticating "
+                         "proxy), or listen on loopback")
     store = open_journal(journal, readonly=not allow_decisions)
     try:
-        ui = _UI(store, allow_decisions=allow_decisions, page_size=page_size)
+        ui = _UI(store, allow_decisions=allow_decisions, page_size=page_size, allowed_hosts=hosts, auth=auth)
     except BaseException:
         store.close()
         raise
     routes: list[BaseRoute] = [
-        Route("/", _sync_handler(ui, ui.runs), methods=["GET"]),
-        Route("/run", _sync_handler(ui, ui.run), methods=["GET"]),
-        Route("/run/event", _sync_handler(ui, ui.event), methods=["GET"]),
+        Route("/", _handler(ui, ui.runs, sync=True), methods=["GET"]),
+        Route("/run", _handler(ui, ui.run, sync=True, heavy=True), methods=["GET"]),
+        Route("/run/event", _handler(ui, ui.event, sync=True, heavy=True), methods=["GET"]),
         Route("/favicon.ico", lambda request: Response(status_code=204), methods=["GET"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
+    if auth is not None and auth.credentials is not None:
+        routes += [Route("/login", _handler(ui, ui.login_form), methods=["GET"]),
+                   Route("/login", _handler(ui, ui.login), methods=["POST"]),
+                   Route("/logout", _handler(ui, ui.logout), methods=["POST"])]
     if allow_decisions:
         routes += [
             Route("/approve", _handler(ui, lambda r: ui.decide(r, True)), methods=["POST"]),
@@ -477,7 +660,7 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     middleware=[Middleware(_SecurityHeaders),
-                                Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
+                                Middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)])
     return app
 
 
