@@ -354,3 +354,38 @@ def test_an_approved_run_nobody_drives_is_shown_waiting_for_a_worker_never_runni
     # A run waiting for its approval keeps its stored status, with what it waits for.
     page = client.get("/run", params={"id": "pay-2"}).text
     assert '<span class="status st-suspended">suspended</span>' in page and "waits for approval of" in page
+
+
+def test_run_pages_are_built_at_most_heavy_at_once(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run page reads its whole run; more requests than the limit wait their turn. Every
+    reader waits (up to a second) for one more to come in: without the limit all four would be
+    inside together; with it, never more than HEAVY_AT_ONCE."""
+    import threading
+
+    from cuaderno.ui import app as ui_app
+
+    inside, most = [0], [0]
+    lock = threading.Condition()
+    real = ui_app._verified
+
+    def counting(store: Any, run_id: str) -> Any:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            lock.notify_all()
+            lock.wait_for(lambda: inside[0] > ui_app.HEAVY_AT_ONCE, timeout=1.0)
+        try:
+            return real(store, run_id)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(ui_app, "_verified", counting)
+    codes: list[int] = []
+    readers = [threading.Thread(target=lambda: codes.append(client.get("/run", params={"id": "pay-1"}).status_code))
+               for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert codes == [200] * 4 and most[0] == ui_app.HEAVY_AT_ONCE

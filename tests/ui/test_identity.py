@@ -195,6 +195,15 @@ def test_a_wrong_password_is_refused(ops: TestClient, db: Path, user: str, passw
     assert journal_bytes(db) == before
 
 
+@pytest.mark.parametrize(("target", "landing"), [("/run?id=pay-1", "/run?id=pay-1"), ("//evil.example/x", "/"),
+                                                 ("http://evil.example/", "/"), ("/\\evil.example", "/")])
+def test_the_login_goes_back_to_this_page_only(ops: TestClient, target: str, landing: str) -> None:
+    form = hidden_fields(ops.get("/login").text, "/login")
+    reply = ops.post("/login", data={**form, "next": target, "user": "ana", "password": "correct horse"},
+                     follow_redirects=False)
+    assert reply.status_code == 303 and reply.headers["location"] == landing
+
+
 def test_the_session_cookie_is_signed_http_only_and_strict(ops: TestClient, users: Path) -> None:
     reply = log_in(ops)
     cookie = reply.headers["set-cookie"]
