@@ -114,8 +114,9 @@ def ui_command(
     except OSError as exc:
         raise _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)) from None
     if not is_loopback(host):
-        typer.echo(f"warning: listening on {host}, not loopback: anyone who can reach this address sees every run "
-                   "in the journal" + (" and can decide its approvals" if allow_decisions else ""), err=True)
+        who = "anyone who can reach this address" + (" and log in" if auth is not None else "")
+        typer.echo(f"warning: listening on {host}, not loopback: {who} sees every run in the journal"
+                   + (" and can decide its approvals" if allow_decisions else ""), err=True)
     try:
         sock = _bind(host, port)
     except OSError as exc:

@@ -195,6 +195,24 @@ def test_a_wrong_password_is_refused(ops: TestClient, db: Path, user: str, passw
     assert journal_bytes(db) == before
 
 
+def test_wrong_passwords_in_a_row_slow_the_next_tries(db: Path, users: Path) -> None:
+    now = [1000.0]
+    app = create_app(db, allow_decisions=True, allowed_hosts=[OPS], public=True,
+                     auth=Auth(credentials=CredentialsFile(users), clock=lambda: now[0]))
+    with TestClient(app, base_url=f"http://{OPS}", headers={"origin": f"http://{OPS}"}) as client:
+        for _ in range(5):
+            assert log_in(client, "ana", "guess").status_code == 401
+        reply = log_in(client)  # the right password, too soon: not even checked
+        assert reply.status_code == 429 and "try again in 1 s" in reply.text and COOKIE not in client.cookies
+        assert log_in(client, "bo", "battery staple").status_code == 303  # another name is not slowed
+        now[0] += 1.01
+        assert log_in(client, "ana", "guess").status_code == 401
+        now[0] += 1.01
+        assert log_in(client).status_code == 429  # the delay doubled: 2 s
+        now[0] += 1.0
+        assert log_in(client).status_code == 303
+
+
 @pytest.mark.parametrize(("target", "landing"), [("/run?id=pay-1", "/run?id=pay-1"), ("//evil.example/x", "/"),
                                                  ("http://evil.example/", "/"), ("/\\evil.example", "/")])
 def test_the_login_goes_back_to_this_page_only(ops: TestClient, target: str, landing: str) -> None:

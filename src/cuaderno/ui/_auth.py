@@ -7,7 +7,8 @@ authentication, never from a field the client types. Two choices, either or both
   written by ``cuaderno ui-passwd FILE USER``. The hash is the standard library's
   :func:`hashlib.scrypt` (salted, memory-hard); a login form checks it and sets a session cookie
   signed with HMAC-SHA256 (a key drawn at start, so a restart logs everyone out), ``HttpOnly``
-  and ``SameSite=Strict``. The file is read again when it changes: a removed user or a changed
+  and ``SameSite=Strict``. After :data:`FREE_TRIES` wrong passwords in a row for one user name,
+  each further try waits a doubling delay (up to :data:`MAX_DELAY` seconds) since the last one. The file is read again when it changes: a removed user or a changed
   password ends that user's sessions at their next request.
 - a **trusted proxy header** (``--trusted-proxy-header X-Auth-Request-User`` with
   ``--trusted-proxy ADDR``): the name a reverse proxy that authenticated the person put in a
@@ -27,14 +28,16 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from cuaderno.errors import UsageError
 
-__all__ = ["COOKIE", "Auth", "CredentialsFile", "Identity", "hash_password", "set_password", "valid_user"]
+__all__ = ["COOKIE", "Auth", "CredentialsFile", "Identity", "Throttle", "hash_password", "set_password",
+           "valid_user"]
 
 COOKIE: Final = "cuaderno_session"
 SESSION_SECONDS: Final = 12 * 3600
@@ -47,6 +50,10 @@ _R: Final = 8
 _P: Final = 1
 _MAXMEM: Final = 128 * 1024 * 1024
 _MAX_USER: Final = 64
+FREE_TRIES: Final = 5
+"""Wrong passwords in a row for one user name before each further try must wait."""
+MAX_DELAY: Final = 60.0
+"""The longest wait between tries, in seconds (the delay doubles from 1 s up to it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +208,42 @@ def _networks(addresses: Sequence[str]) -> list[ipaddress.IPv4Network | ipaddres
     return networks
 
 
+class Throttle:
+    """Wrong passwords per user name: after :data:`FREE_TRIES` in a row, the next try waits
+    ``2**(n - FREE_TRIES)`` seconds (at most :data:`MAX_DELAY`) after the last wrong one. A name
+    is never locked out for good (that would let anyone lock a person out), only slowed."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def wait(self, user: str) -> float:
+        """Seconds before ``user`` may try again (0: now)."""
+        with self._lock:
+            count, last = self._failures.get(user, (0, 0.0))
+        if count < FREE_TRIES:
+            return 0.0
+        return max(0.0, last + min(MAX_DELAY, 2.0 ** (count - FREE_TRIES)) - self._clock())
+
+    def failed(self, user: str) -> None:
+        with self._lock:
+            count, _ = self._failures.pop(user, (0, 0.0))
+            self._failures[user] = (count + 1, self._clock())
+            while len(self._failures) > 10_000:  # bounded: names nobody has are tried too
+                self._failures.popitem(last=False)
+
+    def succeeded(self, user: str) -> None:
+        with self._lock:
+            self._failures.pop(user, None)
+
+
 class Auth:
     """The authentication a page was started with: a credentials file, a trusted proxy header,
     or both. Sessions are signed with a key of this process."""
 
     def __init__(self, *, credentials: CredentialsFile | None = None, proxy_header: str | None = None,
-                 proxies: Sequence[str] = ()) -> None:
+                 proxies: Sequence[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
         if credentials is None and proxy_header is None:
             raise UsageError("authentication needs a credentials file or a trusted proxy header")
         if proxy_header is not None and not proxies:
@@ -218,6 +255,7 @@ class Auth:
         self.proxy_header = proxy_header.lower() if proxy_header else None
         self.proxy_header_shown = proxy_header
         self.proxies = _networks(proxies)
+        self.throttle = Throttle(clock)
         self._key = secrets.token_bytes(32)
 
     # -- the proxy ------------------------------------------------------------------------------

@@ -389,11 +389,17 @@ class _UI:
         fields = await self.form(request)
         user, password = fields.get("user", "").strip(), fields.get("password", "")
         target = _next(fields.get("next"))
+        wait = self.auth.throttle.wait(user)
+        if wait > 0:
+            raise _Refusal(429, "Too many wrong passwords", f"too many wrong passwords for this user name in a row: "
+                           f"try again in {wait:.0f} s")
         # scrypt takes tens of megabytes for a moment: checks share the heavy pages' limit.
         async with self.heavy:
             ok = bool(user and password) and await run_in_threadpool(self.auth.credentials.verify, user, password)
         if not ok:
+            self.auth.throttle.failed(user)
             return self.page(request, "login.html", 401, next=target, failed=True)
+        self.auth.throttle.succeeded(user)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(COOKIE, self.auth.session(user), max_age=SESSION_SECONDS, httponly=True,
                             samesite="strict", secure=request.url.scheme == "https", path="/")
