@@ -15,7 +15,8 @@ The tree::
     │   ├── RunBusy                a live process is running the run; taking it over could repeat a step
     │   ├── JournalReplaced        the journal file was replaced or deleted while its runs are held
     │   ├── JournalLinked          the journal file has a second name (a hard link)
-    │   └── ConnectionLost         the connection to the journal's server was lost mid-write
+    │   ├── ConnectionLost         the connection to the journal's server was lost mid-write
+    │   └── JournalLocked          another connection's lock kept the journal from being read or opened
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
@@ -67,6 +68,7 @@ __all__ = [
     "JournalCorrupt",
     "JournalError",
     "JournalLinked",
+    "JournalLocked",
     "JournalReplaced",
     "JournalRolledBack",
     "LadderExhausted",
@@ -518,6 +520,12 @@ class ConnectionLost(JournalError):
     """The connection to the journal's server was lost during a write, and a new one could not
     learn whether the write committed (the server is still unreachable). The step it belonged to
     must not be acted on; resume the run once the server is back (the journal then says)."""
+
+
+class JournalLocked(JournalError):
+    """Another connection's lock kept the journal from being opened or read in time (SQLite's
+    ``SQLITE_BUSY``, ``SQLITE_LOCKED`` or ``SQLITE_PROTOCOL``): the file is in use, not damaged.
+    Nothing was changed; try again."""
 
 
 # -- conversations and streaming (appended: each class below is drawn in the tree above) ------------

@@ -52,6 +52,7 @@ from cuaderno.errors import (
     JournalCorrupt,
     JournalError,
     JournalLinked,
+    JournalLocked,
     JournalReplaced,
     RunBusy,
     RunClosed,
@@ -233,11 +234,15 @@ class SqliteCheckpointer:
         self._writer: tuple[str, float, bool | None] | None = None
         """Set while a store that opened on a -wal with commits reads on a read-only connection:
         how to open the writer at its first write."""
+        self._busy_timeout_ms = busy_timeout_ms
+        self._shm_kept = False
+        """The connection is a read-only one that leaves the -shm as it is (``readonly_shm``): before
+        each read it is checked that SQLite can still read the -wal that way (see _reading)."""
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             if self._readonly:
                 # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
-                self._db = _read_only(self.path, busy_timeout_ms)
+                self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
                 self._bind_file()
                 self._refuse_newer_schema(older_too=True)
                 self._accept_rollback = self._accept_rollback or not self._check_anchor()
@@ -245,8 +250,9 @@ class SqliteCheckpointer:
             if self._hot_wal:
                 # A -wal with commits in it: every check at open, and every read until this store
                 # first writes, on a connection that can neither fold the -wal into the file nor
-                # rebuild the -shm (a refused command leaves all three as they were).
-                self._db = _read_only(self.path, busy_timeout_ms)
+                # rebuild the -shm (a refused command leaves all three as they were, but for a
+                # -shm SQLite cannot read the -wal without rebuilding: see _read_only).
+                self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
                 self._bind_file()
                 self._refuse_newer_schema()
                 self._check_anchor()
@@ -271,6 +277,7 @@ class SqliteCheckpointer:
         on a -wal with commits in it), checking and migrating the file."""
         self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                                    check_same_thread=False)
+        self._shm_kept = False
         self._bind_file()
         self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
         rolled_back = not self._check_anchor()
@@ -764,16 +771,45 @@ class SqliteCheckpointer:
 
     @contextmanager
     def _reading(self, run_id: str) -> Iterator[None]:
-        """Turn damage found while reading into JournalCorrupt (the file is never touched)."""
+        """Turn damage found while reading into JournalCorrupt (the file is never touched), and a
+        lock that kept the read from happening into JournalLocked (the file is in use, not damaged)."""
+        self._keep_index_readable()
         try:
             yield
         except (JournalCorrupt, RunNotFound):
             raise
+        except sqlite3.OperationalError as exc:
+            self._refuse_if_closed(exc)
+            if not _locked(exc):
+                raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
+                                     "the file was not changed") from exc
+            if _errorname(exc).startswith("SQLITE_PROTOCOL"):
+                self._keep_index_readable(force=True)  # the next read rebuilds SQLite's index
+            raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
+                                f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
             if isinstance(exc, sqlite3.Error):
                 self._refuse_if_closed(exc)
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
                                  "the file was not changed") from exc
+
+    def _keep_index_readable(self, *, force: bool = False) -> None:
+        """Before a read on a connection that leaves the -shm as it is: if the -wal now holds only
+        its header (a process was killed right after it started a new -wal), or a read just met
+        SQLITE_PROTOCOL (``force``), reopen it as a read-only connection that rebuilds the -shm
+        (see :func:`_read_only`); SQLite would otherwise refuse every read for as long as no other
+        connection keeps the -shm. The new connection must open the same file (JournalReplaced)."""
+        if not self._shm_kept or not (force or _size(self.path + "-wal") == _WAL_HEADER):
+            return
+        with self._lock:
+            if not self._shm_kept or self._closed:
+                return
+            fresh, kept = _read_only(self.path, self._busy_timeout_ms)
+            if _lease.identity(self.path) != self._ident:
+                fresh.close()  # keep the connection to the file this store opened
+                self._replaced(_lease.identity(self.path))
+            self._db.close()  # read-only: closing it folds nothing
+            self._db, self._shm_kept = fresh, kept
 
     def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
         if not _storable(run_id):
@@ -850,7 +886,7 @@ class SqliteCheckpointer:
         witness = None
         if self._hot_wal and not self._readonly and self._writer is None and self._db.total_changes == 0:
             try:
-                witness = _read_only(self.path, 0)
+                witness, _ = _read_only(self.path, 0)
                 witness.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # takes its shared lock
             except sqlite3.Error:
                 pass
@@ -1013,16 +1049,52 @@ def _size(path: str) -> int:
         return 0
 
 
-def _read_only(path: str, busy_timeout_ms: float) -> sqlite3.Connection:
+_WAL_HEADER = 32
+"""Bytes of a -wal's header; its frames (the commits in it) follow it."""
+
+
+def _read_only(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connection, bool]:
     """A connection that cannot change the file or its -wal (``mode=ro``: it never folds the -wal
-    in). With ``readonly_shm`` when a -shm is there, so that it is not rebuilt either: SQLite then
-    reads the -wal itself when no live connection keeps the -shm (and uses the -shm when one
-    does)."""
+    in), and whether it also leaves the -shm as it is.
+
+    It does (``readonly_shm``) when a -shm is there: SQLite then reads the -wal itself when no live
+    connection keeps the -shm (a private index, in memory), and uses the -shm when one does. Except
+    when that cannot read the journal: a -wal that holds its header and no frame (a process killed
+    after it started a new -wal and before its first commit reached it), with no live connection,
+    is read by SQLite (3.40) into a private index that lacks the header's salt, which it then finds
+    different from the file's, every time: after about 10 s of retries it gives up with
+    ``SQLITE_PROTOCOL``, so such a journal could never be opened. Then, and whenever a first read
+    through ``readonly_shm`` meets ``SQLITE_PROTOCOL``, the connection is opened without it: SQLite
+    rebuilds the -shm from the -wal (when no live connection keeps it; one that does keeps it valid,
+    and it is used as it is), under its own locks, as every reader of the file does. The database
+    file and the -wal are still never written.
+    """
     uri = f"{Path(path).resolve().as_uri()}?mode=ro"
-    if _size(path + "-shm") > 0:
-        uri += "&readonly_shm=1"
+    if _size(path + "-shm") > 0 and _size(path + "-wal") != _WAL_HEADER:
+        db = _connect_uri(uri + "&readonly_shm=1", busy_timeout_ms)
+        try:
+            db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # its first read transaction
+            return db, True
+        except sqlite3.Error as exc:
+            db.close()
+            if not _errorname(exc).startswith("SQLITE_PROTOCOL"):
+                raise
+    return _connect_uri(uri, busy_timeout_ms), False
+
+
+def _connect_uri(uri: str, busy_timeout_ms: float) -> sqlite3.Connection:
     return sqlite3.connect(uri, uri=True, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                            check_same_thread=False)
+
+
+def _errorname(exc: BaseException) -> str:
+    """SQLite's name of the error (``SQLITE_BUSY_SNAPSHOT``, ...); empty when it has none."""
+    return str(getattr(exc, "sqlite_errorname", ""))
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed because of another connection's lock, not because of the file."""
+    return _errorname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL"))
 
 
 @contextmanager
@@ -1049,8 +1121,8 @@ def _open_race(exc: sqlite3.OperationalError, path: str, readonly: bool) -> bool
     """Whether an open may have failed on another process creating the journal at that moment: a
     lock, or a file that exists but could not be opened (a missing file or folder, or a read-only
     store, fails at once)."""
-    name = str(getattr(exc, "sqlite_errorname", ""))
-    if name.startswith("SQLITE_BUSY"):
+    name = _errorname(exc)
+    if name.startswith(("SQLITE_BUSY", "SQLITE_PROTOCOL")):
         return True
     return name.startswith("SQLITE_CANTOPEN") and not readonly and _size(path) > 0
 
@@ -1058,11 +1130,18 @@ def _open_race(exc: sqlite3.OperationalError, path: str, readonly: bool) -> bool
 def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
     """What SQLite's refusal to open ``path`` means, named by its cause: only a file that is not
     a database, or a damaged one, is :class:`JournalCorrupt`; a lock, a permission or the disk
-    is a :class:`JournalError` that says what to do. Nothing was changed in any case."""
-    name = str(getattr(exc, "sqlite_errorname", ""))
+    is a :class:`JournalError` that says what to do (:class:`JournalLocked` for a lock). Nothing was
+    changed in any case (a -shm SQLite had to rebuild aside: see :func:`_read_only`)."""
+    name = _errorname(exc)
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return JournalError(f"{path!r} is locked by another process (waited {busy_timeout_ms / 1000:g} s for it); "
-                            "nothing was changed")
+        return JournalLocked(f"{path!r} is locked by another process (waited {busy_timeout_ms / 1000:g} s for it); "
+                             "nothing was changed")
+    if name.startswith("SQLITE_PROTOCOL"):
+        return JournalLocked(f"{path!r} could not be opened: SQLite could not read its index of the -wal "
+                             f"({Path(path).name}-shm) consistently ({exc}): another process may be rebuilding it, "
+                             "or this one may not write the -shm to rebuild it. Nothing was changed; try again, and "
+                             "if it persists while no process uses the journal, give this process write access to "
+                             "its folder (or copy the journal and its -wal, without the -shm, to one)")
     if name == "SQLITE_READONLY_DIRECTORY":
         return JournalError(f"{path!r} cannot be opened: its folder is not writable, and SQLite creates "
                             f"{Path(path).name}-wal and -shm beside a WAL journal even to read it; give write access "
