@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from _files import journal_files, load_refused
 
+import cuaderno
 from cuaderno.checkpoint import rebuild
 from cuaderno.errors import (
     FencedOut,
@@ -707,9 +708,16 @@ def test_a_journal_in_a_folder_this_process_cannot_write_says_so(tmp_path: Path)
                 except JournalError as exc:
                     print("error", exc)
         """)
-        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        done = subprocess.run([*as_other, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                              check=False, cwd=folder)
+        # Root writes any folder (CAP_DAC_OVERRIDE): the child runs without that one capability,
+        # still as root, so it reaches the interpreter and this checkout wherever they are (a
+        # child running as another user could not, under a folder of mode 0700), while the 0555
+        # folder refuses it writes. It imports the cuaderno this test runs on, by absolute path.
+        without_override = (["setpriv", "--bounding-set=-dac_override", "--inh-caps=-dac_override"]
+                            if os.geteuid() == 0 else [])
+        source = str(Path(cuaderno.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        done = subprocess.run([*without_override, sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=folder, env=env)
         lines = done.stdout.splitlines()
         assert len(lines) == 2, done.stderr
         assert all(line.startswith("error ") and "its folder is not writable" in line for line in lines), lines
