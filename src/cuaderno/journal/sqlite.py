@@ -154,6 +154,18 @@ class SqliteCheckpointer:
     ``-shm`` is there, so that not even SQLite's index of the ``-wal`` is rebuilt) until its first
     write; and one that opened its writer but committed nothing closes while a read-only
     connection still holds the file, which keeps SQLite from folding the ``-wal`` in.
+
+    One exception, for the ``-shm`` only: a ``-wal`` that holds its header and no frame (a process
+    killed after it started a new ``-wal`` and before its first commit reached it) cannot be read
+    through ``readonly_shm`` while no other process has the journal open (SQLite gives up with
+    ``SQLITE_PROTOCOL``), and neither can any ``-wal`` where SQLite meets that error. Such a store
+    reads on a read-only connection that lets SQLite rebuild the ``-shm`` from the ``-wal`` (under
+    SQLite's own locks; a ``-shm`` a live process keeps is used as it is): the database file and the
+    ``-wal`` are still left byte-identical, the ``-shm`` may be rewritten. That needs write access
+    to the ``-shm``; without it the open is refused with
+    :class:`~cuaderno.errors.JournalLocked`. A lock that keeps an open or a read out
+    (``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_PROTOCOL``) is always
+    :class:`~cuaderno.errors.JournalLocked`, never :class:`~cuaderno.errors.JournalCorrupt`.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
