@@ -299,3 +299,17 @@ def test_a_wal_with_frames_beside_a_stale_shm_is_read_and_the_shm_left_as_it_was
     with closing(SqliteCheckpointer(db, readonly=True)) as store:
         assert store._shm_kept and len(store.load("r")) == 3
     assert {**_sqlite_files(db), "-shm": hashlib.sha256(Path(f"{db}-shm").read_bytes()).hexdigest()} == before
+
+
+def test_after_a_protocol_error_the_next_read_reopens_and_reads(tmp_path: Path) -> None:
+    """A read through readonly_shm that met SQLITE_PROTOCOL (for whatever reason) is refused as
+    JournalLocked, and the next read is made on a connection that lets SQLite rebuild its index."""
+    db = tmp_path / "runs.db"
+    _killed_with_frames(db)
+    with SqliteCheckpointer(db, readonly=True) as reader:
+        assert reader._shm_kept
+        reader._db = _Locked(reader._db, "SQLITE_PROTOCOL")  # type: ignore[assignment]
+        with pytest.raises(JournalLocked, match="try again"):
+            reader.load("r")
+        assert len(reader.load("r")) == 3  # a new connection (readonly_shm first, as at open)
+        assert isinstance(reader._db, sqlite3.Connection)

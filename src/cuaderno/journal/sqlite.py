@@ -785,8 +785,8 @@ class SqliteCheckpointer:
     def _reading(self, run_id: str) -> Iterator[None]:
         """Turn damage found while reading into JournalCorrupt (the file is never touched), and a
         lock that kept the read from happening into JournalLocked (the file is in use, not damaged)."""
-        self._keep_index_readable()
         try:
+            self._keep_index_readable()
             yield
         except (JournalCorrupt, RunNotFound):
             raise
@@ -796,7 +796,7 @@ class SqliteCheckpointer:
                 raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
                                      "the file was not changed") from exc
             if _errorname(exc).startswith("SQLITE_PROTOCOL"):
-                self._keep_index_readable(force=True)  # the next read rebuilds SQLite's index
+                self._index_unread = True  # the next read reopens the connection, rebuilding SQLite's index
             raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
                                 f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
@@ -805,17 +805,21 @@ class SqliteCheckpointer:
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
                                  "the file was not changed") from exc
 
-    def _keep_index_readable(self, *, force: bool = False) -> None:
+    _index_unread = False
+    """A read through ``readonly_shm`` met SQLITE_PROTOCOL: the next one reopens the connection."""
+
+    def _keep_index_readable(self) -> None:
         """Before a read on a connection that leaves the -shm as it is: if the -wal now holds only
-        its header (a process was killed right after it started a new -wal), or a read just met
-        SQLITE_PROTOCOL (``force``), reopen it as a read-only connection that rebuilds the -shm
-        (see :func:`_read_only`); SQLite would otherwise refuse every read for as long as no other
+        its header (a process was killed right after it started a new -wal), or the last read met
+        SQLITE_PROTOCOL, reopen it as a read-only connection that rebuilds the -shm (see
+        :func:`_read_only`); SQLite would otherwise refuse every read for as long as no other
         connection keeps the -shm. The new connection must open the same file (JournalReplaced)."""
-        if not self._shm_kept or not (force or _size(self.path + "-wal") == _WAL_HEADER):
+        if not self._shm_kept or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
             return
         with self._lock:
             if not self._shm_kept or self._closed:
                 return
+            self._index_unread = False
             fresh, kept = _read_only(self.path, self._busy_timeout_ms)
             if _lease.identity(self.path) != self._ident:
                 fresh.close()  # keep the connection to the file this store opened
