@@ -4,9 +4,12 @@ child, itself killed at a random moment, until one finishes the run).
 
 The runs are the crash workload's (``workload.py``), on one journal shared by all of them, so the
 kills land in every part of a journal's life: a new ``-wal`` started after the last process closed
-the file (a kill between its header and its first frame left the journals cuaderno could not open
-before: ``test_stale_shm``), commits, checkpoints on close. A third of the kills are drawn from a
-child's first 40 ms, where the ``-wal`` is started; the others from the whole length of a child.
+the file, commits, checkpoints on close. Each kill falls at a moment drawn from the whole length of
+a child, except that half of the runs' first children, which start a new ``-wal`` (the run before
+closed the journal last), are killed the moment that ``-wal`` is seen holding its header alone: a
+kill between the header (written and synced first) and the first frame left the journals cuaderno
+could not open before (``test_stale_shm``), and a window of about a millisecond is rarely hit by a
+random moment (11 to 29 kills in 1,000 here).
 
 Truth comes from records cuaderno does not write: the ledger service's receipts (transfers,
 ``tool_lookup`` through a ledger that does not deduplicate: a transfer applied twice is two
@@ -48,7 +51,6 @@ KINDS = ("tool_lookup", "model", "tool_dedup")
 LEDGER_OF = {"tool_lookup": "nodedup", "tool_dedup": "dedup"}
 PASSES = 40
 """Children killed on one run at most; then one runs it to its end unkilled."""
-EARLY_S = 0.04
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Tally:
     """Kills after which the -wal held its header alone (the shape cuaderno could not open)."""
     hot_wal: int = 0
     """Kills after which the -wal held frames."""
+    aimed_at_header: int = 0
+    """Children killed when their new -wal was seen holding its header alone."""
     failed_opens: int = 0
     failed_shows: int = 0
     failed_resumes: int = 0
@@ -70,19 +74,24 @@ class Tally:
 
     def figures(self) -> dict[str, Any]:
         return {"kills": self.kills, "runs": self.runs, "children": self.passes,
+                "aimed_at_header": self.aimed_at_header,
                 "header_only_wal_after_kill": self.header_only_wal, "hot_wal_after_kill": self.hot_wal,
                 "failed_opens": self.failed_opens, "failed_shows": self.failed_shows,
                 "failed_resumes": self.failed_resumes, "statuses": dict(self.statuses),
                 "duplicated_receipts": self.duplicated_receipts, "missing_receipts": self.missing_receipts}
 
 
-def _child(argv: list[str], result: Path, delay: float | None) -> int:
+def _child(argv: list[str], result: Path, delay: float | None, wal: Path | None = None) -> int:
     """One pass on the run in a forked child, SIGKILLed after ``delay`` seconds (``None``: not
-    killed); its exit code (-9: killed). A child that hangs fails the test."""
+    killed), or, with ``wal``, as soon as that -wal is seen holding its header alone (SQLite
+    writes and syncs a new -wal's header before its first frame: about a millisecond here); its
+    exit code (-9: killed). A child that hangs fails the test."""
     result.unlink(missing_ok=True)
     proc = multiprocessing.get_context("fork").Process(target=workload.run_forked, args=(argv, None, str(result)))
     proc.start()
-    if delay is not None:
+    if wal is not None:
+        _kill_at_header(proc, wal)
+    elif delay is not None:
         proc.join(delay)
         if proc.exitcode is None:
             os.kill(int(proc.pid or 0), signal.SIGKILL)
@@ -92,6 +101,24 @@ def _child(argv: list[str], result: Path, delay: float | None) -> int:
         proc.join()
         raise AssertionError(f"a child hung: {argv}")
     return int(proc.exitcode)
+
+
+def _kill_at_header(proc: Any, wal: Path) -> None:
+    """SIGKILL ``proc`` the moment ``wal`` is 32 bytes long (polled without sleeping: the window
+    is short), or leave it when it ends first or 10 s pass."""
+    deadline = time.monotonic() + 10
+    polls = 0
+    while time.monotonic() < deadline:
+        try:
+            size = os.stat(wal).st_size
+        except FileNotFoundError:
+            size = -1
+        if size == 32:
+            os.kill(int(proc.pid or 0), signal.SIGKILL)
+            return
+        polls += 1
+        if polls % 64 == 0 and proc.exitcode is not None:
+            return
 
 
 def _check_open(db: Path, run_id: str, tally: Tally, what: str) -> bool:
@@ -143,7 +170,8 @@ def kill_loop(work: Path, ledgers: dict[str, Any], kills: int, seed: int) -> Tal
         pass
     tally = Tally()
     length = 0.15  # how long a child runs unkilled, learnt as children finish
-    while tally.kills < kills and not tally.errors:
+    # Until the kills are in, and one of them left the shape this test is about (at most 3x the kills).
+    while (tally.kills < kills or (tally.header_only_wal == 0 and tally.kills < 3 * kills)) and not tally.errors:
         kind = KINDS[tally.runs % len(KINDS)]
         run_id, turns = f"k{tally.runs:05d}-{kind}", rng.randint(1, 3)
         tally.runs += 1
@@ -153,9 +181,13 @@ def kill_loop(work: Path, ledgers: dict[str, Any], kills: int, seed: int) -> Tal
             argv += ["--ledger", ledgers[LEDGER_OF[kind]].url]
         status = ""
         for n in range(PASSES + 1):
-            delay = None if n == PASSES else rng.uniform(0, EARLY_S) if rng.random() < 1 / 3 else rng.uniform(0, length * 1.2)
+            delay = None if n == PASSES else rng.uniform(0, length * 1.2)
             started = time.monotonic()
-            rc = _child(argv, work / "result.json", delay)
+            # Every other run's first child, when it starts a new -wal, is killed the moment that
+            # -wal holds its header alone (the shape no open could read before), if it is seen.
+            target = n == 0 and not Path(f"{db}-wal").exists() and rng.random() < 1 / 2
+            tally.aimed_at_header += target
+            rc = _child(argv, work / "result.json", delay, wal=Path(f"{db}-wal") if target else None)
             tally.passes += 1
             what = f"kill {tally.kills + 1} ({run_id}, pass {n + 1})"
             if rc == -signal.SIGKILL:
@@ -201,6 +233,7 @@ def _run(tmp_path: Path, ledgers: dict[str, Any], kills: int) -> None:
             "violations": tally.failed_opens + tally.failed_shows + tally.failed_resumes + tally.missing_receipts})
     assert tally.errors == [], "\n".join(tally.errors[:20])
     assert tally.kills >= kills
+    assert tally.header_only_wal >= 1  # the loop met the shape journals could not be opened in
     assert tally.failed_opens == tally.failed_shows == tally.failed_resumes == 0
     assert tally.duplicated_receipts == 0 and tally.missing_receipts == 0
     assert tally.statuses == {"completed": tally.runs}
