@@ -313,3 +313,21 @@ def test_after_a_protocol_error_the_next_read_reopens_and_reads(tmp_path: Path) 
             reader.load("r")
         assert len(reader.load("r")) == 3  # a new connection (readonly_shm first, as at open)
         assert isinstance(reader._db, sqlite3.Connection)
+
+
+def test_a_write_kept_out_by_another_connection_s_lock_is_a_lock_error(tmp_path: Path) -> None:
+    """A write that waited its busy timeout for another connection's write lock: JournalLocked
+    (before: a plain JournalError), nothing committed."""
+    db = tmp_path / "runs.db"
+    with SqliteCheckpointer(db) as store:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", seq=1, kind="run", payload={})])
+    holder = sqlite3.connect(db, isolation_level=None)
+    try:
+        with SqliteCheckpointer(db, busy_timeout_ms=50) as store:
+            holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+            with pytest.raises(JournalLocked, match="nothing was committed"):
+                store.append([_ev("r", "s2", 2)])
+            holder.execute("ROLLBACK")
+            assert [e.step_id for e in store.load("r")] == ["run"]
+    finally:
+        holder.close()

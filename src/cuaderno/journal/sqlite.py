@@ -490,7 +490,10 @@ class SqliteCheckpointer:
                     raise
             except sqlite3.Error as exc:
                 self._refuse_if_closed(exc)
-                # Disk full, I/O error, lock timeout: nothing of this transaction was committed.
+                if _locked(exc):  # another connection kept the write lock past the busy timeout
+                    raise JournalLocked(f"journal {self.path!r}: write failed, nothing was committed: another "
+                                        f"connection held the journal's lock ({exc}); try again") from exc
+                # Disk full, I/O error: nothing of this transaction was committed.
                 raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
 
     # -- Checkpointer ---------------------------------------------------------------------------
