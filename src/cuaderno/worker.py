@@ -28,7 +28,11 @@ another worker won the race, or the application runs it) and bumps the fencing e
 intent and result write checks. ``holders()`` only saves a poll from opening runs that are
 obviously held; it decides nothing. A run first seen at epoch 0 (never held) is claimed only once
 it is seen unchanged at the next poll: its application may be between writing its first row and
-taking it over.
+taking it over. On PostgreSQL the server may end a live holder's lock session: the holder then
+writes nothing more for the run without taking its lock back (``FencedOut`` if another process
+has it now: this worker stops driving it), and a worker that took the run over from a holder it
+cannot prove dead takes that holder's tool step in flight as uncertain instead of sending it again
+(see ``PostgresCheckpointer.earlier_holder``).
 
 Stopping: :meth:`Worker.stop` (SIGTERM or SIGINT with ``handle_signals``) lets every run in flight
 finish the step it is in, commits its result, releases the run (another worker takes it over at
@@ -320,9 +324,12 @@ class Worker:
             self.stats.claimed += 1
             self._backoff.pop(run_id, None)  # stopped in a state its journal records
             self._count_end(store, run_id)
-        except FencedOut:
+        except FencedOut as exc:
+            # Another process holds the run now: it took it over (its holder's lock had gone: the
+            # server ended this worker's lock session, or someone forced it), or holds its lock.
+            # This worker wrote nothing more for it and stops driving it.
             self.stats.claimed += 1
-            self._say(f"{self.name}: run {quoted(run_id)} was taken over by force while this worker drove it")
+            self._say(f"{self.name}: stopped driving run {quoted(run_id)}: another process holds it now ({exc})")
         except Exception as exc:  # a drive must never end the worker; the run waits and is retried
             self.stats.errors += 1
             self._fail(store, run_id, exc)

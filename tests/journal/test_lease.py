@@ -44,6 +44,20 @@ def test_a_holder_elsewhere_counts_as_alive() -> None:
     assert _lease.is_alive(_holder(ns=-1, pid=999_999_999))
 
 
+def test_liveness_says_what_is_proven_and_what_is_not() -> None:
+    """Three answers, not two (R23): a PostgreSQL taker must tell a holder it *knows* is alive or
+    gone from one it cannot know about, whose step in flight may still be running."""
+    assert _lease.liveness(_holder()) == "alive"  # this process
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True)
+    assert _lease.liveness(_holder(pid=int(child.stdout))) == "gone"
+    assert _lease.liveness(_holder(start=(_lease.this_process()["start"] or 0) + 1)) == "gone"  # a recycled PID
+    assert _lease.liveness(_holder(boot="another-boot")) == "gone"  # recorded before this host's last boot
+    assert _lease.liveness(_holder(host="elsewhere", pid=1)) == "unknown"
+    assert _lease.liveness(_holder(ns=-1, pid=999_999_999)) == "unknown"
+    assert _lease.liveness(_holder(pid=None)) == "unknown"
+
+
 def test_released_and_unknown_forms() -> None:
     stored = _lease.claim("worker-1")
     assert json.loads(_lease.released(stored) or "")["held"] is False

@@ -186,13 +186,92 @@ def test_a_holder_whose_connection_dies_is_taken_over_and_fenced(journal: Postgr
                 time.sleep(0.01)
         epoch = journal.acquire(run, "taker")
         assert epoch == held["epoch"] + 1
+        # Its lock went, its process did not: the step it is in may still run (R23).
+        earlier = journal.earlier_holder(run)
+        assert earlier is not None and earlier["liveness"] == "alive" and str(held["pid"]) in earlier["holder"]
         assert _wait_outcome(proc, tmp_path) == "FencedOut"  # the old holder's next write is refused
         assert [e.step_id for e in journal.load(run)] == ["run"]  # and nothing of it was written
         with pytest.raises(FencedOut):
             journal.append([_start(run)], epoch=held["epoch"])
+        proc.wait(timeout=60)
+        assert journal.earlier_holder(run) is None  # its process is gone now: nothing of it can still run
     finally:
         proc.kill()
         proc.wait()
+
+
+def _terminate(backend: int) -> None:
+    """``pg_terminate_backend`` one of this test's own sessions, and wait until it has exited."""
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (True,)
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid=%s", (backend,)).fetchone():
+            time.sleep(0.01)
+
+
+def test_the_lock_session_is_not_ended_by_idle_timeouts(pg_schemas: list[str]) -> None:  # noqa: F811
+    """A server, database or role ``idle_session_timeout`` (here the connection string's own
+    options, so that the shared server's settings stay as they are) would end the lock session
+    while a tool body runs and free the run for another worker (R23). The lock session and the
+    pooled ones set it to 0 for themselves."""
+    pg_schemas.append(new_schema())
+    url = f"{PG_URL}?options=-c%20idle_session_timeout%3D300%20-c%20idle_in_transaction_session_timeout%3D300"
+    store = PostgresCheckpointer(url, schema=pg_schemas[-1])
+    try:
+        store.append([_start("r")])
+        epoch = store.acquire("r", "w")
+        assert store._holds is not None
+        assert store._holds.execute("SHOW idle_session_timeout").fetchone() == ("0",)
+        assert store._holds.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("0",)
+        backend = store.holder_pid()
+        time.sleep(1.0)  # three times the timeout it was opened with
+        assert list(store.holders(["r"])) == ["r"] and store.holder_pid() == backend
+        store.append([StepEvent(run_id="r", step_id="s", phase="intent", kind="tool", payload={})], epoch=epoch)
+    finally:
+        store.close()
+
+
+def test_a_holder_whose_lock_session_was_ended_takes_its_lock_back_before_its_next_write(
+        journal: PostgresCheckpointer) -> None:
+    """Before, the holder went on writing through its pool with no lock at all (anyone could take
+    the run over meanwhile); now its next write notices and takes the lock back first."""
+    journal.append([_start("r")])
+    epoch = journal.acquire("r", "w")
+    backend = journal.holder_pid()
+    assert backend is not None
+    _terminate(backend)
+    time.sleep(0.05)  # the server's goodbye reaches the idle lock socket
+    journal.append([StepEvent(run_id="r", step_id="s", phase="intent", kind="tool", payload={})], epoch=epoch)
+    assert journal.holder_pid() not in (None, backend)
+    other = PostgresCheckpointer(PG_URL, schema=journal.schema)
+    try:
+        with pytest.raises(RunBusy):
+            other.acquire("r", "taker")
+    finally:
+        other.close()
+
+
+def test_a_holder_whose_lock_went_to_another_writes_nothing_more(journal: PostgresCheckpointer) -> None:
+    journal.append([_start("r")])
+    epoch = journal.acquire("r", "w")
+    backend = journal.holder_pid()
+    assert backend is not None
+    _terminate(backend)
+    taker = PostgresCheckpointer(PG_URL, schema=journal.schema)
+    try:
+        assert taker.acquire("r", "taker") == epoch + 1
+        earlier = taker.earlier_holder("r")  # the holder (this process) is alive: it may be inside a step
+        assert earlier is not None and earlier["liveness"] == "alive"
+        time.sleep(0.05)
+        with pytest.raises(FencedOut):
+            journal.append([StepEvent(run_id="r", step_id="s", phase="intent", kind="tool", payload={})],
+                           epoch=epoch)
+        assert [e.step_id for e in journal.load("r")] == ["run"]
+        taker.release("r", epoch + 1)
+        assert taker.earlier_holder("r") is None
+        # Released: the next taker takes it from a holder that let go; nothing of it can still run.
+        assert journal.acquire("r", "w2") == epoch + 2 and journal.earlier_holder("r") is None
+    finally:
+        taker.close()
 
 
 def test_reads_and_writes_after_the_server_ended_the_pools_sessions_are_answered(

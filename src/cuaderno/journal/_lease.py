@@ -60,7 +60,7 @@ except ImportError:  # not on Windows: the holder named in the journal is asked 
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["Holder", "Identity", "check_journal", "claim", "describe", "hold_file", "identity", "is_alive",
-           "is_mine", "lock", "parse", "released", "take", "this_process", "unlock"]
+           "is_mine", "liveness", "lock", "parse", "released", "take", "this_process", "unlock"]
 
 Identity = tuple[int, int]
 """A file's ``(st_dev, st_ino)``: which file a path names now."""
@@ -321,33 +321,41 @@ def parse(stored: str | None) -> Holder | None:
     return value if isinstance(value, dict) and isinstance(value.get("process"), dict) else None
 
 
-def is_alive(holder: Holder) -> bool:
-    """Whether the holding process may still be running its step. ``True`` when that cannot be
-    known (another host or PID namespace): only a provably gone holder is taken over."""
+def liveness(holder: Holder) -> str:
+    """What this process can prove about the holding process: ``"gone"`` (it no longer runs:
+    this host's kernel says so, or it ran before this host's last boot), ``"alive"`` (it runs on
+    this host, in this PID namespace, with the recorded start time) or ``"unknown"`` (another host
+    or PID namespace, or a record without a PID: nothing here can prove either)."""
     proc = holder["process"]
     me = this_process()
     if proc.get("host") == me["host"] and proc.get("boot") and me["boot"] and proc.get("boot") != me["boot"]:
-        return False  # recorded on this host before its last boot: that process is gone
+        return "gone"  # recorded on this host before its last boot: that process is gone
     if proc.get("host") != me["host"] or proc.get("ns") != me["ns"]:
-        return True
+        return "unknown"
     pid = proc.get("pid")
     if not isinstance(pid, int):
-        return True
+        return "unknown"
     if pid == me["pid"] and proc.get("start") == me["start"]:
-        return True
+        return "alive"
     stat = _stat(pid)
     if stat is None:
         if me["start"] is not None:
-            return False  # /proc works here and has no such process
+            return "gone"  # /proc works here and has no such process
         try:  # no /proc (macOS): a signal-0 probe; a recycled PID reads as alive (the safe side)
             os.kill(pid, 0)
         except ProcessLookupError:
-            return False
+            return "gone"
         except PermissionError:
-            return True
-        return True
+            return "alive"
+        return "alive"
     state, start = stat
-    return state not in ("Z", "X") and start == proc.get("start")
+    return "alive" if state not in ("Z", "X") and start == proc.get("start") else "gone"
+
+
+def is_alive(holder: Holder) -> bool:
+    """Whether the holding process may still be running its step. ``True`` when that cannot be
+    known (another host or PID namespace): only a provably gone holder is taken over."""
+    return liveness(holder) != "gone"
 
 
 def is_mine(holder: Holder) -> bool:

@@ -40,6 +40,24 @@ only its next write would be refused. Take such a run over with ``force`` when y
 The lock is the store's (one connection per store), not the process's: two stores in one process
 are two workers, like two hosts.
 
+The server may also end a lock session while its holder lives: ``pg_terminate_backend``, an idle
+timeout, a proxy. Against the timeouts, the lock session sets ``idle_session_timeout``,
+``idle_in_transaction_session_timeout`` and ``statement_timeout`` to 0 for itself (and the pooled
+sessions ``idle_session_timeout``). Against the rest (R23), two rules:
+
+- the holder notices at once: before every write for a run it holds (an intent, so before any
+  tool body), and after its commit, it checks its lock session without a round trip (an ended
+  session has the server's goodbye waiting on its idle socket). If it was ended, it takes its
+  locks back first; a run whose lock someone else has now is refused (``FencedOut``): the worker
+  writes nothing more for it, and an intent just committed is not acted on;
+- the taker does not believe a lookup blindly: a free lock proves nothing about a holder the
+  server cut off, so a takeover from a holder that had not let go and whose death this host
+  cannot prove (another host, or alive here) is recorded (:meth:`earlier_holder`), and the loop
+  then takes a tool step that holder had started, and whose lookup finds nothing, as uncertain
+  (``needs_human``, with the evidence), instead of sending it again while the holder may be about
+  to. A found receipt still settles the step. No tool declares a bound on its body's duration, so
+  there is no bound to wait out instead.
+
 A server restart ends every session, so it frees every run's lock, the live holders' too. A holder
 takes its locks again at its first write after the lost connection; until ``dead_peer_after_s``
 after the server started, a takeover of a run whose holder took it under the previous server start
@@ -68,6 +86,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ConnectionLost,
+    FencedOut,
     JournalCorrupt,
     JournalError,
     RunBusy,
@@ -75,6 +94,7 @@ from cuaderno.errors import (
     RunNotFound,
     SchemaTooNew,
     UsageError,
+    quoted,
 )
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _claims, _lease
@@ -205,6 +225,9 @@ class PostgresCheckpointer:
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._locked: set[str] = set()
         """Runs whose advisory lock this store's lock connection holds."""
+        self._earlier: dict[str, _lease.Holder] = {}
+        """Runs this store took over from a holder that may still be executing a step (see
+        :meth:`earlier_holder`), with that holder's record."""
         self._holds: psycopg.Connection[Any] | None = None
         self._holds_lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
@@ -258,15 +281,26 @@ class PostgresCheckpointer:
         return kwargs
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Every connection: durable commits, this journal's schema, read-only when asked."""
+        """Every connection: durable commits, this journal's schema, read-only when asked; never
+        ended by the server for idling (the pool closes its own idle connections, ``max_idle``):
+        a short ``idle_session_timeout`` ends pooled sessions faster than the pool replaces them,
+        and a write then waits for a connection until it gives up."""
         conn.execute("SET synchronous_commit TO on")
+        if conn.info.server_version >= 140000:  # idle_session_timeout is PostgreSQL 14's
+            conn.execute("SET idle_session_timeout TO 0")
         if self.schema is not None:
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         if self._readonly:
             conn.execute("SET default_transaction_read_only TO on")
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self._conninfo, **self._connect_kwargs())
+    def _connect(self, *, holds: bool = False) -> psycopg.Connection[Any]:
+        kwargs = self._connect_kwargs()
+        if holds:
+            # This side notices a dead server (or a path that went away) too, not only the server
+            # a dead client: the lock connection's socket then reports an error (see _hold_lost).
+            k = self._keepalive
+            kwargs.update(keepalives=1, keepalives_idle=k, keepalives_interval=k, keepalives_count=3)
+        conn = psycopg.connect(self._conninfo, **kwargs)
         try:
             conn.execute("SET synchronous_commit TO on")
             if self.schema is not None:
@@ -373,17 +407,83 @@ class PostgresCheckpointer:
 
     def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
                       expect_seq: int | None) -> list[StepEvent]:
+        held = [run_id] if epoch is not None else []
+        unheld = bool(self._hold_lost(held))
         try:
-            out = self._append(run_id, events, epoch, expect_seq, lookups=False)
+            out = self._append(run_id, events, epoch, expect_seq, lookups=False, unheld=unheld)
         except Duplicate:
-            out = self._reconnected(run_id, events, epoch, expect_seq, lost=None)
+            out = self._reconnected(run_id, events, epoch, expect_seq, lost=None, unheld=unheld)
         except _Lost as lost:
-            out = self._reconnected(run_id, events, epoch, expect_seq, lost=str(lost))
+            out = self._reconnected(run_id, events, epoch, expect_seq, lost=str(lost), unheld=unheld)
+        moved = self._moved(run_id, epoch)
+        if moved is not None:
+            # Committed, and the lock went meanwhile, to someone else: what was written (an
+            # intent) must not be acted on by this worker (its body must not start).
+            raise moved
         crash.point("append.W2")
         return out
 
+    def _hold_lost(self, run_ids: Sequence[str]) -> set[str]:
+        """Of ``run_ids`` (runs a write with an epoch is for), those this store took over and whose
+        lock it has lost and cannot take back (R23): another session holds it, or the lock
+        connection cannot be opened again. Empty when the lock connection is intact, which is
+        known without a round trip: an idle session the server ended (``pg_terminate_backend``,
+        an idle timeout, a shutdown) or whose socket failed has something to read.
+
+        A lost lock connection lost every run's lock: all of this store's runs are taken back
+        at once (``pg_try_advisory_lock``). One taken back is safe to write for: whoever took it
+        meanwhile bumped its epoch (refused by the write's own check), and from now on nobody
+        can take it. One not taken back belongs to someone else; its writes are refused."""
+        mine = [r for r in run_ids if r in self._taken]
+        if not mine:
+            return set()
+        with self._holds_lock:
+            if self._holds_intact(mine):
+                return set()
+            self._drop_holds()
+        lost: set[str] = set()
+        for held in list(self._taken):
+            try:
+                if not self._lock_run(held):
+                    lost.add(held)
+            except psycopg.Error:
+                lost.add(held)  # no lock connection: nothing proves this worker holds the run
+        return lost.intersection(mine)
+
+    def _holds_intact(self, runs: Sequence[str]) -> bool:
+        """Whether the lock connection is open, has nothing to read, and holds ``runs``."""
+        conn = self._holds
+        if conn is None or conn.closed or conn.broken or any(r not in self._locked for r in runs):
+            return False
+        try:
+            return not select.select([conn.pgconn.socket], [], [], 0)[0]
+        except (OSError, ValueError, psycopg.Error):
+            return False
+
+    def _moved(self, run_id: str, epoch: int | None) -> FencedOut | None:
+        """After a commit for a run this store holds: if its lock connection went meanwhile, the
+        lock is taken back, and the error to raise if someone else has the run now (its epoch
+        moved, or its lock is another session's); ``None`` when this worker still holds it."""
+        if epoch is None or run_id not in self._taken:
+            return None
+        with self._holds_lock:
+            if self._holds_intact([run_id]):
+                return None
+        lost = run_id in self._hold_lost([run_id])
+        current = epoch
+        try:
+            with self._conn() as conn:
+                row = conn.execute("SELECT epoch FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
+            if row is not None:
+                current = checked_epoch(run_id, row[0])
+        except (psycopg.Error, JournalError):
+            lost = True  # the server does not answer: nothing proves this worker still holds the run
+        if current != epoch:
+            return FencedOut(run_id, epoch, current)
+        return _HoldLost(run_id, epoch, current) if lost else None
+
     def _reconnected(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
-                     lost: str | None) -> list[StepEvent]:
+                     lost: str | None, unheld: bool = False) -> list[StepEvent]:
         """The append again, looking up every key first: rows already stored are returned as they
         are, and only missing ones are written. After a duplicate key, that is the slow path. After
         a lost connection (``lost``), it is how the journal says whether the lost commit landed:
@@ -392,7 +492,7 @@ class PostgresCheckpointer:
         committed" could redo a step whose intent is durable). New connections are tried until
         ``connect_timeout_s`` (a server restarting); past it, :class:`ConnectionLost`."""
         if lost is None:
-            return self._append(run_id, events, epoch, expect_seq, lookups=True)
+            return self._append(run_id, events, epoch, expect_seq, lookups=True, unheld=unheld)
         deadline = time.monotonic() + max(self._connect_timeout, 1)
         pause = 0.05
         while True:
@@ -424,10 +524,10 @@ class PostgresCheckpointer:
             pause = min(pause * 2, 1.0)
 
     def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
-                lookups: bool) -> list[StepEvent]:
+                lookups: bool, unheld: bool = False) -> list[StepEvent]:
         try:
             with self._txn() as cur:
-                return self._write(cur, run_id, events, epoch, expect_seq, lookups=lookups)
+                return self._write(cur, run_id, events, epoch, expect_seq, lookups=lookups, unheld=unheld)
         except BaseException:
             with self._cache_lock:
                 self._cache.pop(run_id, None)
@@ -450,6 +550,9 @@ class PostgresCheckpointer:
             crash.point("append.W0")
         if any(not b.events or not _readable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
+        held = [b.events[0].run_id for b in batches if b.epoch is not None]
+        if self._hold_lost(held):
+            return self._one_by_one(batches)  # each batch is refused, or written, on its own
         order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
         outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
         try:
@@ -468,6 +571,10 @@ class PostgresCheckpointer:
                 for b in batches:
                     self._cache.pop(b.events[0].run_id, None)
             return self._one_by_one(batches)
+        for i, b in enumerate(batches):
+            moved = self._moved(b.events[0].run_id, b.epoch)
+            if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
+                outs[i] = moved
         for _ in batches:
             crash.point("append.W2")
         return outs
@@ -578,9 +685,15 @@ class PostgresCheckpointer:
         return outs
 
     def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
-               expect_seq: int | None, *, lookups: bool) -> list[StepEvent]:
-        """One append's rows and summary, in ``cur``'s transaction; the stored events."""
+               expect_seq: int | None, *, lookups: bool, unheld: bool = False) -> list[StepEvent]:
+        """One append's rows and summary, in ``cur``'s transaction; the stored events. ``unheld``:
+        this store lost the run's lock and could not take it back (:meth:`_hold_lost`): nothing is
+        written, :class:`FencedOut` (the epoch that holds it now) or :class:`_HoldLost`."""
         cp = self._locked_summary(cur, run_id, use_cache=not lookups)
+        if unheld:
+            if epoch is not None and cp.epoch != epoch:
+                raise FencedOut(run_id, epoch, cp.epoch)
+            raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
 
         def existing(ev: StepEvent) -> StepEvent | None:
             row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
@@ -795,6 +908,12 @@ class PostgresCheckpointer:
                                                 "extract(epoch FROM now() - pg_postmaster_start_time())::float8"))
                 if not (held_before or force):
                     self._restart_grace(run_id, holder, server, float(up_s))
+                # Taken from a holder that may still be inside a step (R23): kept for the step's
+                # reconciliation (earlier_holder). This store's own earlier hold is not one: its
+                # loops of a run take turns. Force says the holder is stuck, not executing.
+                mine = run_id in self._taken
+                earlier = None if force or mine or holder is None or not holder.get("held") \
+                    or _lease.liveness(holder) == "gone" else holder
                 epoch = checked_epoch(run_id, row[0]) + 1
                 if epoch >= 2**63:
                     raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
@@ -808,7 +927,34 @@ class PostgresCheckpointer:
                 self._unlock_run(run_id)
             raise
         self._taken[run_id] = epoch
+        if earlier is not None:
+            self._earlier[run_id] = earlier
+        elif not mine:
+            self._earlier.pop(run_id, None)
         return epoch
+
+    def earlier_holder(self, run_id: str) -> dict[str, Any] | None:
+        """Who held the run before this store took it over, when that holder may still be
+        executing the step it was in; ``None`` when no earlier holder can be: it let the run go,
+        its process is provably gone (on this host, by the kernel), this store held it, or the
+        takeover was forced.
+
+        A holder's lock is a session the *server* may end while the holder lives
+        (``pg_terminate_backend``, a server's or a proxy's timeout, a restart), so a free lock
+        proves nothing about the holder. For a step whose intent it committed, a lookup that finds
+        no effect then proves nothing either: the holder may be about to make the call. The loop
+        takes such a step as uncertain (:mod:`cuaderno.loop._tool_steps`). Asked again each time:
+        a holder on this host that has died since is gone."""
+        holder = self._earlier.get(run_id)
+        if holder is None:
+            return None
+        state = _lease.liveness(holder)
+        if state == "gone":
+            self._earlier.pop(run_id, None)
+            return None
+        return {"holder": _lease.describe(holder), "liveness": state,
+                "why": "its lock session ended while it may still run (another host, or alive on this one): a "
+                       "lookup that finds nothing does not prove that it will not make the call"}
 
     def _restart_grace(self, run_id: str, holder: _lease.Holder | None, server: str, up_s: float) -> None:
         """The run's lock was free, but a server restart ends every session's locks, the living
@@ -840,6 +986,7 @@ class PostgresCheckpointer:
         # finds the run free while the row still names this holder.
         if self._taken.get(run_id) == epoch:
             del self._taken[run_id]
+            self._earlier.pop(run_id, None)
             self._unlock_run(run_id)
 
     def _lock_key(self, run_id: str) -> int:
@@ -885,7 +1032,7 @@ class PostgresCheckpointer:
         if self._holds is not None and not self._holds.closed and not self._holds.broken:
             return self._holds
         self._drop_holds()
-        conn = self._connect()
+        conn = self._connect(holds=True)
         try:
             # The server drops a vanished host's locks once keepalives go unanswered.
             k = str(self._keepalive)
@@ -893,6 +1040,14 @@ class PostgresCheckpointer:
                          "set_config('tcp_keepalives_interval', %s, false), "
                          "set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', %s, false)",
                          (k, k, str(3 * self._keepalive * 1000)))
+            # A live holder's lock session sits idle while its steps run (a tool body, a model
+            # call): no server or role setting may end it for that. An ended lock session frees
+            # the run for another worker while this one may be inside a step (R23). Set on this
+            # session, over whatever the server, database or role says.
+            conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
+                         "set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false)")
+            if conn.info.server_version >= 140000:  # idle_session_timeout is PostgreSQL 14's
+                conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
             conn.execute("SELECT set_config('application_name', %s, false)", (f"cuaderno-holds-{self.schema}",))
         except BaseException:
             conn.close()
@@ -1059,6 +1214,18 @@ class _Lost(JournalError):
     """A write's connection died: whether its transaction committed is not known yet. An append
     asks the journal (``_reconnected``); to the callers of the other writes (a takeover, a
     release) it is the JournalError it says it is."""
+
+
+class _HoldLost(FencedOut):
+    """This store lost the run's lock (the server ended its lock session) and another session
+    holds it now, but the epoch has not moved (yet): this worker stops driving the run, as if
+    fenced out, without writing anything more for it."""
+
+    def __init__(self, run_id: str, epoch: int, current: int) -> None:
+        super().__init__(run_id, epoch, current)
+        JournalError.__init__(self, f"run {quoted(run_id)}: this worker's lock on it was lost (the server ended its "
+                                    "lock session) and another session holds it now; stopping, nothing more was "
+                                    "written")
 
 
 class _Contended(Exception):

@@ -286,6 +286,15 @@ class ToolSteps(RunState):
             found = journalable(found, run_id=self.run_id, step_id=step_id, tool=call.name)  # a receipt it can hold
         except Exception as exc:
             self._uncertain(step_id, call, ekey, {**evidence, "reason": "lookup failed", "lookup_error": repr(exc)})
+        if found is None and "intent_seq" in evidence:
+            # An intent this pass found in the journal: the holder that wrote it may be alive and
+            # about to make the call (its lock was ended under it), and then "not found" is no
+            # proof. Only a holder that let go or is provably gone leaves a proof (R23).
+            earlier = self._earlier_holder()
+            if earlier is not None:
+                self._uncertain(step_id, call, ekey, {**evidence, "reason": "the holder that sent it may still be "
+                                                      "running it", "lookup": "found no effect",
+                                                      "earlier_holder": earlier})
         if found is None:  # absence proven: the only case where sending again is safe
             if bound_reached:
                 self._uncertain(step_id, call, ekey, {**evidence, "reason": "re-send bound reached",
@@ -298,6 +307,17 @@ class ToolSteps(RunState):
                           counters=plus(counters, "reconciled", 1),
                           compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
+
+    def _earlier_holder(self) -> dict[str, Any] | None:
+        """The holder this pass took the run over from, if the store says it may still be
+        executing its step (a PostgreSQL holder whose lock session the server ended: see
+        ``PostgresCheckpointer.earlier_holder``); ``None`` for a store whose takeover proves the
+        holder let go or died (SQLite's kernel lock, memory)."""
+        ask = getattr(self.store, "earlier_holder", None)
+        if ask is None:
+            return None
+        found = ask(self.run_id)
+        return found if isinstance(found, dict) else None
 
     def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
         """An unclassified exception is a bug: journal the evidence, end the run failed, re-raise."""
