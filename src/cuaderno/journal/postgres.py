@@ -433,7 +433,8 @@ class PostgresCheckpointer:
         A lost lock connection lost every run's lock: all of this store's runs are taken back
         at once (``pg_try_advisory_lock``). One taken back is safe to write for: whoever took it
         meanwhile bumped its epoch (refused by the write's own check), and from now on nobody
-        can take it. One not taken back belongs to someone else; its writes are refused."""
+        can take it. One not taken back belongs to someone else; its writes are refused. A server
+        that does not answer (restarting) is asked again until ``connect_timeout_s``."""
         mine = [r for r in run_ids if r in self._taken]
         if not mine:
             return set()
@@ -441,14 +442,23 @@ class PostgresCheckpointer:
             if self._holds_intact(mine):
                 return set()
             self._drop_holds()
-        lost: set[str] = set()
-        for held in list(self._taken):
+        deadline = time.monotonic() + max(self._connect_timeout, 1)
+        pause = 0.05
+        while True:
             try:
-                if not self._lock_run(held):
-                    lost.add(held)
+                return {held for held in list(self._taken) if not self._lock_run(held)}.intersection(mine)
             except psycopg.Error:
-                lost.add(held)  # no lock connection: nothing proves this worker holds the run
-        return lost.intersection(mine)
+                if time.monotonic() + pause > deadline:
+                    return set(mine)  # no lock connection: nothing proves this worker holds the run
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _retake(self, run_id: str) -> bool:
+        """Take the run's lock back now (``False``: another session holds it, or no server)."""
+        try:
+            return self._lock_run(run_id)
+        except psycopg.Error:
+            return False
 
     def _holds_intact(self, runs: Sequence[str]) -> bool:
         """Whether the lock connection is open, has nothing to read, and holds ``runs``."""
@@ -693,7 +703,10 @@ class PostgresCheckpointer:
         if unheld:
             if epoch is not None and cp.epoch != epoch:
                 raise FencedOut(run_id, epoch, cp.epoch)
-            raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
+            # The epoch is this worker's and the run's row is locked: nobody can take the run over
+            # until this transaction ends, so the lock, if free now, is this worker's again.
+            if not self._retake(run_id):
+                raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
 
         def existing(ev: StepEvent) -> StepEvent | None:
             row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
