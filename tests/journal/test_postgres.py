@@ -200,6 +200,43 @@ def test_a_holder_whose_connection_dies_is_taken_over_and_fenced(journal: Postgr
         proc.wait()
 
 
+def test_a_taker_that_dies_before_settling_passes_the_live_holder_on(journal: PostgresCheckpointer,
+                                                                      tmp_path: Path) -> None:
+    """Holder H lives but its lock session was ended; K takes the run over (H may still run its
+    step) and is SIGKILLed before it settles anything; J takes it over from K, which is provably
+    gone. H is still alive: J must know (the 4-worker chaos run found 7 duplicate receipts when
+    only the last holder was reckoned with)."""
+    run = "r-chain"
+    journal.append([_start(run)])
+    (tmp_path / "h").mkdir()
+    (tmp_path / "k").mkdir()
+    h, held = _spawn_holder(schema_url(str(journal.schema)), run, tmp_path / "h")
+    k: subprocess.Popen[bytes] | None = None
+    try:
+        _terminate(held["backend"])
+        k, _ = _spawn_holder(schema_url(str(journal.schema)), run, tmp_path / "k")
+        k.send_signal(signal.SIGKILL)
+        k.wait()
+        deadline = time.monotonic() + 30
+        while True:  # K's lock goes once the server has noticed its closed socket
+            try:
+                journal.acquire(run, "j")
+                break
+            except RunBusy:
+                assert time.monotonic() < deadline, "the killed taker's lock never went"
+                time.sleep(0.05)
+        earlier = journal.earlier_holder(run, 1)
+        assert earlier is not None and f"process {held['pid']}" in earlier["holder"], earlier
+        h.kill()
+        h.wait()
+        assert journal.earlier_holder(run, 1) is None  # gone now
+    finally:
+        for proc in (h, k):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def _terminate(backend: int) -> None:
     """``pg_terminate_backend`` one of this test's own sessions, and wait until it has exited."""
     with psycopg.connect(PG_URL, autocommit=True) as admin:
@@ -268,8 +305,13 @@ def test_a_holder_whose_lock_went_to_another_writes_nothing_more(journal: Postgr
         assert [e.step_id for e in journal.load("r")] == ["run"]
         taker.release("r", epoch + 1)
         assert taker.earlier_holder("r") is None
-        # Released: the next taker takes it from a holder that let go; nothing of it can still run.
-        assert journal.acquire("r", "w2") == epoch + 2 and journal.earlier_holder("r") is None
+        # The next taker takes it from a holder that let go, but the first holder is still alive
+        # and may be inside a step it started: that is kept through takeovers and releases, for
+        # the steps it may have started (rows up to 1), not for later ones.
+        assert journal.acquire("r", "w2") == epoch + 2
+        kept = journal.earlier_holder("r", 1)
+        assert kept is not None and kept["its_rows_up_to"] == 1
+        assert journal.earlier_holder("r", 2) is None
     finally:
         taker.close()
 

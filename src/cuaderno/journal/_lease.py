@@ -289,15 +289,21 @@ def this_process() -> dict[str, Any]:
             "start": None if stat is None else stat[1], "boot": _boot_id()}
 
 
-def claim(owner: str, holds: Identity | None = None, server: str | None = None) -> str:
+def claim(owner: str, holds: Identity | None = None, server: str | None = None,
+          unsettled: list[Holder] | None = None) -> str:
     """The stored form of a hold taken by this process under the label ``owner`` (``holds``: the
     hold file it locked the run in; ``server``: when the database server that keeps its lock
-    started, for a lock that a server's restart, not the holder's death, ended)."""
+    started, for a lock that a server's restart, not the holder's death, ended; ``unsettled``:
+    earlier holders that may still be executing a step, each ``{"owner", "process", "seq"}``, its
+    intents being those up to ``seq``: kept across takeovers and releases, see
+    ``PostgresCheckpointer.earlier_holder``)."""
     value: dict[str, Any] = {"owner": owner, "process": this_process(), "held": True}
     if holds is not None:
         value["holds"] = list(holds)
     if server is not None:
         value["server"] = server
+    if unsettled:
+        value["unsettled"] = unsettled
     return json.dumps(value, sort_keys=True)
 
 

@@ -52,7 +52,8 @@ sessions ``idle_session_timeout``). Against the rest (R23), two rules:
   writes nothing more for it, and an intent just committed is not acted on;
 - the taker does not believe a lookup blindly: a free lock proves nothing about a holder the
   server cut off, so a takeover from a holder that had not let go and whose death this host
-  cannot prove (another host, or alive here) is recorded (:meth:`earlier_holder`), and the loop
+  cannot prove (another host, or alive here) is recorded in the claim, kept through later
+  takeovers and releases while that holder may live (:meth:`earlier_holder`), and the loop
   then takes a tool step that holder had started, and whose lookup finds nothing, as uncertain
   (``needs_human``, with the evidence), instead of sending it again while the holder may be about
   to. A found receipt still settles the step. No tool declares a bound on its body's duration, so
@@ -225,9 +226,9 @@ class PostgresCheckpointer:
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._locked: set[str] = set()
         """Runs whose advisory lock this store's lock connection holds."""
-        self._earlier: dict[str, _lease.Holder] = {}
-        """Runs this store took over from a holder that may still be executing a step (see
-        :meth:`earlier_holder`), with that holder's record."""
+        self._earlier: dict[str, list[_lease.Holder]] = {}
+        """Runs this store took over with earlier holders that may still be executing a step (see
+        :meth:`earlier_holder`), with their records (as the claim keeps them)."""
         self._holds: psycopg.Connection[Any] | None = None
         self._holds_lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
@@ -904,7 +905,7 @@ class PostgresCheckpointer:
         try:
             with self._txn() as cur:
                 self._version(cur)
-                row = cur.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                row = cur.execute("SELECT epoch, owner, status, checkpoint FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
                                   (run_id,)).fetchone()
                 if row is None:
                     raise RunNotFound(run_id)
@@ -921,18 +922,14 @@ class PostgresCheckpointer:
                                                 "extract(epoch FROM now() - pg_postmaster_start_time())::float8"))
                 if not (held_before or force):
                     self._restart_grace(run_id, holder, server, float(up_s))
-                # Taken from a holder that may still be inside a step (R23): kept for the step's
-                # reconciliation (earlier_holder). This store's own earlier hold is not one: its
-                # loops of a run take turns. Force says the holder is stuck, not executing.
                 mine = run_id in self._taken
-                earlier = None if force or mine or holder is None or not holder.get("held") \
-                    or _lease.liveness(holder) == "gone" else holder
+                unsettled = self._unsettled(run_id, holder, row[3], force=force or mine)
                 epoch = checked_epoch(run_id, row[0]) + 1
                 if epoch >= 2**63:
                     raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
                                          "run's fencing record is damaged, nothing was written")
                 cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
-                            (epoch, _lease.claim(owner, server=server), run_id))
+                            (epoch, _lease.claim(owner, server=server, unsettled=unsettled), run_id))
                 with self._cache_lock:
                     self._cache.pop(run_id, None)
         except BaseException:
@@ -940,17 +937,38 @@ class PostgresCheckpointer:
                 self._unlock_run(run_id)
             raise
         self._taken[run_id] = epoch
-        if earlier is not None:
-            self._earlier[run_id] = earlier
-        elif not mine:
+        if unsettled:
+            self._earlier[run_id] = unsettled
+        else:
             self._earlier.pop(run_id, None)
         return epoch
 
-    def earlier_holder(self, run_id: str) -> dict[str, Any] | None:
-        """Who held the run before this store took it over, when that holder may still be
-        executing the step it was in; ``None`` when no earlier holder can be: it let the run go,
-        its process is provably gone (on this host, by the kernel), this store held it, or the
-        takeover was forced.
+    @staticmethod
+    def _unsettled(run_id: str, holder: _lease.Holder | None, summary: object, *,
+                   force: bool) -> list[_lease.Holder]:
+        """The earlier holders a takeover of the run must reckon with (R23): each one that had not
+        let go and whose death this host cannot prove may still be executing a step whose intent
+        it wrote, that is, one up to the run's last row when it was taken from it.
+
+        Kept in every claim and through releases, so that a holder that dies (or lets go) before
+        it settled such a step does not take the knowledge with it; dropped once provably gone.
+        The holder taken from now is added unless it let go, is gone, or this store's own loops
+        held it (they take turns), or ``force`` says it is stuck, not executing."""
+        kept = [e for e in (holder or {}).get("unsettled") or []
+                if isinstance(e, dict) and isinstance(e.get("process"), dict) and isinstance(e.get("seq"), int)
+                and _lease.liveness(e) != "gone"]
+        if holder is not None and holder.get("held") and not force and _lease.liveness(holder) != "gone":
+            kept.append({"owner": holder.get("owner"), "process": holder["process"],
+                         "seq": _loads(run_id, summary).last_seq})
+        return kept[-8:]  # bounded: the most recent ones (older intents were settled since, or are among them)
+
+    def earlier_holder(self, run_id: str, seq: int | None = None) -> dict[str, Any] | None:
+        """An earlier holder of the run that may still be executing the step whose (first) intent
+        is row ``seq`` (``None``: any step); ``None`` when none can be: each let the run go before
+        anyone took it, or is provably gone (on this host, by the kernel), or the intent is newer
+        than everything it wrote, or the takeover was forced. Earlier holders are kept across
+        takeovers (see :meth:`_unsettled`): a taker that died before settling such a step does
+        not make it safe.
 
         A holder's lock is a session the *server* may end while the holder lives
         (``pg_terminate_backend``, a server's or a proxy's timeout, a restart), so a free lock
@@ -958,16 +976,15 @@ class PostgresCheckpointer:
         no effect then proves nothing either: the holder may be about to make the call. The loop
         takes such a step as uncertain (:mod:`cuaderno.loop._tool_steps`). Asked again each time:
         a holder on this host that has died since is gone."""
-        holder = self._earlier.get(run_id)
-        if holder is None:
-            return None
-        state = _lease.liveness(holder)
-        if state == "gone":
-            self._earlier.pop(run_id, None)
-            return None
-        return {"holder": _lease.describe(holder), "liveness": state,
-                "why": "its lock session ended while it may still run (another host, or alive on this one): a "
-                       "lookup that finds nothing does not prove that it will not make the call"}
+        for holder in reversed(self._earlier.get(run_id) or []):
+            if seq is not None and seq > holder["seq"]:
+                continue  # written after that holder lost the run: not its step
+            state = _lease.liveness(holder)
+            if state != "gone":
+                return {"holder": _lease.describe(holder), "liveness": state, "its_rows_up_to": holder["seq"],
+                        "why": "its lock session ended while it may still run (another host, or alive on this one): "
+                               "a lookup that finds nothing does not prove that it will not make the call"}
+        return None
 
     def _restart_grace(self, run_id: str, holder: _lease.Holder | None, server: str, up_s: float) -> None:
         """The run's lock was free, but a server restart ends every session's locks, the living
@@ -977,7 +994,9 @@ class PostgresCheckpointer:
         lock would have lasted); a holder alive by then has taken its lock again at its next
         write (see :meth:`_reconnected`), and one that has not is taken for dead. So a step that
         outlasts a restart by more than that (a tool body without a write) may be taken over, as
-        with a holder whose connection the server dropped: its next write is then FencedOut."""
+        with a holder whose connection the server dropped: its next write is then FencedOut, and
+        the taker, which cannot prove that holder dead, takes its step in flight as uncertain when
+        the lookup finds nothing (:meth:`earlier_holder`), never sends it again."""
         if holder is None or not holder.get("held") or holder.get("server") in (None, server):
             return
         grace = 3 * self._keepalive

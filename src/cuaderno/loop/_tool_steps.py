@@ -290,7 +290,7 @@ class ToolSteps(RunState):
             # An intent this pass found in the journal: the holder that wrote it may be alive and
             # about to make the call (its lock was ended under it), and then "not found" is no
             # proof. Only a holder that let go or is provably gone leaves a proof (R23).
-            earlier = self._earlier_holder()
+            earlier = self._earlier_holder(step_id)
             if earlier is not None:
                 self._uncertain(step_id, call, ekey, {**evidence, "reason": "the holder that sent it may still be "
                                                       "running it", "lookup": "found no effect",
@@ -308,15 +308,16 @@ class ToolSteps(RunState):
                           compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
 
-    def _earlier_holder(self) -> dict[str, Any] | None:
-        """The holder this pass took the run over from, if the store says it may still be
-        executing its step (a PostgreSQL holder whose lock session the server ended: see
-        ``PostgresCheckpointer.earlier_holder``); ``None`` for a store whose takeover proves the
-        holder let go or died (SQLite's kernel lock, memory)."""
+    def _earlier_holder(self, step_id: str) -> dict[str, Any] | None:
+        """An earlier holder of the run that the store says may still be executing this step
+        (whose first intent it may have written: a PostgreSQL holder whose lock session the
+        server ended, see ``PostgresCheckpointer.earlier_holder``); ``None`` for a store whose
+        takeover proves the holder let go or died (SQLite's kernel lock, memory)."""
         ask = getattr(self.store, "earlier_holder", None)
-        if ask is None:
+        first = self.journal.get((step_id, "intent"))
+        if ask is None or first is None:
             return None
-        found = ask(self.run_id)
+        found = ask(self.run_id, first.seq)
         return found if isinstance(found, dict) else None
 
     def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
