@@ -11,8 +11,8 @@ for one effect key.
 The scenario, deterministic: one run, worker A inside a tool body (it waits at a gate before its
 call to the ledger, its intent committed); A's sessions are ended (``terminate``: every session of A
 is ``pg_terminate_backend``-ed; ``idle``: the server runs with ``idle_session_timeout = 1s`` and A
-sits in the body for 2.5 s; ``elsewhere``: terminated, A saying it runs on another host); worker B is started and runs until idle; then A's body makes its
-call. The truth is the fake ledger's receipts, counted per effect key, never the journal.
+sits in the body for 2.5 s; ``elsewhere``: terminated, A saying it runs on another host); worker B
+is started and runs until idle; then A's body makes its call. The truth is the fake ledger's receipts, counted per effect key, never the journal.
 
 What must hold (and what each cause now does):
 
@@ -28,10 +28,10 @@ What must hold (and what each cause now does):
 A second place for A (``after_call``): the ledger has applied A's call, its result is not
 written. B's lookup finds the receipt, which is proof whoever holds the run: B completes it.
 
-Both run on a private cluster (``tests/crash/_pgcluster.py``): the shared server's settings are
-never changed. Default: 2 repetitions of each cause; ``CUADERNO_SOAK=1``: 50 of each, and the
-4-worker chaos run (200 runs, random SIGKILLs, two ``pg_terminate_backend`` of worker sessions and
-a restart of the cluster).
+All run on a private cluster (``tests/crash/_pgcluster.py``): the shared server's settings are
+never changed. Default: 2 repetitions of ``terminate`` and ``idle`` before the call, 1 of the
+others; ``CUADERNO_SOAK=1``: 50 and 10, and the 4-worker chaos run (200 runs, random SIGKILLs, two
+``pg_terminate_backend`` of worker sessions and a restart of the cluster).
 """
 
 from __future__ import annotations
