@@ -698,8 +698,9 @@ class PostgresCheckpointer:
     def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
                expect_seq: int | None, *, lookups: bool, unheld: bool = False) -> list[StepEvent]:
         """One append's rows and summary, in ``cur``'s transaction; the stored events. ``unheld``:
-        this store lost the run's lock and could not take it back (:meth:`_hold_lost`): nothing is
-        written, :class:`FencedOut` (the epoch that holds it now) or :class:`_HoldLost`."""
+        this store lost the run's lock and could not take it back (:meth:`_hold_lost`): with the
+        run's row locked it is tried once more; if another holds the run now (its epoch moved, or
+        its lock is another session's) nothing is written, :class:`FencedOut` or :class:`_HoldLost`."""
         cp = self._locked_summary(cur, run_id, use_cache=not lookups)
         if unheld:
             if epoch is not None and cp.epoch != epoch:
