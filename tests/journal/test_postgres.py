@@ -404,3 +404,23 @@ def test_cli_lists_shows_and_approves_through_a_postgres_url(journal: PostgresCh
     assert cp is not None and cp.pending == {}
     missing = CliRunner().invoke(app, ["--db", schema_url(new_schema()), "list"], prog_name="cuaderno")
     assert missing.exit_code == 4 and "not a cuaderno journal" in missing.stderr
+
+
+def test_a_holder_that_lost_its_lock_to_another_confirms_no_hold_before_a_body(
+        journal: PostgresCheckpointer) -> None:
+    """The check the loop makes between an effect's durable intent and its body (R23): intact, it
+    passes; once the server ended the lock session and another worker took the run, it refuses."""
+    journal.append([_start("r")])
+    epoch = journal.acquire("r", "w")
+    journal.confirm_hold("r", epoch)
+    backend = journal.holder_pid()
+    assert backend is not None
+    _terminate(backend)
+    taker = PostgresCheckpointer(PG_URL, schema=journal.schema)
+    try:
+        assert taker.acquire("r", "taker") == epoch + 1
+        time.sleep(0.05)  # the server's goodbye reaches the idle lock socket
+        with pytest.raises(FencedOut):
+            journal.confirm_hold("r", epoch)
+    finally:
+        taker.close()

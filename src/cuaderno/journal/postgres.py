@@ -471,6 +471,15 @@ class PostgresCheckpointer:
         except (OSError, ValueError, psycopg.Error):
             return False
 
+    def confirm_hold(self, run_id: str, epoch: int | None) -> None:
+        """Raise :class:`FencedOut` unless this store still holds ``run_id`` at ``epoch``: called
+        just before an effect's body starts, after its intent is durable, so that a worker whose
+        lock session the server ended meanwhile (and that cannot take it back) starts no body
+        (R23). One poll of the lock connection's socket when the lock is intact; no round trip."""
+        lost = self._moved(run_id, epoch)
+        if lost is not None:
+            raise lost
+
     def _moved(self, run_id: str, epoch: int | None) -> FencedOut | None:
         """After a commit for a run this store holds: if its lock connection went meanwhile, the
         lock is taken back, and the error to raise if someone else has the run now (its epoch

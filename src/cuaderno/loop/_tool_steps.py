@@ -192,6 +192,7 @@ class ToolSteps(RunState):
             crash.point("tool.K0")
             await self._flush_durable()
             crash.point("tool.K2")
+            self._confirm_hold()
             try:
                 value = await self.tools.invoke(call.name, call.arguments, self._context(step_id, call, ekey, attempt))
                 break
@@ -307,6 +308,15 @@ class ToolSteps(RunState):
                           counters=plus(counters, "reconciled", 1),
                           compensation=self.tools.compensation(call.name, call.arguments, value))
         return False
+
+    def _confirm_hold(self) -> None:
+        """Refuse to start a body once this worker may have lost the run: a store that can lose
+        a holder's lock while it lives (PostgreSQL, its lock session ended by the server) says so
+        here with :class:`~cuaderno.errors.FencedOut`. SQLite's kernel lock cannot be lost by a
+        living process, and such stores have no ``confirm_hold``."""
+        confirm = getattr(self.store, "confirm_hold", None)
+        if confirm is not None:
+            confirm(self.run_id, self.epoch)
 
     def _earlier_holder(self, step_id: str) -> dict[str, Any] | None:
         """An earlier holder of the run that the store says may still be executing this step
