@@ -28,8 +28,9 @@ SRC = HERE.parents[1] / "src"
 
 
 def start_worker(env: WorkflowEnvironment, queue: str, journal: str, ledger: str, billing: Path, policy: Path,
-                 crash_at: str | None, dedup: bool) -> subprocess.Popen[str]:
+                 crash_at: str | None, dedup: bool, extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
     environ = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
+    environ.update(extra or {})
     environ["PROVIDER_DEDUP"] = "1" if dedup else "0"
     environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), environ.get("PYTHONPATH")) if p)
     if crash_at:

@@ -2,6 +2,8 @@
 
 Prints ``READY`` once polling; ``CUADERNO_CRASH_AT`` arms a crash point (SIGKILL of itself).
 ``PROVIDER_DEDUP=0`` makes the fake provider bill every request, its idempotency key ignored.
+``PROVIDER_DELAY=SECONDS`` makes each model call wait that long before the provider answers (a
+call in flight long enough for a kill at a random moment to land inside it).
 """
 
 from __future__ import annotations
@@ -16,15 +18,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from temporal_app import SCRIPT, make_agent
 from temporalio.client import Client
 
+from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.temporal import build_worker
+
+
+class SlowProvider:
+    """The fake provider, answering after a delay (the request is billed when it answers)."""
+
+    def __init__(self, gateway: ModelGateway, delay: float) -> None:
+        self.gateway, self.delay = gateway, delay
+
+    async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        await asyncio.sleep(self.delay)
+        return await self.gateway.complete(request, idempotency_key=idempotency_key)
+
+
+def provider(billing: str) -> ModelGateway:
+    gateway = ScriptedGateway(SCRIPT, stripe=os.environ.get("PROVIDER_DEDUP") != "0", billing_log=billing)
+    delay = float(os.environ.get("PROVIDER_DELAY") or 0)
+    return SlowProvider(gateway, delay) if delay else gateway
 
 
 async def main(address: str, queue: str, journal: str, ledger: str, billing: str, policy: str) -> None:
     client = await Client.connect(address)
     worker = build_worker(client, make_agent(ledger), task_queue=queue, journal_url=journal, effect_policy=policy,
-                          gateway_factory=lambda: ScriptedGateway(SCRIPT, stripe=os.environ.get("PROVIDER_DEDUP") != "0",
-                                                                  billing_log=billing))
+                          gateway_factory=lambda: provider(billing))
     async with worker:
         print("READY", flush=True)
         await asyncio.Event().wait()

@@ -16,6 +16,7 @@ run id, so a continue-as-new keeps them). See ``docs/guide/temporal.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from cuaderno.gateway.base import ModelGateway
-from cuaderno.loop.agent import Agent
+from cuaderno.loop.agent import Agent, RetryPolicy
 from cuaderno.temporal._activities import INLINE_BYTES, CuadernoActivities
 from cuaderno.temporal._child import EpisodeChildWorkflow, EpisodeInput, EpisodeWorkflow, build_episode_worker
 from cuaderno.temporal._names import (
@@ -51,10 +52,19 @@ __all__ = ["CODE", "INLINE_BYTES", "JOURNAL_MARK", "LOOKUP", "MODEL", "MODEL_TUR
            "EpisodeChildWorkflow", "EpisodeInput", "EpisodeWorkflow", "build_episode_worker"]
 
 
-def register(agent: Agent, effect_policy: str | os.PathLike[str] | None = None) -> EffectPolicy:
+def register(agent: Agent, effect_policy: str | os.PathLike[str] | None = None, *,
+             retry: RetryPolicy | None = None) -> EffectPolicy:
     """Make ``agent`` runnable by :class:`CuadernoWorkflow` in this process; its tools' retry
-    profiles come from ``effect_policy`` (:class:`EffectPolicyError` before anything runs)."""
+    profiles come from ``effect_policy`` (:class:`EffectPolicyError` before anything runs).
+
+    ``retry`` is the agent's :class:`~cuaderno.RetryPolicy` (the loop's bounds on failed model
+    sends and tool retries), over the policy file's ``[retry]``; a run's ``RunInput.retry`` wins
+    over both. Worker losses are not bounded by it (``[activities] max_worker_losses``)."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise EffectPolicyError(f"retry must be a cuaderno.RetryPolicy, not {type(retry).__name__}")
     policy = load_effect_policy(agent, effect_policy)
+    if retry is not None:
+        policy = dataclasses.replace(policy, retry=retry)
     AGENTS[agent.name] = (agent, policy)
     return policy
 
@@ -68,8 +78,9 @@ def cuaderno_activities(agent: Agent, gateway_factory: Callable[[], ModelGateway
 
 def build_worker(client: Client, agent: Agent, *, task_queue: str, gateway_factory: Callable[[], ModelGateway],
                  journal_url: str, effect_policy: str | os.PathLike[str] | None = None,
-                 **worker_options: Any) -> Worker:
-    """A worker running :class:`CuadernoWorkflow` and ``agent``'s activities."""
-    register(agent, effect_policy)
+                 retry: RetryPolicy | None = None, **worker_options: Any) -> Worker:
+    """A worker running :class:`CuadernoWorkflow` and ``agent``'s activities (``retry``: see
+    :func:`register`)."""
+    register(agent, effect_policy, retry=retry)
     return Worker(client, task_queue=task_queue, workflows=[CuadernoWorkflow],
                   activities=list(cuaderno_activities(agent, gateway_factory, journal_url)), **worker_options)

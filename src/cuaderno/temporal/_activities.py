@@ -57,6 +57,7 @@ from cuaderno.temporal._names import (
     RECORD,
     REPLAY_RUN,
     TOOL_CALL,
+    WORKER_SHUTDOWN,
     ModelTurnInput,
     RecordInput,
     ReplayInput,
@@ -82,8 +83,14 @@ where a run continued-as-new reads its earlier steps, up to its mark."""
 
 @asynccontextmanager
 async def _heartbeating() -> AsyncIterator[None]:
-    """Heartbeat while the body waits (a provider, a tool), so the server notices a dead worker
-    after the policy's heartbeat timeout rather than after the whole start-to-close timeout."""
+    """Heartbeat from the activity's first line to its last (the journal reads and writes before
+    the send included), so the server notices a dead worker after the policy's heartbeat timeout
+    rather than after the whole start-to-close timeout, and a live worker still opening its
+    journal or its gateway is not taken for a dead one (a re-send's activity once timed out 1.00 s
+    after it started, its first heartbeat due only at the provider call).
+
+    A worker shutting down under the activity (a deploy) fails it as :data:`WORKER_SHUTDOWN`:
+    the workflow sends it again as a send lost with its worker, not as a failed send."""
     info = activity.info()
     every = (info.heartbeat_timeout.total_seconds() / 3) if info.heartbeat_timeout else None
 
@@ -92,9 +99,16 @@ async def _heartbeating() -> AsyncIterator[None]:
             activity.heartbeat()
             await asyncio.sleep(every)
 
+    if every:
+        activity.heartbeat()  # at once: the first heartbeat leaves with the first await
     task = asyncio.create_task(beat())
     try:
         yield
+    except asyncio.CancelledError:
+        if activity.is_worker_shutdown():
+            raise ApplicationError("the worker shut down during the activity", type=WORKER_SHUTDOWN,
+                                   non_retryable=True) from None
+        raise
     finally:
         task.cancel()
 
@@ -178,6 +192,10 @@ class CuadernoActivities:
 
     @activity.defn(name=MODEL_TURN)
     async def model_turn(self, inp: ModelTurnInput) -> dict[str, Any]:
+        async with _heartbeating():
+            return await self._model_turn(inp)
+
+    async def _model_turn(self, inp: ModelTurnInput) -> dict[str, Any]:
         self._check(inp.agent)
         run_id, step_id = inp.run_id, inp.step_id
         journal = self._events(run_id)
@@ -202,18 +220,7 @@ class CuadernoActivities:
                                          name=self.agent.name, fingerprint=fingerprint({"task": task}),
                                          payload={"task": task, "versions": self.agent.versions(),
                                                   "tenant": inp.tenant, "engine": "temporal"})])
-        intent = StepEvent(run_id=run_id, step_id=step_id, phase="intent", kind="model",
-                           payload={"key": inp.idempotency_key, "turn": inp.turn, "new": inp.new_messages,
-                                    "n_messages": inp.n_messages})
-        if (step_id, "intent") not in journal:
-            self._append(run_id, [intent])
-            journal[(step_id, "intent")] = intent
-        if inp.send > 1 and (step_id, f"intent.{inp.send}") not in journal:
-            # A re-send after a send of unknown fate, journaled as the loop journals it locally
-            # (counted as a send, possibly billed twice).
-            self._append(run_id, [StepEvent(run_id=run_id, step_id=step_id, phase=f"intent.{inp.send}", kind="model",
-                                         payload={"key": inp.idempotency_key, "turn": inp.turn,
-                                                  "after": "ambiguous"})])
+        sends = self._journal_send(inp, journal)
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
             raise ApplicationError(str(ReplayDivergence(run_id, step_id, f"{len(messages)} messages in the journal",
@@ -226,9 +233,8 @@ class CuadernoActivities:
         if self._gateway is None:
             self._gateway = self.gateway_factory()
         try:
-            async with _heartbeating():
-                response = await TracedGateway(self._gateway).call(request, run_id=run_id, step_id=step_id,
-                                                                   idempotency_key=inp.idempotency_key)
+            response = await TracedGateway(self._gateway).call(request, run_id=run_id, step_id=step_id,
+                                                               idempotency_key=inp.idempotency_key)
         except GatewayError as err:
             raise _failure("GatewayError", err) from None
         crash.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
@@ -240,10 +246,48 @@ class CuadernoActivities:
             counters["rejected_responses"] = 1
         data = response.to_json()
         self._append(run_id, [StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
-                                     payload={"response": data, "key": inp.idempotency_key, "sends": inp.send,
+                                     payload={"response": data, "key": inp.idempotency_key, "sends": sends,
                                               "verdict": verdict.to_json(), "counters": counters})])
         crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
         return slim_response(data)
+
+    def _journal_send(self, inp: ModelTurnInput, journal: dict[tuple[str, str], StepEvent]) -> int:
+        """Journal this send's intent, as the loop journals it locally; return the step's sends.
+
+        The first send writes ``intent`` (with the references the request is re-derived from). A
+        re-send after a send of unknown fate writes ``intent.N`` (counted as possibly billed
+        twice). After sends lost with their worker (``inp.lost``), the journal says which of them
+        may have reached the provider: each wrote its intent before sending, so this send is a
+        re-send only if some intent of the step is there; a lost send that wrote none never
+        left its worker and is not counted.
+        """
+        run_id, step_id = inp.run_id, inp.step_id
+        intent = StepEvent(run_id=run_id, step_id=step_id, phase="intent", kind="model",
+                           payload={"key": inp.idempotency_key, "turn": inp.turn, "new": inp.new_messages,
+                                    "n_messages": inp.n_messages})
+        written = sum(1 for (s, phase) in journal if s == step_id and phase.split(".")[0] == "intent")
+        if (step_id, "intent") not in journal:
+            self._append(run_id, [intent])
+            journal[(step_id, "intent")] = intent
+            if inp.lost or inp.send == 1:
+                return 1
+        elif inp.lost:
+            self._resend(inp, f"intent.{written + 1}", "crash", journal)
+            return written + 1
+        if inp.send > 1:
+            self._resend(inp, f"intent.{inp.send}", "ambiguous", journal)
+        return inp.send
+
+    def _resend(self, inp: ModelTurnInput, phase: str, after: str,
+                journal: dict[tuple[str, str], StepEvent]) -> None:
+        """Journal a re-send's intent ``phase`` unless it is there (``after``: why the earlier
+        send's fate is unknown, ``crash`` for a worker lost during it)."""
+        if (inp.step_id, phase) in journal:
+            return
+        ev = StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="model",
+                       payload={"key": inp.idempotency_key, "turn": inp.turn, "after": after})
+        self._append(inp.run_id, [ev])
+        journal[(inp.step_id, phase)] = ev
 
     def _conversation(self, run_id: str, upto: str, journal: dict[tuple[str, str], StepEvent]) -> list[Message]:
         """The request's messages, rebuilt from the intents' new messages and the journaled
@@ -305,6 +349,10 @@ class CuadernoActivities:
 
     @activity.defn(name=TOOL_CALL)
     async def tool_call(self, inp: ToolCallInput) -> Any:
+        async with _heartbeating():
+            return await self._tool_call(inp)
+
+    async def _tool_call(self, inp: ToolCallInput) -> Any:
         self._check(inp.agent)
         if self.tools.info(inp.tool) is None:
             raise ApplicationError(f"agent {self.agent.name!r} has no tool {inp.tool!r}", type="UsageError",
@@ -326,8 +374,7 @@ class CuadernoActivities:
                                                                  "arguments": inp.arguments}),])
         try:
             self.tools.check(inp.tool, inp.arguments)
-            async with _heartbeating():
-                value = await self.tools.invoke(inp.tool, inp.arguments, self._context(inp))
+            value = await self.tools.invoke(inp.tool, inp.arguments, self._context(inp))
         except ToolError as err:
             # A classified failure is the step's outcome: journaled, so a run continued-as-new
             # gets it back instead of running the body again.

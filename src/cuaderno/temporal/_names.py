@@ -12,7 +12,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKFLOW",
+from cuaderno.loop.agent import RetryPolicy
+
+__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -22,6 +24,8 @@ LOOKUP: Final = "cuaderno.tool_lookup"
 REPLAY_RUN: Final = "cuaderno.replay_run"
 RECORD: Final = "cuaderno.record"
 JOURNAL_MARK: Final = "cuaderno.journal_mark"
+WORKER_SHUTDOWN: Final = "WorkerShutdown"
+"""The failure type an activity reports when its worker shuts down under it (a deploy)."""
 
 
 @dataclass
@@ -44,6 +48,11 @@ class RunInput:
     never change: append-only and hash-chained, the hash checked) instead of carrying results in
     its history. ``None`` on a first run, and on runs continued before marks existed (those ask
     ``cuaderno.replay_run``)."""
+    retry: RetryPolicy | None = None
+    """The loop's retry bounds for this run (``None``: the agent's, from :func:`cuaderno.temporal.register`
+    or the policy file's ``[retry]``, else :class:`~cuaderno.RetryPolicy`'s defaults). A
+    continue-as-new carries the bounds the run used, so a worker deployed with other bounds does
+    not change a run in flight at its next run."""
 
 
 @dataclass
@@ -78,6 +87,11 @@ class ModelTurnInput:
     (journaled ``intent.N``, as the local loop does)."""
     retries: int = 0
     """Failed sends of the step the loop tried again (transient failures): the result's counter."""
+    lost: int = 0
+    """Activities of this step lost with their worker before this one (heartbeat timeout, worker
+    shut down): each may have written its intent and reached the provider. The activity journals
+    this send as a re-send (``intent.N``, possibly billed twice) only when an earlier intent of
+    the step is in the journal, i.e. when an earlier send may have reached the provider."""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError, TimeoutType
 
 from cuaderno._holds import Loop, Where
 from cuaderno._json import sorted_compact, sorted_compact_nan
@@ -28,7 +28,15 @@ from cuaderno.gateway.base import ModelRequest, ModelResponse, assistant_message
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.executor import AgentTools
 from cuaderno.loop.runtime import Runtime
-from cuaderno.temporal._names import LOOKUP, MODEL_TURN, TOOL_CALL, ModelTurnInput, ToolCallInput, slim_input
+from cuaderno.temporal._names import (
+    LOOKUP,
+    MODEL_TURN,
+    TOOL_CALL,
+    WORKER_SHUTDOWN,
+    ModelTurnInput,
+    ToolCallInput,
+    slim_input,
+)
 from cuaderno.temporal._profiles import CODE, MODEL, EffectPolicy, Profile
 from cuaderno.tools.definition import ToolContext
 
@@ -106,7 +114,18 @@ def _options(profile: Profile, policy: EffectPolicy) -> dict[str, Any]:
 
 def _lost(exc: ActivityError) -> bool:
     """The activity may have run and its answer is lost (timed out: a worker died inside it)."""
-    return isinstance(exc.cause, TimeoutError)
+    return isinstance(exc.cause, TimeoutError) or _worker_lost(exc)
+
+
+def _worker_lost(exc: ActivityError) -> bool:
+    """The activity was lost with its worker, not failed by the provider or the tool: the worker
+    stopped heartbeating (killed, or its host gone), no worker started it in time, or the worker
+    shut down under it. A start-to-close timeout is not one: the worker was alive and heartbeating
+    while the call took longer than its profile allows, the same ambiguous timeout as locally."""
+    cause = exc.cause
+    if isinstance(cause, TimeoutError):
+        return cause.type in (TimeoutType.HEARTBEAT, TimeoutType.SCHEDULE_TO_START)
+    return isinstance(cause, ApplicationError) and cause.type == WORKER_SHUTDOWN
 
 
 def _cancelled(exc: ActivityError) -> None:
@@ -125,7 +144,15 @@ def _details(exc: ActivityError, kind: str) -> dict[str, Any] | None:
 
 
 class ActivityModelCaller:
-    """Each model send is one ``cuaderno.model_turn`` activity (the ``model`` profile)."""
+    """Each model send is one ``cuaderno.model_turn`` activity (the ``model`` profile).
+
+    An activity lost with its worker (:func:`_worker_lost`) is sent again here, with the same
+    key, not handed to the loop's retry layer: a worker restart is not the provider's failure and
+    is not bounded by ``RetryPolicy.max_resends`` (the local loop does the same after a crash:
+    its resume sends again whatever its bound). ``policy.max_worker_losses`` bounds it if set.
+    The activity journals each re-send that may double a bill (:attr:`ModelTurnInput.lost`).
+    Behind the patch ``cuaderno.worker-loss``: a history recorded before it replays the old way.
+    """
 
     def __init__(self, agent: str, tenant: str, policy: EffectPolicy,
                  replayed: dict[str, Any] | None = None, tools: ActivityTools | None = None) -> None:
@@ -140,6 +167,8 @@ class ActivityModelCaller:
         """An accepted response's assistant message (its canonical JSON) -> its model step id."""
         self._failed: dict[str, list[ErrorClass]] = {}
         """A model step id -> the classes of its failed sends so far (retries and re-sends)."""
+        self._lost: dict[str, int] = {}
+        """A model step id -> its activities lost with their worker so far."""
         self._calls: dict[str, tuple[str, str]] = {}
         """A tool step id -> the (call id, tool name) of the response call it runs."""
 
@@ -170,14 +199,32 @@ class ActivityModelCaller:
         known = self.replayed.get(step_id)
         if known is not None and known.get("key") == idempotency_key:
             return self._answered(step_id, len(messages), known["response"])
-        try:
-            data = await workflow.execute_activity(MODEL_TURN, slim_input(inp), result_type=dict,
-                                                   **_options(MODEL, self.policy))
-        except ActivityError as exc:
-            failure = self._failure(exc)
-            self._failed.setdefault(step_id, []).append(failure.error_class)
-            raise failure from None
+        while True:
+            inp.lost = self._lost.get(step_id, 0)
+            try:
+                data = await workflow.execute_activity(MODEL_TURN, slim_input(inp), result_type=dict,
+                                                       **_options(MODEL, self.policy))
+                break
+            except ActivityError as exc:
+                if self._send_again(step_id, exc):
+                    continue
+                failure = self._failure(exc)
+                self._failed.setdefault(step_id, []).append(failure.error_class)
+                raise failure from None
         return self._answered(step_id, len(messages), data)
+
+    def _send_again(self, step_id: str, exc: ActivityError) -> bool:
+        """Whether a failed model activity is a send lost with its worker, to be sent again now
+        (counted in :attr:`_lost`), rather than a failure for the loop's retry layer."""
+        if not _worker_lost(exc):
+            return False
+        bound = self.policy.max_worker_losses
+        if bound is not None and self._lost.get(step_id, 0) >= bound:
+            return False
+        if not workflow.patched("cuaderno.worker-loss"):
+            return False  # recorded before: the loss went to the retry layer (a timer, then a re-send)
+        self._lost[step_id] = self._lost.get(step_id, 0) + 1
+        return True
 
     @staticmethod
     def _failure(exc: ActivityError) -> GatewayError:

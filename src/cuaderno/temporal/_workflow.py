@@ -16,6 +16,7 @@ which nothing decides on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from cuaderno.errors import (
 )
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
+from cuaderno.loop.agent import RetryPolicy as LoopRetry
 from cuaderno.loop.steps import FinalStep
 from cuaderno.temporal._activities import read_to_mark
 from cuaderno.temporal._names import JOURNAL_MARK, RECORD, REPLAY_RUN, WORKFLOW, RecordInput, ReplayInput, RunInput
@@ -60,7 +62,10 @@ class _NoGateway:
 
 @dataclass
 class Decision:
-    """A person's decision on a waiting approval (update ``decide`` or signal ``decide``)."""
+    """A person's decision on a waiting approval (update ``decide`` or signal ``decide``).
+
+    ``step_id`` names the approval as ``cuaderno approve`` does: its tool step (``t0000.tool00``)
+    or the approval step itself (``t0000.tool00.approval``), the form ``pending`` lists."""
 
     step_id: str
     approve: bool
@@ -89,12 +94,13 @@ class CuadernoWorkflow:
             raise ApplicationError(str(UsageError(f"this worker has no agent {inp.agent!r}; it runs "
                                                   f"{sorted(AGENTS)}")), type="UsageError", non_retryable=True)
         agent, policy = known
+        retry = inp.retry or policy.retry or LoopRetry()
         self.run_id = workflow.info().workflow_id
         self.decisions = dict(inp.decisions)
         runtime = WorkflowRuntime()
         replayed = await self._earlier_steps(inp)
         tools = ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"])
-        session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime,
+        session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime, retry=retry,
                           ownership=WorkflowOwnership(), owner=runtime.owner(), tools=tools,
                           model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"], tools))
         while True:
@@ -107,7 +113,7 @@ class CuadernoWorkflow:
                         workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
                                                           decisions=self.decisions,
                                                           max_history_events=inp.max_history_events,
-                                                          mark=await self._mark(inp)))
+                                                          mark=await self._mark(inp), retry=retry))
             except asyncio.CancelledError:
                 # Temporal cancelled the workflow: the same request a person's `cancel` writes;
                 # the loop, opened again, closes the run with the local record (what completed,
@@ -206,6 +212,10 @@ class CuadernoWorkflow:
             await workflow.wait_condition(lambda: bool(self.queued) or self.cancel_reason is not None)
             while self.queued:
                 d = self.queued.pop(0)
+                step_id = self._approval_id(d.step_id)
+                if step_id != d.step_id and not workflow.patched("cuaderno.tool-step-decision"):
+                    step_id = d.step_id  # recorded when the tool step's id was refused: dropped below
+                d = dataclasses.replace(d, step_id=step_id)
                 try:
                     self._check_decision(d)
                 except ApprovalError:
@@ -218,9 +228,21 @@ class CuadernoWorkflow:
         decide(self.store, self.run_id, step_id, fingerprint=d.get("fingerprint"), approver=d.get("approver"),
                reason=d.get("reason"))
 
+    def _pending(self) -> dict[str, dict[str, Any]]:
+        cp = self.store.checkpoint(self.run_id) if self.run_id else None
+        return cp.pending if cp is not None else {}
+
+    def _approval_id(self, step_id: str) -> str:
+        """The waiting approval ``step_id`` names: itself, or the approval of the tool step it names."""
+        pending = self._pending()
+        if step_id not in pending and f"{step_id}.approval" in pending:
+            return f"{step_id}.approval"
+        return step_id
+
     def _check_decision(self, d: Decision) -> None:
-        cp = self.store.checkpoint(self.run_id)
-        pending = cp.pending if cp is not None else {}
+        pending = self._pending()
+        if d.step_id not in pending and f"{d.step_id}.approval" in pending:
+            d = dataclasses.replace(d, step_id=f"{d.step_id}.approval")
         if d.step_id not in pending:
             raise NotWaitingForApproval(f"run {self.run_id!r} is not waiting for approval {d.step_id!r}")
         want = pending[d.step_id].get("fingerprint")
@@ -230,9 +252,10 @@ class CuadernoWorkflow:
 
     @workflow.update(name="decide")
     async def decide(self, d: Decision) -> str:
-        """A person's decision: refused by the validator when stale or when nothing waits."""
+        """A person's decision: refused by the validator when stale or when nothing waits. Returns
+        the approval step decided (the approval's own id, whichever form named it)."""
         self.queued.append(d)
-        return d.step_id
+        return self._approval_id(d.step_id)
 
     @decide.validator
     def _validate(self, d: Decision) -> None:
