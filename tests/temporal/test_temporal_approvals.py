@@ -121,3 +121,26 @@ async def test_a_temporal_cancellation_gives_the_local_cancelled_record(env: Wor
     assert result["record"]["reason"] == "the Temporal workflow was cancelled"
     assert [u["step_id"] for u in result["record"]["uncertain"]] == ["t0000.tool00"]
     assert gateway.billed == 1
+
+
+async def test_a_decision_takes_the_tool_step_id_as_the_command_line_does(env: WorkflowEnvironment,
+                                                                          tmp_path: Path) -> None:
+    """``cuaderno approve RUN t0000.tool00`` names the tool step; the same id in a ``Decision``
+    decides its approval (the update returns the approval's own id)."""
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with waiting_run(env, tmp_path, ledger) as (handle, step_id, fp):
+            short = step_id.removesuffix(".approval")
+            assert short != step_id
+            assert await handle.execute_update(CuadernoWorkflow.decide,
+                                               Decision(short, True, fingerprint=fp, approver="ana")) == step_id
+            assert await handle.result() == {"status": "completed", "output": "done: bob has his 5"}
+        assert len(ledger.receipts()) == 1
+
+
+async def test_a_signal_takes_the_tool_step_id(env: WorkflowEnvironment, tmp_path: Path) -> None:
+    with LedgerProcess(mode="nodedup") as ledger:
+        async with waiting_run(env, tmp_path, ledger) as (handle, step_id, fp):
+            await handle.signal(CuadernoWorkflow.decide_signal, Decision(step_id.removesuffix(".approval"), False,
+                                                                         fingerprint=fp))
+            assert (await handle.result())["status"] == "completed"
+        assert ledger.receipts() == []  # denied by the short form, not dropped (which would wait forever)
