@@ -56,11 +56,13 @@ from cuaderno.temporal._names import (
     MODEL_TURN,
     RECORD,
     REPLAY_RUN,
+    TASK_REF,
     TOOL_CALL,
     WORKER_SHUTDOWN,
     ModelTurnInput,
     RecordInput,
     ReplayInput,
+    RunInput,
     ToolCallInput,
 )
 from cuaderno.testing import crash
@@ -111,6 +113,23 @@ async def _heartbeating() -> AsyncIterator[None]:
         raise
     finally:
         task.cancel()
+
+
+async def _started_task() -> str | None:
+    """The task of the workflow run this activity belongs to, from its start event (the first
+    model turn sends :data:`TASK_REF` instead of a second copy of the text in the history)."""
+    info = activity.info()
+    if info.workflow_id is None:
+        return None
+    client = activity.client()
+    handle = client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
+    async for event in handle.fetch_history_events():
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        if not payloads:
+            return None
+        [run] = await client.data_converter.decode(payloads[:1], [RunInput])
+        return run.task if isinstance(run, RunInput) else None
+    return None
 
 
 def _failure(kind: str, err: GatewayError | ToolError) -> ApplicationError:
@@ -213,13 +232,17 @@ class CuadernoActivities:
         if not journal:
             task = next((m.get("content") for m in inp.new_messages if isinstance(m, dict) and m.get("role") == "user"),
                         None)
+            if task is None and TASK_REF in inp.new_messages:
+                task = await _started_task()
             if not isinstance(task, str):
                 raise ApplicationError("the first model turn of a run must carry its task", type="UsageError",
                                        non_retryable=True)
-            self._append(run_id, [StepEvent(run_id=run_id, step_id="run", phase="start", kind="run",
-                                         name=self.agent.name, fingerprint=fingerprint({"task": task}),
-                                         payload={"task": task, "versions": self.agent.versions(),
-                                                  "tenant": inp.tenant, "engine": "temporal"})])
+            begun = StepEvent(run_id=run_id, step_id="run", phase="start", kind="run", name=self.agent.name,
+                              fingerprint=fingerprint({"task": task}),
+                              payload={"task": task, "versions": self.agent.versions(), "tenant": inp.tenant,
+                                       "engine": "temporal"})
+            self._append(run_id, [begun])
+            journal[("run", "start")] = begun  # the request's task message is read from it
         sends = self._journal_send(inp, journal)
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
@@ -299,6 +322,8 @@ class CuadernoActivities:
             for m in journal[(step, "intent")].payload.get("new") or ():
                 if isinstance(m, str):  # a bare step id: the journaled response, or tool result
                     out.append(self._by_step(m, journal))
+                elif m == TASK_REF:  # the task, written once: the run's start row
+                    out.append({"role": "user", "content": journal[("run", "start")].payload["task"]})
                 elif m.get("role") == "assistant" and "ref" in m:
                     out.append(assistant_message(journal[(str(m["ref"]), "result")].payload["response"]))
                 elif m.get("role") == "tool":
@@ -465,7 +490,8 @@ def replayed(events: list[StepEvent]) -> dict[str, Any]:
 
 
 def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any]:
-    """What :func:`replayed` gives for the run's rows up to ``mark``, read in workflow code.
+    """What :func:`replayed` gives for the run's rows up to ``mark``, and the run's task (its
+    ``run start`` row), read in workflow code.
 
     Deterministic, so allowed in a workflow: rows up to the mark were committed before the
     earlier run continued-as-new, and the journal is append-only and hash-chained, so every
@@ -490,7 +516,8 @@ def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any
         raise ApplicationError(f"run {run_id!r}: the journal at {url!r} does not hold the row the earlier run "
                                f"ended at (seq {seq}, hash {want[:12]}); it has {found}. Another journal, or an "
                                "older copy of this one: refused", type="JournalRolledBack", non_retryable=True)
-    return replayed(upto)
+    start = next((e for e in upto if e.step_id == "run" and e.phase == "start"), None)
+    return {**replayed(upto), "task": None if start is None else start.payload.get("task")}
 
 
 def journal_kind(url: str) -> str:

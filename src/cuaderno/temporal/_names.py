@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
+__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -24,6 +24,10 @@ LOOKUP: Final = "cuaderno.tool_lookup"
 REPLAY_RUN: Final = "cuaderno.replay_run"
 RECORD: Final = "cuaderno.record"
 JOURNAL_MARK: Final = "cuaderno.journal_mark"
+TASK_REF: Final = {"role": "user", "ref": "task"}
+"""The task's message in a model input: the activity reads the text from the workflow's start
+event (turn 0 of the first run, before the journal has the run) or from the journal's ``run
+start`` row; the history holds the task once, in the start event."""
 WORKER_SHUTDOWN: Final = "WorkerShutdown"
 """The failure type an activity reports when its worker shuts down under it (a deploy)."""
 
@@ -48,6 +52,9 @@ class RunInput:
     never change: append-only and hash-chained, the hash checked) instead of carrying results in
     its history. ``None`` on a first run, and on runs continued before marks existed (those ask
     ``cuaderno.replay_run``)."""
+    task_in_journal: bool = False
+    """Set by a continue-as-new (with ``task`` empty): the task is the journal's ``run start``
+    row, read with the earlier steps at the mark, so its text is not in every run's history."""
     retry: RetryPolicy | None = None
     """The loop's retry bounds for this run (``None``: the agent's, from :func:`cuaderno.temporal.register`
     or the policy file's ``[retry]``, else :class:`~cuaderno.RetryPolicy`'s defaults). A

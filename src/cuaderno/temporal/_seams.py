@@ -31,6 +31,7 @@ from cuaderno.loop.runtime import Runtime
 from cuaderno.temporal._names import (
     LOOKUP,
     MODEL_TURN,
+    TASK_REF,
     TOOL_CALL,
     WORKER_SHUTDOWN,
     ModelTurnInput,
@@ -155,8 +156,12 @@ class ActivityModelCaller:
     """
 
     def __init__(self, agent: str, tenant: str, policy: EffectPolicy,
-                 replayed: dict[str, Any] | None = None, tools: ActivityTools | None = None) -> None:
+                 replayed: dict[str, Any] | None = None, tools: ActivityTools | None = None,
+                 task: str | None = None) -> None:
         self.agent, self.tenant, self.policy = agent, tenant, policy
+        self.task = task
+        """The run's task: its message is sent as :data:`TASK_REF` (the activity reads the task from
+        the workflow's start event, then from the journal), not as a second copy of its text."""
         self.replayed: dict[str, Any] = replayed or {}
         """Responses journaled by earlier runs of this workflow (continue-as-new), by step id."""
         self.tools = tools
@@ -188,6 +193,10 @@ class ActivityModelCaller:
                 else:
                     new.append({"role": "tool", "tool_call_id": message.get("tool_call_id"),
                                 "name": message.get("name"), "ref": step})
+            elif (role == "user" and self.task is not None and message.get("content") == self.task
+                  and set(message) == {"role", "content"} and workflow.patched("cuaderno.task-ref")):
+                new.append(dict(TASK_REF))
+                self.task = None  # once: a later user message with the same text is sent as it is
             else:
                 new.append(dict(message))
         failed = self._failed.get(step_id, [])

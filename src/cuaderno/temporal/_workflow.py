@@ -99,21 +99,20 @@ class CuadernoWorkflow:
         self.decisions = dict(inp.decisions)
         runtime = WorkflowRuntime()
         replayed = await self._earlier_steps(inp)
+        task = self._task(inp, replayed)
         tools = ActivityTools(agent.name, agent.tools, policy, inp.tenant, replayed["tools"])
         session = Session(self.run_id, _NoGateway(), self.store, tenant=inp.tenant, runtime=runtime, retry=retry,
                           ownership=WorkflowOwnership(), owner=runtime.owner(), tools=tools,
-                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"], tools))
+                          model_caller=ActivityModelCaller(agent.name, inp.tenant, policy, replayed["model"], tools,
+                                                           task))
         while True:
             try:
-                async for step in agent.run(inp.task, session=session):
+                async for step in agent.run(task, session=session):
                     if isinstance(step, FinalStep):
                         await self._record(inp)
                         return {"status": "completed", "output": step.output}
                     if self._history_full(inp):
-                        workflow.continue_as_new(RunInput(agent=inp.agent, task=inp.task, tenant=inp.tenant,
-                                                          decisions=self.decisions,
-                                                          max_history_events=inp.max_history_events,
-                                                          mark=await self._mark(inp), retry=retry))
+                        await self._continue(inp, task, retry)
             except asyncio.CancelledError:
                 # Temporal cancelled the workflow: the same request a person's `cancel` writes;
                 # the loop, opened again, closes the run with the local record (what completed,
@@ -146,6 +145,26 @@ class CuadernoWorkflow:
                 raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
+
+    def _task(self, inp: RunInput, replayed: dict[str, Any]) -> str:
+        """The run's task: the input's, or the journal's run start row (a continue-as-new that
+        carried the task by reference)."""
+        if not inp.task_in_journal:
+            return inp.task
+        task = replayed.get("task")
+        if not isinstance(task, str):
+            raise ApplicationError(f"run {self.run_id!r}: the journal's rows up to the mark hold no task",
+                                   type="JournalRolledBack", non_retryable=True)
+        return task
+
+    async def _continue(self, inp: RunInput, task: str, retry: LoopRetry) -> None:
+        """Continue as new with the journal mark, the decisions so far and the run's retry bounds.
+        With a mark, the task is the journal's run start row: not carried in every run's history."""
+        mark = await self._mark(inp)
+        by_ref = mark is not None and workflow.patched("cuaderno.task-ref")
+        workflow.continue_as_new(RunInput(agent=inp.agent, task="" if by_ref else task, tenant=inp.tenant,
+                                          decisions=self.decisions, max_history_events=inp.max_history_events,
+                                          mark=mark, retry=retry, task_in_journal=by_ref))
 
     async def _record(self, inp: RunInput) -> None:
         """Copy what only the workflow journaled (approvals, the answer, an end or cancellation
