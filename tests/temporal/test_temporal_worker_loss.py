@@ -200,3 +200,41 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
           f"keys billed more than counted {over_billed}, duplicate receipts {duplicates}")
     assert outcomes["workflow failed"] == 0 and outcomes["failed"] == 0, outcomes
     assert over_billed == 0 and duplicates == 0
+
+
+
+async def test_a_worker_shut_down_twice_during_one_model_call_is_not_a_failed_send(env: WorkflowEnvironment,
+                                                                                  tmp_path: Path) -> None:
+    """A deploy: the worker is asked to stop (SIGTERM: it shuts down gracefully) while a model call
+    is in flight, twice. Each shutdown is a send lost with its worker, sent again; the loop's
+    max_resends=1 is not spent, and the held sends, never answered, were never billed."""
+    policy = tmp_path / "effects.toml"
+    policy.write_text(POLICY)
+    journal, billing = f"sqlite:///{tmp_path / 'journal.db'}", tmp_path / "billing.jsonl"
+    queue, run_id = f"q-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
+    with LedgerProcess(mode="nodedup") as ledger:
+        handle = None
+        for _ in range(2):
+            worker = start_worker(env, queue, journal, ledger.url, billing, policy, None, False,
+                                  {"PROVIDER_DELAY": "600", "PROVIDER_SAYS_SENDING": "1"})
+            if handle is None:
+                handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="payer", task="pay bob"),
+                                                         id=run_id, task_queue=queue)
+            assert worker.stdout is not None
+            assert (await asyncio.to_thread(worker.stdout.readline)).strip() == "SENDING"  # the call is in flight
+            worker.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(worker.wait, 60) == 0  # it shut down, gracefully
+            stop(worker)
+        last = start_worker(env, queue, journal, ledger.url, billing, policy, None, False)
+        try:
+            assert handle is not None
+            result = await handle.result()
+        finally:
+            stop(last)
+        receipts = len(ledger.receipts())
+    assert result == {"status": "completed", "output": "done: bob has his 5"}
+    assert receipts == 1
+    intents = step_intents(journal, run_id, FIRST_CALL)
+    assert [(i["phase"], i.get("after")) for i in intents] == [("intent", None), ("intent.2", "crash"),
+                                                                ("intent.3", "crash")]
+    assert len(read_records(billing)) == 3  # three calls billed once each: the held sends never were

@@ -3,13 +3,16 @@
 Prints ``READY`` once polling; ``CUADERNO_CRASH_AT`` arms a crash point (SIGKILL of itself).
 ``PROVIDER_DEDUP=0`` makes the fake provider bill every request, its idempotency key ignored.
 ``PROVIDER_DELAY=SECONDS`` makes each model call wait that long before the provider answers (a
-call in flight long enough for a kill at a random moment to land inside it).
+call in flight long enough for a kill at a random moment to land inside it); with
+``PROVIDER_SAYS_SENDING=1`` it prints ``SENDING`` when a call starts. SIGTERM shuts the worker down
+gracefully (as a deploy does) and exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -30,6 +33,8 @@ class SlowProvider:
         self.gateway, self.delay = gateway, delay
 
     async def complete(self, request: ModelRequest, *, idempotency_key: str) -> ModelResponse:
+        if os.environ.get("PROVIDER_SAYS_SENDING") == "1":
+            print("SENDING", flush=True)
         await asyncio.sleep(self.delay)
         return await self.gateway.complete(request, idempotency_key=idempotency_key)
 
@@ -44,9 +49,12 @@ async def main(address: str, queue: str, journal: str, ledger: str, billing: str
     client = await Client.connect(address)
     worker = build_worker(client, make_agent(ledger), task_queue=queue, journal_url=journal, effect_policy=policy,
                           gateway_factory=lambda: provider(billing))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with worker:
         print("READY", flush=True)
-        await asyncio.Event().wait()
+        await stop.wait()
+    # Leaving the block shut the worker down: activities in flight were cancelled and reported.
 
 
 if __name__ == "__main__":
