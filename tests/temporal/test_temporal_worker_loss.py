@@ -158,7 +158,7 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
     policy = tmp_path / "effects.toml"
     policy.write_text(POLICY)
     outcomes: Counter[str] = Counter()
-    kills = over_billed = duplicates = 0
+    kills = over_billed = duplicates = resent = 0
     with LedgerProcess(mode="nodedup") as ledger:
         for trial in range(int(os.environ.get("CUADERNO_TRIALS") or 50)):
             billing = tmp_path / f"billing-{trial}.jsonl"
@@ -192,11 +192,13 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
             finally:
                 store.close()
             sends = Counter(e.payload.get("key") for e in events if e.kind == "model" and e.phase.startswith("intent"))
+            resent += sum(1 for e in events if e.phase.startswith("intent.") and e.payload.get("after") == "crash")
             for key, n in Counter(r["key"] for r in read_records(billing)).items():
                 over_billed += n > sends[key]
         receipts = Counter(r["key"] for r in ledger.receipts())
         duplicates = sum(1 for n in receipts.values() if n > 1)
-    print(f"R25 soak: {sum(outcomes.values())} runs, {kills} kills, outcomes {dict(outcomes)}, "
+    print(f"R25 soak: {sum(outcomes.values())} runs, {kills} kills, {resent} sends lost with their worker and "
+          f"sent again, outcomes {dict(outcomes)}, "
           f"keys billed more than counted {over_billed}, duplicate receipts {duplicates}")
     assert outcomes["workflow failed"] == 0 and outcomes["failed"] == 0, outcomes
     assert over_billed == 0 and duplicates == 0

@@ -260,8 +260,6 @@ class CuadernoWorkflow:
 
     def _check_decision(self, d: Decision) -> None:
         pending = self._pending()
-        if d.step_id not in pending and f"{d.step_id}.approval" in pending:
-            d = dataclasses.replace(d, step_id=f"{d.step_id}.approval")
         if d.step_id not in pending:
             raise NotWaitingForApproval(f"run {self.run_id!r} is not waiting for approval {d.step_id!r}")
         want = pending[d.step_id].get("fingerprint")
@@ -273,12 +271,13 @@ class CuadernoWorkflow:
     async def decide(self, d: Decision) -> str:
         """A person's decision: refused by the validator when stale or when nothing waits. Returns
         the approval step decided (the approval's own id, whichever form named it)."""
+        d = dataclasses.replace(d, step_id=self._approval_id(d.step_id))
         self.queued.append(d)
-        return self._approval_id(d.step_id)
+        return d.step_id
 
     @decide.validator
     def _validate(self, d: Decision) -> None:
-        self._check_decision(d)
+        self._check_decision(dataclasses.replace(d, step_id=self._approval_id(d.step_id)))
 
     @workflow.signal(name="decide")
     async def decide_signal(self, d: Decision) -> None:
