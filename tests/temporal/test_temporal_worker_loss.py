@@ -240,3 +240,20 @@ async def test_a_worker_shut_down_twice_during_one_model_call_is_not_a_failed_se
     assert [(i["phase"], i.get("after")) for i in intents] == [("intent", None), ("intent.2", "crash"),
                                                                 ("intent.3", "crash")]
     assert len(read_records(billing)) == 3  # three calls billed once each: the held sends never were
+
+
+@pytest.mark.parametrize(("points", "receipts_seen", "status"), [
+    # Killed after the transfer's intent, before its body, twice: the lookup proves it absent each
+    # time; the second re-send is past max_resends=1, so the run stops for a person, never failed.
+    (["append.W2:4", "append.W2:1"], 0, "needs_human"),
+    # Killed after the ledger took the transfer, before the journal has it: the lookup finds it.
+    (["temporal.tool.A1"], 1, "completed"),
+])
+async def test_a_tool_call_lost_with_its_worker_never_fails_the_run(env: WorkflowEnvironment, tmp_path: Path,
+                                                                   points: list[str], receipts_seen: int,
+                                                                   status: str) -> None:
+    """A non-idempotent tool lost with its worker is reconciled as after a local crash (its
+    lookup), never a failed run, never a second transfer."""
+    result, _, _, _, receipts = await run_with_kills(env, tmp_path, points)
+    assert result["status"] == status, result
+    assert receipts == receipts_seen
