@@ -150,10 +150,12 @@ async def test_the_bound_on_worker_losses_fails_the_step_past_it(env: WorkflowEn
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(os.environ.get("CUADERNO_SOAK") != "1", reason="soak: CUADERNO_SOAK=1")
 async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tmp_path: Path) -> None:
-    """50 runs; in each, the worker is SIGKILLed 1 to 3 times at random moments (the provider
-    answers after 0.4 s, so most kills land inside a model call), then a worker runs it to the end.
-    No run may fail; each key billed at most as many times as the journal counts its sends, and
-    the ledger's transfer happened at most once (``needs_human`` when its fate could not be told)."""
+    """50 runs; in each, the worker is SIGKILLed 1 to 3 times in a row, each time at a random
+    moment within 0.6 s after a model call left it (the worker says SENDING; the provider answers
+    after 0.4 s: before the bill, between the bill and the journal, or after), so the kills fall
+    on the same call again and again; then a worker runs it to the end. No run may fail; each key
+    billed at most as many times as the journal counts its sends, and the ledger's transfer
+    happened at most once (``needs_human`` when its fate could not be told)."""
     rng = random.Random(int(os.environ.get("CUADERNO_SEED") or 32))
     policy = tmp_path / "effects.toml"
     policy.write_text(POLICY)
@@ -164,7 +166,7 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
             billing = tmp_path / f"billing-{trial}.jsonl"
             journal = f"sqlite:///{tmp_path / f'journal-{trial}.db'}"
             queue, run_id = f"q-{uuid.uuid4().hex[:8]}", f"run-{uuid.uuid4().hex[:8]}"
-            extra = {"PROVIDER_DELAY": "0.4"}
+            extra = {"PROVIDER_DELAY": "0.4", "PROVIDER_SAYS_SENDING": "1"}
             handle = None
             for _ in range(rng.randint(1, 3)):
                 worker = start_worker(env, queue, journal, ledger.url, billing, policy, None, False, extra)
@@ -172,8 +174,14 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
                     handle = await env.client.start_workflow(CuadernoWorkflow.run,
                                                              RunInput(agent="payer", task="pay bob"),
                                                              id=run_id, task_queue=queue)
-                await asyncio.sleep(rng.uniform(0.0, 1.5))
-                if worker.poll() is None:
+                assert worker.stdout is not None
+                try:  # the run may end before another call leaves this worker: then no kill
+                    said = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), 30)
+                except TimeoutError:
+                    said = ""
+                if said.strip() == "SENDING":
+                    await asyncio.sleep(rng.uniform(0.0, 0.6))
+                if said.strip() == "SENDING" and worker.poll() is None:
                     worker.send_signal(signal.SIGKILL)
                     kills += 1
                 stop(worker)
