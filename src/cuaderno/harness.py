@@ -31,7 +31,8 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer, SupportsRebuild
 
-__all__ = ["SummaryRebuilt", "approve", "deny", "pending_approvals", "rebuild_summary", "resolve"]
+__all__ = ["SummaryRebuilt", "approve", "deny", "fingerprint_mismatch", "pending_approvals", "rebuild_summary",
+           "resolve"]
 
 
 def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, dict[str, Any]]:
@@ -107,7 +108,8 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
                                     f"(waiting: {waiting})")
     shown = pending.get("fingerprint")
     if fingerprint is not None and fingerprint != shown:
-        raise ApprovalMismatch(f"run {quoted(run_id)} step {quoted(appr_id)}: {_mismatch(fingerprint, str(shown))}")
+        raise ApprovalMismatch(f"run {quoted(run_id)} step {quoted(appr_id)}: "
+                               f"{fingerprint_mismatch(fingerprint, str(shown))}")
     event = StepEvent(run_id=run_id, step_id=appr_id, phase="decision", kind="approval", name=pending.get("tool"),
                       decision=decision, fingerprint=shown,
                       payload={"approver": approver, "reason": reason, "tool_step": pending.get("tool_step")})
@@ -118,7 +120,7 @@ def _decide(store: Checkpointer, run_id: str, step_id: str, decision: str, finge
                                     "otherwise") from exc
 
 
-def _mismatch(given: str, shown: str) -> str:
+def fingerprint_mismatch(given: str, shown: str) -> str:
     """Why ``given`` does not bind the pending call, with the two values shown where they differ.
 
     A prefix is never a match: the decision must name exactly the arguments the person saw. Cut

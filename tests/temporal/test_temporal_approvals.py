@@ -34,6 +34,13 @@ async def test_an_update_approves_and_its_validator_refuses_stale_or_unknown_ste
             with pytest.raises(WorkflowUpdateFailedError) as stale:
                 await handle.execute_update(CuadernoWorkflow.decide, Decision(step_id, True, fingerprint="0" * 64))
             assert refused_as(stale.value) == "ApprovalMismatch"
+            # A prefix of the right fingerprint is refused, and the message does not cut both
+            # values to one length (they printed as the same 12 characters).
+            with pytest.raises(WorkflowUpdateFailedError) as prefix:
+                await handle.execute_update(CuadernoWorkflow.decide, Decision(step_id, True, fingerprint=fp[:12]))
+            assert refused_as(prefix.value) == "ApprovalMismatch"
+            said = str(prefix.value.cause)
+            assert "prefix" in said and "64-character" in said and "got 12 characters" in said, said
             with pytest.raises(WorkflowUpdateFailedError) as unknown:
                 await handle.execute_update(CuadernoWorkflow.decide, Decision("t0009.tool00.approval", True))
             assert refused_as(unknown.value) == "NotWaitingForApproval"

@@ -264,8 +264,7 @@ class CuadernoWorkflow:
             raise NotWaitingForApproval(f"run {self.run_id!r} is not waiting for approval {d.step_id!r}")
         want = pending[d.step_id].get("fingerprint")
         if d.fingerprint is not None and d.fingerprint != want:
-            raise ApprovalMismatch(f"approval {d.step_id!r}: the arguments the person saw ({d.fingerprint[:12]}) "
-                                   f"are not the ones waiting ({str(want)[:12]})")
+            raise ApprovalMismatch(f"approval {d.step_id!r}: {harness.fingerprint_mismatch(d.fingerprint, str(want))}")
 
     @workflow.update(name="decide")
     async def decide(self, d: Decision) -> str:
