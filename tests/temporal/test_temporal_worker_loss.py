@@ -230,11 +230,13 @@ async def test_a_worker_shut_down_twice_during_one_model_call_is_not_a_failed_se
             if handle is None:
                 handle = await env.client.start_workflow(CuadernoWorkflow.run, RunInput(agent="payer", task="pay bob"),
                                                          id=run_id, task_queue=queue)
-            assert worker.stdout is not None
-            assert (await asyncio.to_thread(worker.stdout.readline)).strip() == "SENDING"  # the call is in flight
-            worker.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(worker.wait, 60) == 0  # it shut down, gracefully
-            stop(worker)
+            try:
+                assert worker.stdout is not None
+                assert (await asyncio.to_thread(worker.stdout.readline)).strip() == "SENDING"  # the call is in flight
+                worker.send_signal(signal.SIGTERM)
+                assert await asyncio.to_thread(worker.wait, 60) == 0  # it shut down, gracefully
+            finally:
+                stop(worker)
         last = start_worker(env, queue, journal, ledger.url, billing, policy, None, False)
         try:
             assert handle is not None
