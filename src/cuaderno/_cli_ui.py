@@ -137,7 +137,7 @@ def ui_command(
 def _auth(auth_file: Path | None, proxy_header: str | None, proxies: list[str]) -> Any:
     """The page's authentication from the options (``None``: none asked for)."""
     from cuaderno.errors import UsageError
-    from cuaderno.ui._auth import Auth, CredentialsFile
+    from cuaderno.ui.auth import Auth, CredentialsFile
 
     if proxies and proxy_header is None:
         raise UsageError("--trusted-proxy names a proxy whose header to trust: add --trusted-proxy-header NAME")
@@ -153,7 +153,7 @@ def ui_passwd_command(
 ) -> None:
     """Add a user to a credentials file of `cuaderno ui --auth-file`, or change their password."""
     from cuaderno.errors import CuadernoError
-    from cuaderno.ui._auth import set_password
+    from cuaderno.ui.auth import set_password
 
     if sys.stdin.isatty():
         password = getpass.getpass(f"password for {user}: ")

@@ -74,7 +74,7 @@ def server(db: Path) -> Iterator[str]:
 @pytest.fixture
 def login_server(db: Path, tmp_path: Path) -> Iterator[str]:
     """The same with a login: user ana, password "correct horse"."""
-    from cuaderno.ui._auth import set_password
+    from cuaderno.ui.auth import set_password
 
     users = tmp_path / "users"
     set_password(users, "ana", "correct horse")

@@ -23,8 +23,8 @@ from test_cli_ui import cli, refused
 from cuaderno import SqliteCheckpointer, StepEvent
 from cuaderno._cli_ui import allowed_hosts
 from cuaderno.errors import UsageError
-from cuaderno.ui._auth import COOKIE, Auth, CredentialsFile, set_password
 from cuaderno.ui.app import create_app
+from cuaderno.ui.auth import COOKIE, Auth, CredentialsFile, set_password
 
 APPROVAL = "t0001.tool00.approval"
 OPS = "ops.example.com"

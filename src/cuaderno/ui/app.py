@@ -20,7 +20,7 @@ Safe by construction:
 - every request must name one of an explicit list of host names (``allowed_hosts``; never "any"):
   a page of another site that rebinds its own name to this server's address arrives with its own
   ``Host`` and is refused, so it can neither read a token nor post one;
-- with an :class:`~cuaderno.ui._auth.Auth` (a credentials file and its login form, or a trusted
+- with an :class:`~cuaderno.ui.auth.Auth` (a credentials file and its login form, or a trusted
   proxy's header) every page needs an identity and the approver recorded is that identity, never
   a typed field; the app refuses to offer decisions beyond loopback (``public``) without one;
 - the run page draws a bounded number of steps (a long run is paged), and at most
@@ -79,9 +79,9 @@ from cuaderno.journal._claims import state_of
 from cuaderno.journal.base import SupportsClaims
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.ui import _timeline
-from cuaderno.ui._auth import COOKIE, SESSION_SECONDS, Auth, Identity
 from cuaderno.ui._index import RunIndex
 from cuaderno.ui._journal import journal_path, open_journal
+from cuaderno.ui.auth import COOKIE, SESSION_SECONDS, Auth, Identity
 
 __all__ = ["HEAVY_AT_ONCE", "LOOPBACK_HOSTS", "STATUSES", "Auth", "create_app", "journal_path"]
 
