@@ -45,6 +45,15 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.stdout.close()
 
 
+async def outcome(handle: Any) -> dict[str, Any]:
+    """The run's result, or ``{"status": "workflow failed", ...}`` when the workflow failed."""
+    try:
+        result: dict[str, Any] = await handle.result()
+    except WorkflowFailureError as exc:
+        return {"status": "workflow failed", "reason": str(exc.cause)}
+    return result
+
+
 def step_intents(journal: str, run_id: str, step_id: str) -> list[dict[str, Any]]:
     store = open_journal(journal)
     try:
@@ -87,10 +96,7 @@ async def run_with_kills(env: WorkflowEnvironment, tmp_path: Path, points: list[
         last = start_worker(env, queue, journal, ledger.url, billing, policy, None, dedup=False)
         try:
             assert handle is not None
-            try:
-                result = await handle.result()
-            except WorkflowFailureError as exc:
-                result = {"status": "workflow failed", "reason": str(exc.cause)}
+            result = await outcome(handle)
         finally:
             stop(last)
         receipts = len(ledger.receipts())
@@ -188,9 +194,7 @@ async def test_random_worker_kills_never_fail_a_run(env: WorkflowEnvironment, tm
             last = start_worker(env, queue, journal, ledger.url, billing, policy, None, False, extra)
             assert handle is not None
             try:
-                result = await handle.result()
-            except WorkflowFailureError as exc:
-                result = {"status": "workflow failed", "reason": str(exc.cause)}
+                result = await outcome(handle)
             finally:
                 stop(last)
             outcomes[result["status"]] += 1
