@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cuaderno import open_journal
+from cuaderno import approve, open_journal
 from cuaderno.testing.ledger import LedgerProcess, read_receipts
 from cuaderno.testing.records import read_records
 
@@ -68,6 +68,15 @@ class World:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "cuaderno", "--db", self.journal, *args], env=self.env(),
                               cwd=self.dir, capture_output=True, text=True, timeout=120)
+
+    def approve_all(self, runs: list[str]) -> None:
+        """Approve each run's first tool call, as a person would between two workers."""
+        store = open_journal(self.journal)
+        try:
+            for run_id in runs:
+                approve(store, run_id, "t0000.tool00", approver="test")
+        finally:
+            store.close()
 
     def receipts(self) -> list[dict[str, Any]]:
         return [r for r in read_receipts(self.ledger.db_path) if r["applied"]]

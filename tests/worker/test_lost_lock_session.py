@@ -51,7 +51,7 @@ import pytest
 from _world import HERE, World
 from psycopg import sql
 
-from cuaderno import approve, open_journal
+from cuaderno import open_journal
 from cuaderno.testing.ledger import LedgerProcess
 
 sys.path.insert(0, str(HERE.parent / "crash"))
@@ -105,22 +105,13 @@ def _terminate_all_clients(cluster: PrivateCluster) -> int:
     return len(pids)
 
 
-def _approve_all(world: World, runs: list[str]) -> None:
-    store = open_journal(world.journal)
-    try:
-        for run_id in runs:
-            approve(store, run_id, "t0000.tool00", approver="test")
-    finally:
-        store.close()
-
-
 def _started(world: World, runs: list[str]) -> None:
     """Runs started by an application that went away at their approval, then approved: waiting
     for a worker, the approved ``reserve`` their first effect."""
     starter = world.start_runs("approving", runs)
     out, err = starter.communicate(timeout=600)
     assert starter.returncode == 0 and out.split()[1::2] == ["suspended"] * len(runs), err
-    _approve_all(world, runs)
+    world.approve_all(runs)
 
 
 def _uncertain_evidence(world: World, run_id: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import time
 import pytest
 from _world import World
 
-from cuaderno import approve, open_journal
+from cuaderno import open_journal
 from cuaderno.journal.base import SupportsClaims
 
 pytestmark = pytest.mark.xdist_group("crash")
@@ -70,7 +70,7 @@ def test_a_worker_killed_at_a_crash_point_is_finished_by_another(world: World, c
     ids = ["a", "b", "c"]
     starter = world.start_runs("approving", ids)
     starter.communicate(timeout=120)
-    _approve_all(world, ids)
+    world.approve_all(ids)
     first = world.worker("worker_agent:approving_agent", "--concurrency", concurrency, CUADERNO_CRASH_AT=point)
     first.communicate(timeout=120)
     assert first.returncode == -signal.SIGKILL, "the crash point was not reached"
@@ -107,21 +107,12 @@ def test_after_approve_the_run_waits_for_a_worker_and_a_worker_resumes_it(world:
     assert json.loads(world.cli("status", "r1", "--json").stdout)["state"] == "completed"
 
 
-def _approve_all(world: World, runs: list[str]) -> None:
-    store = open_journal(world.journal)
-    try:
-        for run_id in runs:
-            approve(store, run_id, "t0000.tool00", approver="test")
-    finally:
-        store.close()
-
-
 def _share(world: World, workers: int, runs: int, rep: int, *, kill_one: bool) -> dict[str, int]:
     ids = [f"rep{rep}-run{i:03d}" for i in range(runs)]
     starter = world.start_runs("approving", ids)
     out, err = starter.communicate(timeout=600)
     assert starter.returncode == 0 and out.split()[1::2] == ["suspended"] * runs, err
-    _approve_all(world, ids)
+    world.approve_all(ids)
     procs = [world.worker("worker_agent:approving_agent", "--concurrency", "2") for _ in range(workers)]
     killed = 0
     if kill_one:
@@ -166,7 +157,7 @@ def test_soak_ten_workers(world: World) -> None:
 def test_sigterm_finishes_the_step_in_flight_releases_the_run_and_exits_0(world: World) -> None:
     started = world.start_runs("approving", ["r1"])
     started.communicate(timeout=120)
-    _approve_all(world, ["r1"])
+    world.approve_all(["r1"])
     # The worker's tools wait at the gate: SIGTERM arrives while the reserve is in flight.
     worker = world.worker("worker_agent:approving_agent", WORKER_GATE=str(world.gate))
     world.wait_until(lambda: (world.dir / "gate.inflight").exists(), what="the tool in flight")
