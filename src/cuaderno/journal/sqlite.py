@@ -166,6 +166,13 @@ class SqliteCheckpointer:
     :class:`~cuaderno.errors.JournalLocked`. A lock that keeps an open or a read out
     (``SQLITE_BUSY``, ``SQLITE_LOCKED``, ``SQLITE_PROTOCOL``) is always
     :class:`~cuaderno.errors.JournalLocked`, never :class:`~cuaderno.errors.JournalCorrupt`.
+
+    And one more: a writer killed while it updated the ``-shm``'s header, while other processes
+    keep the journal open, leaves an index only a connection that may write can rebuild (SQLite's
+    ``SQLITE_READONLY_RECOVERY``). A writable store then opens its writer at once (rebuilding the
+    ``-shm`` from the ``-wal``, which stays as it is); a read-only one waits up to its busy timeout
+    for a live writer's next write to rebuild it, and is otherwise refused with
+    :class:`~cuaderno.errors.JournalLocked`.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
@@ -264,7 +271,16 @@ class SqliteCheckpointer:
                 # first writes, on a connection that can neither fold the -wal into the file nor
                 # rebuild the -shm (a refused command leaves all three as they were, but for a
                 # -shm SQLite cannot read the -wal without rebuilding: see _read_only).
-                self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
+                try:
+                    self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms, wait_for_rebuild=False)
+                except sqlite3.Error as exc:
+                    if not _index_half_written(exc):
+                        raise
+                    # A writer died while it updated the -shm, and only a connection that may write
+                    # rebuilds it (from the -wal, which stays as it is): this store may, so its
+                    # writer opens now rather than wait for another process's next write.
+                    self._open_writer(synchronous, busy_timeout_ms, compress)
+                    return
                 self._bind_file()
                 self._refuse_newer_schema()
                 self._check_anchor()
@@ -798,7 +814,7 @@ class SqliteCheckpointer:
             if not _locked(exc):
                 raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
                                      "the file was not changed") from exc
-            if _errorname(exc).startswith("SQLITE_PROTOCOL"):
+            if _errorname(exc).startswith("SQLITE_PROTOCOL") or _index_half_written(exc):
                 self._index_unread = True  # the next read reopens the connection, rebuilding SQLite's index
             raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
                                 f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
@@ -809,7 +825,8 @@ class SqliteCheckpointer:
                                  "the file was not changed") from exc
 
     _index_unread = False
-    """A read through ``readonly_shm`` met SQLITE_PROTOCOL: the next one reopens the connection."""
+    """A read through ``readonly_shm`` met SQLITE_PROTOCOL, or a read-only read met a half-written
+    -shm: the next one reopens the connection (a writable store's is its writer)."""
 
     def _keep_index_readable(self) -> None:
         """Before a read on a connection that leaves the -shm as it is: if the -wal now holds only
@@ -817,6 +834,12 @@ class SqliteCheckpointer:
         SQLITE_PROTOCOL, reopen it as a read-only connection that rebuilds the -shm (see
         :func:`_read_only`); SQLite would otherwise refuse every read for as long as no other
         connection keeps the -shm. The new connection must open the same file (JournalReplaced)."""
+        if self._index_unread and self._writer is not None:
+            # A writable store still on its read-only connection met a half-written -shm: its
+            # writer rebuilds that index, where a read-only connection would wait for another's.
+            self._index_unread = False
+            self._start_writing()
+            return
         if not self._shm_kept or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
             return
         with self._lock:
@@ -1072,7 +1095,32 @@ _WAL_HEADER = 32
 """Bytes of a -wal's header; its frames (the commits in it) follow it."""
 
 
-def _read_only(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connection, bool]:
+def _read_only(path: str, busy_timeout_ms: float, *,
+               wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, bool]:
+    """:func:`_read_only_once`, waiting (up to ``busy_timeout_ms``) while SQLite's index of the
+    -wal is half-written (:func:`_index_half_written`): the next write of a process that has the
+    journal open rebuilds it, and no read-only connection can."""
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    pause = 0.005
+    while True:
+        try:
+            return _read_only_once(path, busy_timeout_ms)
+        except sqlite3.Error as exc:
+            if not (wait_for_rebuild and _index_half_written(exc)) or time.monotonic() >= deadline:
+                raise
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 0.1)
+
+
+def _index_half_written(exc: BaseException) -> bool:
+    """Whether SQLite refused a read-only read because the -shm's header is damaged while another
+    process has the journal open (``SQLITE_READONLY_RECOVERY``): a writer was killed between the
+    two copies of that header, and rebuilding it needs a connection that may write. Transient: it
+    is not the file's damage (the database file and the -wal are whole)."""
+    return _errorname(exc) == "SQLITE_READONLY_RECOVERY"
+
+
+def _read_only_once(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connection, bool]:
     """A connection that cannot change the file or its -wal (``mode=ro``: it never folds the -wal
     in), and whether it also leaves the -shm as it is.
 
@@ -1113,7 +1161,7 @@ def _errorname(exc: BaseException) -> str:
 
 def _locked(exc: sqlite3.Error) -> bool:
     """Whether SQLite failed because of another connection's lock, not because of the file."""
-    return _errorname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL"))
+    return _errorname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")) or _index_half_written(exc)
 
 
 @contextmanager
@@ -1161,6 +1209,12 @@ def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float)
                              "or this one may not write the -shm to rebuild it. Nothing was changed; try again, and "
                              "if it persists while no process uses the journal, give this process write access to "
                              "its folder (or copy the journal and its -wal, without the -shm, to one)")
+    if _index_half_written(exc):
+        return JournalLocked(f"{path!r} could not be opened read-only: a process was killed while it updated SQLite's "
+                             f"index of the -wal ({Path(path).name}-shm), and the processes that still have the "
+                             f"journal open have not written since (waited {busy_timeout_ms / 1000:g} s); the next "
+                             "write rebuilds it, and only a connection that may write can. Nothing was changed; "
+                             "try again, or open it writable")
     if name == "SQLITE_READONLY_DIRECTORY":
         return JournalError(f"{path!r} cannot be opened: its folder is not writable, and SQLite creates "
                             f"{Path(path).name}-wal and -shm beside a WAL journal even to read it; give write access "
