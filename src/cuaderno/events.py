@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from cuaderno._json import loads_object, sorted_compact, sorted_compact_ascii
 
@@ -94,7 +94,13 @@ def call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | No
     return arguments if isinstance(arguments, dict) else None
 
 
-def numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: str) -> list[StepEvent]:
+class Keyed(Protocol):
+    """A run's events by ``(step_id, phase)``, probed key by key (a dict of them, a step log)."""
+
+    def get(self, key: tuple[str, str], /) -> StepEvent | None: ...
+
+
+def numbered(journal: Keyed, step_id: str, phase: str) -> list[StepEvent]:
     """A step's numbered events in order: ``phase``, ``phase.2``, ``phase.3``... (``journal`` is
     keyed by ``(step_id, phase)``). Probes keys, never scans the journal."""
     out: list[StepEvent] = []
@@ -103,7 +109,7 @@ def numbered(journal: dict[tuple[str, str], StepEvent], step_id: str, phase: str
     return out
 
 
-def not_happened_since_sent(journal: dict[tuple[str, str], StepEvent], step_id: str) -> bool:
+def not_happened_since_sent(journal: Keyed, step_id: str) -> bool:
     """Whether a person established that the step's effect did not happen (``resolve(happened=
     False)``) and nothing was sent since: the one case a re-send needs no lookup. A resolution
     older than the last send says nothing about that send."""

@@ -73,8 +73,9 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "SupportsClaims",
-           "SupportsRebuild", "SupportsTail", "Tail", "tail_base", "validate_event"]
+__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "ConfirmsHold",
+           "KnowsEarlierHolders", "SupportsClaims", "SupportsRebuild", "SupportsTail", "Tail", "tail_base",
+           "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
@@ -219,6 +220,31 @@ class SupportsClaims(Protocol):
         (``{"owner": label, "process": {"host", "pid", ...}}``). A run missing from the answer is
         held by nobody alive: a takeover would not be refused as :class:`~cuaderno.errors.RunBusy`
         (unless someone takes it meanwhile). Unknown runs are left out."""
+        ...
+
+
+@runtime_checkable
+class ConfirmsHold(Protocol):
+    """Optional capability of a store whose holder can lose the run while it lives (PostgreSQL:
+    the server may end the session that holds the run's lock). The effect protocol asks it
+    between an effect's durable intent and its body (:func:`cuaderno.durable.log.confirm_hold`).
+    A kernel lock (SQLite) cannot be lost by a living process: such stores do not declare it."""
+
+    def confirm_hold(self, run_id: str, epoch: int | None) -> None:
+        """Raise :class:`~cuaderno.errors.FencedOut` unless this store still holds ``run_id`` at
+        ``epoch`` (taking a lost lock back first when nobody else has the run)."""
+        ...
+
+
+@runtime_checkable
+class KnowsEarlierHolders(Protocol):
+    """Optional capability of a store whose takeover does not prove that the earlier holder
+    stopped (PostgreSQL, see :class:`ConfirmsHold`). The effect protocol asks it before a lookup
+    that found no effect is taken as proof of absence (R23)."""
+
+    def earlier_holder(self, run_id: str, seq: int | None = None) -> dict[str, Any] | None:
+        """An earlier holder that may still be executing the step whose first intent is row
+        ``seq``, or ``None`` when none can be."""
         ...
 
 

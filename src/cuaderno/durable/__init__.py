@@ -1,0 +1,18 @@
+"""The durable step, once: the protocols every loop writes model calls and effects through.
+
+- :mod:`cuaderno.durable.model_call`: :class:`ModelCall`, intent with the provider key → send →
+  result; a send of unknown fate sent again with the same key, counted.
+- :mod:`cuaderno.durable.effect`: :class:`Effect`, intent with the effect key → body → result; an
+  unknown outcome settled by a lookup or stopped as ``uncertain``, never guessed.
+- :mod:`cuaderno.durable.log`: :class:`StepLog`, what they write through, and :class:`JournalLog`,
+  the one a caller that is not cuaderno's runner uses (one ``append`` per commit).
+
+The runner, the Temporal activities and the episode parent write model and tool intents and
+results only through these modules (a test reads every module of the package to keep it so).
+"""
+
+from cuaderno.durable.effect import BodyBug, Effect, Settled
+from cuaderno.durable.log import JournalLog, StepLog
+from cuaderno.durable.model_call import ModelCall, Retrying, Sent
+
+__all__ = ["BodyBug", "Effect", "JournalLog", "ModelCall", "Retrying", "Sent", "Settled", "StepLog"]

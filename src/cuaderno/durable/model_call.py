@@ -1,0 +1,235 @@
+"""The model-call protocol: one model step, journaled so that no inference is paid twice
+unknowingly.
+
+A step is: ``intent`` (with the provider idempotency key) committed → the request sent → the
+response journaled as the ``result``. A resumed step finds its result and pays nothing. A send
+whose fate is unknown (the process died after the intent, or the reply was lost: ``ambiguous``)
+is sent again with the **same key**, after a new intent (``intent.2``, ``intent.3``...) that says
+why (``after``: ``crash``, ``ambiguous``, ``error``): each is counted as possibly billed twice. A
+classified failure that ends the step is journaled as ``error.N`` (N: the send it ended), and a
+request that provably never left the process takes back the send its intent counted.
+
+What replay needs from each journaled field:
+
+- intent ``key``: the key every later send of the step carries (the provider deduplicates on it);
+  ``turn``: the loop's turn; ``after``: why an earlier send's fate is unknown (the projection
+  counts re-sends from it); anything the caller adds (``extra``: the ladder's rung, Temporal's
+  message references) is the caller's to read back.
+- result ``response``: what the conversation continues with (never asked for again); ``key`` and
+  ``sends``: the key it was answered under and how many sends it took; ``verdict``: whether the
+  response joins the conversation (an empty or refused generation is journaled, counted and asked
+  again); ``counters``: what the step spent beyond its first send; ``output``: the validated
+  structured answer.
+
+The runner (:mod:`cuaderno.loop`), the Temporal model activity and any other caller write model
+steps only through :class:`ModelCall`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cuaderno._json import not_plain, shown
+from cuaderno.durable.log import StepLog, numbered
+from cuaderno.errors import ErrorClass, GatewayError
+from cuaderno.events import StepEvent
+from cuaderno.gateway.base import ModelResponse
+from cuaderno.gateway.empty import Outcome, classify_response
+from cuaderno.loop.output import check_output
+from cuaderno.testing import crash
+
+__all__ = ["ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
+
+
+class Retrying(Protocol):
+    """How often and how long a step tries again (:class:`cuaderno.RetryPolicy`)."""
+
+    @property
+    def max_retries(self) -> int: ...
+
+    @property
+    def max_resends(self) -> int: ...
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A send that was answered: the response, the sends the step took (its last intent's
+    number) and the retries of requests that provably did not reach the provider."""
+
+    response: ModelResponse
+    sends: int
+    retries: int = 0
+
+
+def plain_calls(response: ModelResponse) -> ModelResponse:
+    """The response with every tool call whose arguments are not plain JSON (NaN, nesting too
+    deep: a custom gateway may pass them on) turned into a call the model must repair. Done before
+    the response is journaled: it was paid for, and must be journaled whatever it holds."""
+    if all(c.arguments_error is not None or not_plain(c.arguments) is None for c in response.tool_calls):
+        return response
+    calls = []
+    for c in response.tool_calls:
+        problem = None if c.arguments_error is not None else not_plain(c.arguments)
+        if problem is not None:
+            c = dataclasses.replace(c, arguments={}, arguments_error=f"arguments hold {problem}",
+                                    raw_arguments=c.raw_arguments or shown(c.arguments))
+        calls.append(c)
+    return dataclasses.replace(response, tool_calls=tuple(calls))
+
+
+def accepted(payload: Mapping[str, Any]) -> bool:
+    """Whether a model result payload's response joins the conversation (not rejected as empty
+    or refused). Results journaled before verdicts existed have none, and are accepted."""
+    verdict = payload.get("verdict")
+    return verdict is None or verdict.get("outcome") == Outcome.OK
+
+
+class ModelCall:
+    """One model step of one run (see the module docstring).
+
+    Args:
+        log: the run's journal.
+        step_id: the step (``tNNNN.model``).
+        key: the provider idempotency key: every send of the step carries it.
+        turn: the loop's turn, journaled on each intent.
+        fingerprint: the request's fingerprint, journaled on the intents, errors and result (a
+            replay that would send another request is a divergence); ``None`` when the caller
+            checks the request another way (Temporal: the workflow's history).
+    """
+
+    __slots__ = ("fingerprint", "key", "log", "step_id", "turn")
+
+    def __init__(self, log: StepLog, step_id: str, *, key: str, turn: int, fingerprint: str | None = None) -> None:
+        self.log = log
+        self.step_id = step_id
+        self.key = key
+        self.turn = turn
+        self.fingerprint = fingerprint
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def answered(self) -> StepEvent | None:
+        """The step's journaled result, when it holds a response (nothing is sent again)."""
+        rec = self.log.get(self.step_id, "result")
+        return rec if rec is not None and rec.payload.get("response") is not None else None
+
+    def sends(self) -> int:
+        """How many sends the journal holds intents for."""
+        return len(numbered(self.log, self.step_id, "intent"))
+
+    def next_send(self) -> tuple[int, str | None]:
+        """The number of this process's first send of the step, and why an earlier send's fate is
+        unknown (``None`` for a first send): ``crash`` (its process died after the intent),
+        ``ambiguous`` (its last failure was), ``error`` (its last failure was classified and
+        provably not billed: a refused or unsent request)."""
+        sends = self.sends()
+        if sends == 0:
+            return 1, None
+        last_error = self.log.get(self.step_id, f"error.{sends}")
+        if last_error is None:
+            return sends + 1, "crash"
+        ambiguous = last_error.payload.get("error", {}).get("error_class") == ErrorClass.AMBIGUOUS
+        return sends + 1, "ambiguous" if ambiguous else "error"
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def intend(self, send: int, *, after: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        """Stage the intent of send ``send`` (``intent``, then ``intent.N``): it must commit before
+        the request leaves (:meth:`send` commits it)."""
+        payload: dict[str, Any] = {"key": self.key, "turn": self.turn}
+        if after is not None:
+            payload["after"] = after
+        if extra:
+            payload.update(extra)
+        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id,
+                                 phase="intent" if send == 1 else f"intent.{send}", kind="model",
+                                 fingerprint=self.fingerprint, payload=payload), "model.K1")
+
+    def failed(self, send: int, error: GatewayError, counters: Mapping[str, int]) -> None:
+        """Journal the classified failure that ended send ``send`` (``error.N``), with what the
+        step spent before it failed, and commit it."""
+        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase=f"error.{send}", kind="model",
+                                 fingerprint=self.fingerprint,
+                                 payload={"error": error.to_json(), "key": self.key, "counters": dict(counters)}))
+        self.log.commit()
+
+    async def send(self, request: Callable[[], Awaitable[ModelResponse]], *, retry: Retrying,
+                   sleep: Callable[[float], Awaitable[None]], rng: random.Random,
+                   charge: Callable[[dict[str, int]], None] = lambda counters: None,
+                   extra: Mapping[str, Any] | None = None) -> Sent:
+        """Send the step's request once its intent is durable, trying again as ``retry`` allows.
+
+        ``request`` makes one send (with :attr:`key`). A transient failure that provably did not
+        reach the provider is retried under the same intent; an ambiguous one is sent again after
+        a new intent; any other, or one past the bounds, is journaled (:meth:`failed`) and raised.
+        ``charge`` is told what a failed step spent before it is journaled; ``extra`` goes on this
+        process's first intent (the ladder's rung)."""
+        sends, after = self.next_send()
+        self.intend(sends, after=after, extra=extra)
+        retries = resends = 0
+        left = False  # did any attempt of this send leave the process (or may it have)?
+        while True:
+            crash.point("model.K0")
+            await self.log.commit_before_acting()
+            crash.point("model.K2")
+            try:
+                response = plain_calls(await request())
+                break
+            except GatewayError as err:
+                left = left or err.sent is not False
+                wait = _retry_wait(retry, err, retries, resends, rng)
+                if wait is None:
+                    counters = {"retries": retries} if retries else {}
+                    charge(counters)
+                    if not left:
+                        # The intent counted a send, and nothing left the process (the SDK refused
+                        # the request before any byte was written): the failure takes it back, so
+                        # model_sends counts only requests a provider may have seen.
+                        counters = {**counters, "model_sends": -1}
+                    self.failed(sends, err, counters)
+                    raise
+                if err.error_class is ErrorClass.AMBIGUOUS:
+                    resends += 1
+                    sends += 1
+                    self.intend(sends, after="ambiguous")
+                else:
+                    retries += 1
+                await sleep(wait)
+        crash.point("model.K5")
+        return Sent(response, sends, retries)
+
+    def finish(self, sent: Sent, *, require_tool: bool = False, output_type: Any = None,
+               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Stage the step's result: the response with its verdict (empty or refused generations
+        rejected; a structured answer validated against ``output_type``) and counters; returns
+        its payload. The caller commits it with its next commit (the runner: with the next
+        intent, or the run's end)."""
+        response = sent.response
+        verdict = classify_response(response, require_tool=require_tool)
+        output = None
+        if verdict.ok and not response.tool_calls and output_type is not None:
+            verdict, output = check_output(output_type, response)
+        counters = {"retries": sent.retries} if sent.retries else {}
+        if verdict.rejected:
+            counters["rejected_responses"] = 1
+        payload: dict[str, Any] = {"response": response.to_json(), "key": self.key, "sends": sent.sends,
+                                   "verdict": verdict.to_json(), "counters": counters, **(extra or {})}
+        if output is not None:
+            payload["output"] = output  # the validated value: what the final record and replay use
+        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
+                                 fingerprint=self.fingerprint, payload=payload), "model.K6")
+        return payload
+
+
+def _retry_wait(retry: Retrying, err: GatewayError, retries: int, resends: int, rng: random.Random) -> float | None:
+    if err.error_class is ErrorClass.TRANSIENT and retries < retry.max_retries:
+        return retry.delay(retries + 1, err.retry_after, rng)
+    if err.error_class is ErrorClass.AMBIGUOUS and resends < retry.max_resends:
+        return retry.delay(resends + 1, err.retry_after, rng)
+    return None
