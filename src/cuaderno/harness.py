@@ -18,6 +18,7 @@ from pydantic_core import to_jsonable_python
 
 from cuaderno._json import not_plain
 from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.durable.effect import resolved_result
 from cuaderno.errors import (
     ApprovalMismatch,
     JournalConflict,
@@ -194,10 +195,8 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     uncertain = next((ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain"), None) or next(
         ev for ev in events if ev.step_id == step_id and ev.phase == "intent")
     if happened:
-        event = StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="tool", name=uncertain.name,
-                          decision="resolved", fingerprint=uncertain.fingerprint,
-                          payload={"outcome": "ok", "value": result, "resolved": record,
-                                   "effect_key": evidence.get("effect_key"), "counters": {"escalations": 1}})
+        event = resolved_result(run_id, step_id, tool=uncertain.name, fingerprint=uncertain.fingerprint,
+                                value=result, record=record, effect_key=evidence.get("effect_key"))
     else:
         # Numbered like the uncertain events: a re-send after one resolution may end uncertain
         # again, and a person settles it again.

@@ -63,7 +63,7 @@ def test_invalid_then_valid_is_repaired_counted_and_told_why(store: Any) -> None
 
 
 def test_replay_uses_the_recorded_verdict_not_a_new_validation(store: Any, monkeypatch: Any) -> None:
-    from cuaderno.loop import _model_steps
+    from cuaderno.durable import model_call as _model_steps
 
     agent = Agent(instructions="i", output_type=Invoice, tools=[_noop])
     gw = ScriptedGateway([ScriptedGateway.text(INVALID), ScriptedGateway.call("noop"), ScriptedGateway.text(VALID)])

@@ -46,12 +46,21 @@ from cuaderno.events import StepEvent, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.testing import crash
 
-__all__ = ["BodyBug", "Effect", "Settled", "intent_event", "result_payload", "stage_result", "stage_uncertain"]
+__all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "result_payload", "stage_result",
+           "stage_uncertain"]
 
 _AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.value: "replans",
                 ErrorClass.PERMANENT.value: "reflects", ErrorClass.TRANSIENT.value: "reflects"}
 """What the model is asked to do next after a tool error of each class: repair its input,
 replan on fresh state, or reflect on a refusal. Ambiguous errors are reconciled, bugs stop."""
+
+
+def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:
+    """``hash(tenant, task_id, effect_type, canonical_arguments, policy_version)``.
+
+    Derived from the intent, never from the attempt: retries and resumes of one intent share it.
+    """
+    return "eff-" + fingerprint([tenant, task_id, effect_type, arguments, policy_version])[:40]
 
 
 def plus(counters: Mapping[str, int], name: str, n: int) -> dict[str, int]:
@@ -92,13 +101,25 @@ def result_payload(outcome: str, value: Any = None, *, error: Mapping[str, Any] 
 
 
 def stage_result(log: StepLog, step_id: str, tool: str, payload: Mapping[str, Any], *,
-                 decision: str | None = None, fingerprint: str | None = None) -> StepEvent:
+                 decision: str | None = None, fingerprint: str | None = None,
+                 points: tuple[str, ...] = ("tool.K6",)) -> StepEvent:
     """Stage an effect step's result (see :func:`result_payload`): also the one record of a call
-    that never ran (an unknown tool, arguments refused, a denial)."""
+    that never ran (an unknown tool, arguments refused, a denial, a compensation with nothing to
+    undo). ``points``: the crash points of the commit it rides on (the runner's sweep)."""
     ev = StepEvent(run_id=log.run_id, step_id=step_id, phase="result", kind="tool", name=tool, decision=decision,
                    fingerprint=fingerprint, payload=dict(payload))
-    log.stage(ev, "tool.K6")
+    log.stage(ev, *points)
     return ev
+
+
+def resolved_result(run_id: str, step_id: str, *, tool: str | None, fingerprint: str | None, value: Any,
+                    record: Mapping[str, Any], effect_key: str | None) -> StepEvent:
+    """The result of an uncertain step a person settled as happened (:func:`cuaderno.resolve`):
+    the value they give is the step's result, and the escalation is counted. (``did not happen``
+    is a ``resolution`` event, after which the protocol sends again with the same key.)"""
+    return StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="tool", name=tool, decision="resolved",
+                     fingerprint=fingerprint, payload={"outcome": "ok", "value": value, "resolved": dict(record),
+                                                       "effect_key": effect_key, "counters": {"escalations": 1}})
 
 
 def intent_event(log: StepLog, step_id: str, tool: str, send: int, payload: Mapping[str, Any], *,

@@ -248,17 +248,16 @@ class Plan:
         return {"rung": self.rung, "position": self.position, "tier": self.tier,
                 "tools": [str(t.get("name")) for t in self.request.tools], "require_tool": self.request.require_tool}
 
-    def noted(self, intent: StepEvent, *, first: bool) -> StepEvent:
-        """``intent`` with the rung record (and, on a step's first intent only, its counters: a
-        re-send after a crash must not count the rung twice)."""
+    def intent_extra(self, *, first: bool) -> dict[str, Any]:
+        """What the step's intent records of the plan: the rung (and, on a step's first intent
+        only, its counters: a re-send after a crash must not count the rung twice); nothing for
+        the original request (journaled exactly as without a ladder)."""
         if self.rung is None:
-            return intent  # the original request: journaled exactly as without a ladder
+            return {}
         extra: dict[str, Any] = {"rung": {**self.change(), "skipped": list(self.skipped)}}
         if first and self.counters:
             extra["counters"] = dict(self.counters)
-        return StepEvent(run_id=intent.run_id, step_id=intent.step_id, phase=intent.phase, kind=intent.kind,
-                         name=intent.name, decision=intent.decision, fingerprint=intent.fingerprint,
-                         payload={**intent.payload, **extra})
+        return extra
 
     def on_result(self) -> dict[str, Any]:
         """What the step's result payload records of the plan: ``{"rung": position}`` for a rung
@@ -372,7 +371,7 @@ class _Loop(Protocol):
 
     def charge(self, counters: dict[str, int]) -> None: ...
 
-    def _flush(self) -> None: ...
+    def commit(self) -> None: ...
 
     @property
     def store(self) -> Any: ...
@@ -427,7 +426,7 @@ def _exhausted(loop: _Loop, ladder: Ladder, plan: Exhausted, turn: int) -> NoRet
     payload: dict[str, Any] = {"status": "failed", "reason": "ladder_exhausted", "budget": LADDER_BUDGET,
                                "limit": len(ladder.rungs), "rungs": list(ladder.names), "skipped": skipped,
                                "turn": turn}
-    loop._flush()  # the rejected answer that ended the climb lands before the record that ends the run
+    loop.commit()  # the rejected answer that ended the climb lands before the record that ends the run
     loop.store.append([StepEvent(run_id=loop.run_id, step_id="run", phase="end", kind="run", payload=payload)],
                       epoch=loop.epoch)
     raise LadderExhausted(loop.run_id, list(ladder.names), skipped)

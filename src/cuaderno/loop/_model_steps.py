@@ -2,45 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from cuaderno._json import not_plain, shown
-from cuaderno.errors import ErrorClass, GatewayError
-from cuaderno.events import StepEvent, model_step_id
+from cuaderno.durable.model_call import ModelCall, accepted
+from cuaderno.events import model_step_id
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
-from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.ladder import climb
 from cuaderno.loop._state import RunState, Turn, Unrecorded
-from cuaderno.loop.output import check_output, feedback_messages
+from cuaderno.loop.output import feedback_messages
 from cuaderno.loop.steps import FinalStep, ModelStep
 from cuaderno.testing import crash
 
 __all__ = ["ModelSteps"]
-
-
-def plain_calls(response: ModelResponse) -> ModelResponse:
-    """The response with every tool call whose arguments are not plain JSON (NaN, nesting too
-    deep: a custom gateway may pass them on) turned into a call the model must repair. Done before
-    the response is journaled: it was paid for, and must be journaled whatever it holds."""
-    if all(c.arguments_error is not None or not_plain(c.arguments) is None for c in response.tool_calls):
-        return response
-    calls = []
-    for c in response.tool_calls:
-        problem = None if c.arguments_error is not None else not_plain(c.arguments)
-        if problem is not None:
-            c = dataclasses.replace(c, arguments={}, arguments_error=f"arguments hold {problem}",
-                                    raw_arguments=c.raw_arguments or shown(c.arguments))
-        calls.append(c)
-    return dataclasses.replace(response, tool_calls=tuple(calls))
-
-
-def accepted(payload: dict[str, Any]) -> bool:
-    """Whether a model result payload's response joins the conversation (not rejected as empty
-    or refused). Results journaled before verdicts existed have none, and are accepted."""
-    verdict = payload.get("verdict")
-    return verdict is None or verdict.get("outcome") == Outcome.OK
 
 
 class ModelSteps(RunState):
@@ -107,91 +81,27 @@ class ModelSteps(RunState):
         return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
 
     async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
-        """Send the request once its intent is durable; return the response and its staged result
-        payload."""
+        """Send the request once its intent is durable (:class:`~cuaderno.durable.ModelCall`);
+        return the response and its staged result payload."""
         request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self._conversation()),
                                tools=self.agent.tool_schemas, model=self.agent.model,
                                require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
                                temperature=self.agent.temperature)
         plan = climb(self, self.s.gateway, turn, request)  # the empty-generation ladder's rung, if any
         request = plan.request
-        key = idempotency_key(self.run_id, step_id, plan.keyed(fp))
-        sends = self._recorded_count(step_id, "intent")
-        last_error = self.journal.get((step_id, f"error.{sends}"))
-        sends += 1
-        after = None if sends == 1 else "crash"
-        if last_error is not None:
-            # The last send ended in a journaled, classified failure: only an ambiguous one may
-            # have been billed; a refused or unsent request was not.
-            ambiguous = last_error.payload.get("error", {}).get("error_class") == ErrorClass.AMBIGUOUS
-            after = "ambiguous" if ambiguous else "error"
-        self._stage(plan.noted(self._intent(step_id, sends, key, turn, after), first=sends == 1), "model.K1")
-        retries = resends = 0
-        left = False  # did any attempt of this send leave the process (or may it have)?
-        while True:
-            crash.point("model.K0")
-            await self._flush_durable()
-            crash.point("model.K2")
-            try:
-                response = plain_calls(await plan.routed(self.model.call(request, run_id=self.run_id,
-                                                                         step_id=step_id, idempotency_key=key)))
-                break
-            except GatewayError as err:
-                left = left or err.sent is not False
-                wait = self._retry_wait(err, retries, resends)
-                if wait is None:
-                    # Journal the failure as known evidence, with what the step spent before it
-                    # failed (retries, rejected lower-tier calls), so the accounting stays whole.
-                    counters = {"retries": retries} if retries else {}
-                    self.charge(counters)
-                    if not left:
-                        # The intent counted a send, and nothing left the process (the SDK refused
-                        # the request before any byte was written): the failure takes it back, so
-                        # model_sends counts only requests a provider may have seen.
-                        counters = {**counters, "model_sends": -1}
-                    self._stage(self._event(step_id, f"error.{sends}", "model", fingerprint=fp,
-                                            payload={"error": err.to_json(), "key": key, "counters": counters}))
-                    self._flush()
-                    raise
-                if err.error_class is ErrorClass.AMBIGUOUS:
-                    resends += 1
-                    sends += 1
-                    self._stage(self._intent(step_id, sends, key, turn, "ambiguous"), "model.K1")
-                else:
-                    retries += 1
-                await self.s.runtime.sleep(wait)
-        crash.point("model.K5")
-        verdict = classify_response(response, require_tool=request.require_tool)
-        output = None
-        if verdict.ok and not response.tool_calls and self.agent.output_type is not None:
-            verdict, output = check_output(self.agent.output_type, response)
-        counters = {"retries": retries} if retries else {}
-        if verdict.rejected:
-            counters["rejected_responses"] = 1
-        self.charge(counters)
-        self.charge({"escalations": len(response.escalations)})  # the projection counts them from the response
-        payload = {"response": response.to_json(), "key": key, "sends": sends, "verdict": verdict.to_json(),
-                   "counters": counters, **plan.on_result()}
-        if output is not None:
-            payload["output"] = output  # the validated value: what the final record and replay use
-        self._stage(self._event(step_id, "result", "model", fingerprint=fp, payload=payload), "model.K6")
-        self._show(ModelStep(step_id=step_id, turn=turn, response=response, idempotency_key=key, attempts=sends))
-        return response, payload
-
-    def _intent(self, step_id: str, send: int, key: str, turn: int, after: str | None) -> StepEvent:
-        payload: dict[str, Any] = {"key": key, "turn": turn}
-        if after is not None:
-            payload["after"] = after
-        return self._event(step_id, "intent" if send == 1 else f"intent.{send}", "model", fingerprint=self.chain,
-                           payload=payload)
-
-    def _retry_wait(self, err: GatewayError, retries: int, resends: int) -> float | None:
-        policy = self.s.retry
-        if err.error_class is ErrorClass.TRANSIENT and retries < policy.max_retries:
-            return policy.delay(retries + 1, err.retry_after, self.s.runtime.random)
-        if err.error_class is ErrorClass.AMBIGUOUS and resends < policy.max_resends:
-            return policy.delay(resends + 1, err.retry_after, self.s.runtime.random)
-        return None
+        call = ModelCall(self, step_id, key=idempotency_key(self.run_id, step_id, plan.keyed(fp)), turn=turn,
+                         fingerprint=fp)
+        sent = await call.send(lambda: plan.routed(self.model.call(request, run_id=self.run_id, step_id=step_id,
+                                                                   idempotency_key=call.key)),
+                               retry=self.s.retry, sleep=self.s.runtime.sleep, rng=self.s.runtime.random,
+                               charge=self.charge, extra=plan.intent_extra(first=call.sends() == 0))
+        payload = call.finish(sent, require_tool=request.require_tool, output_type=self.agent.output_type,
+                              extra=plan.on_result())
+        self.charge(payload["counters"])
+        self.charge({"escalations": len(sent.response.escalations)})  # the projection counts them from the response
+        self._show(ModelStep(step_id=step_id, turn=turn, response=sent.response, idempotency_key=call.key,
+                             attempts=sent.sends))
+        return sent.response, payload
 
     def _finish(self, turn: int, response: Turn) -> None:
         rec = self._recorded("final", "result", "final", None, None)
@@ -199,9 +109,9 @@ class ModelSteps(RunState):
         if rec is None and self.output_data is not None:
             record["data"] = self.output_data  # the structured answer, as validated when it came
         if rec is None:
-            self._stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
+            self.stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
             crash.point("final.K0")
-            self._flush()
+            self.commit()
             crash.point("final.K7")
         self._show(FinalStep(step_id="final", output=response.text, data=dict(record)))
 

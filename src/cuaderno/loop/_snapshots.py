@@ -191,7 +191,7 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
         JournalCorrupt: they do not (the journal and its snapshot disagree).
     """
     events = state.store.load(state.run_id)  # the whole journal, chain-checked
-    from cuaderno.loop._model_steps import accepted
+    from cuaderno.durable.model_call import accepted
     from cuaderno.loop._state import tool_message
     from cuaderno.loop._tool_steps import _journalable
     from cuaderno.loop.output import feedback_messages

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from cuaderno._json import sorted_compact_nan
+from cuaderno.durable import log as durable_log
+from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
@@ -18,7 +20,7 @@ from cuaderno.loop.steps import Step
 from cuaderno.telemetry import AgentPassSpan
 from cuaderno.testing import crash
 
-__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "plus", "recorded_effect_key", "tool_message"]
+__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "tool_message"]
 
 
 class Turn(NamedTuple):
@@ -34,25 +36,6 @@ class Unrecorded(NamedTuple):
     step_id: str
     fp: str
     """The request fingerprint (the chain over the configuration and every message so far)."""
-
-
-def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:
-    """``hash(tenant, task_id, effect_type, canonical_arguments, policy_version)``.
-
-    Derived from the intent, never from the attempt: retries and resumes of one intent share it.
-    """
-    return "eff-" + fingerprint([tenant, task_id, effect_type, arguments, policy_version])[:40]
-
-
-def recorded_effect_key(intent: StepEvent) -> str | None:
-    """The effect key a journaled tool intent was sent with (``None`` if it holds none).
-
-    Replay uses it for everything that follows that intent (lookup, re-send, result): the key a
-    resumed process would derive can differ (another policy version), and the receiver knows
-    the effect only under the first one.
-    """
-    key = intent.payload.get("effect_key")
-    return key if isinstance(key, str) and key else None
 
 
 def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
@@ -149,7 +132,7 @@ class RunState:
         self.unvisited.pop(step_id, None)
         return ev
 
-    def _stage(self, event: StepEvent, *points: str) -> None:
+    def stage(self, event: StepEvent, *points: str) -> None:
         if self.unvisited:
             self._diverged(f"to write {event.kind} step {event.step_id} ({event.phase})")
         self.pending.append(event)
@@ -176,7 +159,7 @@ class RunState:
     _start_turn = 0
     """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
 
-    def _flush(self) -> None:
+    def commit(self) -> None:
         if not self.pending:
             return
         if self.pass_marker is not None:
@@ -193,12 +176,12 @@ class RunState:
                 crash.set_txn_points()  # named for this transaction only, not for a later direct append
         self._flushed()
 
-    async def _flush_durable(self) -> None:
-        """:meth:`_flush` before an action (a model call, a tool body): with a :class:`GroupCommit`
+    async def commit_before_acting(self) -> None:
+        """:meth:`commit` before an action (a model call, a tool body): with a :class:`GroupCommit`
         the commit waits for the end of the loop's turn, so the loop's other runs join its group
         meanwhile; this run goes on only once its events are durable."""
         if not self.pending or not isinstance(self.store, GroupCommit) or not self.store.share_loop:
-            self._flush()
+            self.commit()
             return
         if self.pass_marker is not None:
             self.pending.insert(0, self.pass_marker)
@@ -237,6 +220,18 @@ class RunState:
             self._snap = None
         return self.messages
 
+    # -- the step log (cuaderno.durable.StepLog) --------------------------------------------------
+
+    def get(self, step_id: str, phase: str) -> StepEvent | None:
+        """The event the journal held at ``(step_id, phase)`` when this pass opened the run."""
+        return self.journal.get((step_id, phase))
+
+    def confirm_hold(self) -> None:
+        durable_log.confirm_hold(self.store, self.run_id, self.epoch)
+
+    def earlier_holder(self, step_id: str) -> dict[str, Any] | None:
+        return durable_log.earlier_holder(self.store, self.run_id, self.journal.get((step_id, "intent")))
+
     def _recorded_count(self, step_id: str, phase: str) -> int:
         """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a
         step (probing keys: a resumed run of thousands of events must not pay O(journal) per step)."""
@@ -262,8 +257,3 @@ class RunState:
         return self.chain
 
     # -- model turns ------------------------------------------------------------------------------
-
-def plus(counters: dict[str, int], name: str, n: int) -> dict[str, int]:
-    if n:
-        counters = {**counters, name: counters.get(name, 0) + n}
-    return counters

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from cuaderno.cancellation import derived_cleanup
+from cuaderno.durable.effect import result_payload, stage_result
 from cuaderno.errors import (
     CuadernoError,
     ErrorClass,
@@ -161,9 +162,11 @@ class _Cleanup(ToolSteps):
         if name is None:
             # Settled by a person, and its tool declares no compensation: nothing to undo.
             origin = str((entry.get("derive_from") or {}).get("tool"))
-            return self._record(StepEvent(run_id=self.run_id, step_id=step_id, phase="result", kind="tool",
-                                          name=origin, payload={"outcome": "nothing_to_do",
-                                                                "reason": "the tool declares no compensation"}))
+            event = stage_result(self, step_id, origin, result_payload("nothing_to_do",
+                                                                      reason="the tool declares no compensation"),
+                                 points=())
+            self.commit()
+            return event.payload
         assert isinstance(arguments, dict)  # _check refused, before anything was written, what cannot run
         self._unsettleable(step_id, name)
         self.for_step[step_id] = entry.get("for_step")
@@ -172,14 +175,9 @@ class _Cleanup(ToolSteps):
         # Every way a tool step ends without raising stages its result last (it would ride on the
         # next intent's commit in the loop): commit it now.
         result = next(ev for ev in self.pending if (ev.step_id, ev.phase) == (step_id, "result"))
-        self._flush()
+        self.commit()
         self.journal[(step_id, "result")] = result
         return result.payload
-
-    def _record(self, event: StepEvent) -> dict[str, Any]:
-        self._stage(event)
-        self._flush()
-        return event.payload
 
     def _fresh_key(self, step_id: str, call: ToolCall, info: ToolInfo) -> str:
         """A compensation's own identity: never the key of the effect it undoes."""

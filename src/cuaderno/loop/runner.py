@@ -364,7 +364,7 @@ class Runner(ModelSteps, ToolSteps):
                     if suspended:
                         self._stop_for_a_person()
                         return
-            self._flush()
+            self.commit()
             for s in self._drain():
                 yield s
             # Recorded steps past the last turn (max_turns lowered since): the journal holds a
@@ -427,11 +427,11 @@ class Runner(ModelSteps, ToolSteps):
         """Commit what is pending except anything that would start new work."""
         self.pending = [e for e in self.pending if not starts_a_step(e)]
         self.points = []
-        self._flush()
+        self.commit()
 
     def _enforce_budgets(self) -> None:
         if self.over_budget is not None:
-            self._flush()
+            self.commit()
             self._end_failed(*self.over_budget)
 
     def _end_failed(self, budget: str, limit: int) -> None:
