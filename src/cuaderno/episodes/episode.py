@@ -72,24 +72,26 @@ from cuaderno._json import journalable
 from cuaderno.budgets import Budgets
 from cuaderno.cancellation import cancel, finalize
 from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.durable.effect import Effect
+from cuaderno.durable.log import JournalLog
 from cuaderno.episodes.budgets import EpisodeBudgets
 from cuaderno.errors import (
     BudgetExceeded,
     CuadernoError,
-    ErrorClass,
+    DrainOnOldWorker,
     ReplayDivergence,
     RunCancelled,
     RunClosed,
-    ToolError,
     ToolResultInvalid,
-    UncertainEffect,
     UsageError,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent, not_happened_since_sent, numbered
+from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop import Agent, FinalStep, Session
+from cuaderno.loop.runner import effect_key
+from cuaderno.loop.versions import Migration
 from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool
 from cuaderno.tools.sandbox import ReadOnlyRoot
@@ -516,7 +518,7 @@ class _ParentRun(Generic[T]):
             except RunCancelled:  # refused at an intent or the final answer: close the run now
                 self._finalize_cancel()
         finally:
-            self.store.release(self.run_id, self.epoch)
+            self.s.ownership.release(self.store, self.run_id, self.epoch)
 
     def _finalize_cancel(self) -> NoReturn:
         """A cancellation was asked: no new pass, decision or apply starts. Close the parent with
@@ -542,11 +544,14 @@ class _ParentRun(Generic[T]):
             if cp.task_fingerprint != task_fp:
                 raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
             if cp.versions != versions:
-                raise VersionMismatch(self.run_id, cp.versions, versions)
+                self._version_mismatch(cp.versions, versions)
             if cp.status in ("completed", "failed", "cancelled"):
                 return self._closed(cp, events)
         try:
-            self.epoch = self.store.acquire(self.run_id, self.s.owner, force=self.s.force_takeover, open_only=True)
+            # Through the session's ownership, as the runner takes a run over (under Temporal the
+            # workflow owns it: no process holds).
+            self.epoch = self.s.ownership.acquire(self.store, self.run_id, self.s.owner,
+                                                  force=self.s.force_takeover, open_only=True)
         except RunClosed:
             cp, events = verified(self.store, self.run_id)
             return self._closed(cp, events)
@@ -554,6 +559,22 @@ class _ParentRun(Generic[T]):
         self.cancel_requested = cp.cancel_requested is not None
         self.journal = {(ev.step_id, ev.phase): ev for ev in events}
         return None
+
+    def _version_mismatch(self, recorded: dict[str, Any], current: dict[str, Any]) -> NoReturn:
+        """The parent was started under other versions: ``session.on_version_mismatch`` says what
+        to do, before anything is written. An episode refuses (``"refuse"``) or leaves the run to
+        a worker of its versions (``"drain"``); going on under other code (``"resume"``,
+        ``"cancel"``, a migration) is not supported for an episode's parent and is refused as a
+        usage error, never ignored."""
+        choice = self.s.on_version_mismatch
+        if choice == "refuse":
+            raise VersionMismatch(self.run_id, recorded, current)
+        if choice == "drain":
+            raise DrainOnOldWorker(self.run_id, recorded, current)
+        named = f"Migration {choice.name!r}" if isinstance(choice, Migration) else repr(choice)
+        raise UsageError(f"run {self.run_id!r}: an episode's parent supports on_version_mismatch='refuse' or "
+                         f"'drain', not {named}; it was started under {recorded}, this code is {current}; "
+                         "nothing was written")
 
     def _closed(self, cp: Checkpoint, events: list[StepEvent]) -> EpisodeResult[T]:
         """A closed parent answers from its journal: nothing runs, nothing is written."""
@@ -685,80 +706,50 @@ class _ParentRun(Generic[T]):
     # -- the apply effect -------------------------------------------------------------------------
 
     async def _apply(self, n: int, proposal: T) -> Any:
-        """Apply at most once per journaled intent; settle an intent without a result first."""
+        """Apply at most once per journaled intent, through the effect protocol
+        (:class:`~cuaderno.durable.effect.Effect`): its intent is durable before the callback runs,
+        and an intent without a result is settled first (the lookup, or ``needs_human``)."""
         step_id = f"{self._pass_id(n)}.apply"
         done = self._ev(step_id, "result")
-        if done is not None:
+        if done is not None:  # applied, refused, or settled by a person: answered from the journal
             if done.payload.get("outcome") != "ok":
                 raise _ApplyFailed(done.payload.get("error"))
             return done.payload.get("value")
+        apply_fn, lookup_fn = self.apply_fn, self.lookup_fn
+        assert apply_fn is not None
         args = proposal.model_dump(mode="json")
-        fp = fingerprint({"name": "apply", "arguments": args})
-        key = fingerprint({"tenant": self.s.tenant, "run": self.run_id, "step": step_id, "proposal": args})[:32]
-        sends = numbered(self.journal, step_id, "intent")
-        after: str | None = None
-        if sends and not not_happened_since_sent(self.journal, step_id):
-            found = await self._lookup(step_id, proposal, key, args)
-            if found is not None:
-                self._append(self._apply_event(step_id, "result", fp,
-                                               {"outcome": "ok", "value": found, "effect_key": key,
-                                                "counters": {"reconciled": 1}}))
-                return found
-            after = "absent"
-        elif sends:
-            after = "not_happened"
-        phase = "intent" if not sends else f"intent.{len(sends) + 1}"
-        self._append(self._apply_event(step_id, phase, fp, {"effect_key": key, "idempotent": False,
-                                                             **({"after": after} if after else {})}))
-        crash.point("episode.A2")  # the intent is on disk, the effect has not run
-        assert self.apply_fn is not None
-        try:
-            receipt = await _maybe_await(self.apply_fn(proposal, key))
-        except ToolError as exc:
-            if exc.error_class is ErrorClass.AMBIGUOUS:
-                self._uncertain(step_id, fp, key, args, {"reason": "apply failed ambiguously",
-                                                         "last_error": exc.to_json()})
-            self._append(self._apply_event(step_id, "result", fp, {"outcome": "error", "error": exc.to_json(),
-                                                                   "effect_key": key}))
-            raise _ApplyFailed(exc.to_json()) from exc
-        except Exception as exc:
-            # Not classified: whether the effect happened is not known (it may have written half).
-            self._uncertain(step_id, fp, key, args, {"reason": "apply raised", "error": repr(exc)[:500]})
-        crash.point("episode.A4")  # the effect happened, its result is not journaled yet
-        try:
-            receipt = journalable(receipt, run_id=self.run_id, step_id=step_id, tool="apply")
-        except ToolResultInvalid as exc:
-            # The effect happened: it is recorded as applied (never applied again), with why its
-            # receipt could not be kept instead of the receipt.
-            receipt = {"receipt_not_journalable": str(exc)}
-        self._append(self._apply_event(step_id, "result", fp, {"outcome": "ok", "value": receipt,
-                                                                "effect_key": key}))
-        return receipt
+        # The log writes into the parent's own index: ``_append`` and the effect see every write.
+        log = JournalLog(self.store, self.run_id, epoch=self.epoch, index=self.journal)
 
-    async def _lookup(self, step_id: str, proposal: T, key: str, args: dict[str, Any]) -> Any:
-        fp = fingerprint({"name": "apply", "arguments": args})
-        if self.lookup_fn is None:
-            recorded = numbered(self.journal, step_id, "uncertain")
-            if recorded:  # already said, and nothing new can settle it: say it again, write nothing
-                raise UncertainEffect(self.run_id, step_id, recorded[-1].payload)
-            self._uncertain(step_id, fp, key, args, {"reason": "no lookup for the apply effect"})
-        assert self.lookup_fn is not None
-        try:
-            found = await _maybe_await(self.lookup_fn(proposal, key))
+        async def body(attempt: int) -> Any:
+            crash.point("episode.A2")  # the intent is on disk, the effect has not run
+            receipt = await _maybe_await(apply_fn(proposal, effect.key))
+            crash.point("episode.A4")  # the effect happened, its result is not journaled yet
+            try:
+                return journalable(receipt, run_id=self.run_id, step_id=step_id, tool="apply")
+            except ToolResultInvalid as exc:
+                # The effect happened: it is recorded as applied (never applied again), with why
+                # its receipt could not be kept instead of the receipt.
+                return {"receipt_not_journalable": str(exc)}
+
+        async def lookup(attempt: int) -> Any:
+            assert lookup_fn is not None
+            found = await _maybe_await(lookup_fn(proposal, effect.key))
             return journalable(found, run_id=self.run_id, step_id=step_id, tool="apply")  # a receipt it can hold
-        except Exception as exc:
-            self._uncertain(step_id, fp, key, args, {"reason": "lookup failed", "lookup_error": repr(exc)[:500]})
 
-    def _uncertain(self, step_id: str, fp: str, key: str, args: dict[str, Any], evidence: dict[str, Any]) -> Any:
-        evidence = {"tool": "apply", "arguments": args, "effect_key": key, "last_receipt": None, **evidence}
-        # Each try that stays uncertain (a lookup that failed again) keeps its own evidence.
-        tries = len(numbered(self.journal, step_id, "uncertain"))
-        self._append(self._apply_event(step_id, "uncertain" if tries == 0 else f"uncertain.{tries + 1}", fp, evidence))
-        raise UncertainEffect(self.run_id, step_id, evidence)
-
-    def _apply_event(self, step_id: str, phase: str, fp: str, payload: dict[str, Any]) -> StepEvent:
-        return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind="tool", name="apply",
-                         fingerprint=fp, payload=payload)
+        # A new apply's key is derived as every effect key is (a started one keeps the key its
+        # first intent holds: the Effect reads it back).
+        key = effect_key(self.s.tenant, self.run_id, "apply", args, str(self.e.versions()["episode"]))
+        effect = Effect(log=log, step_id=step_id, tool="apply", arguments=args,
+                        fingerprint=fingerprint({"name": "apply", "arguments": args}), key=key, body=body,
+                        lookup=lookup if lookup_fn is not None else None, idempotent=False, decision=None,
+                        policy_version=None, retry=self.s.retry, sleep=self.s.runtime.sleep,
+                        rng=self.s.runtime.random, tells_the_model=False, unclassified="uncertain")
+        settled = await effect.run()
+        log.commit()
+        if settled.payload.get("outcome") != "ok":  # refused, known not to have happened
+            raise _ApplyFailed(settled.error)
+        return settled.value
 
     # -- closing ----------------------------------------------------------------------------------
 
