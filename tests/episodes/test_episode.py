@@ -489,3 +489,102 @@ async def test_an_episode_without_snapshot_or_runner_is_a_usage_error(tmp_path: 
         with pytest.raises(UsageError, match="snapshot"):
             await episode.run(TASK, session=Session(RUN, by_pass({1: [good()]}), store), decide=accept)
         assert store.checkpoint(RUN) is None
+
+
+class LostReply(Effects):
+    """The first call's reply is lost (an ambiguous ToolError) after it applied (``applies``) or
+    before it did (the receiver then holds nothing); later calls apply."""
+
+    def __init__(self, applies: bool) -> None:
+        super().__init__()
+        self.applies, self.calls = applies, 0
+
+    def apply(self, proposal: Answer, key: str) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 1:
+            if self.applies:
+                super().apply(proposal, key)
+            raise ToolError("the reply was lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+        return super().apply(proposal, key)
+
+
+@pytest.mark.parametrize("applied_first", [True, False])
+async def test_an_ambiguous_apply_is_settled_by_the_lookup(tmp_path: Path, snapshot: Path, applied_first: bool) -> None:
+    gw = by_pass({1: [good()]})
+    effects = LostReply(applied_first)
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await episode.run(TASK, session=Session(RUN, gw, store), snapshot=snapshot, decide=accept,
+                                   apply=effects.apply, lookup=effects.lookup)
+        assert result.status == "applied" and len(effects.applied) == 1
+        journal = {(e.step_id, e.phase): e for e in store.load(RUN)}
+        done = journal[("find.pass01.apply", "result")].payload
+        if applied_first:  # found by the lookup: adopted, never applied again
+            assert effects.calls == 1 and done["counters"] == {"reconciled": 1}
+            assert ("find.pass01.apply", "intent.2") not in journal
+        else:  # absence proven: applied again, same key
+            again = journal[("find.pass01.apply", "intent.2")].payload
+            assert effects.calls == 2 and (again["attempt"], again["after"]) == (2, "absent")
+            assert again["effect_key"] == journal[("find.pass01.apply", "intent")].payload["effect_key"]
+        assert ("find.pass01.apply", "uncertain") not in journal
+
+
+async def test_the_apply_key_is_an_effect_key_and_its_intent_says_not_idempotent(tmp_path: Path, snapshot: Path) -> None:
+    from cuaderno.episodes.episode import EPISODE_VERSION
+    from cuaderno.loop.runner import effect_key
+
+    effects = Effects()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        result = await run(store, by_pass({1: [good()]}), snapshot, effects)
+        key = effect_key("default", RUN, "apply", {"value": 42, "why": "it says so"}, EPISODE_VERSION)
+        assert result.receipt == {"applied": 42, "key": key} and effects.applied == [(42, key)]
+        intent = next(e for e in store.load(RUN) if (e.step_id, e.phase) == ("find.pass01.apply", "intent"))
+        assert intent.payload == {"effect_key": key, "idempotent": False}
+
+
+@pytest.mark.parametrize("choice", ["refuse", "drain", "resume", "cancel"])
+async def test_a_parent_resumed_under_other_versions_follows_on_version_mismatch(
+        tmp_path: Path, snapshot: Path, choice: Any) -> None:
+    from cuaderno import DrainOnOldWorker, VersionMismatch
+
+    gw = by_pass({1: [good()]})
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        await Episode(name="find", instructions="Read and answer.", output=Answer).run(
+            TASK, session=Session(RUN, gw, store), snapshot=snapshot, decide=accept, apply=Effects().apply)
+        before = [e.row_hash for e in store.load(RUN)]
+        changed = Episode(name="find", instructions="Read it all and answer.", output=Answer)
+        expected: Any = {"refuse": VersionMismatch, "drain": DrainOnOldWorker}.get(choice, UsageError)
+        with pytest.raises(expected) as raised:
+            await changed.run(TASK, session=Session(RUN, gw, store, on_version_mismatch=choice), snapshot=snapshot,
+                              decide=accept, apply=Effects().apply)
+        if expected is UsageError:  # named, never silently ignored
+            assert repr(choice) in str(raised.value) and "on_version_mismatch" in str(raised.value)
+        assert [e.row_hash for e in store.load(RUN)] == before and gw.billed == 1
+
+
+async def test_the_parent_takes_and_releases_the_run_through_the_sessions_ownership(
+        tmp_path: Path, snapshot: Path) -> None:
+    from cuaderno.loop.ownership import ProcessOwnership
+
+    class Recording(ProcessOwnership):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, str]] = []
+
+        def acquire(self, store: Any, run_id: str, owner: str, *, force: bool, open_only: bool = False) -> int:
+            self.calls.append(("acquire", run_id))
+            assert open_only
+            return super().acquire(store, run_id, owner, force=force, open_only=open_only)
+
+        def release(self, store: Any, run_id: str, epoch: int) -> None:
+            self.calls.append(("release", run_id))
+            super().release(store, run_id, epoch)
+
+    own = Recording()
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        session = Session(RUN, by_pass({1: [good()]}), store, ownership=own)
+        result = await Episode(name="find", instructions="Read and answer.", output=Answer).run(
+            TASK, session=session, snapshot=snapshot, decide=accept, apply=Effects().apply)
+        assert result.status == "applied"
+        parent = [c for c in own.calls if c[1] == RUN]
+        assert parent == [("acquire", RUN), ("release", RUN)]
