@@ -270,7 +270,11 @@ class Episode(Generic[T]):
         Args:
             task: what the child is asked to do (each pass's task adds its number and feedback).
             session: the parent's run id, gateway and journal; every child pass uses the same
-                gateway and journal under its own derived run id.
+                gateway and journal under its own derived run id. The parent is held through
+                its ``ownership``; its ``retry`` bounds the apply's retries of an unsent
+                transient error; of ``on_version_mismatch``, a parent supports ``"refuse"`` and
+                ``"drain"`` (any other choice is a :class:`~cuaderno.errors.UsageError` when the
+                versions differ).
             snapshot: the directory the child may read (read-only, nothing outside it). Required
                 unless ``runner`` is given (a runner brings its own: under Temporal, the worker's).
             decide: given a valid proposal, returns a :class:`Decision` (may be async). It runs
@@ -279,9 +283,10 @@ class Episode(Generic[T]):
             apply: the effect ``apply(proposal, effect_key)``, returning a JSON-able receipt. Runs
                 at most once per journaled intent. Required if ``decide`` may say ``apply``.
             lookup: ``lookup(proposal, effect_key)`` after a crash between the apply's intent
-                and its result: the receipt if the effect happened, ``None`` if it provably did
-                not (it is then applied again), an exception if nobody can tell. Without it,
-                that case stops the run ``needs_human``.
+                and its result, or an ``apply`` that raised an ambiguous
+                :class:`~cuaderno.errors.ToolError`: the receipt if the effect happened, ``None``
+                if it provably did not (it is then applied again, same key), an exception if
+                nobody can tell. Without it, that case stops the run ``needs_human``.
             runner: where child passes run (:class:`ChildRunner`). By default a
                 :class:`LocalChildRunner` over ``snapshot``, in this process, in ``session``'s
                 journal; :mod:`cuaderno.temporal._child` runs each pass as a child workflow.
