@@ -72,7 +72,7 @@ from cuaderno._json import journalable
 from cuaderno.budgets import Budgets
 from cuaderno.cancellation import cancel, finalize
 from cuaderno.checkpoint import Checkpoint, verified
-from cuaderno.durable.effect import Effect
+from cuaderno.durable.effect import Effect, effect_key
 from cuaderno.durable.log import JournalLog
 from cuaderno.episodes.budgets import EpisodeBudgets
 from cuaderno.errors import (
@@ -90,7 +90,6 @@ from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop import Agent, FinalStep, Session
-from cuaderno.loop.runner import effect_key
 from cuaderno.loop.versions import Migration
 from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool
