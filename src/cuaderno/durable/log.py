@@ -141,7 +141,8 @@ class JournalLog:
         self.commit()
 
     def confirm_hold(self) -> None:
-        confirm_hold(self.store, self._run_id, self.epoch)
+        if self.epoch is not None:  # a writer that holds no epoch (a Temporal activity) has no hold to lose
+            confirm_hold(self.store, self._run_id, self.epoch)
 
     def earlier_holder(self, step_id: str) -> dict[str, Any] | None:
         return earlier_holder(self.store, self._run_id, self.get(step_id, "intent"))

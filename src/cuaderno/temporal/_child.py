@@ -55,6 +55,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.worker import Worker
 
 from cuaderno.cancellation import request_cancel
+from cuaderno.durable.effect import Effect
+from cuaderno.durable.log import JournalLog
 from cuaderno.episodes.episode import (
     ChildOutcome,
     ChildPass,
@@ -69,6 +71,7 @@ from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal import open_journal
 from cuaderno.journal.base import Checkpointer
 from cuaderno.journal.memory import MemoryCheckpointer
+from cuaderno.loop.agent import RetryPolicy as LoopRetry
 from cuaderno.loop.agent import Session
 from cuaderno.temporal._activities import CuadernoActivities, _heartbeating
 from cuaderno.temporal._names import RECORD, RecordInput
@@ -460,43 +463,43 @@ class EpisodeActivities:
                 raise ApplicationError(str(err.get("message")), err, type="ToolError", non_retryable=True)
             return done.payload.get("value")  # applied: never twice
         proposal = self.episode.output.model_validate(inp.proposal)
-        sends = sorted(phase for (s, phase) in journal if s == step_id and phase.startswith("intent"))
-        if sends:
-            # An earlier attempt wrote its intent and died (or timed out) before its receipt:
-            # whether the effect happened is the receiver's to say, as after a local crash.
-            if self.lookup_fn is None:
-                raise ApplicationError(f"{step_id}: an apply of unknown fate and no lookup", type="UncertainEffect",
-                                       non_retryable=True)
+
+        apply_fn = self.apply_fn
+
+        async def body(attempt: int) -> Any:
+            crash.point("temporal.episode.apply.A1")  # the intent is on disk, the effect has not run
             try:
                 async with _heartbeating():
-                    found = await _call(self.lookup_fn, proposal, key)
+                    receipt = await _call(apply_fn, proposal, key)
+            except ToolError:
+                raise
             except Exception as exc:
-                raise ApplicationError(f"{step_id}: the lookup failed: {exc!r:.300}", type="UncertainEffect",
-                                       non_retryable=True) from None
-            if found is not None:
-                self.store.append([self._event(inp, "result", {"outcome": "ok", "value": found, "effect_key": key,
-                                                               "counters": {"reconciled": 1}})])
-                return found
-        phase = "intent" if not sends else f"intent.{len(sends) + 1}"
-        self.store.append([self._event(inp, phase, {"effect_key": key, "idempotent": False,
-                                                    **({"after": "absent"} if sends else {})})])
-        crash.point("temporal.episode.apply.A1")  # the intent is on disk, the effect has not run
-        try:
-            async with _heartbeating():
-                receipt = await _call(self.apply_fn, proposal, key)
-        except ToolError as err:
-            if err.error_class is not ErrorClass.AMBIGUOUS:  # refused: known not to have happened
-                self.store.append([self._event(inp, "result", {"outcome": "error", "error": err.to_json(),
-                                                               "effect_key": key})])
-            raise ApplicationError(str(err), err.to_json(), type="ToolError", non_retryable=True) from None
-        crash.point("temporal.episode.apply.A2")  # the effect happened, its receipt is not journaled yet
-        self.store.append([self._event(inp, "result", {"outcome": "ok", "value": receipt, "effect_key": key})])
-        return receipt
+                # Not classified: it may have written half. The protocol asks the lookup (or stops
+                # uncertain), as Temporal's retry of this activity used to make the next attempt do.
+                raise ToolError(f"apply raised {exc!r:.300}", error_class=ErrorClass.AMBIGUOUS) from exc
+            crash.point("temporal.episode.apply.A2")  # the effect happened, its receipt is not journaled yet
+            return receipt
 
-    @staticmethod
-    def _event(inp: ApplyInput, phase: str, payload: dict[str, Any]) -> StepEvent:
-        return StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool", name="apply",
-                         payload=payload)
+        async def lookup(attempt: int) -> Any:
+            assert self.lookup_fn is not None
+            async with _heartbeating():
+                return await _call(self.lookup_fn, proposal, key)
+
+        # The effect protocol, on cuaderno's journal: an earlier attempt that wrote its intent and
+        # died (or timed out) before its receipt is settled by the receiver, as after a local crash.
+        log = JournalLog(self.store, inp.run_id, index=journal)
+        effect = Effect(log=log, step_id=step_id, tool="apply", arguments=inp.proposal, fingerprint=None, key=key,
+                        body=body, lookup=lookup if self.lookup_fn is not None else None, retry=LoopRetry(),
+                        sleep=asyncio.sleep, tells_the_model=False)
+        try:
+            settled = await effect.run()
+        except UncertainEffect as exc:  # journaled, with its evidence, before it was raised
+            raise ApplicationError(str(exc), type="UncertainEffect", non_retryable=True) from None
+        log.commit()
+        if settled.error is not None:  # refused: known not to have happened
+            raise ApplicationError(str(settled.error.get("message")), settled.error, type="ToolError",
+                                   non_retryable=True)
+        return settled.value
 
     @activity.defn(name=EPISODE_LOAD)
     async def load(self, inp: EpisodeRecordInput) -> list[dict[str, Any]]:
