@@ -40,11 +40,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from cuaderno._json import sorted_compact_nan
+from cuaderno.durable.effect import intent_event, result_payload, stage_result
+from cuaderno.durable.log import JournalLog
+from cuaderno.durable.model_call import ModelCall, Sent
 from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError, VersionMismatch
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
-from cuaderno.gateway.empty import classify_response
 from cuaderno.journal import open_journal
 from cuaderno.journal._open import parse_journal_url
 from cuaderno.journal.base import Checkpointer
@@ -195,18 +197,27 @@ class CuadernoActivities:
         self._cache.move_to_end(run_id)
         return dict(hit.index)  # the caller's copy: it adds what it writes to it
 
-    def _append(self, run_id: str, events: list[StepEvent]) -> None:
+    def _append(self, run_id: str, events: list[StepEvent]) -> list[StepEvent]:
         """Append, and keep the cache when the rows written directly follow the ones cached
-        (anything else, such as another worker's rows in between, drops it)."""
+        (anything else, such as another worker's rows in between, drops it). Returns the events
+        as stored (stamped)."""
         stored = self.store.append(events)
         hit = self._cache.get(run_id)
         if hit is None:
-            return
+            return stored
         if stored and all(ev.seq == hit.seq + 1 + i for i, ev in enumerate(stored)):
             hit.index.update(((ev.step_id, ev.phase), ev) for ev in stored)
             hit.seq, hit.row_hash = stored[-1].seq, stored[-1].row_hash
         else:
             self._cache.pop(run_id, None)
+        return stored
+
+    def _log(self, run_id: str, journal: dict[tuple[str, str], StepEvent]) -> JournalLog:
+        """The run's journal as the step protocols write it: every commit one append through
+        :meth:`_append` (the cache kept in step), ``journal`` updated with what is written. No
+        epoch: an activity is its workflow's only writer of the run."""
+        return JournalLog(self.store, run_id, epoch=None, index=journal,
+                          append=lambda events: self._append(run_id, events))
 
     # -- model ------------------------------------------------------------------------------------
 
@@ -230,6 +241,7 @@ class CuadernoActivities:
                 # that started the run (tools, instructions, policy) refuses it, journal untouched.
                 raise ApplicationError(str(VersionMismatch(run_id, recorded or {}, self.agent.versions())),
                                        type="VersionMismatch", non_retryable=True)
+        steps = self._log(run_id, journal)
         if not journal:
             task = next((m.get("content") for m in inp.new_messages if isinstance(m, dict) and m.get("role") == "user"),
                         None)
@@ -242,9 +254,10 @@ class CuadernoActivities:
                               fingerprint=fingerprint({"task": task}),
                               payload={"task": task, "versions": self.agent.versions(), "tenant": inp.tenant,
                                        "engine": "temporal"})
-            self._append(run_id, [begun])
-            journal[("run", "start")] = begun  # the request's task message is read from it
-        sends = self._journal_send(inp, journal)
+            steps.stage(begun)
+            steps.commit()  # in ``journal`` now: the request's task message is read from it
+        call = ModelCall(steps, step_id, key=inp.idempotency_key, turn=inp.turn, fingerprint=None)
+        sends = self._journal_send(inp, call, journal)
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
             raise ApplicationError(str(ReplayDivergence(run_id, step_id, f"{len(messages)} messages in the journal",
@@ -262,20 +275,15 @@ class CuadernoActivities:
         except GatewayError as err:
             raise _failure("GatewayError", err) from None
         crash.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
-        # The same verdict the loop computes on the same response (empty generations counted).
-        verdict = classify_response(response, require_tool=a.require_tool)
-        # The loop's counters for the step: its retries (failed sends it tried again) come with the input.
-        counters = {"retries": inp.retries} if inp.retries else {}
-        if verdict.rejected:
-            counters["rejected_responses"] = 1
-        data = response.to_json()
-        self._append(run_id, [StepEvent(run_id=run_id, step_id=step_id, phase="result", kind="model",
-                                     payload={"response": data, "key": inp.idempotency_key, "sends": sends,
-                                              "verdict": verdict.to_json(), "counters": counters})])
+        # The same verdict and counters the loop journals for the same response (empty
+        # generations counted); the step's retries (failed sends the workflow tried again) come
+        # with the input.
+        payload = call.finish(Sent(response, sends, inp.retries), require_tool=a.require_tool)
+        call.log.commit()
         crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
-        return slim_response(data)
+        return slim_response(payload["response"])
 
-    def _journal_send(self, inp: ModelTurnInput, journal: dict[tuple[str, str], StepEvent]) -> int:
+    def _journal_send(self, inp: ModelTurnInput, call: ModelCall, journal: dict[tuple[str, str], StepEvent]) -> int:
         """Journal this send's intent, as the loop journals it locally; return the step's sends.
 
         The first send writes ``intent`` (with the references the request is re-derived from). A
@@ -285,33 +293,27 @@ class CuadernoActivities:
         re-send only if some intent of the step is there; a lost send that wrote none never
         left its worker and is not counted.
         """
-        run_id, step_id = inp.run_id, inp.step_id
-        intent = StepEvent(run_id=run_id, step_id=step_id, phase="intent", kind="model",
-                           payload={"key": inp.idempotency_key, "turn": inp.turn, "new": inp.new_messages,
-                                    "n_messages": inp.n_messages})
-        written = sum(1 for (s, phase) in journal if s == step_id and phase.split(".")[0] == "intent")
-        if (step_id, "intent") not in journal:
-            self._append(run_id, [intent])
-            journal[(step_id, "intent")] = intent
+        written = sum(1 for (s, phase) in journal if s == call.step_id and phase.split(".")[0] == "intent")
+        if call.log.get(call.step_id, "intent") is None:
+            call.intend(1, extra={"new": inp.new_messages, "n_messages": inp.n_messages})
+            call.log.commit()
             if inp.lost or inp.send == 1:
                 return 1
         elif inp.lost:
-            self._resend(inp, f"intent.{written + 1}", "crash", journal)
+            self._resend(call, written + 1, "crash")
             return written + 1
         if inp.send > 1:
-            self._resend(inp, f"intent.{inp.send}", "ambiguous", journal)
+            self._resend(call, inp.send, "ambiguous")
         return inp.send
 
-    def _resend(self, inp: ModelTurnInput, phase: str, after: str,
-                journal: dict[tuple[str, str], StepEvent]) -> None:
-        """Journal a re-send's intent ``phase`` unless it is there (``after``: why the earlier
+    @staticmethod
+    def _resend(call: ModelCall, send: int, after: str) -> None:
+        """Journal the intent of re-send ``send`` unless it is there (``after``: why the earlier
         send's fate is unknown, ``crash`` for a worker lost during it)."""
-        if (inp.step_id, phase) in journal:
+        if call.log.get(call.step_id, f"intent.{send}") is not None:
             return
-        ev = StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="model",
-                       payload={"key": inp.idempotency_key, "turn": inp.turn, "after": after})
-        self._append(inp.run_id, [ev])
-        journal[(inp.step_id, phase)] = ev
+        call.intend(send, after=after)
+        call.log.commit()
 
     def _conversation(self, run_id: str, upto: str, journal: dict[tuple[str, str], StepEvent]) -> list[Message]:
         """The request's messages, rebuilt from the intents' new messages and the journaled
@@ -393,25 +395,27 @@ class CuadernoActivities:
         if not journal:
             raise ApplicationError(f"run {inp.run_id!r} has no journal at {self.journal_url!r}: a tool step "
                                    "comes after a model turn", type="UsageError", non_retryable=True)
-        phase = "intent" if inp.attempt == 1 else f"intent.{inp.attempt}"
-        if (inp.step_id, phase) not in journal:
-            self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase=phase, kind="tool",
-                                         name=inp.tool, payload={"effect_key": inp.effect_key,
-                                                                 "arguments": inp.arguments}),])
+        steps = self._log(inp.run_id, journal)
+        intent = intent_event(steps, inp.step_id, inp.tool, inp.attempt,
+                              {"effect_key": inp.effect_key, "arguments": inp.arguments})
+        if steps.get(inp.step_id, intent.phase) is None:
+            steps.stage(intent)
+            steps.commit()
         try:
             self.tools.check(inp.tool, inp.arguments)
             value = await self.tools.invoke(inp.tool, inp.arguments, self._context(inp))
         except ToolError as err:
             # A classified failure is the step's outcome: journaled, so a run continued-as-new
-            # gets it back instead of running the body again.
-            self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
-                                         name=inp.tool, payload={"outcome": "error", "error": err.to_json(),
-                                                                 "effect_key": inp.effect_key})])
+            # gets it back instead of running the body again. Its payload has never carried the
+            # repair the model is then asked for (tells_the_model=False: no counters).
+            stage_result(steps, inp.step_id, inp.tool, result_payload("error", error=err.to_json(),
+                                                                     effect_key=inp.effect_key,
+                                                                     tells_the_model=False))
+            steps.commit()
             raise _failure("ToolError", err) from None
         crash.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
-        self._append(inp.run_id, [StepEvent(run_id=inp.run_id, step_id=inp.step_id, phase="result", kind="tool",
-                                     name=inp.tool, payload={"outcome": "ok", "value": value,
-                                                             "effect_key": inp.effect_key})])
+        stage_result(steps, inp.step_id, inp.tool, result_payload("ok", value, effect_key=inp.effect_key))
+        steps.commit()
         crash.point("temporal.tool.A2")  # journaled, not returned
         return returned(inp.step_id, value)
 
