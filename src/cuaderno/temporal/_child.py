@@ -54,7 +54,6 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
 from temporalio.worker import Worker
 
-from cuaderno.cancellation import request_cancel
 from cuaderno.durable.effect import Effect
 from cuaderno.durable.log import JournalLog
 from cuaderno.episodes.episode import (
@@ -77,7 +76,7 @@ from cuaderno.temporal._activities import CuadernoActivities, _heartbeating
 from cuaderno.temporal._names import RECORD, RecordInput
 from cuaderno.temporal._profiles import CODE, EffectPolicy, load_effect_policy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
-from cuaderno.temporal._workflow import _NoGateway
+from cuaderno.temporal._workflow import _NoGateway, cancel_requested, gave_up
 from cuaderno.testing import crash
 from cuaderno.tools.sandbox import ReadOnlyRoot
 
@@ -246,14 +245,12 @@ class EpisodeChildWorkflow:
                 outcome = await run_child_pass(agent, child, session)
                 break
             except asyncio.CancelledError:
-                # Cancelled (with its parent): the same request a person's `cancel` writes; the
-                # pass, run again, closes its run with the local cancellation record.
-                if store.checkpoint(run_id) is None:
+                # Cancelled (with its parent): the pass, run again, closes its run with the local
+                # cancellation record.
+                if not cancel_requested(store, run_id):
                     raise
-                request_cancel(store, run_id, "the Temporal workflow was cancelled", by="temporal",
-                               ownership=WorkflowOwnership())
             except CuadernoError as exc:
-                raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+                raise gave_up(exc) from None
         crash.point("temporal.episode.C1")  # the child has its answer; its workflow has not completed
         events = [e for e in _events(store, run_id)
                   if e["kind"] in ("final", "cancel") or (e["kind"] == "run" and e["phase"] != "start")]
@@ -352,12 +349,10 @@ class EpisodeWorkflow:
                                            apply=apply if known.can_apply else None,
                                            lookup=apply if known.can_apply else None, runner=runner)
             except asyncio.CancelledError:
-                # Temporal cancelled the parent: cuaderno's cancellation request, and the walk,
-                # opened again, closes the run with the local record.
-                if self.store.checkpoint(self.run_id) is None:
+                # Temporal cancelled the parent: the walk, opened again, closes the run with the
+                # local record.
+                if not cancel_requested(self.store, self.run_id):
                     raise
-                request_cancel(self.store, self.run_id, "the Temporal workflow was cancelled", by="temporal",
-                               ownership=WorkflowOwnership())
                 continue
             except (RunCancelled, RunClosed):
                 await self._record(inp)
@@ -367,7 +362,7 @@ class EpisodeWorkflow:
                 await self._record(inp)
                 return {"status": "needs_human", "reason": str(exc), "step_id": exc.step_id}
             except CuadernoError as exc:
-                raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+                raise gave_up(exc) from None
             await self._record(inp)
             return _summary(result)
 

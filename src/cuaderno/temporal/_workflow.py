@@ -37,6 +37,7 @@ from cuaderno.errors import (
     UncertainEffect,
     UsageError,
 )
+from cuaderno.journal.base import Checkpointer
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.agent import RetryPolicy as LoopRetry
@@ -51,6 +52,24 @@ __all__ = ["AGENTS", "CuadernoWorkflow", "Decision"]
 AGENTS: dict[str, tuple[Agent, EffectPolicy]] = {}
 """The agents this worker process runs, by name, with their tools' profiles (filled by
 :func:`cuaderno.temporal.build_worker`)."""
+
+
+def gave_up(exc: CuadernoError) -> ApplicationError:
+    """A typed error a run gives up with (a model call that kept failing, a replay divergence),
+    as its workflow fails: with the error's type, not retried. Any other exception would fail
+    only the workflow task, retried forever."""
+    return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True)
+
+
+def cancel_requested(store: Checkpointer, run_id: str) -> bool:
+    """Temporal cancelled the workflow: write the same cancellation request a person's ``cancel``
+    writes, so the run, opened again, closes with the local record (what completed, what is
+    uncertain, which compensations are scheduled). ``False`` when the run has no journal yet:
+    there is nothing to close, and the caller lets the cancellation stand."""
+    if store.checkpoint(run_id) is None:
+        return False
+    request_cancel(store, run_id, "the Temporal workflow was cancelled", by="temporal", ownership=WorkflowOwnership())
+    return True
 
 
 class _NoGateway:
@@ -114,13 +133,9 @@ class CuadernoWorkflow:
                     if self._history_full(inp):
                         await self._continue(inp, task, retry)
             except asyncio.CancelledError:
-                # Temporal cancelled the workflow: the same request a person's `cancel` writes;
-                # the loop, opened again, closes the run with the local record (what completed,
-                # what is uncertain, which compensations are scheduled).
-                if self.store.checkpoint(self.run_id) is None:
+                # Temporal cancelled the workflow: the loop, opened again, closes the run.
+                if not cancel_requested(self.store, self.run_id):
                     raise
-                request_cancel(self.store, self.run_id, "the Temporal workflow was cancelled", by="temporal",
-                               ownership=WorkflowOwnership())
                 continue
             except RunCancelled as exc:
                 await self._record(inp)
@@ -135,14 +150,13 @@ class CuadernoWorkflow:
                 await self._record(inp)
                 return {"status": "needs_human", "reason": str(exc)}
             except CuadernoError as exc:
-                # A typed error the loop gives up with (a model call that kept failing, a replay
-                # divergence) fails the workflow with its type: any other exception would fail
-                # only the workflow task, retried forever. The failure the loop journaled (a
-                # model step's error with what it spent) goes to the activities' journal first,
-                # as the local loop leaves it (behind a patch: older failed histories replay).
+                # A typed error the loop gives up with fails the workflow (gave_up). The failure
+                # the loop journaled (a model step's error with what it spent) goes to the
+                # activities' journal first, as the local loop leaves it (behind a patch: older
+                # failed histories replay).
                 if workflow.patched("cuaderno.record-giveup"):
                     await self._record(inp)
-                raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from None
+                raise gave_up(exc) from None
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
 
