@@ -39,12 +39,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
+from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
 from cuaderno.events import StepEvent, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
-from cuaderno.testing import crash
 
 __all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "result_payload", "stage_result",
            "stage_uncertain"]
@@ -272,15 +272,15 @@ class Effect:
         self._intend(attempt, after)
         retries = 0
         while True:
-            crash.point("tool.K0")
+            faults.point("tool.K0")
             await self.log.commit_before_acting()
-            crash.point("tool.K2")
+            faults.point("tool.K2")
             self.log.confirm_hold()
             try:
                 value = await self.body(attempt)
                 break
             except ToolError as err:
-                crash.point("tool.K5")
+                faults.point("tool.K5")
                 if err.error_class is ErrorClass.AMBIGUOUS:
                     # Sent, and the reply is lost: the same question as a crash in flight.
                     return await self._reconcile(attempt, {"last_error": err.to_json()}, counters)
@@ -308,7 +308,7 @@ class Effect:
                          "type": type(exc).__name__, "sent": None,
                          "traceback": traceback.format_exception(exc)[-6:]}
                 raise BodyBug(exc, self._result("error", error=error)) from exc
-        crash.point("tool.K5")
+        faults.point("tool.K5")
         # The compensation to schedule if the run is cancelled is decided now and journaled with
         # the result, so a cancellation can list it from the journal alone.
         return self._result("ok", value, counters=plus(counters, "retries", retries),
@@ -334,7 +334,7 @@ class Effect:
                 # write nothing (a resume that cannot help must not grow the journal).
                 raise UncertainEffect(self.log.run_id, self.step_id, said[-1].payload)
             self._uncertain({**evidence, "reason": "no lookup for this tool"})
-        crash.point("recovery.R1")
+        faults.point("recovery.R1")
         try:
             found = await self.lookup(attempt + 1)
         except Exception as exc:

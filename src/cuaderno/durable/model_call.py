@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cuaderno import faults
 from cuaderno._json import not_plain, shown
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.errors import ErrorClass, GatewayError
@@ -40,7 +41,6 @@ from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.loop.output import check_output
-from cuaderno.testing import crash
 
 __all__ = ["ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 
@@ -175,9 +175,9 @@ class ModelCall:
         retries = resends = 0
         left = False  # did any attempt of this send leave the process (or may it have)?
         while True:
-            crash.point("model.K0")
+            faults.point("model.K0")
             await self.log.commit_before_acting()
-            crash.point("model.K2")
+            faults.point("model.K2")
             try:
                 response = plain_calls(await request())
                 break
@@ -201,7 +201,7 @@ class ModelCall:
                 else:
                     retries += 1
                 await sleep(wait)
-        crash.point("model.K5")
+        faults.point("model.K5")
         return Sent(response, sends, retries)
 
     def finish(self, sent: Sent, *, require_tool: bool = False, output_type: Any = None,

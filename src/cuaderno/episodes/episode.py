@@ -68,6 +68,7 @@ from typing import Any, Generic, Literal, NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from cuaderno import faults
 from cuaderno._json import journalable
 from cuaderno.budgets import Budgets
 from cuaderno.cancellation import cancel, finalize
@@ -91,7 +92,6 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop import Agent, FinalStep, Session
 from cuaderno.loop.versions import Migration
-from cuaderno.testing import crash
 from cuaderno.tools.definition import Tool
 from cuaderno.tools.sandbox import ReadOnlyRoot
 
@@ -603,7 +603,7 @@ class _ParentRun(Generic[T]):
         for n in range(1, budgets.passes + 1):
             result = self._ev(self._pass_id(n), "result") or await self._run_child(n, feedback)
             record = self._record_pass(n)
-            crash.point("episode.P1")  # the child's outcome is journaled, the decision not yet
+            faults.point("episode.P1")  # the child's outcome is journaled, the decision not yet
             payload = result.payload
             if record.outcome == "ended":
                 budget = str(payload.get("budget") or "")
@@ -627,7 +627,7 @@ class _ParentRun(Generic[T]):
                 self._append(StepEvent(run_id=self.run_id, step_id=self._pass_id(n), phase="decision", kind=_KIND,
                                        decision=decision.action, payload={"reason": decision.reason}))
                 self.tally.passes[-1] = _with_decision(record, decision)
-                crash.point("episode.D1")  # decided, nothing applied yet
+                faults.point("episode.D1")  # decided, nothing applied yet
             if decision.action == "apply":
                 assert self.proposal is not None
                 try:
@@ -726,9 +726,9 @@ class _ParentRun(Generic[T]):
         log = JournalLog(self.store, self.run_id, epoch=self.epoch, index=self.journal)
 
         async def body(attempt: int) -> Any:
-            crash.point("episode.A2")  # the intent is on disk, the effect has not run
+            faults.point("episode.A2")  # the intent is on disk, the effect has not run
             receipt = await _maybe_await(apply_fn(proposal, effect.key))
-            crash.point("episode.A4")  # the effect happened, its result is not journaled yet
+            faults.point("episode.A4")  # the effect happened, its result is not journaled yet
             try:
                 return journalable(receipt, run_id=self.run_id, step_id=step_id, tool="apply")
             except ToolResultInvalid as exc:

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuaderno import faults
 from cuaderno.errors import IdempotencyKeyReuse
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
-from cuaderno.testing import crash
 from cuaderno.testing.records import append_synced, read_records
 
 __all__ = ["ScriptedGateway"]
@@ -109,7 +109,7 @@ class ScriptedGateway:
                         f"idempotency key {idempotency_key!r} was already used for a different request body")
                 self.replayed += 1
                 return ModelResponse.from_json(stored)
-        crash.point("model.K3")  # request written, not yet accepted
+        faults.point("model.K3")  # request written, not yet accepted
         response = self._answer(request)
         if response.cost is None and self.cost is not None and (response.text or response.tool_calls):
             response = _with_cost(response, self.cost)
@@ -119,7 +119,7 @@ class ScriptedGateway:
             if self.billing_log is not None:
                 append_synced(self.billing_log, {"key": idempotency_key, "fingerprint": body_fp,
                                                  "response": response.to_json()})
-        crash.point("model.K4")  # accepted and billed, answer not yet read by the caller
+        faults.point("model.K4")  # accepted and billed, answer not yet read by the caller
         return response
 
     def _answer(self, request: ModelRequest) -> ModelResponse:

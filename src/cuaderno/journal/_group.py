@@ -88,11 +88,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
-from cuaderno.testing import crash
 
 __all__ = ["SOLO_WINDOW_S", "GroupBatch", "GroupCommit", "SupportsGroupAppend"]
 
@@ -280,7 +280,7 @@ class GroupCommit:
             outcomes = self._write(group)
         except BaseException as exc:  # every caller gets it, none is left waiting
             outcomes = [exc] * len(group)
-        crash.point("group.G2")  # committed, nobody woken: all durable, none acted
+        faults.point("group.G2")  # committed, nobody woken: all durable, none acted
         with self._cond:
             self.groups += 1
             self.appends += len(group)
@@ -317,15 +317,15 @@ class GroupCommit:
         if isinstance(store, SupportsGroupAppend):
             return list(store.append_group(batches))
         out: list[list[StepEvent] | BaseException] = []
-        crash.point("group.G1")  # a store without a shared transaction: nothing of the group written yet
+        faults.point("group.G1")  # a store without a shared transaction: nothing of the group written yet
         for b in batches:  # one by one, as the callers would
-            crash.set_txn_points(*b.points)
+            faults.set_txn_points(*b.points)
             try:
                 out.append(store.append(b.events, epoch=b.epoch, expect_seq=b.expect_seq))
             except Exception as exc:  # the caller's own outcome
                 out.append(exc)
             finally:
-                crash.set_txn_points()
+                faults.set_txn_points()
         return out
 
     @staticmethod

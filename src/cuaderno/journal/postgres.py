@@ -84,6 +84,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ConnectionLost,
@@ -112,7 +113,6 @@ from cuaderno.journal._rows import (
     storable,
 )
 from cuaderno.journal.base import CLOSED_STATUSES, Tail, tail_base, validate_event
-from cuaderno.testing import crash
 
 __all__ = ["PostgresCheckpointer"]
 
@@ -377,8 +377,8 @@ class PostgresCheckpointer:
                 conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('compress', %s) ON CONFLICT (key) "
                              "DO UPDATE SET value = excluded.value", (_ON_OFF[compress],))
             meta = dict(conn.execute("SELECT key, value FROM cuaderno_meta").fetchall())
-            crash.point("open.M1")
-        crash.point("open.M2")
+            faults.point("open.M1")
+        faults.point("open.M2")
         setting = meta.get("compress")
         if setting not in (None, "on", "off"):
             raise JournalCorrupt(f"{self.url}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
@@ -403,7 +403,7 @@ class PostgresCheckpointer:
         run_id = events[0].run_id
         if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
-        crash.point("append.W0")
+        faults.point("append.W0")
         return self._append_alone(run_id, events, epoch, expect_seq)
 
     def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
@@ -421,7 +421,7 @@ class PostgresCheckpointer:
             # Committed, and the lock went meanwhile, to someone else: what was written (an
             # intent) must not be acted on by this worker (its body must not start).
             raise moved
-        crash.point("append.W2")
+        faults.point("append.W2")
         return out
 
     def _hold_lost(self, run_ids: Sequence[str]) -> set[str]:
@@ -567,7 +567,7 @@ class PostgresCheckpointer:
         COMMIT; a run without a row yet adds two (its creation lock, then its row looked up again).
         """
         for _ in batches:
-            crash.point("append.W0")
+            faults.point("append.W0")
         if any(not b.events or not _readable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
         held = [b.events[0].run_id for b in batches if b.epoch is not None]
@@ -579,14 +579,14 @@ class PostgresCheckpointer:
             with self._txn() as cur:
                 if len(batches) == 1:  # a run alone: the plain append's statements are fewer
                     b = batches[0]
-                    crash.set_txn_points(*b.points)
+                    faults.set_txn_points(*b.points)
                     outs[0] = self._write(cur, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
                 else:
                     self._write_group(cur, batches, order, outs)
-                crash.set_txn_points()
-                crash.point("group.G1")  # every append of the group written, before COMMIT
+                faults.set_txn_points()
+                faults.point("group.G1")  # every append of the group written, before COMMIT
         except Exception:
-            crash.set_txn_points()
+            faults.set_txn_points()
             with self._cache_lock:
                 for b in batches:
                     self._cache.pop(b.events[0].run_id, None)
@@ -596,7 +596,7 @@ class PostgresCheckpointer:
             if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
                 outs[i] = moved
         for _ in batches:
-            crash.point("append.W2")
+            faults.point("append.W2")
         return outs
 
     def _write_group(self, cur: psycopg.Cursor[Any], batches: Sequence[GroupBatch], order: list[int],
@@ -631,9 +631,9 @@ class PostgresCheckpointer:
         # each batch that meets it redone with lookups (see _append_alone).
         cur.executemany(_INSERT, rows)  # one round trip (psycopg pipelines it)
         for i in written:
-            crash.set_txn_points(*batches[i].points)
-            crash.in_txn("checkpoint")
-        crash.set_txn_points()
+            faults.set_txn_points(*batches[i].points)
+            faults.in_txn("checkpoint")
+        faults.set_txn_points()
         done = [(run_id, summaries[run_id]) for run_id in updated]
         params = ([r for r, _ in done], [cp.status for _, cp in done], [cp.epoch for _, cp in done],
                   [updated[r] for r, _ in done], [cp.dumps() for _, cp in done])
@@ -641,10 +641,10 @@ class PostgresCheckpointer:
         if set(xmins) != set(updated):
             raise JournalCorrupt(f"journal {self.url}: the database stored other summaries than the ones written")
         for i in written:
-            crash.set_txn_points(*batches[i].points)
-            crash.in_txn()
-            crash.point("append.W1")
-        crash.set_txn_points()
+            faults.set_txn_points(*batches[i].points)
+            faults.in_txn()
+            faults.point("append.W1")
+        faults.set_txn_points()
         with self._cache_lock:
             for run_id, cp in done:
                 self._cache[run_id] = (str(xmins[run_id]), cp)
@@ -689,7 +689,7 @@ class PostgresCheckpointer:
     def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
         outs: list[list[StepEvent] | Exception] = []
         for b in batches:
-            crash.set_txn_points(*b.points)
+            faults.set_txn_points(*b.points)
             try:
                 if not b.events:
                     outs.append([])
@@ -701,7 +701,7 @@ class PostgresCheckpointer:
             except Exception as exc:  # that batch's own outcome
                 outs.append(exc)
             finally:
-                crash.set_txn_points()
+                faults.set_txn_points()
         return outs
 
     def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
@@ -734,11 +734,11 @@ class PostgresCheckpointer:
                     raise JournalError(f"journal {self.url}: {_first_line(exc)}; nothing was committed") \
                         from None
                 raise Duplicate from None
-            crash.in_txn("checkpoint")
+            faults.in_txn("checkpoint")
             xmin = _one(cur.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
                                                   cp.dumps())))[0]
-            crash.in_txn()
-            crash.point("append.W1")
+            faults.in_txn()
+            faults.point("append.W1")
             with self._cache_lock:
                 self._cache[run_id] = (xmin, cp)
         return out
@@ -860,8 +860,8 @@ class PostgresCheckpointer:
                             (cp.status, cp.dumps(), run_id))
             with self._cache_lock:
                 self._cache.pop(run_id, None)
-            crash.point("rebuild.B1")
-        crash.point("rebuild.B2")
+            faults.point("rebuild.B1")
+        faults.point("rebuild.B2")
         return cp, differ
 
     def checkpoint(self, run_id: str) -> Checkpoint | None:

@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalCorrupt,
@@ -72,7 +73,6 @@ from cuaderno.journal._rows import no_existing as _no_existing
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, Tail, tail_base, validate_event
-from cuaderno.testing import crash
 
 __all__ = ["SqliteCheckpointer"]
 
@@ -453,8 +453,8 @@ class SqliteCheckpointer:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
                            (_ON_OFF[compress],))
             compressing = self._follow_meta(db)
-            crash.point("open.M1")  # tables, schema and setting written, before COMMIT
-        crash.point("open.M2")  # after the commit
+            faults.point("open.M1")  # tables, schema and setting written, before COMMIT
+        faults.point("open.M2")  # after the commit
         return compressing
 
     def _schema_of(self, db: sqlite3.Connection) -> int:
@@ -521,7 +521,7 @@ class SqliteCheckpointer:
         if not _storable(events[0].run_id):
             validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
         run_id = events[0].run_id
-        crash.point("append.W0")  # before the transaction (every write, whoever makes it)
+        faults.point("append.W0")  # before the transaction (every write, whoever makes it)
         return self._append_alone(run_id, events, epoch, expect_seq)
 
     def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
@@ -530,7 +530,7 @@ class SqliteCheckpointer:
             out = self._append(run_id, events, epoch, expect_seq, lookups=False)
         except _Duplicate:
             out = self._append(run_id, events, epoch, expect_seq, lookups=True)
-        crash.point("append.W2")  # after the commit
+        faults.point("append.W2")  # after the commit
         return out
 
     def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
@@ -554,7 +554,7 @@ class SqliteCheckpointer:
         (or the commit fails), it is rolled back whole and each batch is appended on its own.
         """
         for _ in batches:
-            crash.point("append.W0")
+            faults.point("append.W0")
         if any(not b.events or not _storable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
         try:
@@ -564,29 +564,29 @@ class SqliteCheckpointer:
             with self._txn() as db:
                 version = self._fresh(db)
                 for b in batches:
-                    crash.set_txn_points(*b.points)
+                    faults.set_txn_points(*b.points)
                     out, mark, bumped = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq,
                                                     lookups=False)
                     outs.append(out)
                     marks.append(mark)
                     bump = bump or bumped
-                crash.set_txn_points()
-                crash.point("group.G1")  # every append of the group written, before COMMIT
+                faults.set_txn_points()
+                faults.point("group.G1")  # every append of the group written, before COMMIT
                 self._data_version = version
         except Exception:
-            crash.set_txn_points()
+            faults.set_txn_points()
             for b in batches:
                 self._cache.pop(b.events[0].run_id, None)
             return self._one_by_one(batches)
         self._committed(next((m for m in reversed(marks) if m is not None), None), bump)
         for _ in batches:
-            crash.point("append.W2")
+            faults.point("append.W2")
         return outs
 
     def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
         outs: list[list[StepEvent] | Exception] = []
         for b in batches:
-            crash.set_txn_points(*b.points)
+            faults.set_txn_points(*b.points)
             try:
                 if not b.events:
                     outs.append([])
@@ -597,7 +597,7 @@ class SqliteCheckpointer:
             except Exception as exc:  # that batch's own outcome
                 outs.append(exc)
             finally:
-                crash.set_txn_points()
+                faults.set_txn_points()
         return outs
 
     def _fresh(self, db: sqlite3.Connection) -> int:
@@ -645,10 +645,10 @@ class SqliteCheckpointer:
                 db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
                            (str(_COMPRESSED_SINCE),))
                 bump = True
-            crash.in_txn("checkpoint")
+            faults.in_txn("checkpoint")
             db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
-            crash.in_txn()
-            crash.point("append.W1")  # everything written, before COMMIT
+            faults.in_txn()
+            faults.point("append.W1")  # everything written, before COMMIT
         self._cache[run_id] = cp
         return out, mark, bump
 
@@ -736,8 +736,8 @@ class SqliteCheckpointer:
                 db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
                            (cp.status, cp.dumps(), run_id))
             self._cache.pop(run_id, None)
-            crash.point("rebuild.B1")  # the summary rewritten, before COMMIT
-        crash.point("rebuild.B2")  # after the commit
+            faults.point("rebuild.B1")  # the summary rewritten, before COMMIT
+        faults.point("rebuild.B2")  # after the commit
         return cp, differ
 
     def _plan_rebuild(self, db: sqlite3.Connection, run_id: str, trust_journal: bool) -> tuple[Checkpoint, list[str]]:

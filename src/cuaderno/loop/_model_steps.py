@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall, accepted
 from cuaderno.events import model_step_id
 from cuaderno.fingerprint import idempotency_key
@@ -12,7 +13,6 @@ from cuaderno.gateway.ladder import climb
 from cuaderno.loop._state import RunState, Turn, Unrecorded
 from cuaderno.loop.output import feedback_messages
 from cuaderno.loop.steps import FinalStep, ModelStep
-from cuaderno.testing import crash
 
 __all__ = ["ModelSteps"]
 
@@ -110,9 +110,9 @@ class ModelSteps(RunState):
             record["data"] = self.output_data  # the structured answer, as validated when it came
         if rec is None:
             self.stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
-            crash.point("final.K0")
+            faults.point("final.K0")
             self.commit()
-            crash.point("final.K7")
+            faults.point("final.K7")
         self._show(FinalStep(step_id="final", output=response.text, data=dict(record)))
 
     # -- tool calls -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from cuaderno import faults
 from cuaderno._json import sorted_compact_nan
 from cuaderno.durable import log as durable_log
 from cuaderno.durable.effect import effect_key
@@ -18,7 +19,6 @@ from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
 from cuaderno.loop.steps import Step
 from cuaderno.telemetry import AgentPassSpan
-from cuaderno.testing import crash
 
 __all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "tool_message"]
 
@@ -169,11 +169,11 @@ class RunState:
         if isinstance(self.store, GroupCommit):  # joins the next group; the group names its points
             self.store.append(self.pending, epoch=self.epoch, points=tuple(self.points))
         else:
-            crash.set_txn_points(*self.points)
+            faults.set_txn_points(*self.points)
             try:
                 self.store.append(self.pending, epoch=self.epoch)
             finally:
-                crash.set_txn_points()  # named for this transaction only, not for a later direct append
+                faults.set_txn_points()  # named for this transaction only, not for a later direct append
         self._flushed()
 
     async def commit_before_acting(self) -> None:
@@ -192,10 +192,10 @@ class RunState:
 
     def _flushed(self) -> None:
         self.flushes += 1
-        if crash.armed():
+        if faults.armed():
             for name in self.points:  # K7: after the commit that holds a step's result
                 if name.endswith(".K6"):
-                    crash.point(name[:-1] + "7")
+                    faults.point(name[:-1] + "7")
         self.pending, self.points = [], []
 
     def _snapshot_if_due(self) -> None:
@@ -209,7 +209,7 @@ class RunState:
         if snap is not None:
             self.pending.insert(len(self.pending) - 1, snap)
             self.points.append("snapshot.K6")  # K0 before, K6/K8 inside, K7 after its commit
-            crash.point("snapshot.K0")
+            faults.point("snapshot.K0")
             self._since_snap = 1
 
     def _conversation(self) -> list[Message]:

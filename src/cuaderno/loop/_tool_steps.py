@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from cuaderno import faults
 from cuaderno._json import journalable
 from cuaderno.durable.effect import BodyBug, Effect, Settled, result_payload, stage_result
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError
@@ -15,7 +16,6 @@ from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, tool_message
 from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.steps import ApprovalStep, ToolStep
-from cuaderno.testing import crash
 from cuaderno.tools.definition import ToolContext
 
 __all__ = ["ToolSteps"]
@@ -172,9 +172,9 @@ class ToolSteps(RunState):
                                                                   "reason": verdict.reason}), "approval.K1")
             self.stage(self._event(appr_id, "request", "approval", name=call.name, decision="require_approval",
                                     fingerprint=args_fp, payload=shown))
-            crash.point("approval.K0")
+            faults.point("approval.K0")
             self.commit()
-            crash.point("approval.K7")
+            faults.point("approval.K7")
             self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
                                        decision="require_approval", outcome="pending"))
             self._show(self._approval_step(appr_id, step_id, call, args_fp, "pending"))

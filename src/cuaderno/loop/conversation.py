@@ -42,6 +42,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from cuaderno import faults
 from cuaderno.errors import (
     ConversationClosed,
     ConversationDivergence,
@@ -57,7 +58,6 @@ from cuaderno.gateway.base import Message
 from cuaderno.loop.result import run_sync
 from cuaderno.loop.runner import Runner
 from cuaderno.loop.streaming import Emit, TokenStream, drive, run_streaming
-from cuaderno.testing import crash
 
 if TYPE_CHECKING:
     from cuaderno.loop.agent import Agent, Session
@@ -199,7 +199,7 @@ class Conversation:
                 self.store.append(events, expect_seq=last_seq)
             except (RunChanged, JournalConflict):
                 continue  # another process wrote to the head meanwhile: read it again
-            crash.point("conversation.M1")  # the message is recorded, its run not started
+            faults.point("conversation.M1")  # the message is recorded, its run not started
             return run_id, self._history(recorded, self.position)
         raise RunChanged(self.id, 0, 0)  # pragma: no cover - five writers in a row beat this one
 

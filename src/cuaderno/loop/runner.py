@@ -36,7 +36,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, NoReturn
 
-from cuaderno import telemetry
+from cuaderno import faults, telemetry
 from cuaderno.cancellation import cancel, finalize, in_flight
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
@@ -62,7 +62,6 @@ from cuaderno.loop._state import effect_key, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
 from cuaderno.loop.steps import FinalStep, Step
 from cuaderno.loop.versions import Migration
-from cuaderno.testing import crash
 
 __all__ = ["Runner", "effect_key", "tool_message"]
 
@@ -73,7 +72,7 @@ class Runner(ModelSteps, ToolSteps):
     # -- opening ----------------------------------------------------------------------------------
 
     def _open(self, cp: Checkpoint | None) -> FinalStep | None:
-        crash.point("recovery.R0")
+        faults.point("recovery.R0")
         task_fp = fingerprint({"task": self.task})
         versions = self.agent.versions()
         events: list[StepEvent] | None = None
@@ -92,7 +91,7 @@ class Runner(ModelSteps, ToolSteps):
             if isinstance(checked, FinalStep):
                 return checked
             cp, events = checked
-        crash.point("recovery.R2")
+        faults.point("recovery.R2")
         # Once the run is taken over, anything a previous owner tries to commit is refused. Every
         # check that can refuse the resume ran above, so a refused resume has written nothing (not
         # even the takeover). A run that ended since it was read (another process finished it) is
@@ -108,7 +107,7 @@ class Runner(ModelSteps, ToolSteps):
                 return closed
             raise  # ended for the store, open for its journal: a damaged status column, refused
         self.s.ownership.took(self.where, self)
-        crash.point("recovery.R3")
+        faults.point("recovery.R3")
         # What was committed before the takeover must all be in the events replayed: read once
         # more, and if the journal grew since it was checked (a forced takeover's previous owner,
         # a person's decision, the version choice above), check it again.

@@ -40,12 +40,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cuaderno import telemetry
+from cuaderno import faults, telemetry
 from cuaderno.errors import BudgetExceeded, RunCancelled, RunClosed, UncertainEffect, UsageError
 from cuaderno.events import model_step_id
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.loop.steps import FinalStep, Step
-from cuaderno.testing import crash
 
 if TYPE_CHECKING:
     from cuaderno.loop.agent import Agent, Session
@@ -102,7 +101,7 @@ class StreamingCaller:
             self.emit(Token(text="", step_id=step_id, send=send, reset=True))
 
         def on_token(text: str) -> None:
-            crash.point("model.token")  # a kill here: the intent is journaled, the answer is not
+            faults.point("model.token")  # a kill here: the intent is journaled, the answer is not
             self.emit(Token(text=text, step_id=step_id, send=send))
 
         with telemetry.model_call(request, run_id=run_id, step_id=step_id, provider=self.provider) as span:

@@ -39,6 +39,7 @@ from typing import Any, Final
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from cuaderno import faults
 from cuaderno._json import sorted_compact_nan
 from cuaderno.durable.effect import intent_event, result_payload, stage_result
 from cuaderno.durable.log import JournalLog
@@ -68,7 +69,6 @@ from cuaderno.temporal._names import (
     RunInput,
     ToolCallInput,
 )
-from cuaderno.testing import crash
 from cuaderno.tools.definition import ToolContext
 
 __all__ = ["INLINE_BYTES", "JOURNALS", "REF", "CuadernoActivities", "journal_kind", "read_to_mark", "replayed"]
@@ -274,13 +274,13 @@ class CuadernoActivities:
                                                                idempotency_key=inp.idempotency_key)
         except GatewayError as err:
             raise _failure("GatewayError", err) from None
-        crash.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
+        faults.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
         # The same verdict and counters the loop journals for the same response (empty
         # generations counted); the step's retries (failed sends the workflow tried again) come
         # with the input.
         payload = call.finish(Sent(response, sends, inp.retries), require_tool=a.require_tool)
         call.log.commit()
-        crash.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
+        faults.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
         return slim_response(payload["response"])
 
     def _journal_send(self, inp: ModelTurnInput, call: ModelCall, journal: dict[tuple[str, str], StepEvent]) -> int:
@@ -413,10 +413,10 @@ class CuadernoActivities:
                                                                      tells_the_model=False))
             steps.commit()
             raise _failure("ToolError", err) from None
-        crash.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
+        faults.point("temporal.tool.A1")  # the effect happened, nothing journaled: the loop reconciles
         stage_result(steps, inp.step_id, inp.tool, result_payload("ok", value, effect_key=inp.effect_key))
         steps.commit()
-        crash.point("temporal.tool.A2")  # journaled, not returned
+        faults.point("temporal.tool.A2")  # journaled, not returned
         return returned(inp.step_id, value)
 
     @activity.defn(name=LOOKUP)

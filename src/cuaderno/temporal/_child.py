@@ -54,6 +54,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, ChildWorkflowError
 from temporalio.worker import Worker
 
+from cuaderno import faults
 from cuaderno.durable.effect import Effect
 from cuaderno.durable.log import JournalLog
 from cuaderno.episodes.episode import (
@@ -77,7 +78,6 @@ from cuaderno.temporal._names import RECORD, RecordInput
 from cuaderno.temporal._profiles import CODE, EffectPolicy, load_effect_policy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 from cuaderno.temporal._workflow import _NoGateway, cancel_requested, gave_up
-from cuaderno.testing import crash
 from cuaderno.tools.sandbox import ReadOnlyRoot
 
 __all__ = ["APPLY", "DECIDE", "EPISODE_CHILD", "EPISODE_LOAD", "EPISODE_RECORD", "EPISODE_WORKFLOW", "EPISODES", "ApplyInput",
@@ -251,7 +251,7 @@ class EpisodeChildWorkflow:
                     raise
             except CuadernoError as exc:
                 raise gave_up(exc) from None
-        crash.point("temporal.episode.C1")  # the child has its answer; its workflow has not completed
+        faults.point("temporal.episode.C1")  # the child has its answer; its workflow has not completed
         events = [e for e in _events(store, run_id)
                   if e["kind"] in ("final", "cancel") or (e["kind"] == "run" and e["phase"] != "start")]
         if events:  # the answer or the end record, which only the workflow journaled
@@ -436,7 +436,7 @@ class EpisodeActivities:
         if not isinstance(decision, Decision):
             raise ApplicationError(f"decide must return a Decision (Decision.apply/discard/another_pass), got "
                                    f"{decision!r:.80}; nothing was journaled", type="UsageError", non_retryable=True)
-        crash.point("temporal.episode.decide.A1")  # decided, the answer not in the history yet
+        faults.point("temporal.episode.decide.A1")  # decided, the answer not in the history yet
         return {"action": decision.action, "reason": decision.reason}
 
     @activity.defn(name=APPLY)
@@ -462,7 +462,7 @@ class EpisodeActivities:
         apply_fn = self.apply_fn
 
         async def body(attempt: int) -> Any:
-            crash.point("temporal.episode.apply.A1")  # the intent is on disk, the effect has not run
+            faults.point("temporal.episode.apply.A1")  # the intent is on disk, the effect has not run
             try:
                 async with _heartbeating():
                     receipt = await _call(apply_fn, proposal, key)
@@ -472,7 +472,7 @@ class EpisodeActivities:
                 # Not classified: it may have written half. The protocol asks the lookup (or stops
                 # uncertain), as Temporal's retry of this activity used to make the next attempt do.
                 raise ToolError(f"apply raised {exc!r:.300}", error_class=ErrorClass.AMBIGUOUS) from exc
-            crash.point("temporal.episode.apply.A2")  # the effect happened, its receipt is not journaled yet
+            faults.point("temporal.episode.apply.A2")  # the effect happened, its receipt is not journaled yet
             return receipt
 
         async def lookup(attempt: int) -> Any:

@@ -31,8 +31,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Final
 
+from cuaderno import faults
 from cuaderno.errors import ErrorClass, ToolArgumentsInvalid, ToolError, UsageError
-from cuaderno.testing import crash
 from cuaderno.tools.definition import Lookup, Tool, ToolContext
 
 try:
@@ -197,7 +197,7 @@ class McpServer:
         meta = {META_EFFECT_KEY: ctx.effect_key, "cuaderno/run_id": ctx.run_id, "cuaderno/step_id": ctx.step_id}
         timeout = datetime.timedelta(seconds=self.timeout) if self.timeout is not None else None
         try:
-            crash.point("tool.K3")  # about to write the request
+            faults.point("tool.K3")  # about to write the request
             result = await session.call_tool(name, arguments, read_timeout_seconds=timeout, meta=meta)
         except Exception as exc:
             # The request may have reached the server: whether the tool ran is unknown.
@@ -205,7 +205,7 @@ class McpServer:
             raise ToolError(f"MCP tool {name!r}: the call was sent and no reply came ({self._lost})",
                             error_class=ErrorClass.AMBIGUOUS, sent=True,
                             data={"server": self.params.command, "cause": self._lost}) from None
-        crash.point("tool.K4")  # the reply arrived, not yet read
+        faults.point("tool.K4")  # the reply arrived, not yet read
         if result.isError:
             text = _text(result.content)
             raise ToolError(f"MCP tool {name!r} reported an error: {text}", error_class=ErrorClass.PERMANENT,
