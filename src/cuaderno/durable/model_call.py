@@ -40,7 +40,7 @@ from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
-from cuaderno.loop.output import check_output
+from cuaderno.gateway.structured import check_output
 
 __all__ = ["ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 

@@ -53,7 +53,7 @@ class Outcome(enum.StrEnum):
     REFUSAL = "refusal"
     """The provider or the model refused: a rejected response, not an empty one."""
     INVALID_OUTPUT = "invalid_output"
-    """A final answer that fails the agent's ``output_type`` (:mod:`cuaderno.loop.output`): a
+    """A final answer that fails the agent's ``output_type`` (:mod:`cuaderno.gateway.structured`): a
     rejected response, sent back to the model with the errors."""
 
 

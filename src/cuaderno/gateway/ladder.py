@@ -76,7 +76,7 @@ LADDER_BUDGET = "ladder"
 
 DEFAULT_LADDER_ON = frozenset({Outcome.EMPTY, Outcome.NO_TOOL_CALL})
 """Rejected outcomes that climb the ladder. Refusals do not (a policy decision, not a capacity one);
-an invalid structured answer is sent back with its errors instead (:mod:`cuaderno.loop.output`)."""
+an invalid structured answer is sent back with its errors instead (:mod:`cuaderno.gateway.structured`)."""
 
 _T = TypeVar("_T")
 _ROUTE: contextvars.ContextVar[str | None] = contextvars.ContextVar("cuaderno_ladder_route", default=None)

@@ -10,8 +10,8 @@ from cuaderno.events import model_step_id
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.ladder import climb
+from cuaderno.gateway.structured import feedback_messages
 from cuaderno.loop._state import RunState, Turn, Unrecorded
-from cuaderno.loop.output import feedback_messages
 from cuaderno.loop.steps import FinalStep, ModelStep
 
 __all__ = ["ModelSteps"]

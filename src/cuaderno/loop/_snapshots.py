@@ -192,9 +192,9 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
     """
     events = state.store.load(state.run_id)  # the whole journal, chain-checked
     from cuaderno.durable.model_call import accepted
+    from cuaderno.gateway.structured import feedback_messages
     from cuaderno.loop._state import tool_message
     from cuaderno.loop._tool_steps import _journalable
-    from cuaderno.loop.output import feedback_messages
 
     index = {(ev.step_id, ev.phase): ev for ev in events}
     out: list[Message] = []

@@ -146,7 +146,7 @@ class Agent:
         output_type: a pydantic model the final answer must validate against (JSON in the
             final text, a ```json fence tolerated). An answer that fails is a rejected response:
             journaled, counted, sent back with the errors, within ``budgets.rejected_responses``
-            (see :mod:`cuaderno.loop.output`).
+            (see :mod:`cuaderno.gateway.structured`).
     """
 
     def __init__(self, *, instructions: str, tools: Sequence[Tool] = (), policy: Policy | None = None,
