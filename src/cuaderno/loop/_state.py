@@ -226,11 +226,18 @@ class RunState:
         """The event the journal held at ``(step_id, phase)`` when this pass opened the run."""
         return self.journal.get((step_id, phase))
 
+    _caps: durable_log.Capabilities | None = None
+
+    def _capabilities(self) -> durable_log.Capabilities:
+        if self._caps is None or self._caps.store is not self.store:
+            self._caps = durable_log.Capabilities(self.store)
+        return self._caps
+
     def confirm_hold(self) -> None:
-        durable_log.confirm_hold(self.store, self.run_id, self.epoch)
+        self._capabilities().confirm_hold(self.run_id, self.epoch)
 
     def earlier_holder(self, step_id: str) -> dict[str, Any] | None:
-        return durable_log.earlier_holder(self.store, self.run_id, self.journal.get((step_id, "intent")))
+        return self._capabilities().earlier_holder(self.run_id, self.journal.get((step_id, "intent")))
 
     def _recorded_count(self, step_id: str, phase: str) -> int:
         """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a
