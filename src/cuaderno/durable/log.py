@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from cuaderno.events import StepEvent
-from cuaderno.journal.base import Checkpointer, ConfirmsHold, KnowsEarlierHolders
+from cuaderno.journal.base import Checkpointer, CommitsInGroups, ConfirmsHold, KnowsEarlierHolders
 
 __all__ = ["Capabilities", "JournalLog", "StepLog", "confirm_hold", "earlier_holder", "numbered"]
 
@@ -86,13 +86,15 @@ def earlier_holder(store: Checkpointer, run_id: str, first_intent: StepEvent | N
 
 
 class Capabilities:
-    """A store's hold capabilities, checked once (a ``runtime_checkable`` isinstance costs tens of
+    """A store's optional capabilities (holds, group commit), checked once (a ``runtime_checkable`` isinstance costs tens of
     microseconds per call: once per step it was a tenth of a tool step's CPU), then asked per step."""
 
-    __slots__ = ("_confirm", "_earlier", "store")
+    __slots__ = ("_confirm", "_earlier", "group", "store")
 
     def __init__(self, store: Checkpointer) -> None:
         self.store = store
+        self.group = store if isinstance(store, CommitsInGroups) else None
+        """The store as a group committer, when it is one."""
         self._confirm = store if isinstance(store, ConfirmsHold) else None
         self._earlier = store if isinstance(store, KnowsEarlierHolders) else None
 

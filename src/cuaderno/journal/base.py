@@ -73,8 +73,8 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "ConfirmsHold",
-           "KnowsEarlierHolders", "SupportsClaims", "SupportsRebuild", "SupportsTail", "Tail", "tail_base",
+__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "CommitsInGroups",
+           "ConfirmsHold", "KnowsEarlierHolders", "SupportsClaims", "SupportsRebuild", "SupportsTail", "Tail", "tail_base",
            "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -220,6 +220,27 @@ class SupportsClaims(Protocol):
         (``{"owner": label, "process": {"host", "pid", ...}}``). A run missing from the answer is
         held by nobody alive: a takeover would not be refused as :class:`~cuaderno.errors.RunBusy`
         (unless someone takes it meanwhile). Unknown runs are left out."""
+        ...
+
+
+@runtime_checkable
+class CommitsInGroups(Protocol):
+    """Optional capability: a journal that groups the appends of concurrent runs into one
+    transaction and one sync (:class:`cuaderno.journal.GroupCommit`). The loop gives it the crash
+    points of each append (the group names them in its transaction), and, with ``share_loop``,
+    commits a step's intent through :meth:`append_async` so the other runs of its event loop join
+    the same group."""
+
+    share_loop: bool
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None, expect_seq: int | None = None,
+               points: tuple[str, ...] = ()) -> list[StepEvent]:
+        """:meth:`Checkpointer.append`, in the next group; returns once its events are durable."""
+        ...
+
+    async def append_async(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+                           expect_seq: int | None = None, points: tuple[str, ...] = ()) -> list[StepEvent]:
+        """The same, awaited: the group is written at the end of the event loop's iteration."""
         ...
 
 

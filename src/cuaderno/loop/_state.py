@@ -12,7 +12,6 @@ from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent, numbered
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
-from cuaderno.journal._group import GroupCommit
 from cuaderno.loop import _snapshots
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
@@ -166,8 +165,9 @@ class RunState:
             self.pending.insert(0, self.pass_marker)
             self.pass_marker = None
         self._snapshot_if_due()
-        if isinstance(self.store, GroupCommit):  # joins the next group; the group names its points
-            self.store.append(self.pending, epoch=self.epoch, points=tuple(self.points))
+        group = self._capabilities().group
+        if group is not None:  # joins the next group; the group names its points
+            group.append(self.pending, epoch=self.epoch, points=tuple(self.points))
         else:
             faults.set_txn_points(*self.points)
             try:
@@ -180,14 +180,15 @@ class RunState:
         """:meth:`commit` before an action (a model call, a tool body): with a :class:`GroupCommit`
         the commit waits for the end of the loop's turn, so the loop's other runs join its group
         meanwhile; this run goes on only once its events are durable."""
-        if not self.pending or not isinstance(self.store, GroupCommit) or not self.store.share_loop:
+        group = self._capabilities().group
+        if not self.pending or group is None or not group.share_loop:
             self.commit()
             return
         if self.pass_marker is not None:
             self.pending.insert(0, self.pass_marker)
             self.pass_marker = None
         self._snapshot_if_due()
-        await self.store.append_async(self.pending, epoch=self.epoch, points=tuple(self.points))
+        await group.append_async(self.pending, epoch=self.epoch, points=tuple(self.points))
         self._flushed()
 
     def _flushed(self) -> None:
