@@ -34,6 +34,7 @@ sending a request that holds the whole conversation does anyway.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cuaderno.checkpoint import Checkpoint, differing, project
@@ -48,7 +49,7 @@ from cuaderno.telemetry import AgentPassSpan
 if TYPE_CHECKING:
     from cuaderno.loop._state import RunState
 
-__all__ = ["EVERY", "STEP", "Restored", "conversation_before", "opened", "snapshot_event", "tail_open"]
+__all__ = ["EVERY", "STEP", "Cursor", "Restored", "conversation_before", "opened", "snapshot_event", "tail_open"]
 
 STEP = "snapshot"
 EVERY = 256
@@ -56,6 +57,21 @@ EVERY = 256
 most about this many rows besides the snapshot, and a snapshot costs one summary read and one row
 of a few hundred bytes per that many."""
 FORMAT = 1
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where one loop stands with snapshots: what this module keeps on the run's state (the loop
+    reads ``start_turn`` and hands ``restored`` back once)."""
+
+    since: int = 0
+    """Journal rows since the run's last snapshot, as this loop counts them."""
+    restored: Restored | None = None
+    """The snapshot this loop went on from, until the conversation before it is rebuilt."""
+    prepared: bool = False
+    """Whether the store was asked to prepare tail reads (before this loop's first snapshot)."""
+    start_turn: int = 0
+    """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
 
 
 class Restored(NamedTuple):
@@ -78,9 +94,9 @@ def snapshot_event(state: RunState, intent: StepEvent) -> StepEvent | None:
     store = state.store
     if not isinstance(store, SupportsTail):
         return None  # a store that cannot read a tail would never use it
-    if not state._snap_prepared:
+    if not state.snaps.prepared:
         store.prepare_tail()
-        state._snap_prepared = True
+        state.snaps.prepared = True
     cp = store.checkpoint(state.run_id)
     if cp is None:
         return None
@@ -104,7 +120,7 @@ def _simple(cp: Checkpoint, versions: dict[str, Any]) -> bool:
 
 def tail_open(state: RunState, cp: Checkpoint, versions: dict[str, Any]) -> tuple[Checkpoint, list[StepEvent]] | None:
     """The run's checked summary and its events after its latest snapshot's base (see the
-    module), with the snapshot kept on ``state`` (``_snap``); ``None``: open it from the whole
+    module), with the snapshot kept on ``state`` (``snaps.restored``); ``None``: open it from the whole
     journal. ``cp`` (the summary as read before, unchecked) only saves a read that cannot help."""
     store = state.store
     if (not isinstance(store, SupportsTail) or state.s.verify_replay or type(state.pass_span) is not AgentPassSpan
@@ -130,7 +146,7 @@ def tail_open(state: RunState, cp: Checkpoint, versions: dict[str, Any]) -> tupl
     beyond = model_step_id(state.agent.max_turns)
     if any(ev.step_id == beyond for ev in events):
         return None
-    state._snap = restored
+    state.snaps.restored = restored
     return tail.summary, events
 
 
@@ -165,18 +181,18 @@ def _checked(run_id: str, tail: Tail) -> tuple[Restored, list[StepEvent]] | None
 def opened(state: RunState, events: list[StepEvent]) -> None:
     """After the loop indexed ``events``: go on from the snapshot when they are its tail (the
     whole journal starts at seq 1 and drops it), and count the rows since the last snapshot."""
-    snap: Restored | None = getattr(state, "_snap", None)
+    snap: Restored | None = state.snaps.restored
     if snap is not None and events and events[0].seq == 1:
-        snap = state._snap = None  # read again whole after the takeover (the run changed meanwhile)
+        snap = state.snaps.restored = None  # read again whole after the takeover (the run changed meanwhile)
     last = events[-1].seq if events else 0
     if snap is None:
-        state._since_snap = last - max((ev.seq for ev in events if ev.kind == "snapshot"), default=0)
+        state.snaps.since = last - max((ev.seq for ev in events if ev.kind == "snapshot"), default=0)
         return
     for step_id, seq in list(state.unvisited.items()):
         if seq < snap.seq:
             del state.unvisited[step_id]  # results of turns before the snapshot: not replayed
-    state._since_snap = last - snap.seq
-    state._start_turn = snap.turn
+    state.snaps.since = last - snap.seq
+    state.snaps.start_turn = snap.turn
     state.chain = snap.chain
     state.unhashed.clear()
     state.messages = [{"role": "user", "content": state.task}]  # hashed into the chain already

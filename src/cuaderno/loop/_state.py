@@ -94,6 +94,8 @@ class RunState:
         """The first model turn after the migration (its request carries a migration marker)."""
         self.rebased = False
         self.migrate_seq = 0
+        self.snaps = _snapshots.Cursor()
+        """Where this loop stands with snapshots (:mod:`._snapshots` keeps it)."""
         """The seq of the last migration record (0: never migrated)."""
 
     def charge(self, counters: dict[str, int]) -> None:
@@ -149,14 +151,6 @@ class RunState:
         raise ReplayDivergence(self.run_id, first, f"{seen.kind} step {first}{name} ({seen.phase}) at this point",
                                f"{instead} without reaching it")
 
-    _since_snap = 0
-    """Journal rows since the run's last snapshot, as this loop counts them (:mod:`._snapshots`)."""
-    _snap: Any = None
-    """The snapshot this loop went on from, until the conversation before it is rebuilt."""
-    _snap_prepared = False
-    """Whether the store was asked to prepare tail reads (before this loop's first snapshot)."""
-    _start_turn = 0
-    """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
 
     def commit(self) -> None:
         if not self.pending:
@@ -202,23 +196,23 @@ class RunState:
     def _snapshot_if_due(self) -> None:
         """Put a snapshot before a model turn's first send once :data:`._snapshots.EVERY` rows
         were written since the last (one more row of the same transaction; see :mod:`._snapshots`)."""
-        self._since_snap += len(self.pending)
+        self.snaps.since += len(self.pending)
         last = self.pending[-1]
-        if self._since_snap < _snapshots.EVERY or last.phase != "intent" or last.kind != "model" or self.migrated:
+        if self.snaps.since < _snapshots.EVERY or last.phase != "intent" or last.kind != "model" or self.migrated:
             return
         snap = _snapshots.snapshot_event(self, last)
         if snap is not None:
             self.pending.insert(len(self.pending) - 1, snap)
             self.points.append("snapshot.K6")  # K0 before, K6/K8 inside, K7 after its commit
             faults.point("snapshot.K0")
-            self._since_snap = 1
+            self.snaps.since = 1
 
     def _conversation(self) -> list[Message]:
         """The messages a model request sends: after a resume from a snapshot, the turns before it
         are rebuilt from the journal at the first request (:func:`._snapshots.conversation_before`)."""
-        if self._snap is not None:
-            self.messages[1:1] = _snapshots.conversation_before(self, self._snap)
-            self._snap = None
+        if self.snaps.restored is not None:
+            self.messages[1:1] = _snapshots.conversation_before(self, self.snaps.restored)
+            self.snaps.restored = None
         return self.messages
 
     # -- the step log (cuaderno.durable.StepLog) --------------------------------------------------

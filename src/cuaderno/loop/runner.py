@@ -343,7 +343,7 @@ class Runner(ModelSteps, ToolSteps):
             if self.cancel_found:
                 self._finalize_cancel()
             self._enforce_budgets()
-            for turn in range(self._start_turn, self.agent.max_turns):
+            for turn in range(self.snaps.start_turn, self.agent.max_turns):
                 response = await self._model_turn(turn)
                 for s in self._drain():
                     yield s
