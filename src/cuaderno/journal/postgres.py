@@ -99,20 +99,21 @@ from cuaderno.errors import (
     quoted,
 )
 from cuaderno.events import CODEC_JSON, StepEvent
-from cuaderno.journal import _claims, _lease
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
+from cuaderno.journal import _lease
+from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._open import _masked
 from cuaderno.journal._rows import (
     Duplicate,
     checked_epoch,
-    decode_small_payloads,
     no_existing,
     schema_version,
-    storable,
 )
-from cuaderno.journal.base import CLOSED_STATUSES, Tail, tail_base, validate_event
+from cuaderno.journal._sql import POSTGRES, SqlJournal
+from cuaderno.journal._sql import pg_storable as _readable
+from cuaderno.journal._sql import text_loads as _loads
+from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["PostgresCheckpointer"]
 
@@ -166,11 +167,6 @@ _UPSERT_RUNS = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, c
                 "checkpoint=excluded.checkpoint RETURNING run_id, xmin::text")
 """:data:`_UPSERT_RUN` for several runs (each once) in one statement. Its arrays are sent in binary:
 in text, every quote of every summary's JSON would be escaped (by a regular expression, in Python)."""
-_SELECT_LAST_MARK = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-                     "created_at, row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s ORDER BY seq DESC "
-                     "LIMIT 1")
-_SELECT_TAIL = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-                "row_hash FROM cuaderno_events WHERE run_id=%s AND seq>%s ORDER BY seq")
 _TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
 """Lets a resume read the rows after a snapshot alone (not a schema step: a cuaderno without it
 reads and writes the tables as they are); created by the first tail read of a writable store."""
@@ -180,7 +176,7 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
 
 
-class PostgresCheckpointer:
+class PostgresCheckpointer(SqlJournal):
     """A :class:`~cuaderno.journal.base.Checkpointer` in a PostgreSQL database.
 
     Args:
@@ -395,16 +391,6 @@ class PostgresCheckpointer:
         return version
 
     # -- Checkpointer -----------------------------------------------------------------------------
-
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
-               expect_seq: int | None = None) -> list[StepEvent]:
-        if not events:
-            return []
-        run_id = events[0].run_id
-        if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
-            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
-        faults.point("append.W0")
-        return self._append_alone(run_id, events, epoch, expect_seq)
 
     def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
                       expect_seq: int | None) -> list[StepEvent]:
@@ -686,24 +672,6 @@ class PostgresCheckpointer:
                 out[run_id] = self._new_run_summary(cur, run_id, use_cache=True, wait=in_order)
         return out
 
-    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        outs: list[list[StepEvent] | Exception] = []
-        for b in batches:
-            faults.set_txn_points(*b.points)
-            try:
-                if not b.events:
-                    outs.append([])
-                    continue
-                run_id = b.events[0].run_id
-                if not storable(run_id) or (isinstance(run_id, str) and "\x00" in run_id):
-                    validate_event(b.events[0])
-                outs.append(self._append_alone(run_id, b.events, b.epoch, b.expect_seq))
-            except Exception as exc:  # that batch's own outcome
-                outs.append(exc)
-            finally:
-                faults.set_txn_points()
-        return outs
-
     def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
                expect_seq: int | None, *, lookups: bool, unheld: bool = False) -> list[StepEvent]:
         """One append's rows and summary, in ``cur``'s transaction; the stored events. ``unheld``:
@@ -809,26 +777,6 @@ class PostgresCheckpointer:
         else:
             cur.executemany(_INSERT, rows)
 
-    def load(self, run_id: str) -> list[StepEvent]:
-        if not _readable(run_id):
-            raise RunNotFound(run_id)
-        with self._reading(run_id), self._conn() as conn, conn.transaction():
-            # One snapshot for both statements: read apart, a commit between them would leave rows
-            # past the head the summary named, which looks exactly like a tampered journal.
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            self._version(conn)
-            head = conn.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
-            rows: list[RawRow] = [] if head is None else conn.execute(
-                _SELECT_RUN_EVENTS,
-                (run_id,)).fetchall()
-        if head is None:
-            raise RunNotFound(run_id)
-        with self._reading(run_id):
-            summary = _loads(run_id, head[0])
-            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
-            decode_small_payloads(events)
-        return events
-
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
         """Rebuild the run's stored summary from its hash-chained journal, with its row locked (no
         append lands between the read and the rewrite). The epoch and holder are kept.
@@ -864,34 +812,24 @@ class PostgresCheckpointer:
         faults.point("rebuild.B2")
         return cp, differ
 
-    def checkpoint(self, run_id: str) -> Checkpoint | None:
-        if not _readable(run_id):
-            return None
-        with self._reading(run_id), self._conn() as conn:
-            self._version(conn)
-            row = conn.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
-            if row is None:
-                return None
-            cp = _loads(run_id, row[1])
-            cp.epoch = checked_epoch(run_id, row[0])
-            return cp
+    _dialect = POSTGRES
+    _checks_values = True
+    _id_ok = staticmethod(_readable)
+    _loads = staticmethod(_loads)
 
-    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise UsageError("limit must be an integer")
-        if limit <= 0 or (status is not None and not _readable(status)):
-            return []
-        with self._reading("*"), self._conn() as conn:
+    @contextmanager
+    def _reader(self, run_id: str, *, check: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        with self._reading(run_id), self._conn() as conn:
+            if check:
+                self._version(conn)
+            yield conn
+
+    @contextmanager
+    def _snapshot(self, run_id: str) -> Iterator[psycopg.Connection[Any]]:
+        with self._reading(run_id), self._conn() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every statement
             self._version(conn)
-            rows = conn.execute("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
-                                "WHERE (%s::text IS NULL OR status = %s) ORDER BY updated_at DESC LIMIT %s",
-                                (status, status, min(limit, 2**62))).fetchall()
-            out = []
-            for run_id, epoch, text in rows:
-                cp = _loads(run_id, text)
-                cp.epoch = checked_epoch(run_id, epoch)
-                out.append(cp)
-            return out
+            yield conn
 
     @contextmanager
     def _reading(self, run_id: str) -> Iterator[None]:
@@ -1117,11 +1055,7 @@ class PostgresCheckpointer:
     def close(self) -> None:
         if self._closed:
             return
-        for run_id, epoch in list(self._taken.items()):
-            try:
-                self.release(run_id, epoch)
-            except JournalError:
-                pass
+        self._release_all()
         self._closed = True
         self._close_quietly()
 
@@ -1135,36 +1069,7 @@ class PostgresCheckpointer:
             except Exception:
                 pass
 
-    def __enter__(self) -> PostgresCheckpointer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- SupportsClaims (what a worker polls) ----------------------------------------------------
-
-    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
-        """Runs a worker may have to move on, least recently updated first (see
-        :class:`~cuaderno.journal.base.SupportsClaims` and the SQLite store's, which filters the
-        same way)."""
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise UsageError("limit must be an integer")
-        if limit <= 0:
-            return []
-        with self._reading("*"), self._conn() as conn:
-            self._version(conn)
-            rows = conn.execute("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
-                                "WHERE status = 'running' OR (status IN ('suspended', 'needs_human') AND "
-                                "strpos(checkpoint, '\"cancel_requested\":{') > 0) "
-                                "OR (status = 'cancelled' AND strpos(checkpoint, '\"cleanup\":[{') > 0) "
-                                "ORDER BY updated_at LIMIT %s", (min(limit, 2**62),)).fetchall()
-            out = []
-            for run_id, epoch, text in rows:
-                cp = _loads(run_id, text)
-                cp.epoch = checked_epoch(run_id, epoch)
-                if _claims.work_for(cp) is not None:
-                    out.append(cp)
-            return out
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The live holder of each run that has one (see
@@ -1196,42 +1101,7 @@ class PostgresCheckpointer:
             found[run_id] = {**holder, "backend_pid": backend}
         return found
 
-    # -- tails (SupportsTail): a resume reads the latest snapshot and the rows after it ------------
-
-    _tail_ready = False
-
-    def load_tail(self, run_id: str, step_id: str) -> Tail | None:
-        """See :meth:`~cuaderno.journal.base.SupportsTail.load_tail`. Needs the index on
-        ``(run_id, seq)`` (:data:`_TAIL_INDEX`), created by the first tail read of a writable
-        store; a read-only store answers ``None`` without it (the whole journal is read)."""
-        if not _readable(run_id) or not _readable(step_id):
-            raise RunNotFound(run_id)
-        if not self._tail_ready:
-            # The index is created only for a run that has a snapshot, found by the primary key.
-            with self._reading(run_id), self._conn() as conn:
-                found = conn.execute("SELECT 1 FROM cuaderno_events WHERE run_id=%s AND step_id=%s LIMIT 1",
-                                     (run_id, step_id)).fetchone()
-            if found is None or not self._tail_index():
-                return None
-        with self._reading(run_id), self._conn() as conn, conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot (see load)
-            self._version(conn)
-            head = conn.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
-            snap = None if head is None else conn.execute(_SELECT_LAST_MARK, (run_id, step_id)).fetchone()
-            base = None if snap is None else tail_base(snap[2])
-            rows: list[RawRow] = [] if base is None else conn.execute(_SELECT_TAIL, (run_id, base)).fetchall()
-        if head is None:
-            raise RunNotFound(run_id)
-        if snap is None or base is None:
-            return None
-        with self._reading(run_id):
-            summary = _loads(run_id, head[1])
-            summary.epoch = checked_epoch(run_id, head[0])
-            return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
-
-    def prepare_tail(self) -> None:
-        """See :meth:`~cuaderno.journal.base.SupportsTail.prepare_tail` (once per store)."""
-        self._tail_index()
+    # -- tails (SupportsTail) ---------------------------------------------------------------------
 
     def _tail_index(self) -> bool:
         """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
@@ -1294,17 +1164,6 @@ def _idle_alive(conn: psycopg.Connection[Any]) -> None:
     if select.select([conn.pgconn.socket], [], [], 0)[0]:
         conn.close()  # closed, the pool replaces it (one it takes back open, it would hand out again)
         raise psycopg.OperationalError("the server sent something to an idle connection (it ended the session)")
-
-
-def _readable(run_id: object) -> bool:
-    """Whether ``run_id`` could have been stored (text PostgreSQL can hold: no NUL)."""
-    return isinstance(run_id, str) and storable(run_id) and "\x00" not in run_id
-
-
-def _loads(run_id: str, text: object) -> Checkpoint:
-    if not isinstance(text, str):
-        raise JournalCorrupt(f"run {run_id!r}: its stored summary is not text")
-    return Checkpoint.loads(text)
 
 
 def _int4(text: str) -> int:

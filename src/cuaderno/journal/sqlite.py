@@ -63,16 +63,16 @@ from cuaderno.errors import (
 )
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _anchor, _claims, _lease
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
+from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch as _epoch
-from cuaderno.journal._rows import decode_small_payloads as _decode_small_payloads
 from cuaderno.journal._rows import no_existing as _no_existing
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION, Tail, tail_base, validate_event
+from cuaderno.journal._sql import SQLITE, SqlJournal
+from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION
 
 __all__ = ["SqliteCheckpointer"]
 
@@ -112,7 +112,7 @@ _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, ch
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
-class SqliteCheckpointer:
+class SqliteCheckpointer(SqlJournal):
     """A :class:`~cuaderno.journal.base.Checkpointer` in one SQLite file.
 
     Args:
@@ -514,16 +514,6 @@ class SqliteCheckpointer:
 
     # -- Checkpointer ---------------------------------------------------------------------------
 
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
-               expect_seq: int | None = None) -> list[StepEvent]:
-        if not events:
-            return []
-        if not _storable(events[0].run_id):
-            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
-        run_id = events[0].run_id
-        faults.point("append.W0")  # before the transaction (every write, whoever makes it)
-        return self._append_alone(run_id, events, epoch, expect_seq)
-
     def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
                       expect_seq: int | None) -> list[StepEvent]:
         try:
@@ -581,23 +571,6 @@ class SqliteCheckpointer:
         self._committed(next((m for m in reversed(marks) if m is not None), None), bump)
         for _ in batches:
             faults.point("append.W2")
-        return outs
-
-    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        outs: list[list[StepEvent] | Exception] = []
-        for b in batches:
-            faults.set_txn_points(*b.points)
-            try:
-                if not b.events:
-                    outs.append([])
-                    continue
-                if not _storable(b.events[0].run_id):
-                    validate_event(b.events[0])  # raises the UsageError before the run_id reaches SQL
-                outs.append(self._append_alone(b.events[0].run_id, b.events, b.epoch, b.expect_seq))
-            except Exception as exc:  # that batch's own outcome
-                outs.append(exc)
-            finally:
-                faults.set_txn_points()
         return outs
 
     def _fresh(self, db: sqlite3.Connection) -> int:
@@ -682,34 +655,6 @@ class SqliteCheckpointer:
         cp.epoch = _epoch(run_id, row[0])
         return cp
 
-    def load(self, run_id: str) -> list[StepEvent]:
-        if not _storable(run_id):
-            raise RunNotFound(run_id)
-        # Read before the transaction begins: a commit the anchor records is then in its snapshot.
-        mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
-        with self._reading(run_id):
-            with self._lock:
-                # One read transaction, so both statements see the same snapshot: read apart, a
-                # writer in another process committing between them leaves rows past the head the
-                # checkpoint named, which would look exactly like a tampered journal.
-                self._db.execute("BEGIN")
-                try:
-                    self._schema_of(self._db)
-                    _anchor.check(self._db, self.path, mark)  # a journal rolled back since it was opened
-                    head = self._db.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
-                                            (run_id,)).fetchone()
-                    rows: list[RawRow] = [] if head is None else self._db.execute(
-                        f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
-                finally:
-                    self._db.execute("COMMIT")
-            if head is None:
-                raise RunNotFound(run_id)
-            rows.sort(key=lambda r: r[3])
-            summary = Checkpoint.loads(head[0])
-            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
-            _decode_small_payloads(events)
-            return events
-
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
         """Rebuild the run's stored summary from its hash-chained journal, under the write lock
         (no append lands between the read and the rewrite). The epoch and holder are kept.
@@ -767,38 +712,27 @@ class SqliteCheckpointer:
             differ = [*differ, "status column"]
         return cp, differ
 
-    def checkpoint(self, run_id: str) -> Checkpoint | None:
-        if not _storable(run_id):
-            return None
-        with self._reading(run_id):
-            with self._lock:
-                self._schema_of(self._db)
-                row = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
-                                       (run_id,)).fetchone()
-            if row is None:
-                return None
-            cp = Checkpoint.loads(row[1])
-            cp.epoch = _epoch(run_id, row[0])
-            return cp
+    _dialect = SQLITE
 
-    def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise UsageError("limit must be an integer")
-        if limit <= 0:
-            return []
-        limit = min(limit, 2**62)  # "no limit" for SQLite, whose integers have 64 bits
-        with self._reading("*"):
-            with self._lock:
+    @contextmanager
+    def _reader(self, run_id: str, *, check: bool = True) -> Iterator[sqlite3.Connection]:
+        with self._reading(run_id), self._lock:
+            if check:
                 self._schema_of(self._db)
-                rows = self._db.execute(
-                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
-                    "ORDER BY updated_at DESC LIMIT ?", (status, status, int(limit))).fetchall()
-            out = []
-            for epoch, text in rows:
-                cp = Checkpoint.loads(text)
-                cp.epoch = _epoch(cp.run_id, epoch)
-                out.append(cp)
-            return out
+            yield self._db
+
+    @contextmanager
+    def _snapshot(self, run_id: str) -> Iterator[sqlite3.Connection]:
+        # Read before the transaction begins: a commit the anchor records is then in its snapshot.
+        mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
+        with self._reading(run_id), self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._schema_of(self._db)
+                _anchor.check(self._db, self.path, mark)  # a journal rolled back since it was opened
+                yield self._db
+            finally:
+                self._db.execute("COMMIT")
 
     @contextmanager
     def _reading(self, run_id: str) -> Iterator[None]:
@@ -906,14 +840,7 @@ class SqliteCheckpointer:
             del self._taken[run_id]
 
     def close(self) -> None:
-        # Runs this store took over and did not release (a loop not closed yet when the store
-        # is, say at the end of a ``with`` block): release them now, or this process, still
-        # alive, would keep them from every other process.
-        for run_id, epoch in list(self._taken.items()):
-            try:
-                self.release(run_id, epoch)
-            except JournalError:
-                pass
+        self._release_all()
         with self._lock:
             self._close_db()
             self._closed = True
@@ -950,40 +877,7 @@ class SqliteCheckpointer:
         if self._anchor is not None:
             self._anchor.close()
 
-    def __enter__(self) -> SqliteCheckpointer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- SupportsClaims (what a worker polls) ----------------------------------------------------
-
-    def open_runs(self, *, limit: int = 1000) -> list[Checkpoint]:
-        """Runs a worker may have to move on, least recently updated first (see
-        :class:`~cuaderno.journal.base.SupportsClaims`). A run waiting for a person is read only
-        when its summary holds a cancellation request (``"cancel_requested":{``), a cancelled one
-        only when it holds a cleanup entry (``"cleanup":[{``): that is how they are written, and a
-        quote can be a raw ``"`` there only in a key. So the runs nothing but a person moves on
-        are not decoded on every poll, and do not fill the window of the oldest ``limit`` runs."""
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise UsageError("limit must be an integer")
-        if limit <= 0:
-            return []
-        with self._reading("*"):
-            with self._lock:
-                self._schema_of(self._db)
-                rows = self._db.execute(
-                    "SELECT epoch, checkpoint FROM cuaderno_runs WHERE status = 'running' "
-                    "OR (status IN ('suspended', 'needs_human') AND checkpoint LIKE '%\"cancel_requested\":{%') "
-                    "OR (status = 'cancelled' AND checkpoint LIKE '%\"cleanup\":[{%') "
-                    "ORDER BY updated_at LIMIT ?", (min(limit, 2**62),)).fetchall()
-            out = []
-            for epoch, text in rows:
-                cp = Checkpoint.loads(text)
-                cp.epoch = _epoch(cp.run_id, epoch)
-                if _claims.work_for(cp) is not None:
-                    out.append(cp)
-            return out
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """The live holder of each run that has one (see
@@ -1009,50 +903,7 @@ class SqliteCheckpointer:
                 found[run_id] = holder
         return found
 
-    # -- tails (SupportsTail): a resume reads the latest snapshot and the rows after it ------------
-
-    _tail_ready = False
-
-    def load_tail(self, run_id: str, step_id: str) -> Tail | None:
-        """See :meth:`~cuaderno.journal.base.SupportsTail.load_tail`. Needs the index on
-        ``(run_id, seq)`` (:data:`_TAIL_INDEX`), created by the first tail read of a writable
-        store; a store that may not write answers ``None`` without it (the whole journal is read)."""
-        if not _storable(run_id):
-            raise RunNotFound(run_id)
-        if not self._tail_ready:
-            # The index is created only for a run that has a snapshot (a resume of a short run,
-            # or one refused, leaves the file as it was), found by the primary key alone.
-            with self._reading(run_id), self._lock:
-                found = self._db.execute("SELECT 1 FROM cuaderno_events WHERE run_id=? AND step_id=? LIMIT 1",
-                                         (run_id, step_id)).fetchone()
-            if found is None or not self._tail_index():
-                return None
-        mark = None if self._anchor is None or self._accept_rollback else self._anchor.read()
-        with self._reading(run_id):
-            with self._lock:
-                self._db.execute("BEGIN")  # one snapshot for the three statements (see load)
-                try:
-                    self._schema_of(self._db)
-                    _anchor.check(self._db, self.path, mark)
-                    head = self._db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
-                                            (run_id,)).fetchone()
-                    snap = None if head is None else self._db.execute(_SELECT_LAST_MARK, (run_id, step_id)).fetchone()
-                    base = None if snap is None else tail_base(snap[2])
-                    rows: list[RawRow] = [] if base is None else self._db.execute(
-                        _SELECT_TAIL, (run_id, base)).fetchall()
-                finally:
-                    self._db.execute("COMMIT")
-            if head is None:
-                raise RunNotFound(run_id)
-            if snap is None or base is None:
-                return None
-            summary = Checkpoint.loads(head[1])
-            summary.epoch = _epoch(run_id, head[0])
-            return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
-
-    def prepare_tail(self) -> None:
-        """See :meth:`~cuaderno.journal.base.SupportsTail.prepare_tail` (once per store)."""
-        self._tail_index()
+    # -- tails (SupportsTail) ---------------------------------------------------------------------
 
     def _tail_index(self) -> bool:
         """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
@@ -1072,10 +923,6 @@ class SqliteCheckpointer:
 
 _ON_OFF = {True: "on", False: "off"}
 
-_SELECT_LAST_MARK = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-                     "created_at, row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC LIMIT 1")
-_SELECT_TAIL = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-                "row_hash FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq")
 _TAIL_INDEX_NAME = "cuaderno_events_run_seq"
 _TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
 """Lets a resume read the rows after a snapshot without reading the run's others. Not a schema
