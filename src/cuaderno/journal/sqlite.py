@@ -40,25 +40,22 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalCorrupt,
     JournalError,
-    JournalLinked,
     JournalLocked,
     JournalReplaced,
     RunBusy,
     RunClosed,
     RunNotFound,
-    SchemaTooNew,
     UsageError,
 )
 from cuaderno.events import CODEC_JSON, StepEvent
@@ -69,41 +66,23 @@ from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._rows import no_existing as _no_existing
-from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal._sql import SQLITE, SqlJournal
+from cuaderno.journal._sqlite_file import (
+    _COMPRESSED_SINCE,
+    _OPEN_RACE_S,
+    SqliteFile,
+    _errorname,
+    _index_half_written,
+    _locked,
+    _open_failure,
+    _open_race,
+    _read_txn,
+)
 from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION
 
 __all__ = ["SqliteCheckpointer"]
 
-# Numbered, append-only: index i migrates schema i to i+1. Never edit an applied step.
-_MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        """CREATE TABLE cuaderno_events (
-            run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
-            seq INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
-            codec TEXT NOT NULL, payload BLOB NOT NULL, created_at REAL NOT NULL, row_hash TEXT NOT NULL,
-            PRIMARY KEY (run_id, step_id, phase)
-        )""",
-        """CREATE TABLE cuaderno_runs (
-            run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch INTEGER NOT NULL, owner TEXT,
-            updated_at REAL NOT NULL, checkpoint TEXT NOT NULL
-        ) WITHOUT ROWID""",
-        "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
-    ),
-    # Schema 2: the same tables; a payload's codec may be ``json+zstd`` (compressed at rest). Only
-    # the number changes, so that a cuaderno that reads schema 1 refuses the file (SchemaTooNew)
-    # instead of taking a compressed row for a tampered one.
-    (),
-]
-assert len(_MIGRATIONS) == SCHEMA_VERSION
-
-_COMPRESSED_SINCE = 2
-"""The schema from which rows may be compressed (``json+zstd``)."""
-
-_READ_AS_IS_FROM = 1
-"""The oldest schema whose files this cuaderno reads without migrating them (a read-only store
-cannot migrate): up to schema 2 only the codecs grew, and every older codec is still read."""
 
 _COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
 _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
@@ -112,7 +91,7 @@ _UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, ch
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
-class SqliteCheckpointer(SqlJournal):
+class SqliteCheckpointer(SqliteFile, SqlJournal):
     """A :class:`~cuaderno.journal.base.Checkpointer` in one SQLite file.
 
     Args:
@@ -228,289 +207,9 @@ class SqliteCheckpointer(SqlJournal):
                 self._anchor = _anchor.Anchor(self.path) if on_disk else None
                 time.sleep(0.01)
 
-    def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
-        """Open the store's connection on the file as it is now (see ``__init__``); on a failure
-        the caller closes what was opened."""
-        fresh = not on_disk or _size(self.path) == 0
-        if fresh and self._create and self._anchor is not None:
-            self._anchor.reset()  # a journal created anew at this path: what was seen at it is gone
-        self._hot_wal = on_disk and not fresh and _size(self.path + "-wal") > 0
-        """A -wal with commits in it was there at open: a store that writes nothing must not fold it."""
-        # Reentrant: the first write of a store that opened on a read-only connection swaps in the
-        # writer while holding it (so no other thread of the store can use the read-only or the
-        # closed connection meanwhile: two threads writing at once right after a SIGKILL left a
-        # -wal got "attempt to write a readonly database" and "Cannot operate on a closed
-        # database"), and opening the writer migrates in a transaction of its own.
-        self._lock = threading.RLock()
-        # Checkpoints this connection wrote last, keyed by run, so an append does not read back and
-        # decode the row it wrote itself. Inside every write transaction (under the write lock) the
-        # cache is dropped if any other connection has committed since this one last wrote:
-        # SQLite's data_version changes exactly then, without reading any row.
-        self._cache: dict[str, Checkpoint] = {}
-        self._taken: dict[str, int] = {}
-        """Runs this store took over (acquire) and has not released, with their epochs."""
-        self._data_version: int | None = None
-        self._writer: tuple[str, float, bool | None] | None = None
-        """Set while a store that opened on a -wal with commits reads on a read-only connection:
-        how to open the writer at its first write."""
-        self._busy_timeout_ms = busy_timeout_ms
-        self._shm_kept = False
-        """The connection is a read-only one that leaves the -shm as it is (``readonly_shm``): before
-        each read it is checked that SQLite can still read the -wal that way (see _reading)."""
-        try:
-            # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
-            if self._readonly:
-                # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
-                self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
-                self._bind_file()
-                self._refuse_newer_schema(older_too=True)
-                self._accept_rollback = self._accept_rollback or not self._check_anchor()
-                return
-            if self._hot_wal:
-                # A -wal with commits in it: every check at open, and every read until this store
-                # first writes, on a connection that can neither fold the -wal into the file nor
-                # rebuild the -shm (a refused command leaves all three as they were, but for a
-                # -shm SQLite cannot read the -wal without rebuilding: see _read_only).
-                try:
-                    self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms, wait_for_rebuild=False)
-                except sqlite3.Error as exc:
-                    if not _index_half_written(exc):
-                        raise
-                    # A writer died while it updated the -shm, and only a connection that may write
-                    # rebuilds it (from the -wal, which stays as it is): this store may, so its
-                    # writer opens now rather than wait for another process's next write.
-                    self._open_writer(synchronous, busy_timeout_ms, compress)
-                    return
-                self._bind_file()
-                self._refuse_newer_schema()
-                self._check_anchor()
-                if self._reads_as_is(compress):
-                    self._compress = self._follow_meta(self._db)
-                    self._writer = (synchronous, busy_timeout_ms, compress)
-                    return
-                self._db.close()  # opening writes (tables, a migration, a setting): the writer does it now
-            self._open_writer(synchronous, busy_timeout_ms, compress)
-        except sqlite3.OperationalError:
-            raise  # the caller retries an open race, or names the failure
-        except sqlite3.DatabaseError as exc:
-            self._close_quietly()
-            raise _open_failure(self.path, exc, busy_timeout_ms) from exc
-        except BaseException:
-            self._close_quietly()
-            raise
-
-
-    def _open_writer(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
-        """Open the connection that writes (at open, or at the first write of a store that opened
-        on a -wal with commits in it), checking and migrating the file."""
-        self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
-                                   check_same_thread=False)
-        self._shm_kept = False
-        self._bind_file()
-        self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
-        rolled_back = not self._check_anchor()
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if self.path != ":memory:" and mode != "wal":
-            raise JournalError(f"could not put {self.path!r} in WAL mode (got {mode!r})")
-        self._db.execute("PRAGMA synchronous=FULL" if synchronous == "FULL" else "PRAGMA synchronous=NORMAL")
-        self._compress = self._migrate(compress)
-        if rolled_back and self._anchor is not None:  # accepted: the journal as it is is the new mark
-            with self._lock:
-                mark = _anchor.last_row(self._db)
-            if mark is None:
-                self._anchor.reset()
-            else:
-                self._anchor.write(*mark)
-
-    def _reads_as_is(self, compress: bool | None) -> bool:
-        """Whether opening the file writes nothing: a journal with its tables and schema record
-        whose compression setting is the one this store asks for (or it asks for none)."""
-        db = self._db
-        if db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_runs'").fetchone() is None:
-            return False
-        if db.execute("SELECT 1 FROM cuaderno_meta WHERE key='schema_version'").fetchone() is None:
-            return False
-        return compress is None or _compress_setting(db) == _ON_OFF[compress]
-
-    def _start_writing(self) -> None:
-        """Swap the read-only connection a store opened with for the writer, once (see __init__);
-        under the store's lock, which the caller holds."""
-        with self._lock:
-            pending, self._writer = self._writer, None
-            if pending is None:
-                return
-            if self._closed:
-                raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer")
-            self._db.close()  # read-only: closing it folds nothing
-            try:
-                self._open_writer(*pending)
-            except sqlite3.DatabaseError as exc:
-                raise _open_failure(self.path, exc, pending[1]) from exc
-
     # -- the file itself ------------------------------------------------------------------------
 
-    def _check_links(self) -> None:
-        """Refuse a journal file with a second name (R21/R22): each name gets its own ``-holds``
-        and ``-wal``, so two processes could hold one run through the two names."""
-        if _lease.links(self.path) > 1:
-            raise JournalLinked(f"journal {self.path!r} has {_lease.links(self.path)} names (hard links): each "
-                                "name would have its own hold file and -wal, and a run could run through two of "
-                                "them at once; remove the other names; nothing was changed")
-
-    def _bind_file(self) -> None:
-        """Record which file this store opened (at its first connection), or check that a later
-        connection (the writer, opened at the first write) opened that same one."""
-        if self.path == ":memory:":
-            return
-        now = _lease.identity(self.path)
-        if self._ident is None:
-            self._ident = now
-        elif now != self._ident:
-            self._replaced(now)
-
-    def _check_file(self) -> None:
-        """Inside a write transaction: the path still names the file this store opened. A file
-        moved aside or replaced under a live store would take rows nobody reads any more (its
-        holder's results, say), while the file at the path lacks them."""
-        if self._ident is not None and _lease.identity(self.path) != self._ident:
-            self._replaced(_lease.identity(self.path))
-
-    def _replaced(self, now: _lease.Identity | None) -> NoReturn:
-        what = "deleted" if now is None else "replaced by another file"
-        raise JournalReplaced(f"journal {self.path!r} was {what} since this store opened it; nothing was written "
-                              "(open the journal again to work on the file now there)")
-
     # -- schema -------------------------------------------------------------------------------
-
-    def _check_anchor(self) -> bool:
-        """Whether the journal still holds the last row this machine committed to it; refuses it
-        (:class:`~cuaderno.journal._anchor.JournalRolledBack`) unless ``accept_rollback``."""
-        db = self._db
-        if self._anchor is None:
-            return True
-        mark = self._anchor.read()  # before the read transaction below begins
-        if mark is None:
-            return True
-        try:
-            with _read_txn(db):
-                # No events table under an anchor: the file lost even its tables (a -wal deleted
-                # before the first checkpoint), not a journal created anew (that one starts empty).
-                has_events = db.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_events'").fetchone()
-                _anchor.check(db if has_events else None, self.path, mark)
-        except _anchor.JournalRolledBack:
-            if not self._accept_rollback:
-                raise
-            return False
-        return True
-
-    def _refuse_newer_schema(self, *, older_too: bool = False) -> None:
-        db = self._db
-        has_meta = db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
-        if has_meta is None:
-            if not self._create:  # before the WAL switch: another application's file stays as it was
-                raise JournalError(f"{self.path!r} is not a cuaderno journal (no cuaderno tables); nothing was "
-                                   "changed")
-            return
-        row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-        if row is None and not self._create:
-            raise JournalCorrupt(f"{self.path!r} has a cuaderno_meta table without a schema version")
-        version = _schema_version(row[0]) if row is not None else 0
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(version, SCHEMA_VERSION)
-        if older_too and version < _READ_AS_IS_FROM:
-            raise JournalError(f"{self.path!r} has journal schema {version}; this cuaderno reads {SCHEMA_VERSION}. "
-                               "Open it once for writing to migrate it; nothing was changed")
-
-    def _migrate(self, compress: bool | None) -> bool:
-        """Create or migrate the schema; return whether this store compresses payloads."""
-        with self._txn() as db:
-            has_meta = db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_meta'").fetchone()
-            if has_meta is None:
-                others = db.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'cuaderno_%'").fetchone()[0]
-                if others:
-                    raise JournalCorrupt(f"{self.path!r} has cuaderno tables but no schema record")
-                db.execute("CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
-                version = 0
-            else:
-                version = self._schema_of(db)
-            for step in _MIGRATIONS[version:]:
-                for statement in step:
-                    db.execute(statement)
-            # A new file starts at the current schema. An existing one is raised only as far as its
-            # tables need; the step to schema 2 is taken by the first transaction that writes a
-            # compressed row (see _append), so that opening a file, a refused command, or a
-            # journal kept plain leaves it readable by a cuaderno of schema 1.
-            target = SCHEMA_VERSION if version == 0 else max(version, _READ_AS_IS_FROM)
-            if version < target:
-                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
-                           (str(target),))
-            # Whether payloads are compressed is the journal's setting, so that every writer (the
-            # CLI's included) keeps to what the owner chose; a store that says nothing follows it.
-            if compress is not None and _compress_setting(db) != _ON_OFF[compress]:
-                db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('compress', ?)",
-                           (_ON_OFF[compress],))
-            compressing = self._follow_meta(db)
-            faults.point("open.M1")  # tables, schema and setting written, before COMMIT
-        faults.point("open.M2")  # after the commit
-        return compressing
-
-    def _schema_of(self, db: sqlite3.Connection) -> int:
-        """The file's schema version (0 if it records none), refusing one newer than this
-        cuaderno: also checked on every read and lease write, since a newer cuaderno may have
-        migrated the file while this store had it open (its rows may not read as this version
-        expects: schema 1 took compressed rows for tampered ones)."""
-        row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-        version = _schema_version(row[0]) if row is not None else 0
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(version, SCHEMA_VERSION)
-        return version
-
-    def _follow_meta(self, db: sqlite3.Connection) -> bool:
-        """Read the file's schema and compression setting again (another connection may have
-        changed them since this store opened); return whether this store compresses.
-
-        Raises:
-            SchemaTooNew: a newer cuaderno migrated the file while this store had it open.
-            JournalCorrupt: a compression setting that is neither ``on`` nor ``off``.
-        """
-        self._file_schema = self._schema_of(db)
-        if self._compress_choice is not None:
-            return self._compress_choice
-        setting = _compress_setting(db)
-        if setting is None:
-            return True  # compressed, if nobody said
-        if setting not in ("on", "off"):
-            raise JournalCorrupt(f"{self.path!r}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
-        return bool(setting == "on")
-
-    @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Connection]:
-        if self._readonly:
-            raise UsageError(f"journal {self.path!r} was opened read-only; nothing was written")
-        with self._lock:
-            if self._writer is not None:
-                self._start_writing()
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    self._check_file()  # under the write lock: no row lands in a file moved aside
-                    yield db
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                self._refuse_if_closed(exc)
-                if _locked(exc):  # another connection kept the write lock past the busy timeout
-                    raise JournalLocked(f"journal {self.path!r}: write failed, nothing was committed: another "
-                                        f"connection held the journal's lock ({exc}); try again") from exc
-                # Disk full, I/O error: nothing of this transaction was committed.
-                raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
 
     # -- Checkpointer ---------------------------------------------------------------------------
 
@@ -762,31 +461,6 @@ class SqliteCheckpointer(SqlJournal):
     """A read through ``readonly_shm`` met SQLITE_PROTOCOL, or a read-only read met a half-written
     -shm: the next one reopens the connection (a writable store's is its writer)."""
 
-    def _keep_index_readable(self) -> None:
-        """Before a read on a connection that leaves the -shm as it is: if the -wal now holds only
-        its header (a process was killed right after it started a new -wal), or the last read met
-        SQLITE_PROTOCOL, reopen it as a read-only connection that rebuilds the -shm (see
-        :func:`_read_only`); SQLite would otherwise refuse every read for as long as no other
-        connection keeps the -shm. The new connection must open the same file (JournalReplaced)."""
-        if self._index_unread and self._writer is not None:
-            # A writable store still on its read-only connection met a half-written -shm: its
-            # writer rebuilds that index, where a read-only connection would wait for another's.
-            self._index_unread = False
-            self._start_writing()
-            return
-        if not self._shm_kept or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
-            return
-        with self._lock:
-            if not self._shm_kept or self._closed:
-                return
-            self._index_unread = False
-            fresh, kept = _read_only(self.path, self._busy_timeout_ms)
-            if _lease.identity(self.path) != self._ident:
-                fresh.close()  # keep the connection to the file this store opened
-                self._replaced(_lease.identity(self.path))
-            self._db.close()  # read-only: closing it folds nothing
-            self._db, self._shm_kept = fresh, kept
-
     def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
         if not _storable(run_id):
             raise RunNotFound(run_id)
@@ -847,36 +521,6 @@ class SqliteCheckpointer(SqlJournal):
             if self._anchor is not None:
                 self._anchor.close()
 
-    def _close_db(self) -> None:
-        """Close the connection; when it found a -wal with commits in it and wrote nothing, without
-        folding that -wal into the database file. SQLite folds it when the last connection to the
-        file closes, so a read-only connection holds the file open meanwhile: a refused command
-        (and any command that only read) leaves the file and its -wal as they were."""
-        witness = None
-        if self._hot_wal and not self._readonly and self._writer is None and self._db.total_changes == 0:
-            try:
-                witness, _ = _read_only(self.path, 0)
-                witness.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # takes its shared lock
-            except sqlite3.Error:
-                pass
-        try:
-            self._db.close()
-        finally:
-            if witness is not None:
-                witness.close()  # read-only: it cannot fold the -wal either
-
-    def _refuse_if_closed(self, exc: sqlite3.Error) -> None:
-        if self._closed:  # a usage error, not damage to the file
-            raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer") from exc
-
-    def _close_quietly(self) -> None:
-        try:
-            self._close_db()
-        except Exception:
-            pass
-        if self._anchor is not None:
-            self._anchor.close()
-
     # -- SupportsClaims (what a worker polls) ----------------------------------------------------
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -921,8 +565,6 @@ class SqliteCheckpointer(SqlJournal):
         return True
 
 
-_ON_OFF = {True: "on", False: "off"}
-
 _TAIL_INDEX_NAME = "cuaderno_events_run_seq"
 _TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
 """Lets a resume read the rows after a snapshot without reading the run's others. Not a schema
@@ -930,148 +572,3 @@ step: a cuaderno without it reads and writes the file as it is (the index only c
 one more b-tree entry), so it is created by the first tail read of a writable store."""
 
 
-def _size(path: str) -> int:
-    """The file's size, 0 when it does not exist."""
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-_WAL_HEADER = 32
-"""Bytes of a -wal's header; its frames (the commits in it) follow it."""
-
-
-def _read_only(path: str, busy_timeout_ms: float, *,
-               wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, bool]:
-    """:func:`_read_only_once`, waiting (up to ``busy_timeout_ms``) while SQLite's index of the
-    -wal is half-written (:func:`_index_half_written`): the next write of a process that has the
-    journal open rebuilds it, and no read-only connection can."""
-    deadline = time.monotonic() + busy_timeout_ms / 1000
-    pause = 0.005
-    while True:
-        try:
-            return _read_only_once(path, busy_timeout_ms)
-        except sqlite3.Error as exc:
-            if not (wait_for_rebuild and _index_half_written(exc)) or time.monotonic() >= deadline:
-                raise
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 2, 0.1)
-
-
-def _index_half_written(exc: BaseException) -> bool:
-    """Whether SQLite refused a read-only read because the -shm's header is damaged while another
-    process has the journal open (``SQLITE_READONLY_RECOVERY``): a writer was killed between the
-    two copies of that header, and rebuilding it needs a connection that may write. Transient: it
-    is not the file's damage (the database file and the -wal are whole)."""
-    return _errorname(exc) == "SQLITE_READONLY_RECOVERY"
-
-
-def _read_only_once(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connection, bool]:
-    """A connection that cannot change the file or its -wal (``mode=ro``: it never folds the -wal
-    in), and whether it also leaves the -shm as it is.
-
-    It does (``readonly_shm``) when a -shm is there: SQLite then reads the -wal itself when no live
-    connection keeps the -shm (a private index, in memory), and uses the -shm when one does. Except
-    when that cannot read the journal: a -wal that holds its header and no frame (a process killed
-    after it started a new -wal and before its first commit reached it), with no live connection,
-    is read by SQLite (3.40) into a private index that lacks the header's salt, which it then finds
-    different from the file's, every time: after about 10 s of retries it gives up with
-    ``SQLITE_PROTOCOL``, so such a journal could never be opened. Then, and whenever a first read
-    through ``readonly_shm`` meets ``SQLITE_PROTOCOL``, the connection is opened without it: SQLite
-    rebuilds the -shm from the -wal (when no live connection keeps it; one that does keeps it valid,
-    and it is used as it is), under its own locks, as every reader of the file does. The database
-    file and the -wal are still never written.
-    """
-    uri = f"{Path(path).resolve().as_uri()}?mode=ro"
-    if _size(path + "-shm") > 0 and _size(path + "-wal") != _WAL_HEADER:
-        db = _connect_uri(uri + "&readonly_shm=1", busy_timeout_ms)
-        try:
-            db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # its first read transaction
-            return db, True
-        except sqlite3.Error as exc:
-            db.close()
-            if not _errorname(exc).startswith("SQLITE_PROTOCOL"):
-                raise
-    return _connect_uri(uri, busy_timeout_ms), False
-
-
-def _connect_uri(uri: str, busy_timeout_ms: float) -> sqlite3.Connection:
-    return sqlite3.connect(uri, uri=True, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
-                           check_same_thread=False)
-
-
-def _errorname(exc: BaseException) -> str:
-    """SQLite's name of the error (``SQLITE_BUSY_SNAPSHOT``, ...); empty when it has none."""
-    return str(getattr(exc, "sqlite_errorname", ""))
-
-
-def _locked(exc: sqlite3.Error) -> bool:
-    """Whether SQLite failed because of another connection's lock, not because of the file."""
-    return _errorname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")) or _index_half_written(exc)
-
-
-@contextmanager
-def _read_txn(db: sqlite3.Connection) -> Iterator[None]:
-    """One read transaction (statements in it see one snapshot)."""
-    db.execute("BEGIN")
-    try:
-        yield
-    finally:
-        db.execute("COMMIT")
-
-
-def _compress_setting(db: sqlite3.Connection) -> str | None:
-    """The journal's recorded compression setting, as stored (``None`` if nobody set one)."""
-    row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
-    return None if row is None else str(row[0])
-
-
-_OPEN_RACE_S = 5.0
-"""How long an open that met another process's creation of the same journal is retried."""
-
-
-def _open_race(exc: sqlite3.OperationalError, path: str, readonly: bool) -> bool:
-    """Whether an open may have failed on another process creating the journal at that moment: a
-    lock, or a file that exists but could not be opened (a missing file or folder, or a read-only
-    store, fails at once)."""
-    name = _errorname(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_PROTOCOL")):
-        return True
-    return name.startswith("SQLITE_CANTOPEN") and not readonly and _size(path) > 0
-
-
-def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
-    """What SQLite's refusal to open ``path`` means, named by its cause: only a file that is not
-    a database, or a damaged one, is :class:`JournalCorrupt`; a lock, a permission or the disk
-    is a :class:`JournalError` that says what to do (:class:`JournalLocked` for a lock). Nothing was
-    changed in any case (a -shm SQLite had to rebuild aside: see :func:`_read_only`)."""
-    name = _errorname(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return JournalLocked(f"{path!r} is locked by another process (waited {busy_timeout_ms / 1000:g} s for it); "
-                             "nothing was changed")
-    if name.startswith("SQLITE_PROTOCOL"):
-        return JournalLocked(f"{path!r} could not be opened: SQLite could not read its index of the -wal "
-                             f"({Path(path).name}-shm) consistently ({exc}): another process may be rebuilding it, "
-                             "or this one may not write the -shm to rebuild it. Nothing was changed; try again, and "
-                             "if it persists while no process uses the journal, give this process write access to "
-                             "its folder (or copy the journal and its -wal, without the -shm, to one)")
-    if _index_half_written(exc):
-        return JournalLocked(f"{path!r} could not be opened read-only: a process was killed while it updated SQLite's "
-                             f"index of the -wal ({Path(path).name}-shm), and the processes that still have the "
-                             f"journal open have not written since (waited {busy_timeout_ms / 1000:g} s); the next "
-                             "write rebuilds it, and only a connection that may write can. Nothing was changed; "
-                             "try again, or open it writable")
-    if name == "SQLITE_READONLY_DIRECTORY":
-        return JournalError(f"{path!r} cannot be opened: its folder is not writable, and SQLite creates "
-                            f"{Path(path).name}-wal and -shm beside a WAL journal even to read it; give write access "
-                            "to the folder, or copy the journal to one; nothing was changed")
-    if name.startswith("SQLITE_READONLY"):
-        return JournalError(f"{path!r} is read-only for this process; open it read-only to read it (readonly=True; "
-                            "the CLI's list and show do), or give write access; nothing was changed")
-    if name.startswith("SQLITE_CANTOPEN") and not Path(path).exists():
-        return JournalError(f"{path!r} does not exist: there is no journal there; nothing was created")
-    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_NOMEM", "SQLITE_PERM",
-                        "SQLITE_AUTH")):
-        return JournalError(f"{path!r} cannot be opened: {exc} ({name}); nothing was changed")
-    return JournalCorrupt(f"{path!r} is not a readable cuaderno journal: {exc}")
