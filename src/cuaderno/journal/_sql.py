@@ -20,9 +20,10 @@ from typing import Any, Self
 from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, UsageError
-from cuaderno.events import StepEvent
+from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal import _claims
-from cuaderno.journal._append import RawRow, check_chain, decode_row
+from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_rebuild
+from cuaderno.journal._compress import pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import checked_epoch, decode_small_payloads, storable
 from cuaderno.journal.base import Tail, tail_base, validate_event
@@ -106,6 +107,42 @@ def text_loads(run_id: str, text: object) -> Checkpoint:
     if not isinstance(text, str):
         raise JournalCorrupt(f"run {run_id!r}: its stored summary is not text")
     return Checkpoint.loads(text)
+
+
+def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
+                    trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+    """What ``rebuild_checkpoint`` writes, from the run's ``(epoch, checkpoint, status)`` row
+    and its events' rows, both read under the write lock (see
+    :func:`~cuaderno.journal._append.plan_rebuild`)."""
+    if row is None:
+        if rows:
+            raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
+                                 "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
+                                 "written")
+        raise RunNotFound(run_id)
+    rows.sort(key=lambda r: r[3])
+    # The epoch column is the run's epoch: a takeover writes only the column.
+    cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
+    if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
+        differ = [*differ, "status column"]
+    return cp, differ
+
+
+def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
+                max_payload: int) -> list[tuple[Any, ...]]:
+    """The events table's columns of each new row, its payload compressed when ``compress`` (the
+    row hash and deduplication cover the JSON bytes; compression is how they rest). A payload over
+    ``max_payload`` is refused: compressed it would fit, and no reader could open it."""
+    rows = []
+    for e, payload in new:
+        if len(payload) > max_payload:
+            raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
+                               f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
+                               "was committed")
+        codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
+        rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
+                     stored, e.created_at, e.row_hash))
+    return rows
 
 
 def _limit(limit: object) -> int:

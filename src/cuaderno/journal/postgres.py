@@ -15,7 +15,7 @@ What it keeps, and why:
   algorithm of :mod:`._append`, the row helpers of :mod:`._rows`, :mod:`._compress`): a payload of
   256 bytes and more is stored ``json+zstd`` unless the journal says ``compress=off`` (TOAST would
   compress only values over 2 KB, with pglz, which saves less on JSON text);
-- numbered, append-only migrations of this dialect (:data:`_MIGRATIONS`, list index = version,
+- numbered, append-only migrations of this dialect (:data:`._pg_server._MIGRATIONS`, list index = version,
   recorded one row per step in ``cuaderno_migrations``); SQLite's are its own. A database whose
   recorded version is newer than this cuaderno's is refused (:class:`~cuaderno.errors.SchemaTooNew`)
   before anything is written.
@@ -70,9 +70,7 @@ stays away).
 
 from __future__ import annotations
 
-import hashlib
 import re
-import select
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -81,8 +79,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
-from psycopg import sql
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
@@ -94,53 +91,37 @@ from cuaderno.errors import (
     RunBusy,
     RunClosed,
     RunNotFound,
-    SchemaTooNew,
     UsageError,
-    quoted,
 )
-from cuaderno.events import CODEC_JSON, StepEvent
+from cuaderno.events import StepEvent
 from cuaderno.journal import _lease
-from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
-from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._append import RawRow, decode_row, plan_append
+from cuaderno.journal._compress import MAX_PAYLOAD
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._open import _masked
+from cuaderno.journal._pg_server import (
+    _MIGRATE_LOCK,
+    PgServer,
+    _first_line,
+    _HoldLost,
+    _idle_alive,
+    _int4,
+    _Lost,
+    _NoServer,
+    _one,
+)
+from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
 from cuaderno.journal._rows import (
     Duplicate,
     checked_epoch,
     no_existing,
-    schema_version,
 )
-from cuaderno.journal._sql import POSTGRES, SqlJournal
+from cuaderno.journal._sql import POSTGRES, SqlJournal, planned_rebuild, stored_rows
 from cuaderno.journal._sql import pg_storable as _readable
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["PostgresCheckpointer"]
-
-# Numbered, append-only: index i migrates version i to i+1, and version i+1 is recorded in
-# cuaderno_migrations in the same transaction. Never edit an applied step; add one.
-_MIGRATIONS: list[tuple[str, ...]] = [
-    (
-        """CREATE TABLE cuaderno_events (
-            run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
-            seq BIGINT NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
-            codec TEXT NOT NULL, payload BYTEA NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-            row_hash TEXT NOT NULL,
-            PRIMARY KEY (run_id, step_id, phase)
-        )""",
-        """CREATE TABLE cuaderno_runs (
-            run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch BIGINT NOT NULL, owner TEXT,
-            updated_at DOUBLE PRECISION NOT NULL, checkpoint TEXT NOT NULL
-        )""",
-        "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
-        "CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        # The journal's identity: run locks are keyed on it, so that two journals in one database
-        # (two schemas) never share a run's lock.
-        "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
-    ),
-]
-SCHEMA_VERSION = len(_MIGRATIONS)
-"""The schema this cuaderno writes in PostgreSQL (this dialect's own count)."""
 
 # Whole statements, written out: no SQL is built from strings here (R12, checked by a test).
 _INSERT = ("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
@@ -171,12 +152,11 @@ _TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_ev
 """Lets a resume read the rows after a snapshot alone (not a schema step: a cuaderno without it
 reads and writes the tables as they are); created by the first tail read of a writable store."""
 _NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
-_MIGRATE_LOCK = 0x6D696772  # "migr"
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
 
 
-class PostgresCheckpointer(SqlJournal):
+class PostgresCheckpointer(PgServer, SqlJournal):
     """A :class:`~cuaderno.journal.base.Checkpointer` in a PostgreSQL database.
 
     Args:
@@ -273,122 +253,7 @@ class PostgresCheckpointer(SqlJournal):
 
     # -- connections ------------------------------------------------------------------------------
 
-    def _connect_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": self._connect_timeout}
-        return kwargs
-
-    def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Every connection: durable commits, this journal's schema, read-only when asked; never
-        ended by the server for idling (the pool closes its own idle connections, ``max_idle``):
-        a short ``idle_session_timeout`` ends pooled sessions faster than the pool replaces them,
-        and a write then waits for a connection until it gives up."""
-        conn.execute("SET synchronous_commit TO on")
-        if conn.info.server_version >= 140000:  # idle_session_timeout is PostgreSQL 14's
-            conn.execute("SET idle_session_timeout TO 0")
-        if self.schema is not None:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-        if self._readonly:
-            conn.execute("SET default_transaction_read_only TO on")
-
-    def _connect(self, *, holds: bool = False) -> psycopg.Connection[Any]:
-        kwargs = self._connect_kwargs()
-        if holds:
-            # This side notices a dead server (or a path that went away) too, not only the server
-            # a dead client: the lock connection's socket then reports an error (see _hold_lost).
-            k = self._keepalive
-            kwargs.update(keepalives=1, keepalives_idle=k, keepalives_interval=k, keepalives_count=3)
-        conn = psycopg.connect(self._conninfo, **kwargs)
-        try:
-            conn.execute("SET synchronous_commit TO on")
-            if self.schema is not None:
-                conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    @contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
-        if self._closed or self._pool is None:
-            raise UsageError(f"journal {self.url} was closed; open a new PostgresCheckpointer")
-        try:
-            with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise _NoServer(f"journal {self.url}: no connection to the server ({exc}); nothing was committed") from None
-
-    @contextmanager
-    def _txn(self) -> Iterator[psycopg.Cursor[Any]]:
-        if self._readonly:
-            raise UsageError(f"journal {self.url} was opened read-only; nothing was written")
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-                yield cur
-        except (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure):
-            raise
-        except psycopg.Error as exc:
-            if conn is not None and (conn.broken or conn.closed):
-                # The connection died: perhaps after the server committed, before its reply came
-                # back (R19). Whether it landed is for the journal to say (see _reconnected).
-                raise _Lost(f"journal {self.url}: the connection was lost during a write ({_first_line(exc)}); "
-                            "whether it committed is unknown until the journal is read again") from None
-            # A full disk, a constraint, a refused statement: the transaction did not commit.
-            raise JournalError(f"journal {self.url}: write failed, nothing was committed: {_first_line(exc)}") from None
-
     # -- schema -----------------------------------------------------------------------------------
-
-    def _migrate(self, conn: psycopg.Connection[Any], compress: bool | None) -> tuple[str, bool]:
-        """Check, create or migrate the schema; return the journal's id and whether to compress."""
-        with conn.transaction():
-            if not self._readonly:
-                # Two workers opening one new database at once: one creates, the other waits and reads.
-                conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_MIGRATE_LOCK, _int4(self.schema or "")))
-            exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)).fetchone()
-            tables = _one(conn.execute("SELECT to_regclass('cuaderno_migrations') IS NOT NULL, count(*) FROM pg_tables "
-                                  "WHERE schemaname = %s AND tablename LIKE 'cuaderno\\_%%'",
-                                  (self.schema,))) if exists else (False, 0)
-            if not tables[0]:
-                if not self._create:
-                    raise JournalError(f"{self.url} (schema {self.schema!r}) is not a cuaderno journal (no cuaderno "
-                                       "tables); nothing was changed")
-                if tables[1]:
-                    raise JournalCorrupt(f"{self.url} (schema {self.schema!r}) has cuaderno tables but no migration "
-                                         "record; nothing was changed")
-                if not exists:
-                    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema or "")))
-                conn.execute("CREATE TABLE cuaderno_migrations (version INTEGER PRIMARY KEY, "
-                             "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
-                version = 0
-            else:
-                version = self._version(conn)
-                if self._readonly and version < SCHEMA_VERSION:
-                    raise JournalError(f"{self.url} has journal schema {version}; this cuaderno reads "
-                                       f"{SCHEMA_VERSION}. Open it once for writing to migrate it; nothing was changed")
-            for number, step in enumerate(_MIGRATIONS[version:], start=version + 1):
-                for statement in step:
-                    conn.execute(statement)  # constant SQL of this module
-                conn.execute("INSERT INTO cuaderno_migrations (version) VALUES (%s)", (number,))
-            if compress is not None and not self._readonly:
-                conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('compress', %s) ON CONFLICT (key) "
-                             "DO UPDATE SET value = excluded.value", (_ON_OFF[compress],))
-            meta = dict(conn.execute("SELECT key, value FROM cuaderno_meta").fetchall())
-            faults.point("open.M1")
-        faults.point("open.M2")
-        setting = meta.get("compress")
-        if setting not in (None, "on", "off"):
-            raise JournalCorrupt(f"{self.url}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
-        if "journal_id" not in meta:
-            raise JournalCorrupt(f"{self.url}: the journal records no id (cuaderno_meta); nothing was changed")
-        return str(meta["journal_id"]), setting != "off"
-
-    def _version(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
-        """The recorded schema version, refusing one newer than this cuaderno's."""
-        row = conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone()
-        version = 0 if row is None or row[0] is None else schema_version(row[0])
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(version, SCHEMA_VERSION)
-        return version
 
     # -- Checkpointer -----------------------------------------------------------------------------
 
@@ -409,84 +274,6 @@ class PostgresCheckpointer(SqlJournal):
             raise moved
         faults.point("append.W2")
         return out
-
-    def _hold_lost(self, run_ids: Sequence[str]) -> set[str]:
-        """Of ``run_ids`` (runs a write with an epoch is for), those this store took over and whose
-        lock it has lost and cannot take back (R23): another session holds it, or the lock
-        connection cannot be opened again. Empty when the lock connection is intact, which is
-        known without a round trip: an idle session the server ended (``pg_terminate_backend``,
-        an idle timeout, a shutdown) or whose socket failed has something to read.
-
-        A lost lock connection lost every run's lock: all of this store's runs are taken back
-        at once (``pg_try_advisory_lock``). One taken back is safe to write for: whoever took it
-        meanwhile bumped its epoch (refused by the write's own check), and from now on nobody
-        can take it. One not taken back belongs to someone else; its writes are refused. A server
-        that does not answer (restarting) is asked again until ``connect_timeout_s``."""
-        mine = [r for r in run_ids if r in self._taken]
-        if not mine:
-            return set()
-        with self._holds_lock:
-            if self._holds_intact(mine):
-                return set()
-            self._drop_holds()
-        deadline = time.monotonic() + max(self._connect_timeout, 1)
-        pause = 0.05
-        while True:
-            try:
-                return {held for held in list(self._taken) if not self._lock_run(held)}.intersection(mine)
-            except psycopg.Error:
-                if time.monotonic() + pause > deadline:
-                    return set(mine)  # no lock connection: nothing proves this worker holds the run
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
-
-    def _retake(self, run_id: str) -> bool:
-        """Take the run's lock back now (``False``: another session holds it, or no server)."""
-        try:
-            return self._lock_run(run_id)
-        except psycopg.Error:
-            return False
-
-    def _holds_intact(self, runs: Sequence[str]) -> bool:
-        """Whether the lock connection is open, has nothing to read, and holds ``runs``."""
-        conn = self._holds
-        if conn is None or conn.closed or conn.broken or any(r not in self._locked for r in runs):
-            return False
-        try:
-            return not select.select([conn.pgconn.socket], [], [], 0)[0]
-        except (OSError, ValueError, psycopg.Error):
-            return False
-
-    def confirm_hold(self, run_id: str, epoch: int | None) -> None:
-        """Raise :class:`FencedOut` unless this store still holds ``run_id`` at ``epoch``: called
-        just before an effect's body starts, after its intent is durable, so that a worker whose
-        lock session the server ended meanwhile (and that cannot take it back) starts no body
-        (R23). One poll of the lock connection's socket when the lock is intact; no round trip."""
-        lost = self._moved(run_id, epoch)
-        if lost is not None:
-            raise lost
-
-    def _moved(self, run_id: str, epoch: int | None) -> FencedOut | None:
-        """After a commit for a run this store holds: if its lock connection went meanwhile, the
-        lock is taken back, and the error to raise if someone else has the run now (its epoch
-        moved, or its lock is another session's); ``None`` when this worker still holds it."""
-        if epoch is None or run_id not in self._taken:
-            return None
-        with self._holds_lock:
-            if self._holds_intact([run_id]):
-                return None
-        lost = run_id in self._hold_lost([run_id])
-        current = epoch
-        try:
-            with self._conn() as conn:
-                row = conn.execute("SELECT epoch FROM cuaderno_runs WHERE run_id=%s", (run_id,)).fetchone()
-            if row is not None:
-                current = checked_epoch(run_id, row[0])
-        except (psycopg.Error, JournalError):
-            lost = True  # the server does not answer: nothing proves this worker still holds the run
-        if current != epoch:
-            return FencedOut(run_id, epoch, current)
-        return _HoldLost(run_id, epoch, current) if lost else None
 
     def _reconnected(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
                      lost: str | None, unheld: bool = False) -> list[StepEvent]:
@@ -759,16 +546,7 @@ class PostgresCheckpointer(SqlJournal):
 
     def _rows(self, new: list[tuple[StepEvent, bytes]]) -> list[tuple[Any, ...]]:
         """The parameters of :data:`_INSERT` for each new row (compressed as the journal says)."""
-        rows = []
-        for e, payload in new:
-            if len(payload) > MAX_PAYLOAD:
-                raise JournalError(f"journal {self.url}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
-                                   f"bytes of JSON, more than the {MAX_PAYLOAD:,} a journal row holds; nothing "
-                                   "was committed")
-            codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
-            rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
-                         stored, e.created_at, e.row_hash))
-        return rows
+        return stored_rows(new, self._compress, f"journal {self.url}", MAX_PAYLOAD)
 
     def _insert(self, cur: psycopg.Cursor[Any], new: list[tuple[StepEvent, bytes]]) -> None:
         rows = self._rows(new)
@@ -794,15 +572,7 @@ class PostgresCheckpointer(SqlJournal):
             rows: list[RawRow] = cur.execute(
                 _SELECT_RUN_EVENTS,
                 (run_id,)).fetchall()
-            if row is None:
-                if rows:
-                    raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
-                                         "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
-                                         "written")
-                raise RunNotFound(run_id)
-            cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
-            if row[2] != cp.status:
-                differ = [*differ, "status column"]
+            cp, differ = planned_rebuild(run_id, row, rows, trust_journal)
             if differ:
                 cur.execute("UPDATE cuaderno_runs SET status=%s, checkpoint=%s WHERE run_id=%s",
                             (cp.status, cp.dumps(), run_id))
@@ -830,19 +600,6 @@ class PostgresCheckpointer(SqlJournal):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every statement
             self._version(conn)
             yield conn
-
-    @contextmanager
-    def _reading(self, run_id: str) -> Iterator[None]:
-        """Damage found while reading is JournalCorrupt; a server that cannot answer, JournalError."""
-        try:
-            yield
-        except (JournalError, UsageError):
-            raise
-        except psycopg.Error as exc:
-            raise JournalError(f"journal {self.url}, run {run_id!r}: read failed: {_first_line(exc)}") from None
-        except (ValueError, TypeError, KeyError, UnicodeError) as exc:
-            raise JournalCorrupt(f"journal {self.url}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
-                                 "nothing was changed") from exc
 
     # -- holding runs -----------------------------------------------------------------------------
 
@@ -934,24 +691,6 @@ class PostgresCheckpointer(SqlJournal):
                                "a lookup that finds nothing does not prove that it will not make the call"}
         return None
 
-    def _restart_grace(self, run_id: str, holder: _lease.Holder | None, server: str, up_s: float) -> None:
-        """The run's lock was free, but a server restart ends every session's locks, the living
-        holders' too: a holder that took the run before the server last started may be inside a
-        step (a tool body) and has not written since, so it had no chance to take its lock again.
-        It keeps the run until ``dead_peer_after_s`` after the start (as long as a dead peer's
-        lock would have lasted); a holder alive by then has taken its lock again at its next
-        write (see :meth:`_reconnected`), and one that has not is taken for dead. So a step that
-        outlasts a restart by more than that (a tool body without a write) may be taken over, as
-        with a holder whose connection the server dropped: its next write is then FencedOut, and
-        the taker, which cannot prove that holder dead, takes its step in flight as uncertain when
-        the lookup finds nothing (:meth:`earlier_holder`), never sends it again."""
-        if holder is None or not holder.get("held") or holder.get("server") in (None, server):
-            return
-        grace = 3 * self._keepalive
-        if up_s < grace:
-            raise RunBusy(run_id, f"{_lease.describe(holder)}, whose lock the server's restart {up_s:.0f} s ago "
-                                  f"ended; it has {grace - up_s:.0f} s more to take it again")
-
     def release(self, run_id: str, epoch: int) -> None:
         if not _readable(run_id) or self._readonly:
             return
@@ -969,105 +708,12 @@ class PostgresCheckpointer(SqlJournal):
             self._earlier.pop(run_id, None)
             self._unlock_run(run_id)
 
-    def _lock_key(self, run_id: str) -> int:
-        digest = hashlib.sha256(f"{self._journal_id}\x00{run_id}".encode("utf-8", "surrogatepass")).digest()
-        return int.from_bytes(digest[:8], "big", signed=True)
-
-    def _lock_run(self, run_id: str) -> bool:
-        """Take the run's advisory lock on this store's lock connection; ``False``: someone holds it."""
-        with self._holds_lock:
-            for attempt in (1, 2):
-                conn = self._holds_connection()
-                try:
-                    if run_id in self._locked:  # held already (locks stack): is the connection still alive?
-                        conn.execute("SELECT 1")
-                        return True
-                    got = _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (self._lock_key(run_id),)))[0]
-                except psycopg.OperationalError:
-                    # The lock connection died (and with it every lock it held): open a new one.
-                    self._drop_holds()
-                    if attempt == 2:
-                        raise
-                    continue
-                if got:
-                    self._locked.add(run_id)
-                return bool(got)
-        return False  # not reached
-
-    def _unlock_run(self, run_id: str) -> None:
-        with self._holds_lock:
-            if run_id not in self._locked:
-                return
-            self._locked.discard(run_id)
-            if self._holds is None:
-                return
-            try:
-                self._holds.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key(run_id),))
-            except psycopg.Error:
-                self._drop_holds()  # a dead connection holds nothing any more
-            if not self._locked:
-                self._drop_holds()  # nothing held: no connection kept open for it
-
-    def _holds_connection(self) -> psycopg.Connection[Any]:
-        if self._holds is not None and not self._holds.closed and not self._holds.broken:
-            return self._holds
-        self._drop_holds()
-        conn = self._connect(holds=True)
-        try:
-            # The server drops a vanished host's locks once keepalives go unanswered.
-            k = str(self._keepalive)
-            conn.execute("SELECT set_config('tcp_keepalives_idle', %s, false), "
-                         "set_config('tcp_keepalives_interval', %s, false), "
-                         "set_config('tcp_keepalives_count', '3', false), set_config('tcp_user_timeout', %s, false)",
-                         (k, k, str(3 * self._keepalive * 1000)))
-            # A live holder's lock session sits idle while its steps run (a tool body, a model
-            # call): no server or role setting may end it for that. An ended lock session frees
-            # the run for another worker while this one may be inside a step (R23). Set on this
-            # session, over whatever the server, database or role says.
-            conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '0', false), "
-                         "set_config('statement_timeout', '0', false), set_config('lock_timeout', '0', false)")
-            if conn.info.server_version >= 140000:  # idle_session_timeout is PostgreSQL 14's
-                conn.execute("SELECT set_config('idle_session_timeout', '0', false)")
-            conn.execute("SELECT set_config('application_name', %s, false)", (f"cuaderno-holds-{self.schema}",))
-        except BaseException:
-            conn.close()
-            raise
-        self._holds = conn
-        return conn
-
-    def _drop_holds(self) -> None:
-        conn, self._holds = self._holds, None
-        self._locked.clear()
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-
-    def holder_pid(self) -> int | None:
-        """The server process of this store's lock connection (``None``: it holds no run): what
-        ``pg_terminate_backend`` ends to simulate this holder's death."""
-        with self._holds_lock:
-            if self._holds is None or self._holds.closed:
-                return None
-            return int(self._holds.info.backend_pid)
-
     def close(self) -> None:
         if self._closed:
             return
         self._release_all()
         self._closed = True
         self._close_quietly()
-
-    def _close_quietly(self) -> None:
-        with self._holds_lock:
-            self._drop_holds()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            try:
-                pool.close()
-            except Exception:
-                pass
 
     # -- SupportsClaims (what a worker polls) ----------------------------------------------------
 
@@ -1119,65 +765,8 @@ class PostgresCheckpointer(SqlJournal):
         return True
 
 
-_ON_OFF = {True: "on", False: "off"}
-
-
-class _Lost(JournalError):
-    """A write's connection died: whether its transaction committed is not known yet. An append
-    asks the journal (``_reconnected``); to the callers of the other writes (a takeover, a
-    release) it is the JournalError it says it is."""
-
-
-class _HoldLost(FencedOut):
-    """This store lost the run's lock (the server ended its lock session) and another session
-    holds it now, but the epoch has not moved (yet): this worker stops driving the run, as if
-    fenced out, without writing anything more for it."""
-
-    def __init__(self, run_id: str, epoch: int, current: int) -> None:
-        super().__init__(run_id, epoch, current)
-        JournalError.__init__(self, f"run {quoted(run_id)}: this worker's lock on it was lost (the server ended its "
-                                    "lock session) and another session holds it now; stopping, nothing more was "
-                                    "written")
-
-
 class _Contended(Exception):
     """A group met a run another writer is creating (or locking) where waiting for it could
     deadlock (see ``_group_summaries``): the group is appended batch by batch instead."""
 
 
-class _NoServer(JournalError):
-    """The pool found no connection to the server in its wait."""
-
-
-def _idle_alive(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check of a connection it is about to hand out, without a round trip.
-
-    A pooled connection is idle: nothing may be waiting on its socket (its queries' answers were
-    all read, and nothing here LISTENs). When the server ends a session (a restart, a crash,
-    ``pg_terminate_backend``, an idle timeout) it sends its goodbye to the idle socket, and libpq
-    notices only at the next query, which would then fail. Raising here makes the pool drop that
-    connection and hand out another (or open a new one), so a read after a restart is answered
-    instead of failing once per stale connection. A message that is not a goodbye costs only a
-    new connection."""
-    if conn.closed or conn.broken:
-        raise psycopg.OperationalError("the connection is closed")
-    if select.select([conn.pgconn.socket], [], [], 0)[0]:
-        conn.close()  # closed, the pool replaces it (one it takes back open, it would hand out again)
-        raise psycopg.OperationalError("the server sent something to an idle connection (it ended the session)")
-
-
-def _int4(text: str) -> int:
-    """A signed 32-bit key from text (the two-key advisory lock form)."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4], "big", signed=True)
-
-
-def _one(cur: psycopg.Cursor[Any]) -> Any:
-    """The one row a statement returns (every caller's statement returns exactly one)."""
-    row = cur.fetchone()
-    if row is None:
-        raise JournalCorrupt("the journal's database returned no row where one is always returned")
-    return row
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -50,7 +50,6 @@ from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalCorrupt,
-    JournalError,
     JournalLocked,
     JournalReplaced,
     RunBusy,
@@ -58,16 +57,16 @@ from cuaderno.errors import (
     RunNotFound,
     UsageError,
 )
-from cuaderno.events import CODEC_JSON, StepEvent
+from cuaderno.events import StepEvent
 from cuaderno.journal import _anchor, _claims, _lease
-from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
-from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD, pack
+from cuaderno.journal._append import RawRow, decode_row, plan_append
+from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._rows import no_existing as _no_existing
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal._sql import SQLITE, SqlJournal
+from cuaderno.journal._sql import SQLITE, SqlJournal, planned_rebuild, stored_rows
 from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
     _OPEN_RACE_S,
@@ -326,22 +325,11 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
 
     def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> bool:
         """Insert the rows; return whether any of them was stored compressed."""
-        rows = []
-        compressed = False
-        for e, payload in new:
-            if len(payload) > MAX_PAYLOAD:  # compressed it would fit, and no reader could open it
-                raise JournalError(f"journal {self.path!r}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
-                                   f"bytes of JSON, more than the {MAX_PAYLOAD:,} a journal row holds; nothing "
-                                   "was committed")
-            # The row hash and deduplication cover the JSON bytes; compression is how they rest.
-            codec, stored = pack(payload) if self._compress and e.codec == CODEC_JSON else (e.codec, payload)
-            compressed = compressed or codec == CODEC_JSON_ZSTD
-            rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
-                         stored, e.created_at, e.row_hash))
+        rows = stored_rows(new, self._compress, f"journal {self.path!r}", MAX_PAYLOAD)
         db.executemany(
             f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",  # noqa: S608 - constant
             rows)
-        return compressed
+        return any(r[8] == CODEC_JSON_ZSTD for r in rows)
 
     def _current(self, db: sqlite3.Connection, run_id: str, *, use_cache: bool = True) -> Checkpoint:
         cached = self._cache.get(run_id) if use_cache else None
@@ -398,18 +386,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
                 raise
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: a row is unreadable ({exc}); nothing "
                                  "was written") from exc
-        if row is None:
-            if rows:
-                raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
-                                     "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
-                                     "written")
-            raise RunNotFound(run_id)
-        rows.sort(key=lambda r: r[3])
-        # The epoch column is the run's epoch: a takeover writes only the column.
-        cp, differ = plan_rebuild(run_id, rows, row[1], _epoch(run_id, row[0]), trust_journal)
-        if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
-            differ = [*differ, "status column"]
-        return cp, differ
+        return planned_rebuild(run_id, row, rows, trust_journal)
 
     _dialect = SQLITE
 
