@@ -128,6 +128,16 @@ def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
     return cp, differ
 
 
+def next_epoch(run_id: str, value: object) -> int:
+    """The epoch a takeover of the run gives it, after its epoch column ``value`` (both dialects
+    store 64-bit integers)."""
+    epoch = checked_epoch(run_id, value) + 1
+    if epoch >= 2**63:
+        raise JournalCorrupt(f"run {run_id!r}: its epoch is {value}, not one a takeover can follow; the "
+                             "run's fencing record is damaged, nothing was written")
+    return epoch
+
+
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
                 max_payload: int) -> list[tuple[Any, ...]]:
     """The events table's columns of each new row, its payload compressed when ``compress`` (the

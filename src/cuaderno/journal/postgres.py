@@ -116,7 +116,7 @@ from cuaderno.journal._rows import (
     checked_epoch,
     no_existing,
 )
-from cuaderno.journal._sql import POSTGRES, SqlJournal, planned_rebuild, stored_rows
+from cuaderno.journal._sql import POSTGRES, SqlJournal, next_epoch, planned_rebuild, stored_rows
 from cuaderno.journal._sql import pg_storable as _readable
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal.base import CLOSED_STATUSES
@@ -629,10 +629,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
                     self._restart_grace(run_id, holder, server, float(up_s))
                 mine = run_id in self._taken
                 unsettled = self._unsettled(run_id, holder, row[3], force=force or mine)
-                epoch = checked_epoch(run_id, row[0]) + 1
-                if epoch >= 2**63:
-                    raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
-                                         "run's fencing record is damaged, nothing was written")
+                epoch = next_epoch(run_id, row[0])
                 cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
                             (epoch, _lease.claim(owner, server=server, unsettled=unsettled), run_id))
                 with self._cache_lock:

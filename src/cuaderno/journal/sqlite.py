@@ -66,7 +66,7 @@ from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._rows import no_existing as _no_existing
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal._sql import SQLITE, SqlJournal, planned_rebuild, stored_rows
+from cuaderno.journal._sql import SQLITE, SqlJournal, next_epoch, planned_rebuild, stored_rows
 from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
     _OPEN_RACE_S,
@@ -454,10 +454,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
             if not _lease.take(self.path, run_id, holder, self._ident) and not force:
                 who = _lease.describe(holder) if holder is not None else "another process"
                 raise RunBusy(run_id, f"{who}, which is still alive")
-            epoch = _epoch(run_id, row[0]) + 1
-            if epoch >= 2**63:  # SQLite integers have 64 bits
-                raise JournalCorrupt(f"run {run_id!r}: its epoch is {row[0]}, not one a takeover can follow; the "
-                                     "run's fencing record is damaged, nothing was written")
+            epoch = next_epoch(run_id, row[0])
             db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?",
                        (epoch, _lease.claim(owner, _lease.hold_file(self.path)), run_id))
             self._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
