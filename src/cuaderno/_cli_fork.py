@@ -31,7 +31,7 @@ def _fail(message: str, exc: BaseException | None = None) -> NoReturn:
 
 
 def _open(ctx: typer.Context, *, readonly: bool) -> SqliteCheckpointer:
-    from cuaderno.ui._journal import open_journal  # the same checks as `cuaderno ui`: never creates a file
+    from cuaderno.ui import open_journal  # the same checks as `cuaderno ui`: never creates a file
 
     return open_journal(ctx.obj.db, readonly=readonly)
 

@@ -75,7 +75,7 @@ def worker_command(
     compensations to run) and drive them; SIGTERM finishes each step in flight, releases, exits 0."""
     from cuaderno.cli import _check_sqlite_file, _refusals
     from cuaderno.errors import UsageError
-    from cuaderno.journal._open import parse_journal_url
+    from cuaderno.journal import parse_journal_url
     from cuaderno.loop.agent import Agent
     from cuaderno.worker import Worker, load_agent
 
@@ -131,9 +131,9 @@ def status_command(
 
 def run_state(store: Any, cp: Any, events: Any = None) -> dict[str, Any]:
     """``state``, ``waiting_for``, ``held_by`` and ``summary`` of a run (see
-    :func:`cuaderno.journal._claims.state_of`); a store without SupportsClaims cannot say who holds
+    :func:`cuaderno.journal.state_of`); a store without SupportsClaims cannot say who holds
     a run, and its runs are described from their status alone."""
-    from cuaderno.journal._claims import state_of
+    from cuaderno.journal import state_of
     from cuaderno.journal.base import SupportsClaims
 
     holder = None

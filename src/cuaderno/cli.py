@@ -56,8 +56,7 @@ from cuaderno._cli_worker import run_state, status_command, worker_command
 from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import verified
 from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
-from cuaderno.journal import open_journal
-from cuaderno.journal._open import parse_journal_url
+from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
 
 __all__ = ["ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "app", "main"]

@@ -42,7 +42,7 @@ once) and returns; nothing new is claimed. The loop is the unchanged runner: a w
 Concurrency is the number of runs driven at once on this process's event loop. Model calls are
 awaited, so they overlap; a tool written as a plain function blocks the loop while it runs. The
 steps these runs commit in one turn of the loop share one transaction and one sync
-(:class:`~cuaderno.journal._group.GroupCommit`); each still acts only once its own intent has
+(:class:`~cuaderno.journal.GroupCommit`); each still acts only once its own intent has
 committed. Put
 more processes (on more hosts, for PostgreSQL) behind one journal to scale further.
 """
@@ -74,9 +74,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelGateway
-from cuaderno.journal import open_journal
-from cuaderno.journal._claims import work_for
-from cuaderno.journal._group import GroupCommit
+from cuaderno.journal import GroupCommit, open_journal, work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate

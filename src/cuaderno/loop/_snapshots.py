@@ -42,7 +42,7 @@ from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import StepEvent, model_step_id, row_hash, tool_step_id
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall, assistant_message
-from cuaderno.journal._rows import decode_small_payloads
+from cuaderno.journal import decode_small_payloads
 from cuaderno.journal.base import SupportsTail, Tail, tail_base
 from cuaderno.telemetry import AgentPassSpan
 

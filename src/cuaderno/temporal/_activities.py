@@ -48,8 +48,7 @@ from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageErro
 from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
-from cuaderno.journal import open_journal
-from cuaderno.journal._open import parse_journal_url
+from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
 from cuaderno.loop.executor import AgentTools, TracedTools

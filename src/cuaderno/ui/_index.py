@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cuaderno.errors import JournalCorrupt
-from cuaderno.journal._compress import stored_payload
+from cuaderno.journal import stored_payload
 
 __all__ = ["RunIndex", "RunStart"]
 

@@ -75,7 +75,7 @@ from cuaderno.errors import (
     clipped,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal._claims import state_of
+from cuaderno.journal import state_of
 from cuaderno.journal.base import SupportsClaims
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.ui import _timeline
