@@ -35,7 +35,7 @@ from cuaderno import (
     TieredGateway,
     tool,
 )
-from cuaderno._cli_render import cost_text
+from cuaderno._render import cost_text
 
 
 @tool(idempotent=True)

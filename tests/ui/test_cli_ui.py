@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from cuaderno._cli_ui import allowed_hosts, is_loopback
 from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, app
+from cuaderno.cli._ui import allowed_hosts, is_loopback
 from cuaderno.errors import UsageError
 
 

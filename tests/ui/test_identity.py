@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from test_cli_ui import cli, refused
 
 from cuaderno import SqliteCheckpointer, StepEvent
-from cuaderno._cli_ui import allowed_hosts
+from cuaderno.cli._ui import allowed_hosts
 from cuaderno.errors import UsageError
 from cuaderno.ui.app import create_app
 from cuaderno.ui.auth import COOKIE, Auth, CredentialsFile, set_password

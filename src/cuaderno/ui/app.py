@@ -59,7 +59,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cuaderno.harness as harness
-from cuaderno import _cli_render as render
+from cuaderno import _render as render
 from cuaderno._json import MAX_DEPTH
 from cuaderno.cancellation import cancel as cancel_run
 from cuaderno.checkpoint import Checkpoint, verified

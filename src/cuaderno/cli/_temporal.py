@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from cuaderno import _render as render
+from cuaderno.cli._common import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, fail, normal_fingerprint, stdout
+
 if TYPE_CHECKING:
     from temporalio.client import Client
 
@@ -93,8 +96,6 @@ def _refused(exc: BaseException, run: str) -> tuple[str, int] | None:
     from temporalio.exceptions import ApplicationError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT
-
     if isinstance(exc, _Unreachable):
         return str(exc), ERROR_EXIT
     if isinstance(exc, WorkflowUpdateFailedError):
@@ -112,35 +113,32 @@ def _refused(exc: BaseException, run: str) -> tuple[str, int] | None:
 
 
 def _run(target: str, run: str, body: Callable[[Client], Awaitable[T]]) -> T:
-    from cuaderno.cli import USAGE_EXIT, _fail
     from cuaderno.errors import UsageError
 
     try:
         return _with_client(target, body)
     except UsageError as exc:
-        _fail(str(exc), USAGE_EXIT)
+        fail(str(exc), USAGE_EXIT)
     except Exception as exc:
         refused = _refused(exc, run)
         if refused is None:
             raise
-        _fail(*refused)
+        fail(*refused)
 
 
 def decide_on_temporal(target: str, run: str, step: str, fingerprint: str | None, by: str | None,
                        reason: str | None, *, approved: bool) -> None:
     """The ``decide`` update for ``step`` of the workflow ``run``: printed, bound, then sent."""
-    from cuaderno import _cli_render as render
-    from cuaderno.cli import ERROR_EXIT, USAGE_EXIT, _fail, _normal_fingerprint, _stdout
     from cuaderno.temporal import CuadernoWorkflow, Decision
 
     if fingerprint is not None:
-        fingerprint = _normal_fingerprint(fingerprint)  # spaces, a newline, upper-case hex: as locally
+        fingerprint = normal_fingerprint(fingerprint)  # spaces, a newline, upper-case hex: as locally
         if not fingerprint:
-            _fail("--fingerprint is empty: pass the full fingerprint shown, or leave the option out to bind "
-                  "the call printed here; nothing was sent", USAGE_EXIT)
+            fail("--fingerprint is empty: pass the full fingerprint shown, or leave the option out to bind "
+                 "the call printed here; nothing was sent", USAGE_EXIT)
     verb = "approving" if approved else "denying"
     step_id = render.approval_step(step)
-    console = _stdout()
+    console = stdout()
 
     async def body(client: Client) -> tuple[str, str | None]:
         handle = client.get_workflow_handle(run)
@@ -152,7 +150,7 @@ def decide_on_temporal(target: str, run: str, step: str, fingerprint: str | None
             if bound is None:
                 bound = entry.get("fingerprint")  # bind the decision to exactly what was just printed
         elif not pending:
-            _fail(f"run {run!r} is not waiting for any approval on Temporal; nothing was recorded", ERROR_EXIT)
+            fail(f"run {run!r} is not waiting for any approval on Temporal; nothing was recorded", ERROR_EXIT)
         accepted = await handle.execute_update(CuadernoWorkflow.decide, Decision(
             step_id, approved, fingerprint=bound, approver=by, reason=reason))
         return str(accepted), bound
@@ -165,17 +163,14 @@ def decide_on_temporal(target: str, run: str, step: str, fingerprint: str | None
 
 def cancel_on_temporal(target: str, run: str, reason: str, by: str | None) -> None:
     """The ``cancel`` signal to the workflow ``run``."""
-    from cuaderno import _cli_render as render
     from cuaderno.temporal import CuadernoWorkflow
 
     async def body(client: Client) -> None:
         handle = client.get_workflow_handle(run)
         description = await handle.describe()  # one that does not exist or ended is refused, not signalled
         if description.status is not None and description.status.name != "RUNNING":
-            from cuaderno.cli import ERROR_EXIT, _fail
-
-            _fail(f"run {run!r} already ended on Temporal ({description.status.name.lower()}); nothing was sent",
-                  ERROR_EXIT)
+            fail(f"run {run!r} already ended on Temporal ({description.status.name.lower()}); nothing was sent",
+                 ERROR_EXIT)
         await handle.signal(CuadernoWorkflow.cancel, args=[reason, by])
 
     _run(target, run, body)

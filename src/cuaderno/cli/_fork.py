@@ -12,22 +12,15 @@ import os
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
+from cuaderno._render import clean, counted
+from cuaderno.cli._common import exit_code, fail
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
 __all__ = ["export_command", "fork_command"]
-
-
-def _fail(message: str, exc: BaseException | None = None) -> NoReturn:
-    from cuaderno.cli import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, _say_error
-    from cuaderno.errors import RunNotFound, UsageError
-
-    _say_error(message)
-    code = NOT_FOUND_EXIT if isinstance(exc, RunNotFound) else USAGE_EXIT if isinstance(exc, UsageError) else ERROR_EXIT
-    raise typer.Exit(code)
 
 
 def _open(ctx: typer.Context, *, readonly: bool) -> SqliteCheckpointer:
@@ -51,11 +44,9 @@ def fork_command(
         with _open(ctx, readonly=False) as store:
             cp = fork(store, run, at=at, new_run_id=new_run)
     except CuadernoError as exc:
-        _fail(str(exc), exc)
+        fail(str(exc), exit_code(exc))
     except (sqlite3.Error, OSError) as exc:
-        _fail(f"the journal refused the operation: {exc}")
-    from cuaderno._cli_render import clean, counted
-
+        fail(f"the journal refused the operation: {exc}")
     typer.echo(clean(f"run {new_run} forked from {run} at {at}: {counted(cp.last_seq, 'event')} copied "
                      f"({counted(cp.count('model_calls'), 'model call')}, {counted(cp.count('tool_calls'), 'tool call')} "
                      f"journaled: none is paid or run again); resume it with the same agent and task under run id "
@@ -73,14 +64,14 @@ def export_command(
     from cuaderno.forks import export_lines
 
     if output is not None and output.exists():
-        _fail(f"{str(output)!r} exists; nothing was written (choose another --output)")
+        fail(f"{str(output)!r} exists; nothing was written (choose another --output)")
     try:
         with _open(ctx, readonly=True) as store:
             lines = list(export_lines(store, run))  # all read and checked before anything is written
     except CuadernoError as exc:
-        _fail(str(exc), exc)
+        fail(str(exc), exit_code(exc))
     except (sqlite3.Error, OSError) as exc:
-        _fail(f"the journal refused the operation: {exc}")
+        fail(f"the journal refused the operation: {exc}")
     text = "".join(line + "\n" for line in lines)
     if output is None:
         typer.echo(text, nl=False)
@@ -97,5 +88,5 @@ def export_command(
     except OSError as exc:
         if "tmp" in locals():
             Path(tmp).unlink(missing_ok=True)
-        _fail(f"could not write {str(output)!r}: {exc.strerror or exc}; nothing was written")
+        fail(f"could not write {str(output)!r}: {exc.strerror or exc}; nothing was written")
     typer.echo(f"run {run}: {len(lines)} events written to {output}", err=True)

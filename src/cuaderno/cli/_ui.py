@@ -24,6 +24,8 @@ from typing import Annotated, Any, Final
 
 import typer
 
+from cuaderno.cli._common import fail
+
 __all__ = ["DEFAULT_PORT", "allowed_hosts", "is_loopback", "ui_command", "ui_passwd_command"]
 
 DEFAULT_PORT: Final = 8765
@@ -65,13 +67,6 @@ def allowed_hosts(host: str, named: list[str] | tuple[str, ...] = ()) -> list[st
     return sorted({*LOOPBACK_HOSTS, *extra, *named})
 
 
-def _error(message: str) -> typer.Exit:
-    from cuaderno.cli import ERROR_EXIT, _say_error
-
-    _say_error(message)
-    return typer.Exit(ERROR_EXIT)
-
-
 def ui_command(
     ctx: typer.Context,
     journal: Annotated[str | None, typer.Option("--journal", metavar="URL", help=(
@@ -101,7 +96,7 @@ def ui_command(
 
         from cuaderno.ui.app import create_app
     except ImportError as exc:
-        raise _error(f"the web page needs the ui extra: pip install 'cuaderno[ui]' ({exc.name} is missing)") from None
+        fail(f"the web page needs the ui extra: pip install 'cuaderno[ui]' ({exc.name} is missing)")
     from cuaderno.errors import CuadernoError
 
     source: str | Path = journal if journal is not None else ctx.obj.db
@@ -110,9 +105,9 @@ def ui_command(
         app = create_app(source, allow_decisions=allow_decisions, allowed_hosts=allowed_hosts(host, allowed_host or []),
                          auth=auth, public=not is_loopback(host))
     except CuadernoError as exc:
-        raise _error(str(exc)) from None
+        fail(str(exc))
     except OSError as exc:
-        raise _error(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)) from None
+        fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
     if not is_loopback(host):
         who = "anyone who can reach this address" + (" and log in" if auth is not None else "")
         typer.echo(f"warning: listening on {host}, not loopback: {who} sees every run in the journal"
@@ -120,7 +115,7 @@ def ui_command(
     try:
         sock = _bind(host, port)
     except OSError as exc:
-        raise _error(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     mode = "decisions allowed" if allow_decisions else "read-only"
@@ -158,15 +153,15 @@ def ui_passwd_command(
     if sys.stdin.isatty():
         password = getpass.getpass(f"password for {user}: ")
         if getpass.getpass("again: ") != password:
-            raise _error("the two passwords differ; nothing was written")
+            fail("the two passwords differ; nothing was written")
     else:  # a script: the first line of stdin
         password = sys.stdin.readline().rstrip("\r\n")
     try:
         new = set_password(file, user, password)
     except CuadernoError as exc:
-        raise _error(str(exc)) from None
+        fail(str(exc))
     except OSError as exc:
-        raise _error(f"cannot write {file}: {exc.strerror or exc}") from None
+        fail(f"cannot write {file}: {exc.strerror or exc}")
     typer.echo(f"{'added' if new else 'changed the password of'} {user} in {file}", err=True)
 
 

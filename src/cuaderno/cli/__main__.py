@@ -1,0 +1,5 @@
+"""``python -m cuaderno.cli``: the command line."""
+
+from cuaderno.cli import main
+
+main()

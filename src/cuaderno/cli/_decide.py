@@ -1,0 +1,154 @@
+"""The commands that decide for a run: ``approve``, ``deny``, ``cancel`` and ``resolve``, on the
+journal or (``--temporal``) on a Temporal workflow (:mod:`cuaderno.cli._temporal`).
+
+::
+
+    cuaderno [--db runs.db] approve RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
+    cuaderno [--db runs.db] deny RUN STEP [--fingerprint FP] [--by NAME] [--reason TEXT]
+    cuaderno [--db runs.db] cancel RUN [--reason TEXT] [--by NAME]
+    cuaderno [--db runs.db] resolve RUN STEP --happened|--not-happened [--result JSON] [--by NAME] [--note TEXT]
+
+They write nothing but what :mod:`cuaderno.harness` and :func:`cuaderno.cancellation.cancel` append.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+import cuaderno.harness as harness
+from cuaderno import _render as render
+from cuaderno._json import MAX_DEPTH
+from cuaderno.cli._common import USAGE_EXIT, fail, normal_fingerprint, opened, refusals, stdout
+from cuaderno.cli._temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
+
+__all__ = ["approve", "cancel", "deny", "resolve"]
+
+
+_FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cuaderno show`). The decision is "
+                     "refused if the pending call has other arguments. Without it, the call printed here is bound.")
+
+
+def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by: str | None, reason: str | None,
+            *, approved: bool) -> None:
+    verb = "approving" if approved else "denying"
+    if fingerprint is not None:
+        fingerprint = normal_fingerprint(fingerprint)
+        if not fingerprint:  # every fingerprint starts with "": it would be refused as a 0-character prefix
+            fail("--fingerprint is empty: pass the full fingerprint shown by `cuaderno show`, or leave the option "
+                 "out to bind the call printed here; nothing was written", USAGE_EXIT)
+    console = stdout()
+    with refusals(), opened(ctx) as store:
+        pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
+        step_id = render.approval_step(step)
+        entry = pending.get(step_id)
+        if entry is not None:
+            render.render_pending_call(console, run, step_id, entry, verb)
+            if fingerprint is None:
+                # Bind the decision to exactly what was just printed.
+                fingerprint = entry.get("fingerprint")
+        decide = harness.approve if approved else harness.deny
+        event = decide(store, run, step, fingerprint=fingerprint, approver=by, reason=reason)
+    render.render_decision(console, event)
+
+
+def approve(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
+                                                             "or its tool step id (t0000.tool00).")],
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+    temporal: TemporalOption = None,
+) -> None:
+    """Approve a pending tool call; a worker (or the next resume) runs it exactly once."""
+    if temporal is not None:
+        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=True)
+    _decide(ctx, run, step, fingerprint, by, reason, approved=True)
+
+
+def deny(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
+                                                             "or its tool step id (t0000.tool00).")],
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
+    temporal: TemporalOption = None,
+) -> None:
+    """Reject a pending tool call; the next resume tells the model it was rejected."""
+    if temporal is not None:
+        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=False)
+    _decide(ctx, run, step, fingerprint, by, reason, approved=False)
+
+
+def cancel(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = "",
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who cancels, for the record.")] = None,
+    temporal: TemporalOption = None,
+) -> None:
+    """Cancel a run: no new step is admitted; what completed and what is uncertain are kept."""
+    if temporal is not None:
+        return cancel_on_temporal(temporal, run, reason, by)
+    from cuaderno.cancellation import cancel as cancel_run
+
+    with refusals(), opened(ctx) as store:
+        # Read first only to word the answer: cancel() is idempotent and decides on its own read.
+        before = store.checkpoint(run)
+        cp = cancel_run(store, run, reason, by=by)
+    if cp.status == "cancelled":
+        record = cp.outcome or {}
+        done = "was already cancelled (nothing was written)" if before is not None and before.status == "cancelled" \
+            else "cancelled"
+        typer.echo(f"run {run} {done}: {render.counted(len(record.get('completed') or []), 'effect')} completed, "
+                   f"{len(record.get('uncertain') or [])} uncertain, "
+                   f"{render.counted(len(record.get('cleanup') or []), 'cleanup action')} scheduled")
+    else:
+        asked = "was already requested" if before is not None and before.cancel_requested is not None \
+            else "requested"
+        typer.echo(f"run {run}: cancellation {asked}; the process running it stops before its next step "
+                   "(or its next resume finalizes it)")
+
+
+def resolve(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The uncertain tool step (see `cuaderno show`).")],
+    happened: Annotated[bool, typer.Option("--happened/--not-happened",
+                                           help="What a person established in the receiving system.")],
+    result: Annotated[str | None, typer.Option("--result", metavar="JSON",
+                                               help="With --happened: the receipt found, as JSON.")] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who checked, for the record.")] = None,
+    note: Annotated[str | None, typer.Option("--note", metavar="TEXT", help="What was checked.")] = None,
+) -> None:
+    """Settle an uncertain effect after checking the receiving system; the next resume goes on."""
+    value: Any = None
+    if result is not None and not happened:
+        fail("--result goes only with --happened: --not-happened makes the next resume send the effect again; "
+             "nothing was written", USAGE_EXIT)
+    if result is not None:
+        try:
+            value = json.loads(result)
+        except json.JSONDecodeError as exc:
+            fail(f"--result is not JSON: {exc}", USAGE_EXIT)
+        except RecursionError:  # the parser recurses once per level: a hostile depth overflows it
+            fail(f"--result is nested too deeply (a receipt may nest at most {MAX_DEPTH} levels); "
+                 "nothing was written", USAGE_EXIT)
+        except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+            fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written", USAGE_EXIT)
+    with refusals(), opened(ctx) as store:
+        event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
+        cp = store.checkpoint(run)
+    if cp is not None and cp.status in ("completed", "failed", "cancelled"):
+        after = f"the run already ended ({cp.status}): nothing is sent"
+    else:
+        after = "the next resume " + ("goes on" if happened else "sends it again, same effect key")
+    typer.echo(f"run {run} step {step}: recorded as {'happened' if happened else 'not happened'} "
+               f"(seq {event.seq}); {after}")
+

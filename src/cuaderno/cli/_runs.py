@@ -1,0 +1,130 @@
+"""The commands that read runs: ``list``, ``show``, ``status`` and ``rebuild-summary`` (which
+rewrites only a summary, from the journal itself).
+
+::
+
+    cuaderno [--db runs.db] list [--status S] [--limit N] [--json]
+    cuaderno [--db runs.db] show RUN [--json] [--no-timeline]
+    cuaderno [--db URL] status RUN [--json]
+    cuaderno [--db runs.db] rebuild-summary RUN [--trust-journal]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+import cuaderno.harness as harness
+from cuaderno import _render as render
+from cuaderno.checkpoint import verified
+from cuaderno.cli._common import STATUSES, USAGE_EXIT, NotFound, fail, opened, print_json, refusals, stdout
+from cuaderno.errors import quoted
+
+__all__ = ["list_runs", "rebuild_summary", "run_state", "show", "status_command"]
+
+
+def list_runs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option("--status", metavar="STATUS",
+                                               help=f"Only runs in this status ({', '.join(STATUSES)}).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many runs.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List runs, most recently updated first: status, model and tool calls, cost, pending approvals,
+    uncertain effects."""
+    if status is not None and status not in STATUSES:
+        fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}", USAGE_EXIT)
+    with refusals(), opened(ctx, readonly=True) as store:
+        runs = store.list_runs(status=status, limit=limit)
+        states = {cp.run_id: run_state(store, cp) for cp in runs}
+    if as_json:
+        print_json([render.run_summary(cp, states.get(cp.run_id)) for cp in runs])
+        return
+    console = stdout()
+    if not runs:
+        console.print("no runs" + (f" with status {render.clean(status)!r}" if status else ""), soft_wrap=True)
+        return
+    render.render_runs(console, runs, states)
+
+
+def show(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
+    timeline: Annotated[bool, typer.Option("--timeline/--no-timeline",
+                                           help="Show the journal's events in order, checked against the "
+                                                "summary (--no-timeline: the stored summary as it is).")] = True,
+) -> None:
+    """Show one run: status, versions, counters, cost, pending approvals, uncertain effects, outcome, timeline."""
+    with refusals(), opened(ctx, readonly=True) as store:
+        cp = store.checkpoint(run)
+        if cp is None:
+            raise NotFound(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
+        events = None
+        if timeline:
+            # Read (and hash-check) the whole journal before printing anything, and the summary
+            # against it: no half output, and no pending arguments other than the journal's.
+            # --no-timeline prints the stored summary as it is (for a journal that no longer
+            # checks out); approve and deny check it again before anything is written.
+            cp, events = verified(store, run)
+        state = run_state(store, cp, events)
+    if as_json:
+        print_json(render.run_detail(cp, events, state))
+    else:
+        render.render_show(stdout(), cp, events, db=ctx.obj.db, state=state)
+
+
+def rebuild_summary(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    trust_journal: Annotated[bool, typer.Option(
+        "--trust-journal", help="Rebuild even if the summary names events the journal does not hold (rows "
+        "removed from its end look like that), ends before the journal's last row (nothing proves who wrote the "
+        "rows after it) or cannot be read: only for a journal known to be complete and the run's own.")] = False,
+) -> None:
+    """Rewrite a run's summary from its hash-chained journal, when it no longer matches it."""
+    with refusals(), opened(ctx) as store:
+        cp, differed = harness.rebuild_summary(store, run, trust_journal=trust_journal)
+    if not differed:
+        typer.echo(f"run {run}: its summary matches its journal ({render.counted(cp.last_seq, 'event')}); "
+                   "nothing was written")
+    else:
+        typer.echo(f"run {run}: summary rebuilt from its {render.counted(cp.last_seq, 'journaled event')} "
+                   f"({', '.join(differed)} differed); status {cp.status}")
+
+
+def status_command(
+    ctx: typer.Context,
+    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a line.")] = False,
+) -> None:
+    """Say what a run is doing now: running (and who holds it), or what it waits for (a worker, an approval, a person)."""
+    with refusals(), opened(ctx, readonly=True) as store:
+        cp = store.checkpoint(run)
+        if cp is None:
+            raise NotFound(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
+        state = run_state(store, cp)
+    if as_json:
+        typer.echo(json.dumps({"run_id": cp.run_id, "status": cp.status, **state}, indent=2, ensure_ascii=True))
+        return
+    typer.echo(render.clean(f"run {cp.run_id}: {state['summary']}"))
+
+
+def run_state(store: Any, cp: Any, events: Any = None) -> dict[str, Any]:
+    """``state``, ``waiting_for``, ``held_by`` and ``summary`` of a run (see
+    :func:`cuaderno.journal.state_of`); a store without SupportsClaims cannot say who holds
+    a run, and its runs are described from their status alone."""
+    from cuaderno.journal import state_of
+    from cuaderno.journal.base import SupportsClaims
+
+    holder = None
+    if isinstance(store, SupportsClaims):
+        holder = store.holders([cp.run_id]).get(cp.run_id)
+    left = None
+    if events is not None and cp.status == "cancelled":
+        from cuaderno.worker import _cleanup_left
+
+        left = _cleanup_left(cp, list(events))
+    return state_of(cp, holder, cleanup_left=left)
