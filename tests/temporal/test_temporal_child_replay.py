@@ -57,7 +57,7 @@ async def test_every_recorded_episode_history_replays(tmp_path: Path, path: Path
 
 async def test_a_child_workflow_id_derived_otherwise_breaks_replay(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from cuaderno.episodes import episode as module
+    from cuaderno.episodes import _parent as module
 
     registered(tmp_path)
     monkeypatch.setattr(module._ParentRun, "_child_id", lambda self, n: f"{self.run_id}:pass{n}")
