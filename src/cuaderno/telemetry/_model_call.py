@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from contextvars import Token
-from types import TracebackType
 from typing import Any, Final
 
 from opentelemetry.context import Context
@@ -41,10 +39,10 @@ from cuaderno.telemetry._names import (
     Attributes,
 )
 from cuaderno.telemetry._otel import _Instruments, _instruments, _tracer
-from cuaderno.telemetry._spans import _finish, _log, _mark_error, _start, error_type
+from cuaderno.telemetry._spans import _CallSpan, _LiveCall, _log, _start
 
 
-class ModelCallSpan:
+class ModelCallSpan(_CallSpan):
     """The handle :func:`model_call` yields. This base class is the do-nothing one.
 
     Use it as a context manager (``with``). Call :meth:`response` with what the gateway
@@ -61,64 +59,40 @@ class ModelCallSpan:
             resp: what the gateway returned.
         """
 
-    def error(self, exc: BaseException) -> None:
-        """Record a failure: span status ``ERROR`` and ``error.type``.
-
-        Args:
-            exc: the failure; a :class:`~cuaderno.errors.GatewayError` reports its ``error_class``.
-        """
-
-    def __enter__(self) -> ModelCallSpan:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        return None
-
 
 _NOOP_MODEL_CALL: Final = ModelCallSpan()
 
 
-class _LiveModelCall(ModelCallSpan):
-    __slots__ = ("_error_type", "_instruments", "_provider", "_request", "_response", "_run_id", "_span",
-                 "_start", "_step_id", "_token", "_tracer")
+class _LiveModelCall(_LiveCall, ModelCallSpan):
+    __slots__ = ("_provider", "_request", "_response")
+    _what = "model call"
 
     def __init__(self, tracer: Tracer | None, instruments: _Instruments | None, request: ModelRequest,
                  run_id: str, step_id: str, provider: str | None) -> None:
-        self._tracer = tracer
-        self._instruments = instruments
+        super().__init__(tracer, instruments, run_id, step_id)
         self._request = request
-        self._run_id = run_id
-        self._step_id = step_id
         self._provider = provider
-        self._span: Span | None = None
-        self._token: Token[Context] | None = None
-        self._start = 0.0
         self._response: ModelResponse | None = None
-        self._error_type: str | None = None
 
-    def __enter__(self) -> ModelCallSpan:
-        if self._tracer is not None:
-            model = self._request.model
-            attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_CHAT, GEN_AI_CONVERSATION_ID: self._run_id,
-                                 CUADERNO_RUN_ID: self._run_id, CUADERNO_STEP_ID: self._step_id}
-            if model:
-                attrs[GEN_AI_REQUEST_MODEL] = model
-            if self._provider:
-                attrs[GEN_AI_PROVIDER_NAME] = self._provider
-            name = f"{OPERATION_CHAT} {model}" if model else OPERATION_CHAT
-            span, self._token = _start(self._tracer, name, SpanKind.CLIENT, attrs)
-            self._span = span
-            if span is not None and span.is_recording():
-                if self._request.max_output_tokens is not None:
-                    span.set_attribute(GEN_AI_REQUEST_MAX_TOKENS, self._request.max_output_tokens)
-                if self._request.temperature is not None:
-                    span.set_attribute(GEN_AI_REQUEST_TEMPERATURE, self._request.temperature)
-        self._start = time.perf_counter()
-        return self
+    def _open(self, tracer: Tracer) -> tuple[Span | None, Token[Context] | None]:
+        model = self._request.model
+        attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_CHAT, GEN_AI_CONVERSATION_ID: self._run_id,
+                             CUADERNO_RUN_ID: self._run_id, CUADERNO_STEP_ID: self._step_id}
+        if model:
+            attrs[GEN_AI_REQUEST_MODEL] = model
+        if self._provider:
+            attrs[GEN_AI_PROVIDER_NAME] = self._provider
+        span, token = _start(tracer, f"{OPERATION_CHAT} {model}" if model else OPERATION_CHAT, SpanKind.CLIENT, attrs)
+        if span is not None and span.is_recording():
+            if self._request.max_output_tokens is not None:
+                span.set_attribute(GEN_AI_REQUEST_MAX_TOKENS, self._request.max_output_tokens)
+            if self._request.temperature is not None:
+                span.set_attribute(GEN_AI_REQUEST_TEMPERATURE, self._request.temperature)
+        return span, token
 
     def response(self, resp: ModelResponse) -> None:
         self._response = resp
+        self._settled = True
         span = self._span
         if span is None or not span.is_recording():
             return
@@ -129,29 +103,7 @@ class _LiveModelCall(ModelCallSpan):
         except Exception:
             _log.exception("cuaderno telemetry: could not record a model response on its span")
 
-    def error(self, exc: BaseException) -> None:
-        self._error_type = error_type(exc)
-        try:
-            _mark_error(self._span, exc, self._error_type)
-        except Exception:
-            _log.exception("cuaderno telemetry: could not record a model call error on its span")
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        elapsed = time.perf_counter() - self._start
-        try:
-            if exc is not None and self._response is None and self._error_type is None:
-                self.error(exc)
-            if self._instruments is not None:
-                self._record_metrics(self._instruments, elapsed)
-        except Exception:
-            _log.exception("cuaderno telemetry: could not record model call metrics")
-        finally:
-            _finish(self._span, self._token)
-            self._span = None
-            self._token = None
-
-    def _record_metrics(self, inst: _Instruments, elapsed: float) -> None:
+    def _measure(self, inst: _Instruments, elapsed: float) -> None:
         base: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_CHAT}
         if self._provider:
             base[GEN_AI_PROVIDER_NAME] = self._provider

@@ -90,11 +90,7 @@ class _LivePass(AgentPassSpan):
                 except StopAsyncIteration:
                     return
                 except BaseException as exc:
-                    if span is not None:
-                        try:
-                            _mark_error(span, exc, error_type(exc))
-                        except Exception:
-                            _log.exception("cuaderno telemetry: could not record a pass error on its span")
+                    _mark_error(span, exc, error_type(exc), "pass")
                     raise
                 finally:
                     if token is not None:

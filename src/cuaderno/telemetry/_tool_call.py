@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from contextvars import Token
-from types import TracebackType
 from typing import Final
 
 from opentelemetry.context import Context
@@ -22,10 +20,10 @@ from cuaderno.telemetry._names import (
     Attributes,
 )
 from cuaderno.telemetry._otel import _Instruments, _instruments, _tracer
-from cuaderno.telemetry._spans import _finish, _log, _mark_error, _start, error_type
+from cuaderno.telemetry._spans import _CallSpan, _LiveCall, _start
 
 
-class ToolCallSpan:
+class ToolCallSpan(_CallSpan):
     """The handle :func:`tool_call` yields. This base class is the do-nothing one.
 
     Call :meth:`ok` or :meth:`error`. Leaving the block normally counts as :meth:`ok`. An
@@ -37,83 +35,37 @@ class ToolCallSpan:
     def ok(self) -> None:
         """The tool returned a result. The span status stays ``UNSET``, as the conventions ask."""
 
-    def error(self, exc: BaseException) -> None:
-        """Record a failure: span status ``ERROR`` and ``error.type``.
-
-        Args:
-            exc: the failure; a :class:`~cuaderno.errors.ToolError` reports its ``error_class``.
-        """
-
-    def __enter__(self) -> ToolCallSpan:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        return None
-
 
 _NOOP_TOOL_CALL: Final = ToolCallSpan()
 
 
-class _LiveToolCall(ToolCallSpan):
-    __slots__ = ("_call_id", "_error_type", "_instruments", "_name", "_run_id", "_settled", "_span", "_start",
-                 "_step_id", "_token", "_tracer")
+class _LiveToolCall(_LiveCall, ToolCallSpan):
+    __slots__ = ("_call_id", "_name")
+    _what = "tool call"
 
     def __init__(self, tracer: Tracer | None, instruments: _Instruments | None, name: str, run_id: str,
                  step_id: str, call_id: str | None) -> None:
-        self._tracer = tracer
-        self._instruments = instruments
+        super().__init__(tracer, instruments, run_id, step_id)
         self._name = name
-        self._run_id = run_id
-        self._step_id = step_id
         self._call_id = call_id
-        self._span: Span | None = None
-        self._token: Token[Context] | None = None
-        self._start = 0.0
-        self._settled = False
-        self._error_type: str | None = None
 
-    def __enter__(self) -> ToolCallSpan:
-        if self._tracer is not None:
-            attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, GEN_AI_TOOL_NAME: self._name,
-                                 GEN_AI_CONVERSATION_ID: self._run_id, CUADERNO_RUN_ID: self._run_id,
-                                 CUADERNO_STEP_ID: self._step_id}
-            if self._call_id:
-                attrs[GEN_AI_TOOL_CALL_ID] = self._call_id
-            self._span, self._token = _start(self._tracer, f"{OPERATION_EXECUTE_TOOL} {self._name}",
-                                             SpanKind.INTERNAL, attrs)
-        self._start = time.perf_counter()
-        return self
+    def _open(self, tracer: Tracer) -> tuple[Span | None, Token[Context] | None]:
+        attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, GEN_AI_TOOL_NAME: self._name,
+                             GEN_AI_CONVERSATION_ID: self._run_id, CUADERNO_RUN_ID: self._run_id,
+                             CUADERNO_STEP_ID: self._step_id}
+        if self._call_id:
+            attrs[GEN_AI_TOOL_CALL_ID] = self._call_id
+        return _start(tracer, f"{OPERATION_EXECUTE_TOOL} {self._name}", SpanKind.INTERNAL, attrs)
 
     def ok(self) -> None:
         self._settled = True
         self._error_type = None
 
-    def error(self, exc: BaseException) -> None:
-        self._settled = True
-        self._error_type = error_type(exc)
-        try:
-            _mark_error(self._span, exc, self._error_type)
-        except Exception:
-            _log.exception("cuaderno telemetry: could not record a tool error on its span")
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        elapsed = time.perf_counter() - self._start
-        try:
-            if exc is not None and not self._settled:
-                self.error(exc)
-            if self._instruments is not None:
-                attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, GEN_AI_TOOL_NAME: self._name}
-                if self._error_type is not None:
-                    attrs[ERROR_TYPE] = self._error_type
-                self._instruments.tool_duration.record(elapsed, attrs)
-        except Exception:
-            _log.exception("cuaderno telemetry: could not record tool call metrics")
-        finally:
-            _finish(self._span, self._token)
-            self._span = None
-            self._token = None
+    def _measure(self, inst: _Instruments, elapsed: float) -> None:
+        attrs: Attributes = {GEN_AI_OPERATION_NAME: OPERATION_EXECUTE_TOOL, GEN_AI_TOOL_NAME: self._name}
+        if self._error_type is not None:
+            attrs[ERROR_TYPE] = self._error_type
+        inst.tool_duration.record(elapsed, attrs)
 
 
 def tool_call(name: str, *, run_id: str, step_id: str, call_id: str | None = None) -> ToolCallSpan:
