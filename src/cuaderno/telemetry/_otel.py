@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Callable
+from typing import Final, Generic, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
@@ -47,25 +48,90 @@ class _Instruments:
             METRIC_UNPRICED_CALLS, unit="{call}", description="Model calls whose cost is unknown (unpriced).")
 
 
-class _State:
-    """Which providers to use, and what was resolved from them (cached per provider object)."""
+_MISSING: Final = object()
+_P = TypeVar("_P")  # a tracer or a meter provider
+_R = TypeVar("_R")  # what is resolved from it: a tracer, the instruments
 
-    __slots__ = ("meter_env_read", "meter_provider", "meters", "tracer_env_read", "tracer_provider", "tracers")
 
-    def __init__(self) -> None:
-        self.tracer_provider: TracerProvider | None = None
-        self.meter_provider: MeterProvider | None = None
+class _Resolver(Generic[_P, _R]):
+    """One kind of provider (tracer or meter): which one to use now, and what was resolved from it
+    (a tracer, the instruments), cached per provider object."""
+
+    __slots__ = ("_api", "_env_read", "_get_global", "_global_name", "_resolve", "configured", "resolved")
+
+    def __init__(self, api: object, global_name: str, get_global: Callable[[], _P],
+                 resolve: Callable[[_P], _R | None]) -> None:
+        self.configured: _P | None = None
         # (provider, resolved): one tuple, replaced atomically, so threads never see a torn pair.
-        self.tracers: tuple[object, Tracer | None] = (None, None)
-        self.meters: tuple[object, _Instruments | None] = (None, None)
+        self.resolved: tuple[object, _R | None] = (None, None)
         # Whether the API's public getter ran once (it loads a provider named by
         # OTEL_PYTHON_{TRACER,METER}_PROVIDER the first time it is asked).
-        self.tracer_env_read = False
-        self.meter_env_read = False
+        self._env_read = False
+        self._api = api
+        self._global_name = global_name
+        self._get_global = get_global
+        self._resolve = resolve
+
+    def use(self, provider: _P | None) -> None:
+        self.configured = provider
+        self.resolved = (None, None)
+
+    def get(self) -> _R | None:
+        """What to use now, or ``None`` when this signal is the API's no-op."""
+        provider = self.configured
+        if provider is None:
+            # The API's public getters test ``name in os.environ`` on every call while no global
+            # provider is set, which costs about 2 us (a KeyError raised and caught inside
+            # ``os.environ``). Once the getter has run, the module global it reads is checked
+            # directly instead. If a later API renames that private global, ``getattr`` finds
+            # nothing and the public getter is used: still correct.
+            if self._env_read and getattr(self._api, self._global_name, _MISSING) is None:
+                return None
+            provider = self._get_global()
+            self._env_read = True
+        seen, resolved = self.resolved
+        if provider is seen:
+            return resolved
+        resolved = self._resolve(provider)
+        self.resolved = (provider, resolved)
+        return resolved
 
 
-_state = _State()
-_MISSING: Final = object()
+def _version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("cuaderno")
+    except Exception:  # not installed as a distribution (a source checkout on sys.path)
+        return None
+
+
+def _resolve_tracer(provider: TracerProvider) -> Tracer | None:
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None  # no SDK yet: the next call looks again, so a provider set later is picked up
+    tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
+    return None if isinstance(tracer, trace.NoOpTracer) else tracer  # e.g. the SDK with OTEL_SDK_DISABLED=true
+
+
+def _resolve_instruments(provider: MeterProvider) -> _Instruments | None:
+    # The API's proxy for "no provider set yet" is private; its name is checked, not its type.
+    # Should it ever be renamed, the proxy is merely treated as real: correct, only slower.
+    if isinstance(provider, metrics.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider":
+        return None
+    meter = provider.get_meter(INSTRUMENTATION_NAME, _version())
+    return None if isinstance(meter, metrics.NoOpMeter) else _Instruments(meter)
+
+
+_tracers: Final = _Resolver[TracerProvider, Tracer](trace, "_TRACER_PROVIDER", trace.get_tracer_provider,
+                                                    _resolve_tracer)
+_meters: Final = _Resolver[MeterProvider, _Instruments](_metrics_internal, "_METER_PROVIDER",
+                                                        metrics.get_meter_provider, _resolve_instruments)
+
+# Called once per model or tool call: the bound methods themselves, no call more.
+_tracer: Final = _tracers.get
+"""The tracer to use now, or ``None`` when tracing is the API's no-op."""
+_instruments: Final = _meters.get
+"""The instruments to use now, or ``None`` when metrics are the API's no-op."""
 
 
 def configure(*, tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None) -> None:
@@ -78,82 +144,5 @@ def configure(*, tracer_provider: TracerProvider | None = None, meter_provider: 
         tracer_provider: where cuaderno's spans go; ``None`` means the global tracer provider.
         meter_provider: where cuaderno's metrics go; ``None`` means the global meter provider.
     """
-    _state.tracer_provider = tracer_provider
-    _state.meter_provider = meter_provider
-    _state.tracers = (None, None)
-    _state.meters = (None, None)
-
-
-def _version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("cuaderno")
-    except Exception:  # not installed as a distribution (a source checkout on sys.path)
-        return None
-
-
-# The API's public getters test ``name in os.environ`` on every call while no global provider is
-# set, which costs about 2 us (a KeyError raised and caught inside ``os.environ``). Once the
-# getter has run, the module global it reads is checked directly instead. If a later API renames
-# that private global, ``getattr`` finds nothing and the public getter is used: still correct.
-
-def _global_tracer_provider() -> TracerProvider | None:
-    if _state.tracer_env_read and getattr(trace, "_TRACER_PROVIDER", _MISSING) is None:
-        return None
-    provider = trace.get_tracer_provider()
-    _state.tracer_env_read = True
-    return provider
-
-
-def _global_meter_provider() -> MeterProvider | None:
-    if _state.meter_env_read and getattr(_metrics_internal, "_METER_PROVIDER", _MISSING) is None:
-        return None
-    provider = metrics.get_meter_provider()
-    _state.meter_env_read = True
-    return provider
-
-
-def _tracer() -> Tracer | None:
-    """The tracer to use now, or ``None`` when tracing is the API's no-op."""
-    provider = _state.tracer_provider
-    if provider is None:
-        provider = _global_tracer_provider()
-        if provider is None:
-            return None
-    seen, tracer = _state.tracers
-    if provider is seen:
-        return tracer
-    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        tracer = None  # no SDK yet: the next call looks again, so a provider set later is picked up
-    else:
-        tracer = provider.get_tracer(INSTRUMENTATION_NAME, _version())
-        if isinstance(tracer, trace.NoOpTracer):  # e.g. the SDK with OTEL_SDK_DISABLED=true
-            tracer = None
-    _state.tracers = (provider, tracer)
-    return tracer
-
-
-def _is_noop_meter_provider(provider: MeterProvider) -> bool:
-    # The API's proxy for "no provider set yet" is private; its name is checked, not its type.
-    # Should it ever be renamed, the proxy is merely treated as real: correct, only slower.
-    return isinstance(provider, metrics.NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider"
-
-
-def _instruments() -> _Instruments | None:
-    """The instruments to use now, or ``None`` when metrics are the API's no-op."""
-    provider = _state.meter_provider
-    if provider is None:
-        provider = _global_meter_provider()
-        if provider is None:
-            return None
-    seen, instruments = _state.meters
-    if provider is seen:
-        return instruments
-    instruments = None
-    if not _is_noop_meter_provider(provider):
-        meter = provider.get_meter(INSTRUMENTATION_NAME, _version())
-        if not isinstance(meter, metrics.NoOpMeter):
-            instruments = _Instruments(meter)
-    _state.meters = (provider, instruments)
-    return instruments
+    _tracers.use(tracer_provider)
+    _meters.use(meter_provider)
