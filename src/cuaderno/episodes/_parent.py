@@ -18,7 +18,16 @@ from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.durable.effect import Effect, effect_key
 from cuaderno.durable.log import JournalLog
 from cuaderno.episodes._children import ChildPass, ChildRunner
-from cuaderno.episodes._records import Apply, Decide, Decision, EpisodeResult, Lookup, PassRecord, T
+from cuaderno.episodes._records import (
+    Apply,
+    Decide,
+    Decision,
+    EpisodeResult,
+    Lookup,
+    PassRecord,
+    T,
+    _PassTotals,
+)
 from cuaderno.errors import (
     CuadernoError,
     DrainOnOldWorker,
@@ -48,12 +57,8 @@ async def _maybe_await(value: Any) -> Any:
 
 
 @dataclass(kw_only=True, slots=True)
-class _Tally:
+class _Tally(_PassTotals):
     passes: list[PassRecord] = field(default_factory=list[PassRecord])
-
-    @property
-    def rejected(self) -> int:
-        return sum(p.rejected for p in self.passes)
 
 
 class _ParentRun(Generic[T]):
@@ -344,8 +349,7 @@ class _ParentRun(Generic[T]):
 
     def _totals(self) -> dict[str, Any]:
         t = self.tally
-        return {"passes": len(t.passes), "turns": sum(p.turns for p in t.passes), "rejected": t.rejected,
-                "cost_usd": round(sum(p.cost_usd for p in t.passes), 10)}
+        return {"passes": len(t.passes), "turns": t.turns, "rejected": t.rejected, "cost_usd": t.cost_usd}
 
     # -- the journal ------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ look an apply up (:meth:`cuaderno.episodes.episode.Episode.run`)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -67,22 +67,12 @@ class PassRecord:
     """The decision's reason, the validation errors, or why the child ended."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EpisodeResult(Generic[T]):
-    """How an episode ended, with everything it spent (all counted per episode)."""
+class _PassTotals:
+    """What a run of passes spent, summed over its :attr:`passes` (an episode's result, and the
+    parent's tally while it walks)."""
 
-    status: Literal["applied", "discarded", "exhausted", "failed"]
-    reason: str
-    """``applied``/``discarded``: the decision's reason; ``exhausted``: the budget that ran out
-    (``turns_per_pass``, ``passes``, ``rejected_responses``, or a child loop's own bound);
-    ``failed``: what failed (``child_failed``, ``apply_failed``)."""
-    proposal: T | None
-    """The last valid proposal (the applied one when ``status == "applied"``)."""
-    receipt: Any = None
-    """What the apply callback (or its lookup, or a person) returned."""
-    passes: tuple[PassRecord, ...] = ()
-    replayed: bool = False
-    """The parent run was already closed: this is what happened, read from its journal."""
+    __slots__ = ()
+    passes: Sequence[PassRecord]
 
     @property
     def turns(self) -> int:
@@ -108,6 +98,24 @@ class EpisodeResult(Generic[T]):
     def possibly_billed_twice(self) -> int:
         """Re-sends after a crash in flight, in every pass."""
         return sum(p.possibly_billed_twice for p in self.passes)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpisodeResult(_PassTotals, Generic[T]):
+    """How an episode ended, with everything it spent (all counted per episode)."""
+
+    status: Literal["applied", "discarded", "exhausted", "failed"]
+    reason: str
+    """``applied``/``discarded``: the decision's reason; ``exhausted``: the budget that ran out
+    (``turns_per_pass``, ``passes``, ``rejected_responses``, or a child loop's own bound);
+    ``failed``: what failed (``child_failed``, ``apply_failed``)."""
+    proposal: T | None
+    """The last valid proposal (the applied one when ``status == "applied"``)."""
+    receipt: Any = None
+    """What the apply callback (or its lookup, or a person) returned."""
+    passes: tuple[PassRecord, ...] = ()
+    replayed: bool = False
+    """The parent run was already closed: this is what happened, read from its journal."""
 
 
 Decide = Callable[[T], "Decision | Awaitable[Decision]"]
