@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn
 
 import typer
 from rich.console import Console
@@ -23,9 +23,15 @@ from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quo
 from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
 
-__all__ = ["DEFAULT_DB", "ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "NotFound", "Options", "Refused",
+__all__ = ["DEFAULT_DB", "ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "ByOption", "NotFound", "Options",
+           "ReasonOption", "Refused", "RunArg",
            "check_sqlite_file", "exit_code", "fail", "normal_fingerprint", "opened", "print_json", "refusals",
            "say_error", "stdout"]
+
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
+"""The run a command acts on (every command that takes one names it the same way)."""
+ByOption = Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")]
+ReasonOption = Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")]
 
 USAGE_EXIT: Final = 2
 """The command line itself is wrong (an unknown option or command, a missing argument): click's code."""

@@ -14,6 +14,7 @@ They write nothing but what :mod:`cuaderno.harness` and :func:`cuaderno.cancella
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -21,7 +22,17 @@ import typer
 import cuaderno.harness as harness
 from cuaderno import _render as render
 from cuaderno._json import MAX_DEPTH
-from cuaderno.cli._common import USAGE_EXIT, fail, normal_fingerprint, opened, refusals, stdout
+from cuaderno.cli._common import (
+    USAGE_EXIT,
+    ByOption,
+    ReasonOption,
+    RunArg,
+    fail,
+    normal_fingerprint,
+    opened,
+    refusals,
+    stdout,
+)
 from cuaderno.cli._temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
 
 __all__ = ["approve", "cancel", "deny", "resolve"]
@@ -29,6 +40,9 @@ __all__ = ["approve", "cancel", "deny", "resolve"]
 
 _FINGERPRINT_HELP = ("The fingerprint of the arguments you were shown (from `cuaderno show`). The decision is "
                      "refused if the pending call has other arguments. Without it, the call printed here is bound.")
+_StepArg = Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
+                                                              "or its tool step id (t0000.tool00).")]
+_FingerprintOption = Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)]
 
 
 def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by: str | None, reason: str | None,
@@ -54,41 +68,27 @@ def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by
     render.render_decision(console, event)
 
 
-def approve(
-    ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
-    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
-                                                             "or its tool step id (t0000.tool00).")],
-    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
-    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
-    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
-    temporal: TemporalOption = None,
-) -> None:
-    """Approve a pending tool call; a worker (or the next resume) runs it exactly once."""
-    if temporal is not None:
-        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=True)
-    _decide(ctx, run, step, fingerprint, by, reason, approved=True)
+def _decision_command(name: str, approved: bool, doc: str) -> Callable[..., None]:
+    """``approve`` or ``deny``: the same arguments, the same path, the other decision."""
+    def command(ctx: typer.Context, run: RunArg, step: _StepArg, fingerprint: _FingerprintOption = None,
+                by: ByOption = None, reason: ReasonOption = None, temporal: TemporalOption = None) -> None:
+        if temporal is not None:
+            return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=approved)
+        _decide(ctx, run, step, fingerprint, by, reason, approved=approved)
+
+    command.__name__ = command.__qualname__ = name
+    command.__doc__ = doc
+    return command
 
 
-def deny(
-    ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
-    step: Annotated[str, typer.Argument(metavar="STEP", help="The approval step id (t0000.tool00.approval) "
-                                                             "or its tool step id (t0000.tool00).")],
-    fingerprint: Annotated[str | None, typer.Option("--fingerprint", metavar="FP", help=_FINGERPRINT_HELP)] = None,
-    by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")] = None,
-    reason: Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = None,
-    temporal: TemporalOption = None,
-) -> None:
-    """Reject a pending tool call; the next resume tells the model it was rejected."""
-    if temporal is not None:
-        return decide_on_temporal(temporal, run, step, fingerprint, by, reason, approved=False)
-    _decide(ctx, run, step, fingerprint, by, reason, approved=False)
+approve = _decision_command("approve", True,
+                            "Approve a pending tool call; a worker (or the next resume) runs it exactly once.")
+deny = _decision_command("deny", False, "Reject a pending tool call; the next resume tells the model it was rejected.")
 
 
 def cancel(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run: RunArg,
     reason: Annotated[str, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")] = "",
     by: Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who cancels, for the record.")] = None,
     temporal: TemporalOption = None,
@@ -118,7 +118,7 @@ def cancel(
 
 def resolve(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run: RunArg,
     step: Annotated[str, typer.Argument(metavar="STEP", help="The uncertain tool step (see `cuaderno show`).")],
     happened: Annotated[bool, typer.Option("--happened/--not-happened",
                                            help="What a person established in the receiving system.")],

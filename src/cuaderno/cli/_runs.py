@@ -19,7 +19,7 @@ import typer
 import cuaderno.harness as harness
 from cuaderno import _render as render
 from cuaderno.checkpoint import verified
-from cuaderno.cli._common import STATUSES, USAGE_EXIT, NotFound, fail, opened, print_json, refusals, stdout
+from cuaderno.cli._common import STATUSES, USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted
 
 __all__ = ["list_runs", "rebuild_summary", "run_state", "show", "status_command"]
@@ -51,7 +51,7 @@ def list_runs(
 
 def show(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run: RunArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")] = False,
     timeline: Annotated[bool, typer.Option("--timeline/--no-timeline",
                                            help="Show the journal's events in order, checked against the "
@@ -78,7 +78,7 @@ def show(
 
 def rebuild_summary(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run: RunArg,
     trust_journal: Annotated[bool, typer.Option(
         "--trust-journal", help="Rebuild even if the summary names events the journal does not hold (rows "
         "removed from its end look like that), ends before the journal's last row (nothing proves who wrote the "
@@ -97,7 +97,7 @@ def rebuild_summary(
 
 def status_command(
     ctx: typer.Context,
-    run: Annotated[str, typer.Argument(metavar="RUN", help="The run id.")],
+    run: RunArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a line.")] = False,
 ) -> None:
     """Say what a run is doing now: running (and who holds it), or what it waits for (a worker, an approval, a person)."""

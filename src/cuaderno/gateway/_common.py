@@ -7,7 +7,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import httpx2
 
@@ -20,6 +20,7 @@ from cuaderno.gateway.pricing import Prices, default_prices
 
 __all__ = [
     "LITELLM_COST_HEADER",
+    "adopted_client",
     "NO_KEY_PLACEHOLDER",
     "as_int",
     "capped_http_client",
@@ -204,6 +205,28 @@ def sdk_http_client(sdk_client: object) -> httpx2.AsyncClient:
         raise UsageError("cannot install max_body_bytes on the given SDK client (no httpx2.AsyncClient found); "
                          "pass http_client= instead of client=")
     return inner
+
+
+class _SdkClient(Protocol):
+    def with_options(self, *, max_retries: int) -> Any: ...
+
+
+_SDK = TypeVar("_SDK", bound=_SdkClient)
+
+
+def adopted_client(client: _SDK, *, base_url: str | None, api_key: str | None,
+                   http_client: httpx2.AsyncClient | None, max_body_bytes: int) -> _SDK:
+    """A caller's SDK client as a gateway uses it: a copy with the SDK's retries off (the caller's
+    keeps its own setting; both share the HTTP client, on which the body limit is installed).
+
+    Raises:
+        UsageError: ``base_url``, ``api_key`` or ``http_client`` was given too (they would be ignored).
+    """
+    if base_url is not None or api_key is not None or http_client is not None:
+        raise UsageError("pass either client= or base_url/api_key/http_client, not both")
+    sdk: _SDK = client.with_options(max_retries=0)
+    install_body_limit(sdk_http_client(sdk), max_body_bytes)
+    return sdk
 
 
 def reraise(exc: BaseException, provider: str) -> GatewayError:

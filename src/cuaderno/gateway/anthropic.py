@@ -38,16 +38,15 @@ import httpx2
 from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
+    adopted_client,
     as_int,
     capped_http_client,
     choose_cost,
     parse_body,
     parse_tool_call,
-    sdk_http_client,
     sha256_hex,
 )
 from cuaderno.gateway._errors import impossible_shape
-from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway._stream import AnthropicEvents, OnToken, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
@@ -120,11 +119,8 @@ class AnthropicGateway(SdkGateway):
                       http_client: httpx2.AsyncClient | None, timeout: float | httpx2.Timeout,
                       max_body_bytes: int) -> anthropic.AsyncAnthropic:
         if client is not None:
-            if base_url is not None or api_key is not None or http_client is not None:
-                raise UsageError("pass either client= or base_url/api_key/http_client, not both")
-            sdk = client.with_options(max_retries=0)
-            install_body_limit(sdk_http_client(sdk), max_body_bytes)
-            return sdk
+            return adopted_client(client, base_url=base_url, api_key=api_key, http_client=http_client,
+                                  max_body_bytes=max_body_bytes)
         hc = capped_http_client(http_client, default=anthropic.DefaultAsyncHttpxClient, timeout=timeout,
                                 max_body_bytes=max_body_bytes)
         key, token = _resolve_credentials(api_key, base_url)

@@ -28,17 +28,16 @@ from cuaderno.errors import UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
     KeyHeaders,
+    adopted_client,
     as_int,
     capped_http_client,
     choose_cost,
     key_header_names,
     parse_body,
     parse_tool_call,
-    sdk_http_client,
     sha256_hex,
 )
 from cuaderno.gateway._errors import impossible_shape
-from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway._stream import OnToken, OpenAIEvents, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
@@ -105,12 +104,8 @@ class OpenAIGateway(SdkGateway):
                       http_client: httpx2.AsyncClient | None, timeout: float | httpx2.Timeout,
                       max_body_bytes: int) -> openai.AsyncOpenAI:
         if client is not None:
-            if base_url is not None or api_key is not None or http_client is not None:
-                raise UsageError("pass either client= or base_url/api_key/http_client, not both")
-            # A copy, so the caller's client keeps its own retry setting; it shares the HTTP client.
-            sdk = client.with_options(max_retries=0)
-            install_body_limit(sdk_http_client(sdk), max_body_bytes)
-            return sdk
+            return adopted_client(client, base_url=base_url, api_key=api_key, http_client=http_client,
+                                  max_body_bytes=max_body_bytes)
         key = _resolve_key(api_key, base_url)
         hc = capped_http_client(http_client, default=openai.DefaultAsyncHttpxClient, timeout=timeout,
                                 max_body_bytes=max_body_bytes)
