@@ -20,6 +20,7 @@ from cuaderno import (
     ErrorClass,
     ModelRequest,
     ModelResponse,
+    ReplayDivergence,
     RunCancelled,
     RunClosed,
     ScriptedGateway,
@@ -588,3 +589,22 @@ async def test_the_parent_takes_and_releases_the_run_through_the_sessions_owners
         assert result.status == "applied"
         parent = [c for c in own.calls if c[1] == RUN]
         assert parent == [("acquire", RUN), ("release", RUN)]
+
+
+async def test_a_parent_resumed_under_another_tenant_is_refused_and_nothing_is_written(
+        tmp_path: Path, snapshot: Path) -> None:
+    """The parent checks what the runner checks before it goes on (durable.opening): every effect
+    key holds the tenant, so a run started under one is never resumed under another."""
+    def apply(p: Answer, key: str) -> dict[str, Any]:
+        raise OSError("connection reset while writing")  # the run stops needs_human, open
+
+    episode = Episode(name="find", instructions="Read and answer.", output=Answer)
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        with pytest.raises(UncertainEffect):
+            await episode.run(TASK, session=Session(RUN, by_pass({1: [good()]}), store, tenant="acme"),
+                              snapshot=snapshot, decide=accept, apply=apply)
+        before = [e.row_hash for e in store.load(RUN)]
+        with pytest.raises(ReplayDivergence, match="tenant"):
+            await episode.run(TASK, session=Session(RUN, by_pass({1: [good()]}), store, tenant="globex"),
+                              snapshot=snapshot, decide=accept, apply=apply)
+        assert [e.row_hash for e in store.load(RUN)] == before

@@ -17,6 +17,7 @@ from cuaderno.cancellation import finalize
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.durable.effect import Effect, effect_key
 from cuaderno.durable.log import JournalLog
+from cuaderno.durable.opening import check_reopened
 from cuaderno.episodes._children import ChildPass, ChildRunner
 from cuaderno.episodes._records import (
     Apply,
@@ -113,8 +114,7 @@ class _ParentRun(Generic[T]):
                                                   "tenant": self.s.tenant, "episode": self.e.name})])
         else:
             cp, events = verified(self.store, self.run_id)
-            if cp.task_fingerprint != task_fp:
-                raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
+            check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.s.tenant)  # as the runner does
             if cp.versions != versions:
                 self._version_mismatch(cp.versions, versions)
             if cp.status in ("completed", "failed", "cancelled"):

@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 from cuaderno import faults, telemetry
 from cuaderno.cancellation import cancel, finalize, in_flight
 from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.durable.opening import check_reopened
 from cuaderno.errors import (
     BudgetExceeded,
     DrainOnOldWorker,
@@ -48,14 +49,12 @@ from cuaderno.errors import (
     ReplayDivergence,
     RunCancelled,
     RunClosed,
-    SchemaTooNew,
     ToolError,
     UncertainEffect,
     VersionMismatch,
 )
 from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
 from cuaderno.fingerprint import fingerprint
-from cuaderno.journal.base import EVENT_SCHEMA_VERSION
 from cuaderno.loop import _snapshots
 from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, tool_message
@@ -150,11 +149,6 @@ class Runner(ModelSteps, ToolSteps):
         1000-turn run).
         """
         cp, events = verified(self.store, self.run_id)
-        recorded = cp.versions.get("schema")
-        if type(recorded) is int and recorded > EVENT_SCHEMA_VERSION:
-            # Not a version choice: events of a newer schema may not mean what this code reads
-            # in them, so no on_version_mismatch (not even "resume") may replay them.
-            raise SchemaTooNew(recorded, EVENT_SCHEMA_VERSION, what=f"run {self.run_id!r}: event schema")
         closed = self._check_resumable(cp, task_fp, versions)
         if closed is not None:
             return closed
@@ -206,13 +200,9 @@ class Runner(ModelSteps, ToolSteps):
                                f"the end of the run at max_turns={self.agent.max_turns} without reaching it")
 
     def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
-        if cp.task_fingerprint != task_fp:
-            raise ReplayDivergence(self.run_id, "run", f"task {cp.task_fingerprint}", f"task {task_fp}")
-        if cp.tenant is not None and cp.tenant != self.s.tenant:
-            # Every effect key holds the tenant: resumed under another, the run's effects would
-            # carry two identities. Checked before anything is written (a migration, a cancel
-            # request). Runs journaled before the tenant was recorded are not checked.
-            raise ReplayDivergence(self.run_id, "run", f"tenant {cp.tenant!r}", f"tenant {self.s.tenant!r}")
+        # Before anything is written (a migration, a cancel request); the schema before any
+        # version choice (not even "resume" may replay events of a newer schema).
+        check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.s.tenant)
         if cp.status == "completed":
             return self._closed_answer(cp, versions)
         if cp.status in ("failed", "cancelled"):
