@@ -1,5 +1,6 @@
 """A program that is not cuaderno's runner and keeps cuaderno's promises through the public
-protocol alone (``cuaderno.durable``): one model call, then one payment, on a SQLite journal.
+protocol alone (``cuaderno.durable``): it opens its run (``open_run``), makes one model call,
+then one payment, on a SQLite journal.
 
 Usage: ``python _caller.py JOURNAL BILLING RECEIPTS`` (``CUADERNO_CRASH_AT`` may kill it at a
 named point). The fake provider appends one line per request it answers (with the key it was
@@ -17,8 +18,8 @@ import random
 import sys
 from typing import Any
 
-from cuaderno import RetryPolicy, SqliteCheckpointer, StepEvent
-from cuaderno.durable import Effect, JournalLog, ModelCall
+from cuaderno import RetryPolicy, SqliteCheckpointer
+from cuaderno.durable import Effect, ModelCall, open_run
 from cuaderno.gateway.base import ModelResponse
 
 RUN = "outside"
@@ -40,11 +41,12 @@ def _lines(path: str) -> list[dict[str, Any]]:
 
 async def main(journal: str, billing: str, receipts: str) -> None:
     store = SqliteCheckpointer(journal)
-    if store.checkpoint(RUN) is None:
-        store.append([StepEvent(run_id=RUN, step_id="run", phase="start", kind="run",
-                                payload={"task": "pay the invoice", "versions": {}})])
-    epoch = store.acquire(RUN, "outside-caller")
-    log = JournalLog(store, RUN, epoch=epoch, index={(e.step_id, e.phase): e for e in store.load(RUN)})
+    opened = open_run(store, RUN, task="pay the invoice", task_fingerprint="pay-the-invoice", versions={},
+                      tenant="default", owner="outside-caller", start={"caller": "outside"})
+    if opened.closed:  # a run that ended answers from its journal: nothing runs again
+        store.close()
+        return
+    log = opened.log
 
     call = ModelCall(log, "t0000.model", key="req-outside-0", turn=0, fingerprint="request-0")
     answered = call.answered()
@@ -71,7 +73,8 @@ async def main(journal: str, billing: str, receipts: str) -> None:
     if log.get("t0000.tool00", "result") is None:
         await effect.run()
         log.commit()
-    store.release(RUN, epoch)
+    opened.finish("paid 42 to ana")
+    opened.release()
     store.close()
 
 

@@ -49,14 +49,15 @@ def test_a_killed_outside_caller_resumes_without_paying_or_paying_twice(tmp_path
     with SqliteCheckpointer(tmp_path / "runs.db", readonly=True) as store:
         cp = store.checkpoint("outside")
         events = {(e.step_id, e.phase): e for e in store.load("outside")}
-    assert cp is not None
+    assert cp is not None and cp.status == "completed" and cp.outcome is not None
+    assert cp.outcome["output"] == "paid 42 to ana"
     # A send in flight at a kill is counted as a second send whether or not it left (K2: it had
     # not; the journal cannot know): possibly billed twice, never billed twice unknowingly.
     assert events[("t0000.model", "result")].payload["sends"] == (2 if point in ("model.K2", "model.K5") else 1)
     result = events[("t0000.tool00", "result")].payload
     assert result["outcome"] == "ok" and result["value"] == {"paid": 42, "key": "eff-outside-pay"}
     assert result.get("counters", {}).get("reconciled") == (1 if point == "tool.K5" else None)
-    # A third process finds everything journaled: nothing is sent or paid again.
+    # A third process finds the run closed (open_run): nothing is sent or paid again.
     assert _run(tmp_path, None) == 0
     assert len(_lines(tmp_path / "billing.jsonl")) == len(billed)
     assert len(_lines(tmp_path / "receipts.jsonl")) == 1

@@ -4,6 +4,8 @@
   result; a send of unknown fate sent again with the same key, counted.
 - :mod:`cuaderno.durable.effect`: :class:`Effect`, intent with the effect key → body → result; an
   unknown outcome settled by a lookup or stopped as ``uncertain``, never guessed.
+- :mod:`cuaderno.durable.opening`: :func:`open_run`, what every loop does before it goes on with
+  a run (start it, or check it against the caller and take it over at a new epoch).
 - :mod:`cuaderno.durable.log`: :class:`StepLog`, what they write through, and :class:`JournalLog`,
   the one a caller that is not cuaderno's runner uses (one ``append`` per commit).
 
@@ -14,5 +16,7 @@ results only through these modules (a test reads every module of the package to 
 from cuaderno.durable.effect import BodyBug, Effect, Settled
 from cuaderno.durable.log import JournalLog, StepLog
 from cuaderno.durable.model_call import ModelCall, Retrying, Sent
+from cuaderno.durable.opening import Opened, open_run
 
-__all__ = ["BodyBug", "Effect", "JournalLog", "ModelCall", "Retrying", "Sent", "Settled", "StepLog"]
+__all__ = ["BodyBug", "Effect", "JournalLog", "ModelCall", "Opened", "Retrying", "Sent", "Settled", "StepLog",
+           "open_run"]

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
 from cuaderno import faults
 from cuaderno._json import journalable
 from cuaderno.cancellation import finalize
-from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.checkpoint import Checkpoint
 from cuaderno.durable.effect import Effect, effect_key
 from cuaderno.durable.log import JournalLog
-from cuaderno.durable.opening import check_reopened
+from cuaderno.durable.opening import open_run
 from cuaderno.episodes._children import ChildPass, ChildRunner
 from cuaderno.episodes._records import (
     Apply,
@@ -34,7 +34,6 @@ from cuaderno.errors import (
     DrainOnOldWorker,
     ReplayDivergence,
     RunCancelled,
-    RunClosed,
     ToolResultInvalid,
     UsageError,
     VersionMismatch,
@@ -104,32 +103,20 @@ class _ParentRun(Generic[T]):
         finalize(self.store, self.run_id, self.epoch)
 
     def _open(self) -> EpisodeResult[T] | None:
-        task_fp = fingerprint({"task": self.task, "episode": self.e.name})
-        versions = self.e.versions()
-        cp = self.store.checkpoint(self.run_id)
-        if cp is None:
-            self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
-                                         name=self.e.name, fingerprint=task_fp,
-                                         payload={"task": self.task, "versions": versions,
-                                                  "tenant": self.s.tenant, "episode": self.e.name})])
-        else:
-            cp, events = verified(self.store, self.run_id)
-            check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.s.tenant)  # as the runner does
-            if cp.versions != versions:
-                self._version_mismatch(cp.versions, versions)
-            if cp.status in ("completed", "failed", "cancelled"):
-                return self._closed(cp, events)
-        try:
-            # Through the session's ownership, as the runner takes a run over (under Temporal the
-            # workflow owns it: no process holds).
-            self.epoch = self.s.ownership.acquire(self.store, self.run_id, self.s.owner,
-                                                  force=self.s.force_takeover, open_only=True)
-        except RunClosed:
-            cp, events = verified(self.store, self.run_id)
-            return self._closed(cp, events)
-        cp, events = verified(self.store, self.run_id)  # all that was committed before the takeover
-        self.cancel_requested = cp.cancel_requested is not None
-        self.journal = {(ev.step_id, ev.phase): ev for ev in events}
+        # The runner's opening (durable.opening): start or check the journaled run, then take it
+        # over through the session's ownership (under Temporal the workflow owns it: no process
+        # holds).
+        opened = open_run(self.store, self.run_id, task=self.task,
+                          task_fingerprint=fingerprint({"task": self.task, "episode": self.e.name}),
+                          versions=self.e.versions(), tenant=self.s.tenant, owner=self.s.owner, name=self.e.name,
+                          start={"episode": self.e.name}, on_version_mismatch=self._version_mismatch,
+                          holding=self.s.ownership, force=self.s.force_takeover)
+        self.journal = opened.log.index
+        if opened.closed:
+            return self._closed(opened.checkpoint)
+        assert opened.epoch is not None
+        self.epoch = opened.epoch
+        self.cancel_requested = opened.checkpoint.cancel_requested is not None
         return None
 
     def _version_mismatch(self, recorded: dict[str, Any], current: dict[str, Any]) -> NoReturn:
@@ -148,11 +135,8 @@ class _ParentRun(Generic[T]):
                          f"'drain', not {named}; it was started under {recorded}, this code is {current}; "
                          "nothing was written")
 
-    def _closed(self, cp: Checkpoint, events: list[StepEvent]) -> EpisodeResult[T]:
+    def _closed(self, cp: Checkpoint) -> EpisodeResult[T]:
         """A closed parent answers from its journal: nothing runs, nothing is written."""
-        if cp.status == "cancelled":
-            raise RunClosed(self.run_id, cp.status)
-        self.journal = {(ev.step_id, ev.phase): ev for ev in events}
         outcome = cp.outcome or {}
         for n in range(1, self.e.budgets.passes + 1):
             if self._ev(self._pass_id(n), "result") is None:
