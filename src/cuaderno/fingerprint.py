@@ -55,11 +55,20 @@ def _fast_ok(value: Any) -> bool:
     if t is dict:
         for k, v in value.items():
             # RFC 8785 sorts keys by UTF-16 code units, Python by code points: they agree below U+D800.
-            if type(k) is not str or (not k.isascii() and max(k) >= "\ud800") or not _fast_ok(v):
+            if type(k) is not str or (not k.isascii() and max(k) >= "\ud800"):
+                return False
+            # Leaves are checked here rather than by a call each: most values of a payload are
+            # strings, and this runs for every fingerprint of every step.
+            tv = type(v)
+            if not (tv is str or v is None or tv is bool) and not _fast_ok(v):
                 return False
         return True
     if t is list or t is tuple:
-        return all(_fast_ok(v) for v in value)
+        for v in value:
+            tv = type(v)
+            if not (tv is str or v is None or tv is bool) and not _fast_ok(v):
+                return False
+        return True
     return False
 
 

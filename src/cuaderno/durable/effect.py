@@ -78,8 +78,9 @@ def result_payload(outcome: str, value: Any = None, *, error: Mapping[str, Any] 
     """The payload of an effect step's result. An outcome the model is told about (a denial, a
     classified error) counts as the second attempt it asks for (seed 001 §2): a repair, a replan
     or a reflection; a compensation's result tells no model (``tells_the_model=False``)."""
-    kind = "reflects" if outcome == "denied" else _AFTER_ERROR.get(str((error or {}).get("error_class")))
-    counters = dict(counters or {})
+    kind = None if outcome == "ok" else (
+        "reflects" if outcome == "denied" else _AFTER_ERROR.get(str((error or {}).get("error_class"))))
+    counters = dict(counters) if counters else {}
     if outcome != "ok" and kind is not None and tells_the_model:
         counters = plus(counters, kind, 1)
     payload: dict[str, Any] = {"outcome": outcome}
@@ -223,7 +224,10 @@ class Effect:
 
     def __post_init__(self) -> None:
         first = self.log.get(self.step_id, "intent")
-        recorded = first.payload.get("effect_key") if first is not None else None
+        if first is None:  # the common case: a step never sent (no intents to count)
+            self._sends = 0
+            return
+        recorded = first.payload.get("effect_key")
         # A started step keeps the key it was first sent with, whatever this process would derive
         # now (a resume under another policy version): a lookup must ask about that key, and a
         # re-send must carry it, or the receiver sees a new effect and does it twice.
@@ -259,8 +263,11 @@ class Effect:
         if self._sends > 1:
             payload["attempt"] = attempt
             payload["after"] = after
-        self.log.stage(intent_event(self.log, self.step_id, self.tool, self._sends, payload, decision=self.decision,
-                                    fingerprint=self.fingerprint), *(("tool.K1",) if self._sends == 1 else ()))
+        sends = self._sends
+        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id,
+                                 phase="intent" if sends == 1 else f"intent.{sends}", kind="tool", name=self.tool,
+                                 decision=self.decision, fingerprint=self.fingerprint, payload=payload),
+                       *(("tool.K1",) if sends == 1 else ()))
 
     async def _execute(self, *, attempt: int, counters: Mapping[str, int] | None = None,
                        after: str | None = None) -> Settled:
@@ -268,7 +275,7 @@ class Effect:
         body that may already have run is run again (``absent``: a lookup proved the effect
         missing; ``unknown``: an idempotent tool whose outcome is unknown; ``not_happened``: a
         person settled it); it is journaled on the re-send's intent."""
-        counters = dict(counters or {})
+        counters = dict(counters) if counters else {}
         self._intend(attempt, after)
         retries = 0
         while True:
@@ -311,7 +318,7 @@ class Effect:
         faults.point("tool.K5")
         # The compensation to schedule if the run is cancelled is decided now and journaled with
         # the result, so a cancellation can list it from the journal alone.
-        return self._result("ok", value, counters=plus(counters, "retries", retries),
+        return self._result("ok", value, counters=plus(counters, "retries", retries) if retries else counters,
                             compensation=self.compensation(value))
 
     # -- an unknown outcome -----------------------------------------------------------------------
@@ -362,7 +369,10 @@ class Effect:
                 compensation: Mapping[str, Any] | None = None) -> Settled:
         payload = result_payload(outcome, value, error=error, effect_key=self.key, counters=counters,
                                  compensation=compensation, tells_the_model=self.tells_the_model)
-        stage_result(self.log, self.step_id, self.tool, payload, decision=self.decision, fingerprint=self.fingerprint)
+        # The payload was built here for this event: staged as it is (stage_result copies a caller's).
+        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="tool",
+                                 name=self.tool, decision=self.decision, fingerprint=self.fingerprint,
+                                 payload=payload), "tool.K6")
         return Settled(payload)
 
     def _uncertain(self, evidence: Mapping[str, Any]) -> NoReturn:

@@ -97,8 +97,10 @@ class ModelSteps(RunState):
                                charge=self.charge, extra=plan.intent_extra(first=call.sends() == 0))
         payload = call.finish(sent, require_tool=request.require_tool, output_type=self.agent.output_type,
                               extra=plan.on_result())
-        self.charge(payload["counters"])
-        self.charge({"escalations": len(sent.response.escalations)})  # the projection counts them from the response
+        if payload["counters"]:
+            self.charge(payload["counters"])
+        if sent.response.escalations:  # the projection counts them from the response
+            self.charge({"escalations": len(sent.response.escalations)})
         self._show(ModelStep(step_id=step_id, turn=turn, response=sent.response, idempotency_key=call.key,
                              attempts=sent.sends))
         return sent.response, payload

@@ -114,6 +114,10 @@ class RunState:
     def _drain(self) -> list[Step]:
         if not self.ready:
             return []  # the common case on replay: nothing was shown since the last drain
+        if self.ready[-1][1] <= self.flushes:  # the common case running: every step shown is committed
+            out = [step for step, _ in self.ready]
+            self.ready = []
+            return out
         out = [step for step, needs in self.ready if needs <= self.flushes]
         self.ready = [(step, needs) for step, needs in self.ready if needs > self.flushes]
         return out
