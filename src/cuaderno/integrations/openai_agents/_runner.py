@@ -1,0 +1,320 @@
+"""``DurableRunner``: the SDK's ``Runner.run``, with every model call and tool call journaled.
+
+``await DurableRunner(store, effects=...).run(agent, input, run_id=...)`` opens the run
+(:func:`cuaderno.durable.open_run`), then drives the SDK's own ``Runner.run`` on a copy of the
+agent whose model and function tools are wrapped (:mod:`._model`, :mod:`._tools`). Calling it
+again with the same run id, in any process, replays what is journaled (no model call paid twice,
+no effect run twice) and goes on from there; a run that ended answers from its journal.
+
+How a run stops, and what is left on disk:
+
+- completed: the final output (its text, and the structured value for an ``output_type``) is
+  the run's ``final`` record;
+- ``suspended``: a ``needs_approval`` tool interrupted the run; each pending call is a cuaderno
+  approval request bound to the fingerprint of its exact arguments. ``cuaderno approve`` (or
+  ``deny``) decides; the next ``run`` with the run id continues with the decision;
+- ``needs_human``: an effect's outcome cannot be known (:class:`~cuaderno.errors.UncertainEffect`
+  is raised, the evidence journaled); ``cuaderno resolve`` settles it and the next run goes on;
+- a model call that fails: a permanent, invalid or bug-class error ends the run ``failed``; a
+  transient or ambiguous one past the retry bounds leaves it open and released (the next run
+  sends the step again with the same key, counted). The error is raised either way;
+- any other error of the run (the SDK's ``MaxTurnsExceeded``, a guardrail, a tool bug) ends it
+  ``failed`` and is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agents import Agent, AgentOutputSchemaBase, Handoff, Model, RunConfig, Runner, RunResult
+from agents.items import ToolApprovalItem
+from agents.models.multi_provider import MultiProvider
+from agents.run import DEFAULT_MAX_TURNS
+from agents.tool import FunctionTool, Tool
+from pydantic import TypeAdapter
+
+from cuaderno import faults
+from cuaderno.durable import Opened, open_run
+from cuaderno.durable.effect import BodyBug
+from cuaderno.durable.model_call import Retrying
+from cuaderno.errors import (
+    ApprovalMismatch,
+    ErrorClass,
+    GatewayError,
+    JournalError,
+    UncertainEffect,
+    UsageError,
+)
+from cuaderno.events import StepEvent
+from cuaderno.fingerprint import fingerprint
+from cuaderno.integrations.openai_agents._definition import agent_fingerprint
+from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
+from cuaderno.integrations.openai_agents._model import DurableModel, DurableModelProvider, jsonable
+from cuaderno.integrations.openai_agents._state import RunShared
+from cuaderno.integrations.openai_agents._tools import arguments_of, call_fingerprint, tool_step_id, wrap_tool
+from cuaderno.journal.base import Checkpointer
+from cuaderno.loop.agent import RetryPolicy
+
+__all__ = ["DurableResult", "DurableRunner"]
+
+_ENDING = (ErrorClass.PERMANENT, ErrorClass.INVALID_INPUT, ErrorClass.BUG)
+"""Model-call failures that another send cannot fix: the run ends ``failed``."""
+
+
+@dataclass(slots=True)
+class DurableResult:
+    """How a :meth:`DurableRunner.run` call left the run.
+
+    ``status``: ``completed`` or ``suspended`` (approvals pending, listed in ``pending`` by
+    approval step id with the tool, arguments and fingerprint ``cuaderno approve`` binds).
+    ``final_output``: the agent's final output (the ``output_type`` value, rebuilt from the
+    journal when the run had already ended). ``result``: the SDK's own ``RunResult`` of this
+    process (``None`` when the run was answered from its journal: nothing ran)."""
+
+    run_id: str
+    status: Literal["completed", "suspended"]
+    final_output: Any = None
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    result: RunResult | None = None
+
+    @property
+    def replayed(self) -> bool:
+        """Whether the run had ended before this call (answered from the journal)."""
+        return self.result is None and self.status == "completed"
+
+
+class DurableRunner:
+    """Runs OpenAI Agents SDK agents durably on a cuaderno journal (see the module docstring).
+
+    Args:
+        store: the journal (``SqliteCheckpointer``, ``PostgresCheckpointer``...).
+        effects: each function tool's effect class by tool name (``"idempotent"``,
+            ``"non_idempotent"``, ``"effect_free"``, or ``lookup(fn)``); undeclared tools are
+            non-idempotent (an unknown outcome stops the run ``needs_human``).
+        tenant: in every effect key, recorded on the run (a resume under another is refused).
+        owner: who holds the run while it runs (default: host and pid).
+        retry: bounds on retries (unsent failures) and re-sends (ambiguous ones) of a step.
+        agent_version: the version label recorded on the run. ``None`` (default): the agent
+            definition's fingerprint, so a changed agent is a ``VersionMismatch``; a label you
+            choose keeps runs resumable across changes you declare compatible.
+        on_version_mismatch: ``"refuse"`` or ``"drain"`` (see :func:`cuaderno.durable.open_run`).
+    """
+
+    def __init__(self, store: Checkpointer, *, effects: Mapping[str, ToolEffect | str] | None = None,
+                 tenant: str = "default", owner: str | None = None, retry: Retrying | None = None,
+                 agent_version: str | None = None,
+                 on_version_mismatch: Literal["refuse", "drain"] = "refuse") -> None:
+        if not isinstance(store, Checkpointer):
+            raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
+        if not isinstance(tenant, str) or not tenant:
+            raise UsageError("tenant must be a non-empty string")
+        if agent_version is not None and (not isinstance(agent_version, str) or not agent_version):
+            raise UsageError("agent_version must be a non-empty string or None")
+        self.store = store
+        self.effects = resolve_effects(effects)
+        self.tenant = tenant
+        self.owner = owner or f"openai-agents@{socket.gethostname()}:{os.getpid()}"
+        self.retry: Retrying = retry or RetryPolicy()
+        self.agent_version = agent_version
+        self.on_version_mismatch = on_version_mismatch
+
+    async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
+                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:
+        """Run ``agent`` on ``input`` as run ``run_id``, or go on with it (module docstring).
+
+        ``input`` is a string or the SDK's list of input items (a multi-turn conversation); it is
+        the run's task: another input under the same run id is a ``ReplayDivergence``."""
+        if not isinstance(agent, Agent):
+            raise UsageError(f"agent must be an agents.Agent, got {type(agent).__name__}")
+        if not isinstance(run_id, str) or not run_id:
+            raise UsageError("run_id must be a non-empty string")
+        if not isinstance(input, (str, list)):
+            raise UsageError(f"input must be a string or a list of input items, got {type(input).__name__}")
+        unknown = sorted(set(self.effects) - _tool_names(agent))
+        if unknown:
+            raise UsageError(f"effects declared for tools the agent does not have: {', '.join(unknown)}")
+        task_json = jsonable(input)
+        versions = {"openai_agents": self.agent_version or agent_fingerprint(agent, self.effects)}
+        opened = open_run(self.store, run_id, task=input if isinstance(input, str) else json.dumps(task_json),
+                          task_fingerprint=fingerprint({"input": task_json}), versions=versions, tenant=self.tenant,
+                          owner=self.owner, name=agent.name, start={"framework": "openai-agents"},
+                          on_version_mismatch=self.on_version_mismatch)
+        if opened.closed:
+            return _answered(opened, agent)
+        shared = RunShared(log=opened.log, run_id=run_id, tenant=self.tenant, retry=self.retry)
+        try:
+            return await self._drive(opened, shared, agent, input, context, max_turns, run_config)
+        finally:
+            try:
+                opened.release()
+            except JournalError:  # fenced out or gone: the next holder takes it over regardless
+                pass
+
+    async def _drive(self, opened: Opened, shared: RunShared, agent: Agent[Any], input: str | list[Any],
+                     context: Any, max_turns: int, run_config: RunConfig | None) -> DurableResult:
+        config = run_config or RunConfig()
+        provider = config.model_provider if config.model_provider is not None else MultiProvider()
+        changes: dict[str, Any] = {"model_provider": DurableModelProvider(provider, shared)}
+        if isinstance(config.model, Model):
+            changes["model"] = DurableModel(config.model, shared)
+        config = dataclasses.replace(config, **changes)
+        wrapped = _wrap_agent(agent, shared, self.effects, {})
+        step: Any = list(input) if isinstance(input, list) else input
+        try:
+            while True:
+                result = await Runner.run(wrapped, step, context=context, max_turns=max_turns, run_config=config)
+                if not result.interruptions:
+                    final = result.final_output
+                    faults.point("final.K0")
+                    opened.finish(final if isinstance(final, str) else json.dumps(jsonable(final)),
+                                  structured=jsonable(final), agent=result.last_agent.name)
+                    faults.point("final.K7")
+                    return DurableResult(opened.run_id, "completed", final, result=result)
+                state = result.to_state()
+                pending = _ask(opened, shared, state, result.interruptions)
+                if pending:
+                    return DurableResult(opened.run_id, "suspended", pending=pending, result=result)
+                step = state
+        except BaseException as exc:
+            _end(opened, exc)
+            raise
+
+
+def _tool_names(agent: Agent[Any], seen: set[int] | None = None) -> set[str]:
+    seen = seen if seen is not None else set()
+    if id(agent) in seen:
+        return set()
+    seen.add(id(agent))
+    names = {t.name for t in agent.tools}
+    for h in agent.handoffs:
+        if isinstance(h, Agent):
+            names |= _tool_names(h, seen)
+    return names
+
+
+def _wrap_agent(agent: Agent[Any], shared: RunShared, effects: Mapping[str, ToolEffect],
+                done: dict[int, Agent[Any]]) -> Agent[Any]:
+    """A clone of ``agent`` with its model and function tools wrapped, handoffs too (as DBOS's
+    runner does: a ``Model`` instance on the agent bypasses the run's model provider)."""
+    if id(agent) in done:
+        return done[id(agent)]
+    tools: list[Tool] = [wrap_tool(t, effects.get(t.name, ToolEffect()), shared) if isinstance(t, FunctionTool) else t
+                         for t in agent.tools]
+    clone = agent.clone(tools=tools)
+    done[id(agent)] = clone
+    if isinstance(agent.model, Model) and not isinstance(agent.model, DurableModel):
+        clone.model = DurableModel(agent.model, shared)
+    handoffs: list[Agent[Any] | Handoff[Any, Any]] = []
+    for h in agent.handoffs:
+        if isinstance(h, Agent):
+            handoffs.append(_wrap_agent(h, shared, effects, done))
+        else:
+            handoffs.append(_wrap_handoff(h, shared, effects, done))
+    clone.handoffs = handoffs
+    return clone
+
+
+def _wrap_handoff(handoff: Handoff[Any, Any], shared: RunShared, effects: Mapping[str, ToolEffect],
+                  done: dict[int, Agent[Any]]) -> Handoff[Any, Any]:
+    original = handoff.on_invoke_handoff
+
+    async def invoke(*args: Any, **kwargs: Any) -> Agent[Any]:
+        return _wrap_agent(await original(*args, **kwargs), shared, effects, done)
+
+    return dataclasses.replace(handoff, on_invoke_handoff=invoke)
+
+
+def _ask(opened: Opened, shared: RunShared, state: Any, interruptions: list[ToolApprovalItem]) -> dict[str, dict[str, Any]]:
+    """Turn the SDK's interruptions into cuaderno approvals, or apply their decisions.
+
+    A call with no request on disk gets one (bound to the fingerprint of its exact arguments);
+    a decided one is approved or rejected on the SDK's state; the undecided are returned."""
+    log = opened.log
+    pending: dict[str, dict[str, Any]] = {}
+    for item in interruptions:
+        raw = item.raw_item
+        call_id = str(_field(raw, "call_id") or _field(raw, "id") or "")
+        name = item.tool_name or str(_field(raw, "name") or "")
+        args = arguments_of(str(_field(raw, "arguments") or ""))
+        args_fp = call_fingerprint(name, args)
+        step_id = tool_step_id(shared.turn, call_id)
+        appr_id = f"{step_id}.approval"
+        request = log.get(appr_id, "request")
+        if request is None:
+            log.stage(StepEvent(run_id=opened.run_id, step_id=appr_id, phase="request", kind="approval", name=name,
+                                decision="require_approval", fingerprint=args_fp,
+                                payload={"tool_step": step_id, "arguments": args,
+                                         "reason": "needs_approval (openai-agents)"}))
+            pending[appr_id] = {"tool": name, "arguments": args, "fingerprint": args_fp, "tool_step": step_id}
+            continue
+        if request.fingerprint != args_fp:
+            raise ApprovalMismatch(f"run {opened.run_id!r} step {appr_id!r}: the request bound {request.fingerprint}, "
+                                   f"the replayed call has {args_fp}")
+        decided = log.get(appr_id, "decision")
+        if decided is None:
+            pending[appr_id] = {"tool": name, "arguments": args, "fingerprint": args_fp, "tool_step": step_id}
+        elif decided.decision == "approved" and decided.fingerprint == args_fp:
+            state.approve(item)
+        else:
+            reason = decided.payload.get("reason") if decided.decision != "approved" else "approval bound other arguments"
+            state.reject(item, rejection_message=str(reason or "rejected by a person"))
+    faults.point("approval.K0")
+    log.commit()
+    faults.point("approval.K7")
+    return pending
+
+
+def _field(raw: Any, name: str) -> Any:
+    return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first of its causes that is a ``kind`` (the SDK wraps a tool's exception
+    in ``UserError``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _end(opened: Opened, exc: BaseException) -> None:
+    """Leave the run as the failure says (module docstring); never hide ``exc``."""
+    if not isinstance(exc, Exception) or _cause(exc, UncertainEffect) is not None \
+            or _cause(exc, JournalError) is not None:
+        return  # cancelled, uncertain (journaled: needs_human), or the journal itself: leave it open
+    bug = _cause(exc, BodyBug)
+    if isinstance(bug, BodyBug):
+        opened.log.commit()  # the bug's result is staged: journal it, then end the run
+        opened.fail(f"tool raised {type(bug.cause).__name__}: {bug.cause}"[:500])
+        return
+    gateway = _cause(exc, GatewayError)
+    if isinstance(gateway, GatewayError):
+        if gateway.error_class in _ENDING:
+            opened.fail(f"model call failed ({gateway.error_class.value}): {gateway}"[:500])
+        return  # transient or ambiguous past the bounds: open, the next run sends again with the key
+    opened.fail(f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _answered(opened: Opened, agent: Agent[Any]) -> DurableResult:
+    """A run that had ended: its final output from the journal (nothing runs)."""
+    cp = opened.checkpoint
+    outcome = cp.outcome or {}
+    if cp.status != "completed":
+        raise UsageError(f"run {opened.run_id!r} ended {cp.status}: {outcome.get('reason') or 'see cuaderno show'}")
+    value = outcome.get("structured", outcome.get("output"))
+    output_type = agent.output_type
+    if isinstance(output_type, AgentOutputSchemaBase):
+        value = output_type.validate_json(json.dumps(value))
+    elif output_type is not None and output_type is not str and value is not None:
+        value = TypeAdapter(output_type).validate_python(value)
+    return DurableResult(opened.run_id, "completed", value)

@@ -1,0 +1,34 @@
+"""What one durable run shares between its model wrapper and its tool wrappers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cuaderno.durable import JournalLog
+from cuaderno.durable.model_call import Retrying
+
+__all__ = ["POLICY_VERSION", "RunShared"]
+
+POLICY_VERSION = "openai-agents/1"
+"""Journaled on every effect intent, and part of every effect key: the rules the integration
+derives keys and step ids by. A later version that derives them otherwise changes it, so a run
+started under this one keeps the keys its intents hold (the effect protocol reads them back)."""
+
+
+@dataclass(slots=True)
+class RunShared:
+    """The run being driven: its journal, its identity, and the step counter.
+
+    ``model_steps`` counts the model calls this process has made or replayed, in the order the
+    SDK asks for them: the SDK's loop is deterministic given the same model responses and tool
+    outputs, and both are replayed from the journal, so the n-th call of a resume is the n-th call
+    of the first process (its request fingerprint is checked to prove it). ``turn`` is the model
+    step whose tool calls are running: a tool step is named after it and the model's call id, so
+    parallel calls get distinct, stable step ids whatever order they finish in."""
+
+    log: JournalLog
+    run_id: str
+    tenant: str
+    retry: Retrying
+    model_steps: int = 0
+    turn: int = -1

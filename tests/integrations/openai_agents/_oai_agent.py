@@ -1,0 +1,126 @@
+"""A real OpenAI Agents SDK agent run durably, as a process the kill tests SIGKILL.
+
+``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text]`` runs (or
+resumes) the run and prints one JSON line: ``{"status": "completed", "final": ...}``,
+``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}`` or
+``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point.
+
+The agent: three function tools taking the SDK's ``RunContextWrapper`` (the bank account and the
+ledger's address come from the run context), a structured ``output_type``, and the SDK's own
+``OpenAIChatCompletionsModel`` over an ``AsyncOpenAI`` client pointed at the fake provider.
+``transfer`` posts to the receipts server (which never deduplicates) and is declared with a
+lookup by effect key; ``balance`` only reads (effect-free); ``notify`` posts with no lookup
+(non-idempotent: an unknown outcome is ``needs_human``), and with ``--approval`` needs approval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+from cuaderno import SqliteCheckpointer
+from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
+from cuaderno.integrations.openai_agents import DurableRunner, EffectCall, effect_key, lookup
+from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
+
+
+@dataclass
+class Bank:
+    account: str
+    ledger_url: str
+
+
+class Summary(BaseModel):
+    transfers: int
+    total: int
+
+
+async def _post(ctx: RunContextWrapper[Bank], effect: str, args: dict[str, Any]) -> dict[str, Any]:
+    client = LedgerClient(ctx.context.ledger_url)
+    try:
+        return await asyncio.to_thread(client.post_effect, effect_key(), effect, args, effect_key())
+    except LedgerUnavailable as exc:
+        raise ToolError(str(exc), error_class=ErrorClass.TRANSIENT, sent=False) from exc
+    except LedgerReplyLost as exc:
+        raise ToolError(str(exc), error_class=ErrorClass.AMBIGUOUS, sent=True) from exc
+
+
+@function_tool
+async def transfer(ctx: RunContextWrapper[Bank], to: str, amount: int) -> dict[str, Any]:
+    """Send money from the bank's account."""
+    receipt = await _post(ctx, "transfer", {"from": ctx.context.account, "to": to, "amount": amount})
+    return {"receipt": receipt["receipt_id"], "to": to, "amount": amount}
+
+
+@function_tool
+async def balance(ctx: RunContextWrapper[Bank], account: str) -> int:
+    """Read an account's balance."""
+    return 1000
+
+
+async def find_transfer(call: EffectCall) -> dict[str, Any] | None:
+    found = await asyncio.to_thread(LedgerClient(LEDGER_URL).lookup, call.key)
+    if not found:
+        return None
+    r = found[0]
+    return {"receipt": r["id"] if "id" in r else r.get("receipt_id"), "to": call.arguments["to"],
+            "amount": call.arguments["amount"]}
+
+
+LEDGER_URL = ""
+
+
+def build(provider_url: str, *, approval: bool, structured: bool) -> Agent[Bank]:
+    @function_tool(needs_approval=approval)
+    async def notify(ctx: RunContextWrapper[Bank], message: str) -> str:
+        """Tell the operations channel."""
+        await _post(ctx, "notify", {"message": message})
+        return "notified"
+
+    client = AsyncOpenAI(base_url=provider_url, api_key="fake-key")
+    return Agent(name="treasurer", instructions="Make the transfers you are asked for, then summarise.",
+                 model=OpenAIChatCompletionsModel(model="fake-model", openai_client=client),
+                 tools=[transfer, balance, notify], output_type=Summary if structured else str)
+
+
+EFFECTS: dict[str, Any] = {"transfer": lookup(find_transfer), "balance": "effect_free"}
+
+
+async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, flags: list[str]) -> dict[str, Any]:
+    global LEDGER_URL
+    LEDGER_URL = ledger_url
+    set_tracing_disabled(True)
+    agent = build(provider_url, approval="--approval" in flags, structured="--text" not in flags)
+    store = SqliteCheckpointer(journal)
+    try:
+        runner = DurableRunner(store, effects=EFFECTS)
+        result = await runner.run(agent, "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", run_id=run_id,
+                                  context=Bank("treasury", ledger_url))
+    except UncertainEffect as exc:
+        return {"status": "needs_human", "step": exc.step_id}
+    except Exception as exc:  # report it: the test decides whether it is allowed
+        cause = exc.__cause__
+        while cause is not None and not isinstance(cause, UncertainEffect):
+            cause = cause.__cause__
+        if isinstance(cause, UncertainEffect):
+            return {"status": "needs_human", "step": cause.step_id}
+        return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        store.close()
+    if result.status == "suspended":
+        return {"status": "suspended", "pending": sorted(result.pending)}
+    final = result.final_output
+    return {"status": "completed", "final": final.model_dump() if isinstance(final, BaseModel) else final,
+            "replayed": result.replayed}
+
+
+if __name__ == "__main__":
+    out = asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]))
+    print(json.dumps(out), flush=True)
