@@ -10,7 +10,8 @@ ledger's address come from the run context), a structured ``output_type``, and t
 ``OpenAIChatCompletionsModel`` over an ``AsyncOpenAI`` client pointed at the fake provider.
 ``transfer`` posts to the receipts server (which never deduplicates) and is declared with a
 lookup by effect key; ``balance`` only reads (effect-free); ``notify`` posts with no lookup
-(non-idempotent: an unknown outcome is ``needs_human``), and with ``--approval`` needs approval.
+(non-idempotent: an unknown outcome is ``needs_human``); with ``--approval`` it needs approval
+and is declared with a lookup.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ async def find_transfer(call: EffectCall) -> dict[str, Any] | None:
             "amount": call.arguments["amount"]}
 
 
+async def find_notification(call: EffectCall) -> str | None:
+    found = await asyncio.to_thread(LedgerClient(LEDGER_URL).lookup, call.key)
+    return "notified" if found else None
+
+
 LEDGER_URL = ""
 
 
@@ -100,7 +106,8 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     agent = build(provider_url, approval="--approval" in flags, structured="--text" not in flags)
     store = SqliteCheckpointer(journal)
     try:
-        runner = DurableRunner(store, effects=EFFECTS)
+        effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
+        runner = DurableRunner(store, effects=effects)
         result = await runner.run(agent, "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", run_id=run_id,
                                   context=Bank("treasury", ledger_url))
     except UncertainEffect as exc:
