@@ -15,6 +15,8 @@ gets the same answer): the number of assistant messages in the conversation is t
 - turn 2: ``transfer`` (dave 40)
 - turn 3: ``transfer`` (erin 50) and ``notify`` (no lookup: non-idempotent)
 - turn 4: the final answer, as JSON when the request asks for a schema, else text.
+
+A request for the model ``status-NNN`` is answered with that HTTP error, unbilled.
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         body = json.loads(raw or b"{}")
+        model = str(body.get("model") or "")
+        if model.startswith("status-"):  # an error answer (not billed): "status-401", "status-500"
+            data = json.dumps({"error": {"message": f"fake {model}", "type": "fake", "code": None}}).encode()
+            self.send_response(int(model.split("-")[1]))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         turn, reply = answer(body)
         if self.server.delay:
             time.sleep(self.server.delay)

@@ -183,6 +183,9 @@ class DurableRunner:
                 step = state
         except BaseException as exc:
             _end(opened, exc)
+            uncertain = _cause(exc, UncertainEffect)
+            if uncertain is not None and uncertain is not exc:
+                raise uncertain from exc  # the SDK wraps a tool's exception in UserError: say what it is
             raise
 
 

@@ -1,0 +1,213 @@
+"""``DurableRunner`` in one process, through the SDK's real HTTP path to the fake provider: what a
+run is bound to (agent definition, input), how failures leave it, tool failures the SDK's way,
+multi-turn input, and bad input refused with a typed error before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _oai_harness import ProviderProcess, journal_events
+from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+
+from cuaderno import SqliteCheckpointer
+from cuaderno.errors import (
+    ErrorClass,
+    GatewayError,
+    ReplayDivergence,
+    ToolError,
+    UncertainEffect,
+    UsageError,
+    VersionMismatch,
+)
+from cuaderno.integrations.openai_agents import DurableRunner, ToolEffect, effect_key, lookup
+
+set_tracing_disabled(True)
+
+
+class Summary(BaseModel):
+    transfers: int
+    total: int
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProviderProcess]:
+    with ProviderProcess(tmp_path_factory.mktemp("oai-runner") / "billing.jsonl") as p:
+        yield p
+
+
+def agent(provider: ProviderProcess, *, model: str = "fake-model", transfer: Any = None, notify: Any = None,
+          instructions: str = "Make the transfers.") -> Agent[Any]:
+    sent: list[tuple[str, int, str]] = []
+
+    @function_tool
+    async def transfer_ok(ctx: RunContextWrapper[Any], to: str, amount: int) -> dict[str, Any]:
+        """Send money."""
+        sent.append((to, amount, effect_key()))
+        return {"to": to, "amount": amount}
+
+    @function_tool
+    async def balance(account: str) -> int:
+        """Read a balance."""
+        return 1000
+
+    @function_tool
+    async def notify_ok(message: str) -> str:
+        """Notify."""
+        return "notified"
+
+    t = transfer or transfer_ok
+    t.name = "transfer"
+    n = notify or notify_ok
+    n.name = "notify"
+    client = AsyncOpenAI(base_url=provider.url, api_key="k")
+    a = Agent(name="treasurer", instructions=instructions, tools=[t, balance, n], output_type=Summary,
+              model=OpenAIChatCompletionsModel(model=model, openai_client=client))
+    a.sent = sent  # type: ignore[attr-defined]
+    return a
+
+
+def run(store: SqliteCheckpointer, a: Agent[Any], input: Any = "pay", run_id: str = "r", **kw: Any) -> Any:
+    return asyncio.run(DurableRunner(store, effects={"balance": "effect_free"}, **kw).run(a, input, run_id=run_id))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteCheckpointer]:
+    s = SqliteCheckpointer(tmp_path / "j.db")
+    yield s
+    s.close()
+
+
+def test_completes_with_structured_output_and_answers_again_from_the_journal(provider: ProviderProcess,
+                                                                            store: SqliteCheckpointer) -> None:
+    a = agent(provider)
+    result = run(store, a)
+    assert result.status == "completed" and result.final_output == Summary(transfers=5, total=150)
+    keys = [k for _, _, k in a.sent]
+    assert len(keys) == 5 and len(set(keys)) == 5  # five transfers, five keys
+    billed = len(provider.bills())
+    again = run(store, agent(provider))
+    assert again.replayed and again.final_output == Summary(transfers=5, total=150)
+    assert len(provider.bills()) == billed  # nothing sent
+
+
+def test_keys_are_the_same_in_a_resume(provider: ProviderProcess, tmp_path: Path) -> None:
+    """The effect keys derive from the run and the step only: two stores, same run id, same keys."""
+    keys = []
+    for name in ("a", "b"):
+        s = SqliteCheckpointer(tmp_path / f"{name}.db")
+        a = agent(provider)
+        run(s, a)
+        s.close()
+        keys.append([k for _, _, k in a.sent])
+    assert keys[0] == keys[1]
+
+
+def test_a_changed_agent_is_a_version_mismatch_unless_a_version_is_chosen(provider: ProviderProcess,
+                                                                          store: SqliteCheckpointer) -> None:
+    with pytest.raises(GatewayError):
+        run(store, agent(provider, model="status-503"), run_id="v")  # open, resumable
+    with pytest.raises(VersionMismatch):
+        run(store, agent(provider, instructions="Something else."), run_id="v")
+    with pytest.raises(ReplayDivergence):
+        run(store, agent(provider, model="status-503"), input="another task", run_id="v")
+    run(store, agent(provider), run_id="w", agent_version="treasurer-1")
+    changed = run(store, agent(provider, instructions="Reworded."), run_id="w", agent_version="treasurer-1")
+    assert changed.replayed  # a label the caller chose: the run is the same version
+
+
+def test_a_permanent_provider_error_ends_the_run_failed_and_a_transient_one_leaves_it_open(
+        provider: ProviderProcess, store: SqliteCheckpointer) -> None:
+    with pytest.raises(GatewayError) as err:
+        run(store, agent(provider, model="status-401"), run_id="p")
+    assert err.value.error_class is ErrorClass.PERMANENT
+    cp = store.checkpoint("p")
+    assert cp is not None and cp.status == "failed"
+    with pytest.raises(GatewayError) as err:
+        run(store, agent(provider, model="status-503"), run_id="t", retry=_NoWait())
+    assert err.value.error_class is ErrorClass.TRANSIENT
+    cp = store.checkpoint("t")
+    assert cp is not None and cp.status == "running"
+    _released(store, "t")  # resumable by anyone, at once
+
+
+def _released(store: SqliteCheckpointer, run_id: str) -> None:
+    """Another owner takes the run without forcing: nobody holds it."""
+    epoch = store.acquire(run_id, "someone-else", force=False)
+    store.release(run_id, epoch)
+
+
+class _NoWait:
+    max_retries = 1
+    max_resends = 1
+
+    def delay(self, attempt: int, retry_after: float | None, rng: Any) -> float | None:
+        return 0.0
+
+
+def test_a_tool_exception_is_told_to_the_model_the_sdk_way_and_journaled(provider: ProviderProcess,
+                                                                         store: SqliteCheckpointer) -> None:
+    @function_tool
+    async def broken(to: str, amount: int) -> str:
+        """Send money."""
+        raise ValueError(f"no route to {to}")
+
+    result = run(store, agent(provider, transfer=broken), run_id="e")
+    assert result.status == "completed"
+    told = [e for e in journal_events(Path(store.path), "e") if e["kind"] == "tool" and e["phase"] == "result"
+            and e["step_id"] == "t0000.tool.call_0_0"]
+    # What the SDK's default failure function tells the model (0.24 keeps the exception's text out).
+    assert told and told[0]["payload"]["value"].startswith("An error occurred while running the tool")
+
+
+def test_an_ambiguous_failure_of_a_tool_without_lookup_stops_needs_human(provider: ProviderProcess,
+                                                                          store: SqliteCheckpointer) -> None:
+    @function_tool
+    async def lost(to: str, amount: int) -> str:
+        """Send money."""
+        raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+    with pytest.raises(UncertainEffect):
+        run(store, agent(provider, transfer=lost), run_id="u")
+    cp = store.checkpoint("u")
+    assert cp is not None and cp.status == "needs_human"
+    _released(store, "u")
+
+
+def test_multi_turn_input_list(provider: ProviderProcess, store: SqliteCheckpointer) -> None:
+    history = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+               {"role": "user", "content": "pay"}]
+    # One assistant message already: the script starts at its second turn (four transfers left).
+    result = run(store, agent(provider), input=history, run_id="m")
+    assert result.status == "completed"
+    assert sum(1 for e in journal_events(Path(store.path), "m") if e["kind"] == "model" and e["phase"] == "result") == 4
+
+
+def test_bad_input_is_refused_before_anything_is_written(provider: ProviderProcess, store: SqliteCheckpointer) -> None:
+    a = agent(provider)
+    with pytest.raises(UsageError, match="Checkpointer"):
+        DurableRunner("runs.db")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="needs its function"):
+        DurableRunner(store, effects={"transfer": "lookup"})
+    with pytest.raises(UsageError, match="kind"):
+        DurableRunner(store, effects={"transfer": "twice"})
+    with pytest.raises(UsageError, match="lookup"):
+        ToolEffect("lookup")
+    with pytest.raises(UsageError, match="does not have"):
+        asyncio.run(DurableRunner(store, effects={"nope": lookup(_none)}).run(a, "pay", run_id="x"))
+    with pytest.raises(UsageError, match="run_id"):
+        asyncio.run(DurableRunner(store).run(a, "pay", run_id=""))
+    with pytest.raises(UsageError, match="input"):
+        asyncio.run(DurableRunner(store).run(a, 42, run_id="x"))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="effect_key"):
+        effect_key()
+    assert store.checkpoint("x") is None
+
+
+async def _none(call: Any) -> None:
+    return None
