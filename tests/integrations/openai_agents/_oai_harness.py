@@ -52,6 +52,8 @@ class ProviderProcess:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(10)
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def run_agent(journal: Path, provider: str, ledger: str, run_id: str, *flags: str, crash_at: str | None = None,

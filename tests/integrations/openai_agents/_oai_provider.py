@@ -5,7 +5,8 @@ about model calls, independent of cuaderno's journal.
 /v1/chat/completions`` and prints ``PROVIDER READY port=<port>``. Before each reply it appends one
 line to FILE (written and fsynced): the request's number, its ``Idempotency-Key`` and
 ``X-Idempotency-Key`` headers (``null`` when absent), the turn it answered and the body's hash.
-It never deduplicates: a request sent twice is billed twice, as a provider that ignores the key.
+A ``[run=ID]`` in the first user message is billed as the request's ``run`` (how a peer's requests,
+which carry no key, are told apart). It never deduplicates: a request sent twice is billed twice, as a provider that ignores the key.
 
 The answers are a script, decided by the request alone (so a replay that sends the same request
 gets the same answer): the number of assistant messages in the conversation is the turn.
@@ -58,6 +59,10 @@ def answer(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                   "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}
 
 
+def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in body.get("messages") or [] if isinstance(m, dict)]
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -79,7 +84,9 @@ class _Handler(BaseHTTPRequestHandler):
         turn, reply = answer(body)
         if self.server.delay:
             time.sleep(self.server.delay)
-        self.server.bill({"key": self.headers.get("Idempotency-Key"), "x_key": self.headers.get("X-Idempotency-Key"),
+        first = next((m.get("content") for m in messages_of(body) if m.get("role") == "user"), "") or ""
+        run = first.split("[run=", 1)[1].split("]", 1)[0] if "[run=" in str(first) else None
+        self.server.bill({"run": run, "key": self.headers.get("Idempotency-Key"), "x_key": self.headers.get("X-Idempotency-Key"),
                           "turn": turn, "sha": hashlib.sha256(raw).hexdigest()[:16],
                           "retry_count": self.headers.get("x-stainless-retry-count")})
         data = json.dumps(reply).encode()
