@@ -96,7 +96,7 @@ def child(journal: str, provider_url: str, receipts_url: str, run_id: str) -> No
 
     async def find_transfer(call: EffectCall) -> dict[str, Any] | None:
         found = await asyncio.to_thread(LedgerClient(receipts_url).lookup, call.key)
-        return {"receipt": found[0]["id"], "to": call.arguments["to"], "amount": call.arguments["amount"]} \
+        return {"receipt": found[0]["receipt_id"], "to": call.arguments["to"], "amount": call.arguments["amount"]} \
             if found else None
 
     store = SqliteCheckpointer(journal)
@@ -127,7 +127,8 @@ def main() -> int:
             second = outcome(run_agent(journal, provider.url, receipts.url, run_id, script=ME))
             print(f"2. second process: {second['status']}, final output {json.dumps(second.get('final'))}")
             t = truth(journal, run_id, receipts.db_path, provider.bills())
-            transfers = Counter((r["request"]) for r in read_receipts(receipts.db_path) if r["effect"] == "transfer")
+            transfers = Counter(json.dumps(r["request"]["args"], sort_keys=True) for r in read_receipts(receipts.db_path)
+                                 if r["effect"] == "transfer")
             print(f"3. receipts: {t.effects['transfer']} transfers ({t.duplicated} duplicated), "
                   f"{t.effects['notify']} notification; model requests billed: {t.billed} for 5 steps, "
                   f"{t.rebilled_in_flight} re-billed in flight (journal counts {t.counted_twice} possibly billed "

@@ -71,7 +71,7 @@ async def find_transfer(call: EffectCall) -> dict[str, Any] | None:
     if not found:
         return None
     r = found[0]
-    return {"receipt": r["id"] if "id" in r else r.get("receipt_id"), "to": call.arguments["to"],
+    return {"receipt": r["receipt_id"], "to": call.arguments["to"],
             "amount": call.arguments["amount"]}
 
 
