@@ -20,6 +20,7 @@ from cuaderno.errors import (
     ErrorClass,
     GatewayError,
     ReplayDivergence,
+    RunClosed,
     ToolError,
     UncertainEffect,
     UsageError,
@@ -128,6 +129,10 @@ def test_a_permanent_provider_error_ends_the_run_failed_and_a_transient_one_leav
     assert err.value.error_class is ErrorClass.PERMANENT
     cp = store.checkpoint("p")
     assert cp is not None and cp.status == "failed"
+    billed = len(provider.bills())
+    with pytest.raises(RunClosed):  # ended: answered from the journal, nothing sent
+        run(store, agent(provider, model="status-401"), run_id="p")
+    assert len(provider.bills()) == billed
     with pytest.raises(GatewayError) as err:
         run(store, agent(provider, model="status-503"), run_id="t", retry=_NoWait())
     assert err.value.error_class is ErrorClass.TRANSIENT

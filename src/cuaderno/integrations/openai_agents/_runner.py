@@ -48,6 +48,7 @@ from cuaderno.errors import (
     ErrorClass,
     GatewayError,
     JournalError,
+    RunClosed,
     UncertainEffect,
     UsageError,
 )
@@ -182,7 +183,10 @@ class DurableRunner:
                     return DurableResult(opened.run_id, "suspended", pending=pending, result=result)
                 step = state
         except BaseException as exc:
-            _end(opened, exc)
+            try:
+                _end(opened, exc)
+            except JournalError:  # the run could not be ended (fenced out, cancelled): the error raised says why
+                pass
             uncertain = _cause(exc, UncertainEffect)
             if uncertain is not None and uncertain is not exc:
                 raise uncertain from exc  # the SDK wraps a tool's exception in UserError: say what it is
@@ -312,8 +316,8 @@ def _answered(opened: Opened, agent: Agent[Any]) -> DurableResult:
     """A run that had ended: its final output from the journal (nothing runs)."""
     cp = opened.checkpoint
     outcome = cp.outcome or {}
-    if cp.status != "completed":
-        raise UsageError(f"run {opened.run_id!r} ended {cp.status}: {outcome.get('reason') or 'see cuaderno show'}")
+    if cp.status != "completed":  # failed: its reason is in the journal (cuaderno show)
+        raise RunClosed(opened.run_id, cp.status)
     value = outcome.get("structured", outcome.get("output"))
     output_type = agent.output_type
     if isinstance(output_type, AgentOutputSchemaBase):
