@@ -67,14 +67,14 @@ def agent(turns: int) -> Agent[Any]:
 
 async def bare(runs: int, turns: int, tmp: Path) -> None:
     for _ in range(runs):
-        await Runner.run(agent(turns), "go")
+        await Runner.run(agent(turns), "go", max_turns=turns + 5)
 
 
 async def durable(runs: int, turns: int, tmp: Path) -> None:
     store = SqliteCheckpointer(tmp / f"j-{time.monotonic_ns()}.db")
     runner = DurableRunner(store, effects={"add": "effect_free"})
     for i in range(runs):
-        await runner.run(agent(turns), "go", run_id=f"r{i}")
+        await runner.run(agent(turns), "go", run_id=f"r{i}", max_turns=turns + 5)
     store.close()
 
 
@@ -84,7 +84,7 @@ def dbos_cell() -> Any:
 
     @DBOS.workflow()
     async def one(turns: int) -> str:
-        result = await DBOSRunner.run(agent(turns), "go")
+        result = await DBOSRunner.run(agent(turns), "go", max_turns=turns + 5)
         return str(result.final_output)
 
     async def cell(runs: int, turns: int, tmp: Path) -> None:
