@@ -19,9 +19,13 @@ class Duplicate(Exception):
     """An optimistic insert met a stored key: redo the append with lookups."""
 
 
-def storable(run_id: str) -> bool:
-    """Whether ``run_id`` could ever have been stored (appends refuse the rest)."""
-    if not isinstance(run_id, str):
+def storable(run_id: object) -> bool:
+    """Whether ``run_id`` (a run id, a step id, a status) could ever have been stored: text
+    without NUL that encodes as UTF-8. Appends refuse every other id (see
+    :func:`~cuaderno.journal.base.validate_event`), so a read or a takeover of one answers "not
+    found" at once, the same in every backend, without sending it to the database: PostgreSQL
+    refuses a NUL in text with an error, and a lone surrogate cannot be encoded for either."""
+    if not isinstance(run_id, str) or "\x00" in run_id:
         return False
     try:
         run_id.encode("utf-8")

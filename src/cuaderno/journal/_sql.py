@@ -97,11 +97,6 @@ def plain_loads(run_id: str, text: Any) -> Checkpoint:
     return Checkpoint.loads(text)
 
 
-def pg_storable(run_id: object) -> bool:
-    """Whether ``run_id`` could have been stored in PostgreSQL (text it can hold: no NUL)."""
-    return isinstance(run_id, str) and storable(run_id) and "\x00" not in run_id
-
-
 def text_loads(run_id: str, text: object) -> Checkpoint:
     """A stored summary, refused unless it is text (as PostgreSQL hands it back)."""
     if not isinstance(text, str):
@@ -165,12 +160,11 @@ class SqlJournal:
     """The shared reads and append entry points of a SQL journal (see the module)."""
 
     _dialect: Dialect
-    _id_ok: Callable[[object], bool] = staticmethod(storable)  # type: ignore[assignment]
-    """Whether a run id could have been stored (anything else is not found, never sent to SQL)."""
+    _id_ok = staticmethod(storable)
+    """Whether a run id, step id or status could have been stored (anything else is not found,
+    never sent to SQL): one check for every backend."""
     _loads: Callable[[str, Any], Checkpoint] = staticmethod(plain_loads)
     """A stored summary's text as a :class:`Checkpoint`."""
-    _checks_values = False
-    """Whether a status filter or a step id is checked with ``_id_ok`` before it reaches SQL."""
     _readonly: bool
     _taken: dict[str, int]
     _tail_ready = False
@@ -260,7 +254,7 @@ class SqlJournal:
             return cp
 
     def list_runs(self, *, status: str | None = None, limit: int = 100) -> list[Checkpoint]:
-        if _limit(limit) <= 0 or (self._checks_values and status is not None and not self._id_ok(status)):
+        if _limit(limit) <= 0 or (status is not None and not self._id_ok(status)):
             return []
         # min: "no limit" for SQLite, whose integers have 64 bits
         return self._runs(self._dialect.list_runs, (status, status, min(limit, 2**62)))
@@ -294,7 +288,7 @@ class SqlJournal:
         """See :meth:`~cuaderno.journal.base.SupportsTail.load_tail`. Needs the index on
         ``(run_id, seq)``, created by the first tail read of a writable store; a store that may
         not write answers ``None`` without it (the whole journal is read)."""
-        if not self._id_ok(run_id) or (self._checks_values and not self._id_ok(step_id)):
+        if not self._id_ok(run_id) or not self._id_ok(step_id):
             raise RunNotFound(run_id)
         if not self._tail_ready:
             # The index is created only for a run that has a snapshot (a resume of a short run,

@@ -111,13 +111,9 @@ from cuaderno.journal._pg_server import (
     _one,
 )
 from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
-from cuaderno.journal._rows import (
-    Duplicate,
-    checked_epoch,
-    no_existing,
-)
+from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
+from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal._sql import POSTGRES, SqlJournal, next_epoch, planned_rebuild, stored_rows
-from cuaderno.journal._sql import pg_storable as _readable
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal.base import CLOSED_STATUSES
 
@@ -341,7 +337,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         """
         for _ in batches:
             faults.point("append.W0")
-        if any(not b.events or not _readable(b.events[0].run_id) for b in batches):
+        if any(not b.events or not _storable(b.events[0].run_id) for b in batches):
             return self._one_by_one(batches)
         held = [b.events[0].run_id for b in batches if b.epoch is not None]
         if self._hold_lost(held):
@@ -563,7 +559,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             RunNotFound: no such run.
             JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
         """
-        if not _readable(run_id):
+        if not _storable(run_id):
             raise RunNotFound(run_id)
         with self._reading(run_id), self._txn() as cur:
             self._version(cur)
@@ -583,8 +579,6 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         return cp, differ
 
     _dialect = POSTGRES
-    _checks_values = True
-    _id_ok = staticmethod(_readable)
     _loads = staticmethod(_loads)
 
     @contextmanager
@@ -604,7 +598,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
     # -- holding runs -----------------------------------------------------------------------------
 
     def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
-        if not _readable(run_id):
+        if not _storable(run_id):
             raise RunNotFound(run_id)
         took = False
         try:
@@ -689,7 +683,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         return None
 
     def release(self, run_id: str, epoch: int) -> None:
-        if not _readable(run_id) or self._readonly:
+        if not _storable(run_id) or self._readonly:
             return
         with self._txn() as cur:
             row = cur.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
@@ -719,7 +713,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         :class:`~cuaderno.journal.base.SupportsClaims`): a run is held while some session holds its
         advisory lock (the server's ``pg_locks``; the lock ends with its holder's connection),
         and the holder is described from the journal's record."""
-        wanted = [r for r in dict.fromkeys(run_ids) if _readable(r)]
+        wanted = [r for r in dict.fromkeys(run_ids) if _storable(r)]
         if not wanted:
             return {}
         keys = {self._lock_key(r): r for r in wanted}
