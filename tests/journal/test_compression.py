@@ -24,8 +24,7 @@ from _files import journal_files, load_refused
 
 from cuaderno.errors import JournalConflict, JournalCorrupt, JournalError, SchemaTooNew, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent, encode_payload
-from cuaderno.journal import SqliteCheckpointer, _compress
-from cuaderno.journal import sqlite as sqlite_module
+from cuaderno.journal import SqliteCheckpointer, _compress, _sql_write
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, COMPRESS_FROM
 from cuaderno.journal.base import SCHEMA_VERSION
 
@@ -200,7 +199,7 @@ def test_a_payload_over_the_row_limit_is_refused_even_though_it_would_compress(
     path = tmp_path / "j.db"
     _journal(path)
     before = journal_files(path, MAIN_AND_WAL)
-    monkeypatch.setattr(sqlite_module, "MAX_PAYLOAD", 1000)
+    monkeypatch.setattr(_sql_write, "MAX_PAYLOAD", 1000)  # the one writer of both backends
     with SqliteCheckpointer(path) as store:
         with pytest.raises(JournalError, match=r"big2:result is 2,\d{3} bytes of JSON, more than the 1,000"):
             store.append([_ev("big2", {"value": PROSE})])

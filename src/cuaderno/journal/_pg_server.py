@@ -30,6 +30,8 @@ from cuaderno.errors import (
 )
 from cuaderno.journal import _lease
 from cuaderno.journal._rows import checked_epoch, schema_version
+from cuaderno.journal._sql_write import Lost as _Lost
+from cuaderno.journal._sql_write import first_line as _first_line
 
 __all__ = ["SCHEMA_VERSION", "PgServer"]
 
@@ -66,12 +68,6 @@ _MIGRATE_LOCK = 0x6D696772  # "migr"
 
 
 _ON_OFF = {True: "on", False: "off"}
-
-
-class _Lost(JournalError):
-    """A write's connection died: whether its transaction committed is not known yet. An append
-    asks the journal (``_reconnected``); to the callers of the other writes (a takeover, a
-    release) it is the JournalError it says it is."""
 
 
 class _HoldLost(FencedOut):
@@ -120,8 +116,6 @@ def _one(cur: psycopg.Cursor[Any]) -> Any:
     return row
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 class PgServer:
     """The connections, schema and run locks a PostgreSQL store is built on (a mixin)."""
@@ -198,7 +192,7 @@ class PgServer:
         except psycopg.Error as exc:
             if conn is not None and (conn.broken or conn.closed):
                 # The connection died: perhaps after the server committed, before its reply came
-                # back (R19). Whether it landed is for the journal to say (see _reconnected).
+                # back (R19). Whether it landed is for the journal to say (see _after_lost).
                 raise _Lost(f"journal {self.url}: the connection was lost during a write ({_first_line(exc)}); "
                             "whether it committed is unknown until the journal is read again") from None
             # A full disk, a constraint, a refused statement: the transaction did not commit.
@@ -227,7 +221,7 @@ class PgServer:
                              "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
                 version = 0
             else:
-                version = self._version(conn)
+                version = self._schema_of(conn)
                 if self._readonly and version < SCHEMA_VERSION:
                     raise JournalError(f"{self.url} has journal schema {version}; this cuaderno reads "
                                        f"{SCHEMA_VERSION}. Open it once for writing to migrate it; nothing was changed")
@@ -248,7 +242,7 @@ class PgServer:
             raise JournalCorrupt(f"{self.url}: the journal records no id (cuaderno_meta); nothing was changed")
         return str(meta["journal_id"]), setting != "off"
 
-    def _version(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
+    def _schema_of(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
         """The recorded schema version, refusing one newer than this cuaderno's."""
         row = conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone()
         version = 0 if row is None or row[0] is None else schema_version(row[0])
@@ -353,7 +347,7 @@ class PgServer:
         step (a tool body) and has not written since, so it had no chance to take its lock again.
         It keeps the run until ``dead_peer_after_s`` after the start (as long as a dead peer's
         lock would have lasted); a holder alive by then has taken its lock again at its next
-        write (see :meth:`_reconnected`), and one that has not is taken for dead. So a step that
+        write (see :meth:`_after_lost`), and one that has not is taken for dead. So a step that
         outlasts a restart by more than that (a tool body without a write) may be taken over, as
         with a holder whose connection the server dropped: its next write is then FencedOut, and
         the taker, which cannot prove that holder dead, takes its step in flight as uncertain when

@@ -3,30 +3,28 @@
 The two stores read the same tables with the same statements, differing only in how a parameter
 is written (``?`` or ``%s``), in how a connection and one consistent snapshot are had (a lock and
 ``BEGIN`` on SQLite's one connection; a pooled connection and a ``REPEATABLE READ`` transaction in
-PostgreSQL), and in which values they can hold. :class:`SqlJournal` is that shared algorithm:
-``load``, ``load_tail``, ``checkpoint``, ``list_runs``, ``open_runs`` and the entry points of an
-append; a backend supplies its :class:`Dialect` (every statement written out, no SQL is built from
-strings, R12) and the few hooks that obtain a connection (:meth:`SqlJournal._reader`,
-:meth:`SqlJournal._snapshot`, :meth:`SqlJournal._reading`).
+PostgreSQL), and in which values they can hold. :class:`SqlJournal` is the shared reading:
+``load``, ``load_tail`` (with the index it needs), ``checkpoint``, ``list_runs`` and ``open_runs``;
+the writes are :mod:`._sql_write`'s. A backend supplies its :class:`Dialect` (every statement of
+both algorithms written out, no SQL is built from strings, R12) and the few hooks that obtain a
+connection (:meth:`SqlJournal._reader`, :meth:`SqlJournal._snapshot`, :meth:`SqlJournal._reading`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sqlite3
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Self
 
-from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, UsageError
-from cuaderno.events import CODEC_JSON, StepEvent
+from cuaderno.events import StepEvent
 from cuaderno.journal import _claims
-from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_rebuild
-from cuaderno.journal._compress import pack
-from cuaderno.journal._group import GroupBatch
+from cuaderno.journal._append import RawRow, check_chain, decode_row
 from cuaderno.journal._rows import checked_epoch, decode_small_payloads, storable
-from cuaderno.journal.base import Tail, tail_base, validate_event
+from cuaderno.journal.base import Tail, tail_base
 
 __all__ = ["POSTGRES", "SQLITE", "Dialect", "SqlJournal"]
 
@@ -51,6 +49,25 @@ class Dialect:
     """The last row of a step of a run."""
     tail: str
     """The rows of a run after a ``seq``."""
+    event: str
+    """One row by its key ``(run_id, step_id, phase)`` (an append's lookups)."""
+    insert: str
+    """One new row of the events table (all twelve columns)."""
+    upsert_run: str
+    """The summary row an append writes, created or updated; a dialect that keeps a row version
+    returns it (PostgreSQL's ``xmin``: the summary cache's key), else nothing."""
+    rebuild_head: str
+    """``(epoch, checkpoint, status)`` of one run, read by a rebuild (locked where the dialect
+    locks rows; the summary as bytes where a summary that is not even text must read as damage)."""
+    rewrite_summary: str
+    """A rebuild's ``(status, checkpoint)`` of one run."""
+    tail_index_found: str
+    """A row when the ``(run_id, seq)`` index a tail read needs is there."""
+    create_tail_index: tuple[str, ...]
+    """Creates that index (not a schema step: a cuaderno without it reads and writes the tables as
+    they are; the index only costs each insert one more b-tree entry)."""
+    duplicate: tuple[type[Exception], ...] = ()
+    """The driver's errors that mean an insert met a stored key (the backend names its driver's)."""
 
 
 SQLITE = Dialect(
@@ -69,6 +86,18 @@ SQLITE = Dialect(
                "created_at, row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC LIMIT 1"),
     tail=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
           "row_hash FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq"),
+    event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+           "row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
+    insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
+            "payload, created_at, row_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"),
+    upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
+                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+                "checkpoint=excluded.checkpoint"),
+    rebuild_head="SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
+    rewrite_summary="UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
+    tail_index_found="SELECT 1 FROM sqlite_master WHERE type='index' AND name='cuaderno_events_run_seq'",
+    create_tail_index=("CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)",),
+    duplicate=(sqlite3.IntegrityError,),
 )
 
 POSTGRES = Dialect(
@@ -89,7 +118,21 @@ POSTGRES = Dialect(
                "LIMIT 1"),
     tail=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
           "row_hash FROM cuaderno_events WHERE run_id=%s AND seq>%s ORDER BY seq"),
+    event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+           "row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s"),
+    insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
+            "payload, created_at, row_hash) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"),
+    upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
+                "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
+                "checkpoint=excluded.checkpoint RETURNING xmin::text"),
+    rebuild_head="SELECT epoch, checkpoint, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+    rewrite_summary="UPDATE cuaderno_runs SET status=%s, checkpoint=%s WHERE run_id=%s",
+    tail_index_found="SELECT 1 WHERE to_regclass('cuaderno_events_run_seq') IS NOT NULL",
+    # The lock is the migrations' (_pg_server._MIGRATE_LOCK, "migr"): one creator at a time.
+    create_tail_index=("SELECT pg_advisory_xact_lock(1835624306)",
+                       "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"),
 )
+"""PostgreSQL's statements; :mod:`.postgres` adds its driver's duplicate-key error."""
 
 
 def plain_loads(run_id: str, text: Any) -> Checkpoint:
@@ -102,52 +145,6 @@ def text_loads(run_id: str, text: object) -> Checkpoint:
     if not isinstance(text, str):
         raise JournalCorrupt(f"run {run_id!r}: its stored summary is not text")
     return Checkpoint.loads(text)
-
-
-def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
-                    trust_journal: bool) -> tuple[Checkpoint, list[str]]:
-    """What ``rebuild_checkpoint`` writes, from the run's ``(epoch, checkpoint, status)`` row
-    and its events' rows, both read under the write lock (see
-    :func:`~cuaderno.journal._append.plan_rebuild`)."""
-    if row is None:
-        if rows:
-            raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
-                                 "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
-                                 "written")
-        raise RunNotFound(run_id)
-    rows.sort(key=lambda r: r[3])
-    # The epoch column is the run's epoch: a takeover writes only the column.
-    cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
-    if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
-        differ = [*differ, "status column"]
-    return cp, differ
-
-
-def next_epoch(run_id: str, value: object) -> int:
-    """The epoch a takeover of the run gives it, after its epoch column ``value`` (both dialects
-    store 64-bit integers)."""
-    epoch = checked_epoch(run_id, value) + 1
-    if epoch >= 2**63:
-        raise JournalCorrupt(f"run {run_id!r}: its epoch is {value}, not one a takeover can follow; the "
-                             "run's fencing record is damaged, nothing was written")
-    return epoch
-
-
-def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
-                max_payload: int) -> list[tuple[Any, ...]]:
-    """The events table's columns of each new row, its payload compressed when ``compress`` (the
-    row hash and deduplication cover the JSON bytes; compression is how they rest). A payload over
-    ``max_payload`` is refused: compressed it would fit, and no reader could open it."""
-    rows = []
-    for e, payload in new:
-        if len(payload) > max_payload:
-            raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
-                               f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
-                               "was committed")
-        codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
-        rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
-                     stored, e.created_at, e.row_hash))
-    return rows
 
 
 def _limit(limit: object) -> int:
@@ -185,43 +182,14 @@ class SqlJournal:
         checked first, inside :meth:`_reading`."""
         raise NotImplementedError
 
-    def _tail_index(self) -> bool:
+    def _txn(self) -> AbstractContextManager[Any]:
+        """A write transaction (for the tail index)."""
         raise NotImplementedError
 
-    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
-                      expect_seq: int | None) -> list[StepEvent]:
-        raise NotImplementedError
-
-    # -- appends --------------------------------------------------------------------------------------
-
-    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
-               expect_seq: int | None = None) -> list[StepEvent]:
-        if not events:
-            return []
-        run_id = events[0].run_id
-        if not self._id_ok(run_id):
-            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
-        faults.point("append.W0")  # before the transaction (every write, whoever makes it)
-        return self._append_alone(run_id, events, epoch, expect_seq)
-
-    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        """A group's batches appended one after the other; per batch, its events or its error."""
-        outs: list[list[StepEvent] | Exception] = []
-        for b in batches:
-            faults.set_txn_points(*b.points)
-            try:
-                if not b.events:
-                    outs.append([])
-                    continue
-                run_id = b.events[0].run_id
-                if not self._id_ok(run_id):
-                    validate_event(b.events[0])  # raises the UsageError before the run_id reaches SQL
-                outs.append(self._append_alone(run_id, b.events, b.epoch, b.expect_seq))
-            except Exception as exc:  # that batch's own outcome
-                outs.append(exc)
-            finally:
-                faults.set_txn_points()
-        return outs
+    def _may_index(self) -> bool:
+        """Whether the tail index may be created now (a store that may not write, or not yet,
+        reads whole journals instead: a tail read is not worth the write)."""
+        return not self._readonly
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -314,6 +282,22 @@ class SqlJournal:
     def prepare_tail(self) -> None:
         """See :meth:`~cuaderno.journal.base.SupportsTail.prepare_tail` (once per store)."""
         self._tail_index()
+
+    def _tail_index(self) -> bool:
+        """Whether the ``(run_id, seq)`` index is there, creating it when this store may write.
+        It lets a resume read the rows after a snapshot without reading the run's others."""
+        if self._tail_ready:
+            return True
+        with self._reader("*", check=False) as db:
+            found = db.execute(self._dialect.tail_index_found).fetchone()
+        if found is None:
+            if not self._may_index():
+                return False
+            with self._reading("*"), self._txn() as db:
+                for statement in self._dialect.create_tail_index:
+                    db.execute(statement)
+        self._tail_ready = True
+        return True
 
     # -- closing ------------------------------------------------------------------------------------
 

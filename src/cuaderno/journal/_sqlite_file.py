@@ -23,6 +23,7 @@ from cuaderno.errors import (
     JournalLinked,
     JournalLocked,
     JournalReplaced,
+    RunNotFound,
     SchemaTooNew,
     UsageError,
 )
@@ -516,6 +517,43 @@ class SqliteFile:
                                         f"connection held the journal's lock ({exc}); try again") from exc
                 # Disk full, I/O error: nothing of this transaction was committed.
                 raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
+
+    def _fresh(self, db: sqlite3.Connection) -> int:
+        """Inside a write transaction: drop what this store cached if another connection committed
+        since it last wrote; return the data version to record once this transaction is written."""
+        version: int = db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._cache.clear()  # another connection committed: any cached row may be stale
+            self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
+        return version
+
+    @contextmanager
+    def _reading(self, run_id: str) -> Iterator[None]:
+        """Turn damage found while reading into JournalCorrupt (the file is never touched), and a
+        lock that kept the read from happening into JournalLocked (the file is in use, not damaged)."""
+        try:
+            self._keep_index_readable()
+            yield
+        except (JournalCorrupt, RunNotFound):
+            raise
+        except sqlite3.OperationalError as exc:
+            self._refuse_if_closed(exc)
+            if not _locked(exc):
+                raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
+                                     "the file was not changed") from exc
+            if _errorname(exc).startswith("SQLITE_PROTOCOL") or _index_half_written(exc):
+                self._index_unread = True  # the next read reopens the connection, rebuilding SQLite's index
+            raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
+                                f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
+        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
+            if isinstance(exc, sqlite3.Error):
+                self._refuse_if_closed(exc)
+            raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
+                                 "the file was not changed") from exc
+
+    _index_unread = False
+    """A read through ``readonly_shm`` met SQLITE_PROTOCOL, or a read-only read met a half-written
+    -shm: the next one reopens the connection (a writable store's is its writer)."""
 
     def _keep_index_readable(self) -> None:
         """Before a read on a connection that leaves the -shm as it is: if the -wal now holds only

@@ -73,8 +73,9 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -95,40 +96,31 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal import _lease
-from cuaderno.journal._append import RawRow, decode_row, plan_append
+from cuaderno.journal._append import plan_append
 from cuaderno.journal._compress import MAX_PAYLOAD
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._open import _masked
+from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
 from cuaderno.journal._pg_server import (
-    _MIGRATE_LOCK,
     PgServer,
-    _first_line,
     _HoldLost,
     _idle_alive,
     _int4,
-    _Lost,
     _NoServer,
     _one,
 )
-from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
-from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
+from cuaderno.journal._rows import checked_epoch, no_existing
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal._sql import POSTGRES, SqlJournal, next_epoch, planned_rebuild, stored_rows
+from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
+from cuaderno.journal._sql_write import Lost as _Lost
+from cuaderno.journal._sql_write import SqlWriter, next_epoch, stored_rows
+from cuaderno.journal._sql_write import first_line as _first_line
 from cuaderno.journal.base import CLOSED_STATUSES
 
 __all__ = ["PostgresCheckpointer"]
 
 # Whole statements, written out: no SQL is built from strings here (R12, checked by a test).
-_INSERT = ("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
-           "payload, created_at, row_hash) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)")
-_SELECT_RUN_EVENTS = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-                      "created_at, row_hash FROM cuaderno_events WHERE run_id=%s ORDER BY seq")
-_SELECT_EVENT = ("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-                 "row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s")
-_UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
-               "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
-               "checkpoint=excluded.checkpoint RETURNING xmin::text")
 _LOCK_RUN = "SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE"
 _LOCK_NEW_RUN_NOWAIT = "SELECT epoch, xmin::text FROM cuaderno_runs WHERE run_id=%s FOR UPDATE NOWAIT"
 _LOCK_RUNS = ('SELECT run_id, epoch, xmin::text FROM cuaderno_runs WHERE run_id = ANY(%b) ORDER BY run_id COLLATE "C" '
@@ -142,17 +134,15 @@ _UPSERT_RUNS = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, c
                 "unnest(%b::text[], %b::text[], %b::bigint[], %b::float8[], %b::text[]) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint RETURNING run_id, xmin::text")
-""":data:`_UPSERT_RUN` for several runs (each once) in one statement. Its arrays are sent in binary:
-in text, every quote of every summary's JSON would be escaped (by a regular expression, in Python)."""
-_TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
-"""Lets a resume read the rows after a snapshot alone (not a schema step: a cuaderno without it
-reads and writes the tables as they are); created by the first tail read of a writable store."""
+"""The append's summary upsert (``POSTGRES.upsert_run``) for several runs (each once) in one
+statement. Its arrays are sent in binary: in text, every quote of every summary's JSON would be
+escaped (by a regular expression, in Python)."""
 _NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
 
 
-class PostgresCheckpointer(PgServer, SqlJournal):
+class PostgresCheckpointer(PgServer, SqlWriter):
     """A :class:`~cuaderno.journal.base.Checkpointer` in a PostgreSQL database.
 
     Args:
@@ -184,6 +174,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             raise UsageError("pool_size must be a positive integer")
         self._conninfo = conninfo
         self.url = _masked(conninfo)
+        self._label = f"journal {self.url}"
         self.schema = schema
         self._readonly = bool(readonly)
         self._create = create and not self._readonly
@@ -247,41 +238,23 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         conninfo = parts._replace(scheme="postgresql", query=urlencode(rest)).geturl()
         return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress)
 
-    # -- connections ------------------------------------------------------------------------------
+    # -- writes (the algorithm is journal._sql_write's) -------------------------------------------
 
-    # -- schema -----------------------------------------------------------------------------------
+    _dialect = replace(POSTGRES, duplicate=(psycopg.errors.UniqueViolation,))
+    _loads = staticmethod(_loads)
 
-    # -- Checkpointer -----------------------------------------------------------------------------
+    def _write_txn(self) -> AbstractContextManager[psycopg.Cursor[Any]]:
+        return self._txn()
 
-    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
-                      expect_seq: int | None) -> list[StepEvent]:
-        held = [run_id] if epoch is not None else []
-        unheld = bool(self._hold_lost(held))
-        try:
-            out = self._append(run_id, events, epoch, expect_seq, lookups=False, unheld=unheld)
-        except Duplicate:
-            out = self._reconnected(run_id, events, epoch, expect_seq, lost=None, unheld=unheld)
-        except _Lost as lost:
-            out = self._reconnected(run_id, events, epoch, expect_seq, lost=str(lost), unheld=unheld)
-        moved = self._moved(run_id, epoch)
-        if moved is not None:
-            # Committed, and the lock went meanwhile, to someone else: what was written (an
-            # intent) must not be acted on by this worker (its body must not start).
-            raise moved
-        faults.point("append.W2")
-        return out
-
-    def _reconnected(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
-                     lost: str | None, unheld: bool = False) -> list[StepEvent]:
-        """The append again, looking up every key first: rows already stored are returned as they
-        are, and only missing ones are written. After a duplicate key, that is the slow path. After
-        a lost connection (``lost``), it is how the journal says whether the lost commit landed:
-        if it did, every key is found and nothing is written again; if not, the rows are written
-        now, once. A lost acknowledgement is never taken for a failure (a caller told "nothing was
-        committed" could redo a step whose intent is durable). New connections are tried until
-        ``connect_timeout_s`` (a server restarting); past it, :class:`ConnectionLost`."""
-        if lost is None:
-            return self._append(run_id, events, epoch, expect_seq, lookups=True, unheld=unheld)
+    def _after_lost(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None,
+                    lost: _Lost, unheld: bool) -> list[StepEvent]:
+        """The append again after a lost connection, looking up every key first: it is how the
+        journal says whether the lost commit landed. If it did, every key is found and nothing is
+        written again; if not, the rows are written now, once. A lost acknowledgement is never
+        taken for a failure (a caller told "nothing was committed" could redo a step whose intent
+        is durable). New connections are tried until ``connect_timeout_s`` (a server restarting);
+        past it, :class:`ConnectionLost`."""
+        why = str(lost)
         deadline = time.monotonic() + max(self._connect_timeout, 1)
         pause = 0.05
         while True:
@@ -297,81 +270,30 @@ class PostgresCheckpointer(PgServer, SqlJournal):
                 lost_runs = [held for held in list(self._taken) if not self._lock_run(held)]
                 if run_id in lost_runs:
                     raise ConnectionLost(f"journal {self.url}, run {run_id!r}: the connection was lost while "
-                                         f"writing ({lost}) and with it this worker's hold, which another worker "
+                                         f"writing ({why}) and with it this worker's hold, which another worker "
                                          "has taken since; this worker stops (the journal says what landed)")
                 return self._append(run_id, events, epoch, expect_seq, lookups=True)
             except (_Lost, psycopg.OperationalError) as exc:
-                lost = _first_line(exc)
+                why = _first_line(exc)
             except _NoServer as exc:  # the pool waited for a connection already
-                lost, deadline = str(exc), 0.0
+                why, deadline = str(exc), 0.0
             if time.monotonic() + pause > deadline:
                 raise ConnectionLost(f"journal {self.url}, run {run_id!r}: the connection was lost while writing "
-                                     f"({lost}), and the server has not answered since; whether the last write "
+                                     f"({why}), and the server has not answered since; whether the last write "
                                      "committed is unknown, so nothing may act on it: resume the run once the "
                                      "server is back (its journal says)")
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
-                lookups: bool, unheld: bool = False) -> list[StepEvent]:
-        try:
-            with self._txn() as cur:
-                return self._write(cur, run_id, events, epoch, expect_seq, lookups=lookups, unheld=unheld)
-        except BaseException:
-            with self._cache_lock:
-                self._cache.pop(run_id, None)
-            raise
-
-    def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        """The appends of several runs in one transaction and one WAL flush (group commit, see
-        :mod:`cuaderno.journal._group`); per batch, its stored events or its own error.
-
-        The runs' summary rows are locked in run-id order (the batches of one run keep their
-        order), so two workers' groups cannot deadlock on each other. If any batch is refused (or
-        the commit fails), the transaction is rolled back whole and each batch is appended alone.
-
-        A handful of statements whatever the group's size (:meth:`_write_group`): BEGIN, one
-        statement locking every run's row, one loading the summaries this store has not cached,
-        one ``executemany`` of every new row (one round trip), one upsert of every run's summary,
-        COMMIT; a run without a row yet adds two (its creation lock, then its row looked up again).
-        """
-        for _ in batches:
-            faults.point("append.W0")
-        if any(not b.events or not _storable(b.events[0].run_id) for b in batches):
-            return self._one_by_one(batches)
-        held = [b.events[0].run_id for b in batches if b.epoch is not None]
-        if self._hold_lost(held):
-            return self._one_by_one(batches)  # each batch is refused, or written, on its own
-        order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
-        outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
-        try:
-            with self._txn() as cur:
-                if len(batches) == 1:  # a run alone: the plain append's statements are fewer
-                    b = batches[0]
-                    faults.set_txn_points(*b.points)
-                    outs[0] = self._write(cur, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
-                else:
-                    self._write_group(cur, batches, order, outs)
-                faults.set_txn_points()
-                faults.point("group.G1")  # every append of the group written, before COMMIT
-        except Exception:
-            faults.set_txn_points()
-            with self._cache_lock:
-                for b in batches:
-                    self._cache.pop(b.events[0].run_id, None)
-            return self._one_by_one(batches)
-        for i, b in enumerate(batches):
-            moved = self._moved(b.events[0].run_id, b.epoch)
-            if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
-                outs[i] = moved
-        for _ in batches:
-            faults.point("append.W2")
-        return outs
-
-    def _write_group(self, cur: psycopg.Cursor[Any], batches: Sequence[GroupBatch], order: list[int],
-                     outs: list[list[StepEvent] | Exception]) -> None:
-        """Every batch of a group (taken in ``order``: by run id, the batches of one run in their
-        own order), in ``cur``'s transaction; ``outs[i]``: batch ``i``'s stored events.
+    def _write_batches(self, cur: psycopg.Cursor[Any], batches: Sequence[GroupBatch],
+                       outs: list[list[StepEvent] | Exception]) -> None:
+        """Every batch of a group (taken by run id, the batches of one run in their own order), in
+        ``cur``'s transaction; ``outs[i]``: batch ``i``'s stored events. A handful of statements
+        whatever the group's size: one locking every run's row, one loading the summaries this
+        store has not cached, one ``executemany`` of every new row (one round trip), one upsert of
+        every run's summary; a run without a row yet adds two (its creation lock, then its row
+        looked up again). The runs' rows are locked in run-id order, so two workers' groups cannot
+        deadlock on each other. A run alone takes the plain append's statements (fewer).
 
         What each batch writes is what :meth:`_write` would write batch after batch: a run's
         batches fold into one summary, each seeing the one before it (as :meth:`_write` finds
@@ -381,6 +303,10 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         be rolled back whole (the caller then appends batch by batch). The crash points of each
         batch are passed in their order, inside the transaction: ``K8`` once the rows are in,
         then its own points and ``append.W1`` once the summaries are."""
+        if len(batches) == 1:
+            super()._write_batches(cur, batches, outs)
+            return
+        order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
         runs = list(dict.fromkeys(batches[i].events[0].run_id for i in order))
         summaries = self._group_summaries(cur, runs)
         rows: list[tuple[Any, ...]] = []
@@ -391,14 +317,14 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             run_id = b.events[0].run_id
             new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq)
             if new:
-                rows.extend(self._rows(new))
+                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD))
                 updated[run_id] = new[-1][0].created_at
                 written.append(i)
         if not rows:
             return
         # A stored key fails this (UniqueViolation): the group is then appended batch by batch,
         # each batch that meets it redone with lookups (see _append_alone).
-        cur.executemany(_INSERT, rows)  # one round trip (psycopg pipelines it)
+        cur.executemany(self._dialect.insert, rows)  # one round trip (psycopg pipelines it)
         for i in written:
             faults.set_txn_points(*batches[i].points)
             faults.in_txn("checkpoint")
@@ -455,13 +381,13 @@ class PostgresCheckpointer(PgServer, SqlJournal):
                 out[run_id] = self._new_run_summary(cur, run_id, use_cache=True, wait=in_order)
         return out
 
-    def _write(self, cur: psycopg.Cursor[Any], run_id: str, events: Sequence[StepEvent], epoch: int | None,
-               expect_seq: int | None, *, lookups: bool, unheld: bool = False) -> list[StepEvent]:
-        """One append's rows and summary, in ``cur``'s transaction; the stored events. ``unheld``:
-        this store lost the run's lock and could not take it back (:meth:`_hold_lost`): with the
-        run's row locked it is tried once more; if another holds the run now (its epoch moved, or
-        its lock is another session's) nothing is written, :class:`FencedOut` or :class:`_HoldLost`."""
-        cp = self._locked_summary(cur, run_id, use_cache=not lookups)
+    def _write_summary(self, cur: psycopg.Cursor[Any], run_id: str, epoch: int | None, *, fresh: bool,
+                       unheld: bool) -> Checkpoint:
+        """:meth:`_locked_summary`. ``unheld``: this store lost the run's lock and could not take it
+        back (:meth:`_hold_lost`): with the run's row locked it is tried once more; if another holds
+        the run now (its epoch moved, or its lock is another session's) nothing is written,
+        :class:`FencedOut` or :class:`_HoldLost`."""
+        cp = self._locked_summary(cur, run_id, use_cache=not fresh)
         if unheld:
             if epoch is not None and cp.epoch != epoch:
                 raise FencedOut(run_id, epoch, cp.epoch)
@@ -469,30 +395,18 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             # until this transaction ends, so the lock, if free now, is this worker's again.
             if not self._retake(run_id):
                 raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
+        return cp
 
-        def existing(ev: StepEvent) -> StepEvent | None:
-            row = cur.execute(_SELECT_EVENT, ev.key).fetchone()
-            return None if row is None else decode_row(row)
+    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
+        if token is None:
+            raise JournalCorrupt("the journal's database returned no row where one is always returned")
+        with self._cache_lock:
+            self._cache[run_id] = (token[0], cp)  # the row version the upsert left
 
-        # Optimistic, as in SQLite: insert without looking; a stored key fails the INSERT
-        # and the transaction is redone with per-key lookups.
-        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
-        if new:
-            try:
-                self._insert(cur, new)
-            except psycopg.errors.UniqueViolation as exc:
-                if lookups:
-                    raise JournalError(f"journal {self.url}: {_first_line(exc)}; nothing was committed") \
-                        from None
-                raise Duplicate from None
-            faults.in_txn("checkpoint")
-            xmin = _one(cur.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                  cp.dumps())))[0]
-            faults.in_txn()
-            faults.point("append.W1")
-            with self._cache_lock:
-                self._cache[run_id] = (xmin, cp)
-        return out
+    def _forget(self, run_ids: Iterable[str]) -> None:
+        with self._cache_lock:
+            for run_id in run_ids:
+                self._cache.pop(run_id, None)
 
     def _locked_summary(self, cur: psycopg.Cursor[Any], run_id: str, *, use_cache: bool) -> Checkpoint:
         """The run's summary with its row locked for this transaction (or, for a run with no row
@@ -540,59 +454,18 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         cp.epoch = epoch  # a takeover writes only the column
         return cp
 
-    def _rows(self, new: list[tuple[StepEvent, bytes]]) -> list[tuple[Any, ...]]:
-        """The parameters of :data:`_INSERT` for each new row (compressed as the journal says)."""
-        return stored_rows(new, self._compress, f"journal {self.url}", MAX_PAYLOAD)
-
-    def _insert(self, cur: psycopg.Cursor[Any], new: list[tuple[StepEvent, bytes]]) -> None:
-        rows = self._rows(new)
-        if len(rows) == 1:
-            cur.execute(_INSERT, rows[0])
-        else:
-            cur.executemany(_INSERT, rows)
-
-    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
-        """Rebuild the run's stored summary from its hash-chained journal, with its row locked (no
-        append lands between the read and the rewrite). The epoch and holder are kept.
-
-        Raises:
-            RunNotFound: no such run.
-            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
-        """
-        if not _storable(run_id):
-            raise RunNotFound(run_id)
-        with self._reading(run_id), self._txn() as cur:
-            self._version(cur)
-            row = cur.execute("SELECT epoch, checkpoint, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
-                              (run_id,)).fetchone()
-            rows: list[RawRow] = cur.execute(
-                _SELECT_RUN_EVENTS,
-                (run_id,)).fetchall()
-            cp, differ = planned_rebuild(run_id, row, rows, trust_journal)
-            if differ:
-                cur.execute("UPDATE cuaderno_runs SET status=%s, checkpoint=%s WHERE run_id=%s",
-                            (cp.status, cp.dumps(), run_id))
-            with self._cache_lock:
-                self._cache.pop(run_id, None)
-            faults.point("rebuild.B1")
-        faults.point("rebuild.B2")
-        return cp, differ
-
-    _dialect = POSTGRES
-    _loads = staticmethod(_loads)
-
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[psycopg.Connection[Any]]:
         with self._reading(run_id), self._conn() as conn:
             if check:
-                self._version(conn)
+                self._schema_of(conn)
             yield conn
 
     @contextmanager
     def _snapshot(self, run_id: str) -> Iterator[psycopg.Connection[Any]]:
         with self._reading(run_id), self._conn() as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every statement
-            self._version(conn)
+            self._schema_of(conn)
             yield conn
 
     # -- holding runs -----------------------------------------------------------------------------
@@ -603,7 +476,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
         took = False
         try:
             with self._txn() as cur:
-                self._version(cur)
+                self._schema_of(cur)
                 row = cur.execute("SELECT epoch, owner, status, checkpoint FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
                                   (run_id,)).fetchone()
                 if row is None:
@@ -718,7 +591,7 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             return {}
         keys = {self._lock_key(r): r for r in wanted}
         with self._reading("*"), self._conn() as conn:
-            self._version(conn)
+            self._schema_of(conn)
             # A bigint advisory lock shows its key split in two: classid (high half), objid (low).
             locked = conn.execute("SELECT classid::bigint, objid::bigint, pid FROM pg_locks WHERE locktype = "
                                   "'advisory' AND objsubid = 1 AND granted AND database = (SELECT oid FROM "
@@ -737,23 +610,6 @@ class PostgresCheckpointer(PgServer, SqlJournal):
             holder = _lease.parse(owners.get(run_id)) or {"owner": None, "process": {}}
             found[run_id] = {**holder, "backend_pid": backend}
         return found
-
-    # -- tails (SupportsTail) ---------------------------------------------------------------------
-
-    def _tail_index(self) -> bool:
-        """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
-        if self._tail_ready:
-            return True
-        with self._reading("*"), self._conn() as conn:
-            found = conn.execute("SELECT to_regclass('cuaderno_events_run_seq')").fetchone()
-        if found is None or found[0] is None:
-            if self._readonly:
-                return False
-            with self._reading("*"), self._txn() as cur:
-                cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))  # one creator at a time
-                cur.execute(_TAIL_INDEX)
-        self._tail_ready = True
-        return True
 
 
 class _Contended(Exception):

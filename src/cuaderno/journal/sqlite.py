@@ -41,39 +41,29 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalCorrupt,
-    JournalLocked,
     JournalReplaced,
     RunBusy,
     RunClosed,
     RunNotFound,
     UsageError,
 )
-from cuaderno.events import StepEvent
 from cuaderno.journal import _anchor, _claims, _lease
-from cuaderno.journal._append import RawRow, decode_row, plan_append
-from cuaderno.journal._compress import CODEC_JSON_ZSTD, MAX_PAYLOAD
-from cuaderno.journal._group import GroupBatch
-from cuaderno.journal._rows import Duplicate as _Duplicate
+from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._rows import checked_epoch as _epoch
-from cuaderno.journal._rows import no_existing as _no_existing
-from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal._sql import SQLITE, SqlJournal, next_epoch, planned_rebuild, stored_rows
+from cuaderno.journal._sql import SQLITE
+from cuaderno.journal._sql_write import SqlWriter, next_epoch
 from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
     _OPEN_RACE_S,
     SqliteFile,
-    _errorname,
-    _index_half_written,
-    _locked,
     _open_failure,
     _open_race,
     _read_txn,
@@ -84,13 +74,13 @@ __all__ = ["SqliteCheckpointer"]
 
 
 _COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash"
-_UPSERT_RUN = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
-               "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
-               "checkpoint=excluded.checkpoint")
+"""The events table's columns, in the order of every statement of :data:`SQLITE` that names them
+(``benchmarks/bench_step_parts.py`` replays the inserts with it)."""
+_UPSERT_RUN = SQLITE.upsert_run
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
-class SqliteCheckpointer(SqliteFile, SqlJournal):
+class SqliteCheckpointer(SqliteFile, SqlWriter):
     """A :class:`~cuaderno.journal.base.Checkpointer` in one SQLite file.
 
     Args:
@@ -165,6 +155,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, (int, float)) or busy_timeout_ms < 0:
             raise UsageError("busy_timeout_ms must be a number of milliseconds")
         self.path = str(path)
+        self._label = f"journal {self.path!r}"
         self._readonly = bool(readonly) and self.path != ":memory:"
         self._create = create and not self._readonly
         self._closed = False
@@ -206,187 +197,74 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
                 self._anchor = _anchor.Anchor(self.path) if on_disk else None
                 time.sleep(0.01)
 
-    # -- the file itself ------------------------------------------------------------------------
+    # -- writes (the algorithm is journal._sql_write's) -------------------------------------------
 
-    # -- schema -------------------------------------------------------------------------------
+    _mark: tuple[int, str] | None = None
+    """The rowid and row hash of the last row the open write transaction inserted (the anchor's)."""
+    _bump = False
+    """Whether the open write transaction raised the file's schema (its first compressed row)."""
 
-    # -- Checkpointer ---------------------------------------------------------------------------
-
-    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
-                      expect_seq: int | None) -> list[StepEvent]:
-        try:
-            out = self._append(run_id, events, epoch, expect_seq, lookups=False)
-        except _Duplicate:
-            out = self._append(run_id, events, epoch, expect_seq, lookups=True)
-        faults.point("append.W2")  # after the commit
-        return out
-
-    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
-                lookups: bool) -> list[StepEvent]:
-        try:
+    @contextmanager
+    def _write_txn(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` on the one connection (see :meth:`_fresh`); after the commit, the
+        schema it raised and the anchor of its last row. The store's lock is held until then, so
+        the mark the anchor records is this transaction's."""
+        with self._lock:
+            self._mark, self._bump = None, False
             with self._txn() as db:
                 version = self._fresh(db)
-                out, mark, bump = self._write(db, run_id, events, epoch, expect_seq, lookups=lookups)
+                yield db
                 self._data_version = version
-            self._committed(mark, bump)
-            return out
-        except BaseException:
-            self._cache.pop(run_id, None)
-            raise
+            if self._bump:
+                self._file_schema = _COMPRESSED_SINCE  # committed
+            if self._mark is not None and self._anchor is not None:
+                self._anchor.write(*self._mark)  # after the commit: the anchor may lag the journal, never lead it
 
-    def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        """The appends of several runs in one transaction and one sync (group commit, see
-        :mod:`cuaderno.journal._group`); per batch, its stored events or its own error.
-
-        Optimistic, like :meth:`append`: everything in one transaction; if any batch is refused
-        (or the commit fails), it is rolled back whole and each batch is appended on its own.
-        """
-        for _ in batches:
-            faults.point("append.W0")
-        if any(not b.events or not _storable(b.events[0].run_id) for b in batches):
-            return self._one_by_one(batches)
-        try:
-            outs: list[list[StepEvent] | Exception] = []
-            marks = []
-            bump = False
-            with self._txn() as db:
-                version = self._fresh(db)
-                for b in batches:
-                    faults.set_txn_points(*b.points)
-                    out, mark, bumped = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq,
-                                                    lookups=False)
-                    outs.append(out)
-                    marks.append(mark)
-                    bump = bump or bumped
-                faults.set_txn_points()
-                faults.point("group.G1")  # every append of the group written, before COMMIT
-                self._data_version = version
-        except Exception:
-            faults.set_txn_points()
-            for b in batches:
-                self._cache.pop(b.events[0].run_id, None)
-            return self._one_by_one(batches)
-        self._committed(next((m for m in reversed(marks) if m is not None), None), bump)
-        for _ in batches:
-            faults.point("append.W2")
-        return outs
-
-    def _fresh(self, db: sqlite3.Connection) -> int:
-        """Inside a write transaction: drop what this store cached if another connection committed
-        since it last wrote; return the data version to record once this transaction is written."""
-        version: int = db.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._data_version:
-            self._cache.clear()  # another connection committed: any cached row may be stale
-            self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
-        return version
-
-    def _committed(self, mark: tuple[int, str] | None, bump: bool) -> None:
-        """After a commit: the schema it raised, and the anchor of its last row."""
-        if bump:
-            self._file_schema = _COMPRESSED_SINCE  # committed
-        if mark is not None and self._anchor is not None:
-            self._anchor.write(*mark)  # after the commit: the anchor may lag the journal, never lead it
-
-    def _write(self, db: sqlite3.Connection, run_id: str, events: Sequence[StepEvent], epoch: int | None,
-               expect_seq: int | None, *, lookups: bool) -> tuple[list[StepEvent], tuple[int, str] | None, bool]:
-        """One append's rows and summary, in ``db``'s transaction: the stored events, the anchor
-        mark of its last row (``None``: nothing new), and whether it raised the file's schema."""
-        cp = self._current(db, run_id, use_cache=not lookups)
-
-        def existing(ev: StepEvent) -> StepEvent | None:
-            row = db.execute(f"SELECT {_COLUMNS} FROM cuaderno_events "  # noqa: S608 - constant columns
-                             "WHERE run_id=? AND step_id=? AND phase=?", ev.key).fetchone()
-            return None if row is None else decode_row(row)
-
-        # Optimistic: insert without looking first. A key that is already stored makes the
-        # INSERT fail; the transaction is then redone with per-key lookups (the rare path).
-        new, out = plan_append(cp, events, existing if lookups else _no_existing, epoch, expect_seq)
-        bump = False
-        mark = None
-        if new:
-            try:
-                compressed = self._insert(db, new)
-            except sqlite3.IntegrityError as exc:
-                if lookups:
-                    raise
-                raise _Duplicate from exc
-            mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], new[-1][0].row_hash)
-            if compressed and self._file_schema < _COMPRESSED_SINCE:
-                # The first compressed row: from this commit on, schema 1 must refuse the file.
-                db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'",
-                           (str(_COMPRESSED_SINCE),))
-                bump = True
-            faults.in_txn("checkpoint")
-            db.execute(_UPSERT_RUN, (run_id, cp.status, cp.epoch, new[-1][0].created_at, cp.dumps()))
-            faults.in_txn()
-            faults.point("append.W1")  # everything written, before COMMIT
-        self._cache[run_id] = cp
-        return out, mark, bump
-
-    def _insert(self, db: sqlite3.Connection, new: list[tuple[StepEvent, bytes]]) -> bool:
-        """Insert the rows; return whether any of them was stored compressed."""
-        rows = stored_rows(new, self._compress, f"journal {self.path!r}", MAX_PAYLOAD)
-        db.executemany(
-            f"INSERT INTO cuaderno_events ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",  # noqa: S608 - constant
-            rows)
-        return any(r[8] == CODEC_JSON_ZSTD for r in rows)
-
-    def _current(self, db: sqlite3.Connection, run_id: str, *, use_cache: bool = True) -> Checkpoint:
-        cached = self._cache.get(run_id) if use_cache else None
+    def _write_summary(self, db: sqlite3.Connection, run_id: str, epoch: int | None, *, fresh: bool,
+                       unheld: bool) -> Checkpoint:
+        cached = None if fresh else self._cache.get(run_id)
         if cached is not None:
             return cached  # the stored row is still the one this connection wrote with it
-        row = db.execute("SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?", (run_id,)).fetchone()
+        row = db.execute(SQLITE.head, (run_id,)).fetchone()
         if row is None:
             return Checkpoint(run_id=run_id)
         cp = Checkpoint.loads(row[1])
         cp.epoch = _epoch(run_id, row[0])
         return cp
 
+    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
+        self._cache[run_id] = cp
+
+    def _forget(self, run_ids: Iterable[str]) -> None:
+        for run_id in run_ids:
+            self._cache.pop(run_id, None)
+
+    def _inserted(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        self._mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], rows[-1][11])
+        if self._file_schema < _COMPRESSED_SINCE and any(r[8] == CODEC_JSON_ZSTD for r in rows):
+            # The first compressed row: from this commit on, schema 1 must refuse the file.
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_COMPRESSED_SINCE),))
+            self._bump = True
+
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
-        """Rebuild the run's stored summary from its hash-chained journal, under the write lock
-        (no append lands between the read and the rewrite). The epoch and holder are kept.
-
-        Returns:
-            The summary as now stored, and the fields in which the old one differed (none: it
-            matched, and nothing was written).
-
-        Raises:
-            RunNotFound: no such run.
-            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
-        """
-        if not _storable(run_id):
-            raise RunNotFound(run_id)
-        if self._writer is not None:
+        if self._writer is not None and self._id_ok(run_id):
             # Still on the read-only connection (a -wal with commits was there at open): a rebuild
             # that will be refused is refused from it, before the writer touches the -shm.
-            with self._reading(run_id), self._lock:
-                with _read_txn(self._db):
-                    self._plan_rebuild(self._db, run_id, trust_journal)
-        with self._reading(run_id), self._txn() as db:
-            cp, differ = self._plan_rebuild(db, run_id, trust_journal)
-            if differ:
-                db.execute("UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
-                           (cp.status, cp.dumps(), run_id))
-            self._cache.pop(run_id, None)
-            faults.point("rebuild.B1")  # the summary rewritten, before COMMIT
-        faults.point("rebuild.B2")  # after the commit
-        return cp, differ
+            with self._reading(run_id), self._lock, _read_txn(self._db):
+                self._plan_rebuild(self._db, run_id, trust_journal)
+        return super().rebuild_checkpoint(run_id, trust_journal=trust_journal)
 
     def _plan_rebuild(self, db: sqlite3.Connection, run_id: str, trust_journal: bool) -> tuple[Checkpoint, list[str]]:
-        """What :meth:`rebuild_checkpoint` writes, read in ``db``'s transaction."""
-        self._schema_of(db)
         try:
-            # As bytes: a summary that is not even UTF-8 is one more unreadable summary.
-            row = db.execute("SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
-                             (run_id,)).fetchone()
-            rows: list[RawRow] = db.execute(
-                f"SELECT {_COLUMNS} FROM cuaderno_events WHERE run_id=?", (run_id,)).fetchall()  # noqa: S608
+            # The summary is read as bytes: one that is not even UTF-8 is one more unreadable summary.
+            return super()._plan_rebuild(db, run_id, trust_journal)
         except sqlite3.OperationalError as exc:
             if "decode" not in str(exc):  # the driver's "Could not decode to UTF-8 column ..."
                 raise
             raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: a row is unreadable ({exc}); nothing "
                                  "was written") from exc
-        return planned_rebuild(run_id, row, rows, trust_journal)
+
+    # -- reads (the algorithm is journal._sql's) -----------------------------------------------------
 
     _dialect = SQLITE
 
@@ -410,36 +288,8 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
             finally:
                 self._db.execute("COMMIT")
 
-    @contextmanager
-    def _reading(self, run_id: str) -> Iterator[None]:
-        """Turn damage found while reading into JournalCorrupt (the file is never touched), and a
-        lock that kept the read from happening into JournalLocked (the file is in use, not damaged)."""
-        try:
-            self._keep_index_readable()
-            yield
-        except (JournalCorrupt, RunNotFound):
-            raise
-        except sqlite3.OperationalError as exc:
-            self._refuse_if_closed(exc)
-            if not _locked(exc):
-                raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
-                                     "the file was not changed") from exc
-            if _errorname(exc).startswith("SQLITE_PROTOCOL") or _index_half_written(exc):
-                self._index_unread = True  # the next read reopens the connection, rebuilding SQLite's index
-            raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
-                                f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
-        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
-            if isinstance(exc, sqlite3.Error):
-                self._refuse_if_closed(exc)
-            raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable ({type(exc).__name__}: {exc}); "
-                                 "the file was not changed") from exc
-
-    _index_unread = False
-    """A read through ``readonly_shm`` met SQLITE_PROTOCOL, or a read-only read met a half-written
-    -shm: the next one reopens the connection (a writable store's is its writer)."""
-
     def acquire(self, run_id: str, owner: str, *, force: bool = False, open_only: bool = False) -> int:
-        if not _storable(run_id):
+        if not self._id_ok(run_id):
             raise RunNotFound(run_id)
         with self._txn() as db:
             self._schema_of(db)
@@ -462,7 +312,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
         return epoch
 
     def release(self, run_id: str, epoch: int) -> None:
-        if not _storable(run_id):
+        if not self._id_ok(run_id):
             return
         try:
             with self._txn() as db:
@@ -501,7 +351,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
         """The live holder of each run that has one (see
         :class:`~cuaderno.journal.base.SupportsClaims`): the run's lock byte in ``<journal>-holds``
         is probed without being taken, and the holder described from the journal's record."""
-        wanted = [r for r in dict.fromkeys(run_ids) if _storable(r)]
+        wanted = [r for r in dict.fromkeys(run_ids) if self._id_ok(r)]
         if not wanted:
             return {}
         owners: dict[str, str | None] = {}
@@ -521,28 +371,7 @@ class SqliteCheckpointer(SqliteFile, SqlJournal):
                 found[run_id] = holder
         return found
 
-    # -- tails (SupportsTail) ---------------------------------------------------------------------
-
-    def _tail_index(self) -> bool:
-        """Whether the ``(run_id, seq)`` index is there, creating it when this store may write."""
-        if self._tail_ready:
-            return True
-        with self._reading("*"), self._lock:
-            found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='index' AND name=?",
-                                     (_TAIL_INDEX_NAME,)).fetchone()
-        if found is None:
-            if self._readonly or self._writer is not None:
-                return False  # may not write (or not yet): a tail read is not worth the writer
-            with self._txn() as db:
-                db.execute(_TAIL_INDEX)
-        self._tail_ready = True
-        return True
-
-
-_TAIL_INDEX_NAME = "cuaderno_events_run_seq"
-_TAIL_INDEX = "CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)"
-"""Lets a resume read the rows after a snapshot without reading the run's others. Not a schema
-step: a cuaderno without it reads and writes the file as it is (the index only costs each insert
-one more b-tree entry), so it is created by the first tail read of a writable store."""
+    def _may_index(self) -> bool:
+        return not self._readonly and self._writer is None  # not yet: a tail read is not worth the writer
 
 

@@ -1,0 +1,311 @@
+"""How a SQL journal writes, once for both dialects (SQLite, PostgreSQL).
+
+An append, alone or in a group, is one transaction: the run's summary read (and, in PostgreSQL,
+its row locked), the new rows planned by :func:`~cuaderno.journal._append.plan_append`, inserted
+without looking first, then the summary upserted. A stored key makes the insert fail (the
+table's primary key is the dedup key); the append is then redone with one lookup per key (rows
+already stored are returned as they are). A rebuild reads the run's rows and summary under the
+write lock and rewrites the summary only where it differs. :class:`SqlWriter` is that algorithm,
+with the statements of the store's :class:`~cuaderno.journal._sql.Dialect`.
+
+What a backend supplies is its own: the write transaction (:meth:`SqlWriter._write_txn`: SQLite's
+``BEGIN IMMEDIATE`` on its one connection, with what a commit of its file records after it;
+PostgreSQL's pooled transaction), the summary read under its lock (:meth:`SqlWriter._write_summary`),
+its summary cache, and, for PostgreSQL, the run locks a write checks (:meth:`SqlWriter._hold_lost`,
+:meth:`SqlWriter._moved`) and what it does when a commit's acknowledgement is lost
+(:meth:`SqlWriter._after_lost`). The rows' bytes are the algorithm's alone, so both dialects store
+the same journal (``tests/golden``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from cuaderno import faults
+from cuaderno.checkpoint import Checkpoint
+from cuaderno.errors import FencedOut, JournalCorrupt, JournalError, RunNotFound
+from cuaderno.events import CODEC_JSON, StepEvent
+from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
+from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._group import GroupBatch
+from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
+from cuaderno.journal._sql import SqlJournal
+from cuaderno.journal.base import validate_event
+
+__all__ = ["Lost", "SqlWriter", "first_line", "next_epoch", "planned_rebuild", "stored_rows"]
+
+
+class Lost(JournalError):
+    """A write's connection died: whether its transaction committed is not known yet (the server
+    may have committed it before its reply was lost, R19). An append asks the journal
+    (:meth:`SqlWriter._after_lost`); to the callers of the other writes (a takeover, a release) it
+    is the JournalError it says it is. Only a store with a server raises it."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (a driver's message may go on with its details and hints)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
+                max_payload: int) -> list[tuple[Any, ...]]:
+    """The events table's columns of each new row, its payload compressed when ``compress`` (the
+    row hash and deduplication cover the JSON bytes; compression is how they rest). A payload over
+    ``max_payload`` is refused: compressed it would fit, and no reader could open it."""
+    rows = []
+    for e, payload in new:
+        if len(payload) > max_payload:
+            raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
+                               f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
+                               "was committed")
+        codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
+        rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
+                     stored, e.created_at, e.row_hash))
+    return rows
+
+
+def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
+                    trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+    """What ``rebuild_checkpoint`` writes, from the run's ``(epoch, checkpoint, status)`` row
+    and its events' rows, both read under the write lock (see
+    :func:`~cuaderno.journal._append.plan_rebuild`)."""
+    if row is None:
+        if rows:
+            raise JournalCorrupt(f"run {run_id!r} has {len(rows)} journaled events but no summary row (it was "
+                                 "deleted): its epoch and holder are lost, so it is not rebuilt; nothing was "
+                                 "written")
+        raise RunNotFound(run_id)
+    rows.sort(key=lambda r: r[3])
+    # The epoch column is the run's epoch: a takeover writes only the column.
+    cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
+    if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
+        differ = [*differ, "status column"]
+    return cp, differ
+
+
+def next_epoch(run_id: str, value: object) -> int:
+    """The epoch a takeover of the run gives it, after its epoch column ``value`` (both dialects
+    store 64-bit integers)."""
+    epoch = checked_epoch(run_id, value) + 1
+    if epoch >= 2**63:
+        raise JournalCorrupt(f"run {run_id!r}: its epoch is {value}, not one a takeover can follow; the "
+                             "run's fencing record is damaged, nothing was written")
+    return epoch
+
+
+class SqlWriter(SqlJournal):
+    """The append, group append and rebuild of a SQL journal (see the module)."""
+
+    _compress: bool
+    _label: str
+    """``journal <where>``: how this store names its journal in an error."""
+
+    # -- what a backend supplies --------------------------------------------------------------------
+
+    def _write_txn(self) -> AbstractContextManager[Any]:
+        """One write transaction, committed when the block ends (rolled back on an error), with
+        what the backend records after a commit; inside it, the store's view of the journal is
+        current (a cache another connection made stale is dropped)."""
+        raise NotImplementedError
+
+    def _write_summary(self, db: Any, run_id: str, epoch: int | None, *, fresh: bool,
+                       unheld: bool) -> Checkpoint:
+        """The run's summary, under the write lock, to fold an append into (``fresh``: read from
+        the row, not the cache; ``unheld``: see :meth:`_hold_lost`). Its epoch is the column's:
+        what the fencing check compares the writer's with."""
+        raise NotImplementedError
+
+    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
+        """Cache the summary an append just wrote (``token``: what the upsert returned, the row
+        version where the dialect keeps one): the next append of the run need not read it."""
+        raise NotImplementedError
+
+    def _forget(self, run_ids: Iterable[str]) -> None:
+        """Drop the cached summaries of runs whose write failed (they hold events never committed)."""
+        raise NotImplementedError
+
+    def _inserted(self, db: Any, rows: list[tuple[Any, ...]]) -> None:
+        """After an append's rows are in, in its transaction (SQLite: the anchor's mark, the schema
+        a first compressed row raises)."""
+
+    def _schema_of(self, db: Any) -> int:
+        """The journal's schema version, refused when this cuaderno cannot read it."""
+        raise NotImplementedError
+
+    def _hold_lost(self, run_ids: Sequence[str]) -> set[str]:
+        """Of ``run_ids``, those whose run lock this store lost and cannot take back (none where
+        the locks cannot be lost while the store lives)."""
+        return set()
+
+    def _moved(self, run_id: str, epoch: int | None) -> FencedOut | None:
+        """After a commit: the refusal to give the writer if its run lock went to someone else
+        meanwhile (what it wrote, an intent, must then not be acted on)."""
+        return None
+
+    def _after_lost(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None,
+                    lost: Lost, unheld: bool) -> list[StepEvent]:
+        """The append after its commit's acknowledgement was lost (only a server store has one)."""
+        raise lost
+
+    # -- appends --------------------------------------------------------------------------------------
+
+    def append(self, events: Sequence[StepEvent], *, epoch: int | None = None,
+               expect_seq: int | None = None) -> list[StepEvent]:
+        if not events:
+            return []
+        run_id = events[0].run_id
+        if not self._id_ok(run_id):
+            validate_event(events[0])  # raises the UsageError before the run_id reaches SQL
+        faults.point("append.W0")  # before the transaction (every write, whoever makes it)
+        return self._append_alone(run_id, events, epoch, expect_seq)
+
+    def _append_alone(self, run_id: str, events: Sequence[StepEvent], epoch: int | None,
+                      expect_seq: int | None) -> list[StepEvent]:
+        """One append in its own transaction: optimistic first, with lookups after a stored key."""
+        unheld = bool(self._hold_lost([run_id] if epoch is not None else []))
+        try:
+            out = self._append(run_id, events, epoch, expect_seq, lookups=False, unheld=unheld)
+        except Duplicate:
+            out = self._append(run_id, events, epoch, expect_seq, lookups=True, unheld=unheld)
+        except Lost as lost:
+            out = self._after_lost(run_id, events, epoch, expect_seq, lost, unheld)
+        moved = self._moved(run_id, epoch)
+        if moved is not None:
+            raise moved  # committed, and the run's lock went to someone else since: not to be acted on
+        faults.point("append.W2")  # after the commit
+        return out
+
+    def _append(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None, *,
+                lookups: bool, unheld: bool = False) -> list[StepEvent]:
+        try:
+            with self._write_txn() as db:
+                out = self._write(db, run_id, events, epoch, expect_seq, lookups=lookups, unheld=unheld)
+            return out
+        except BaseException:
+            self._forget([run_id])
+            raise
+
+    def _write(self, db: Any, run_id: str, events: Sequence[StepEvent], epoch: int | None,
+               expect_seq: int | None, *, lookups: bool, unheld: bool = False) -> list[StepEvent]:
+        """One append's rows and summary, in ``db``'s transaction; the stored events.
+
+        Optimistic: the rows are inserted without looking first. A stored key fails the insert
+        (:class:`Duplicate`: the caller redoes the transaction with ``lookups``, one per key)."""
+        cp = self._write_summary(db, run_id, epoch, fresh=lookups, unheld=unheld)
+
+        def existing(ev: StepEvent) -> StepEvent | None:
+            row = db.execute(self._dialect.event, ev.key).fetchone()
+            return None if row is None else decode_row(row)
+
+        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
+        if new:
+            rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD)
+            try:
+                if len(rows) == 1:
+                    db.execute(self._dialect.insert, rows[0])
+                else:
+                    db.executemany(self._dialect.insert, rows)
+            except self._dialect.duplicate as exc:
+                if lookups:  # every key was looked up: another writer's row, committed since
+                    raise JournalError(f"{self._label}: write failed, nothing was committed: {first_line(exc)}") \
+                        from None
+                raise Duplicate from None
+            self._inserted(db, rows)
+            faults.in_txn("checkpoint")
+            token = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
+                                                          cp.dumps())).fetchone()
+            faults.in_txn()
+            faults.point("append.W1")  # everything written, before COMMIT
+            self._keep(run_id, cp, token)
+        return out
+
+    def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        """The appends of several runs in one transaction and one sync (group commit, see
+        :mod:`cuaderno.journal._group`); per batch, its stored events or its own error.
+
+        Optimistic, like :meth:`append`: everything in one transaction; if any batch is refused
+        (or the commit fails), it is rolled back whole and each batch is appended on its own.
+        """
+        for _ in batches:
+            faults.point("append.W0")
+        if any(not b.events or not self._id_ok(b.events[0].run_id) for b in batches):
+            return self._one_by_one(batches)
+        if self._hold_lost([b.events[0].run_id for b in batches if b.epoch is not None]):
+            return self._one_by_one(batches)  # each batch is refused, or written, on its own
+        outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
+        try:
+            with self._write_txn() as db:
+                self._write_batches(db, batches, outs)
+                faults.set_txn_points()
+                faults.point("group.G1")  # every append of the group written, before COMMIT
+        except Exception:
+            faults.set_txn_points()
+            self._forget(b.events[0].run_id for b in batches)
+            return self._one_by_one(batches)
+        for i, b in enumerate(batches):
+            moved = self._moved(b.events[0].run_id, b.epoch)
+            if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
+                outs[i] = moved
+        for _ in batches:
+            faults.point("append.W2")
+        return outs
+
+    def _write_batches(self, db: Any, batches: Sequence[GroupBatch], outs: list[list[StepEvent] | Exception]) -> None:
+        """Every batch of a group in ``db``'s transaction, one after the other (each batch's crash
+        points passed in its turn); ``outs[i]``: batch ``i``'s stored events."""
+        for i, b in enumerate(batches):
+            faults.set_txn_points(*b.points)
+            outs[i] = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+
+    def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        """A group's batches appended one after the other; per batch, its events or its error."""
+        outs: list[list[StepEvent] | Exception] = []
+        for b in batches:
+            faults.set_txn_points(*b.points)
+            try:
+                if not b.events:
+                    outs.append([])
+                    continue
+                run_id = b.events[0].run_id
+                if not self._id_ok(run_id):
+                    validate_event(b.events[0])  # raises the UsageError before the run_id reaches SQL
+                outs.append(self._append_alone(run_id, b.events, b.epoch, b.expect_seq))
+            except Exception as exc:  # that batch's own outcome
+                outs.append(exc)
+            finally:
+                faults.set_txn_points()
+        return outs
+
+    # -- rebuilding a summary ---------------------------------------------------------------------------
+
+    def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
+        """Rebuild the run's stored summary from its hash-chained journal, under the write lock
+        (no append lands between the read and the rewrite). The epoch and holder are kept.
+
+        Returns:
+            The summary as now stored, and the fields in which the old one differed (none: it
+            matched, and nothing was written).
+
+        Raises:
+            RunNotFound: no such run.
+            JournalCorrupt: see :func:`~cuaderno.journal._append.plan_rebuild`; nothing was written.
+        """
+        if not self._id_ok(run_id):
+            raise RunNotFound(run_id)
+        with self._reading(run_id), self._txn() as db:  # no append's bookkeeping: no row is added
+            cp, differ = self._plan_rebuild(db, run_id, trust_journal)
+            if differ:
+                db.execute(self._dialect.rewrite_summary, (cp.status, cp.dumps(), run_id))
+            self._forget([run_id])
+            faults.point("rebuild.B1")  # the summary rewritten, before COMMIT
+        faults.point("rebuild.B2")  # after the commit
+        return cp, differ
+
+    def _plan_rebuild(self, db: Any, run_id: str, trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+        """What :meth:`rebuild_checkpoint` writes, read in ``db``'s transaction."""
+        self._schema_of(db)
+        row = db.execute(self._dialect.rebuild_head, (run_id,)).fetchone()
+        rows: list[RawRow] = db.execute(self._dialect.run_events, (run_id,)).fetchall()
+        return planned_rebuild(run_id, row, rows, trust_journal)
