@@ -34,7 +34,7 @@ from cuaderno import (
     approve,
     tool,
 )
-from cuaderno._render import counted
+from cuaderno.render import counted
 
 sent: list[int] = []
 

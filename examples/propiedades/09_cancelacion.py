@@ -36,7 +36,7 @@ from cuaderno import (
     open_journal,
     tool,
 )
-from cuaderno._render import counted
+from cuaderno.render import counted
 from cuaderno.testing.ledger import LedgerClient, LedgerProcess
 
 WAIT_S = 60.0

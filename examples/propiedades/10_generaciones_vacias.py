@@ -35,7 +35,7 @@ from cuaderno import (
     TieredGateway,
     tool,
 )
-from cuaderno._render import cost_text
+from cuaderno.render import cost_text
 
 
 @tool(idempotent=True)

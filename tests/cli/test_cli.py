@@ -671,7 +671,7 @@ def test_a_table_rich_would_crop_is_printed_one_line_per_row() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from cuaderno import _render as render
+    from cuaderno import render
 
     for width in (77, 80, 86):
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)

@@ -18,10 +18,10 @@ from typing import Annotated, Any, Final, NoReturn
 import typer
 from rich.console import Console
 
-from cuaderno._render import clean
 from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
 from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
+from cuaderno.render import clean
 
 __all__ = ["DEFAULT_DB", "ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "ByOption", "NotFound", "Options",
            "ReasonOption", "Refused", "RunArg",

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 import cuaderno.harness as harness
-from cuaderno import _render as render
+from cuaderno import render
 from cuaderno._json import MAX_DEPTH
 from cuaderno.cli._common import (
     USAGE_EXIT,

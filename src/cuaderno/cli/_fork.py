@@ -16,9 +16,9 @@ from typing import Annotated
 
 import typer
 
-from cuaderno._render import clean, counted
 from cuaderno.cli._common import exit_code, fail
 from cuaderno.journal.sqlite import SqliteCheckpointer
+from cuaderno.render import clean, counted
 
 __all__ = ["export_command", "fork_command"]
 

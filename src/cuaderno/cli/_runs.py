@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 import cuaderno.harness as harness
-from cuaderno import _render as render
+from cuaderno import render
 from cuaderno.checkpoint import verified
 from cuaderno.cli._common import STATUSES, USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted

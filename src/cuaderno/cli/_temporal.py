@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from cuaderno import _render as render
+from cuaderno import render
 from cuaderno.cli._common import ERROR_EXIT, NOT_FOUND_EXIT, USAGE_EXIT, fail, normal_fingerprint, stdout
 
 if TYPE_CHECKING:

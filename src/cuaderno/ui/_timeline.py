@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cuaderno._render import _money as money
-from cuaderno._render import dumps
 from cuaderno.events import StepEvent
+from cuaderno.render import dumps, money
 
 __all__ = ["INLINE_EVENTS", "PAYLOAD_SHOWN", "STEPS_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
 

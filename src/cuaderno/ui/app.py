@@ -59,7 +59,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import cuaderno.harness as harness
-from cuaderno import _render as render
+from cuaderno import render
 from cuaderno._json import MAX_DEPTH
 from cuaderno.cancellation import cancel as cancel_run
 from cuaderno.checkpoint import Checkpoint, verified
@@ -289,7 +289,7 @@ class _UI:
                          task=start.payload.get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
-                         groups=_counter_groups(cp), cost=render.cost_text(cp, short=False),
+                         groups=render.counter_groups(cp), cost=render.cost_text(cp, short=False),
                          outcome=outcome if outcome is None else outcome[:_timeline.PAYLOAD_SHOWN],
                          outcome_cut=outcome is not None and len(outcome) > _timeline.PAYLOAD_SHOWN,
                          outcome_seq=outcome_seq, decidable=cp.is_open, ended=cp.status in render.ENDED_STATUSES,
@@ -472,12 +472,6 @@ def _forked_from(start: StepEvent | None) -> dict[str, Any] | None:
     """Where a fork came from (``cuaderno fork`` records it in the run's start), if it is one."""
     origin = start.payload.get("forked_from") if start is not None else None
     return origin if isinstance(origin, dict) and isinstance(origin.get("run_id"), str) else None
-
-
-def _counter_groups(cp: Checkpoint) -> list[tuple[str, list[tuple[str, int]]]]:
-    groups = [(group, [(label, cp.count(name)) for name, label in names]) for group, names in render._GROUPS]
-    others = [(name, n) for name, n in sorted(cp.counters.items()) if name not in render._GROUPED]
-    return groups + ([("other", others)] if others else [])
 
 
 def _positive(text: str | None, name: str, *, default: int | None = None) -> int:

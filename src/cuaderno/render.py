@@ -26,13 +26,17 @@ from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import StepEvent
 
 __all__ = [
+    "COUNTER_GROUPS",
     "ENDED_STATUSES",
+    "GROUPED_COUNTERS",
     "approval_step",
     "clean",
     "cost_summary",
     "cost_text",
     "counted",
+    "counter_groups",
     "dumps",
+    "money",
     "render_decision",
     "render_pending_call",
     "render_runs",
@@ -48,7 +52,7 @@ ENDED_STATUSES: Final = frozenset({"completed", "failed", "cancelled"})
 pending any more (no decision is accepted, and the cancellation record lists it as not started)."""
 
 # How the counters are grouped for people; every name in COUNTERS appears exactly once.
-_GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
+COUNTER_GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
     ("model", (("model_calls", "calls"), ("model_sends", "sends"),
                ("possibly_billed_twice", "possibly billed twice"), ("rejected_responses", "rejected responses"))),
     ("billing", (("calls_paid", "calls paid"), ("unpriced_calls", "unpriced"))),
@@ -60,7 +64,7 @@ _GROUPS: Final[tuple[tuple[str, tuple[tuple[str, str], ...]], ...]] = (
                   ("reflects", "reflects"), ("escalations", "escalations"))),
     ("effects", (("uncertain", "ever uncertain"), ("reconciled", "reconciled by a lookup"))),
 )
-_GROUPED: Final = frozenset(name for _, names in _GROUPS for name, _ in names)
+GROUPED_COUNTERS: Final = frozenset(name for _, names in COUNTER_GROUPS for name, _ in names)
 
 
 # -- text safety -------------------------------------------------------------------------------------
@@ -114,6 +118,15 @@ def _counters(cp: Checkpoint) -> dict[str, int]:
     out = {name: cp.count(name) for name in COUNTERS}
     out.update({name: n for name, n in sorted(cp.counters.items()) if name not in out})
     return out
+
+
+def counter_groups(cp: Checkpoint) -> list[tuple[str, list[tuple[str, int]]]]:
+    """The run's counters as people read them (the CLI's ``show`` and the page): each group of
+    :data:`COUNTER_GROUPS` with its labels and counts, then ``other`` with any counter this file
+    does not name yet, by name (a counter added later is still shown, never dropped)."""
+    groups = [(group, [(label, cp.count(name)) for name, label in names]) for group, names in COUNTER_GROUPS]
+    others = [(name, n) for name, n in sorted(cp.counters.items()) if name not in GROUPED_COUNTERS]
+    return groups + ([("other", others)] if others else [])
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
@@ -182,7 +195,9 @@ def approval_step(step: str) -> str:
 # -- renderings ---------------------------------------------------------------------------------------
 
 
-def _money(usd: float) -> str:
+def money(usd: float) -> str:
+    """A dollar amount as the CLI and the page show it: six decimals, or three significant digits
+    below a millionth (a cheap call must not show as $0.000000)."""
     if usd == 0 or abs(usd) >= 0.000001:
         return f"${usd:.6f}"
     return f"${usd:.3g}"
@@ -196,9 +211,9 @@ def cost_text(cp: Checkpoint, *, short: bool) -> str:
         return f"unpriced: {unpriced}" if short else \
             f"unknown, unpriced: {unpriced} call(s) carried no price (this is not $0)"
     if unpriced:
-        return f">= {_money(cp.cost_usd)}, unpriced: {unpriced}" if short else \
-            f"at least {_money(cp.cost_usd)} for {paid} priced call(s), unpriced: {unpriced} call(s) not included"
-    return _money(cp.cost_usd) if short else f"{_money(cp.cost_usd)} for {paid} priced call(s)"
+        return f">= {money(cp.cost_usd)}, unpriced: {unpriced}" if short else \
+            f"at least {money(cp.cost_usd)} for {paid} priced call(s), unpriced: {unpriced} call(s) not included"
+    return money(cp.cost_usd) if short else f"{money(cp.cost_usd)} for {paid} priced call(s)"
 
 
 def render_runs(console: Console, runs: Iterable[Checkpoint],
@@ -275,7 +290,7 @@ def max_cost_text(cp: Checkpoint, upper: float) -> str:
     price its answer had (``show``'s "max cost" line). Unpriced calls are in neither figure."""
     twice = cp.count("possibly_billed_twice")
     unpriced = cp.count("unpriced_calls")
-    text = f"{_money(upper)}" + (f" (known {_money(cp.cost_usd)} + {counted(twice, 'call')} possibly billed twice)"
+    text = f"{money(upper)}" + (f" (known {money(cp.cost_usd)} + {counted(twice, 'call')} possibly billed twice)"
                                  if twice else " (no call possibly billed twice)")
     return text + (f", unpriced: {unpriced} call(s) not included" if unpriced else "")
 
@@ -300,12 +315,8 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     _kv(console, "versions", clean(versions) or "-")
 
     _heading(console, "Counters")
-    for group, names in _GROUPS:
-        _kv(console, f"  {group}", ", ".join(f"{label} {cp.count(name)}" for name, label in names))
-    # Counters added after this file was written are still shown, never dropped.
-    others = {name: n for name, n in _counters(cp).items() if name not in _GROUPED}
-    if others:
-        _kv(console, "  other", ", ".join(f"{clean(name)} {n}" for name, n in others.items()))
+    for group, counts in counter_groups(cp):
+        _kv(console, f"  {group}", ", ".join(f"{clean(label)} {n}" for label, n in counts))
     _kv(console, "  cost", cost_text(cp, short=False))
     if events is not None:
         _kv(console, "  max cost", max_cost_text(cp, cost_upper_usd(cp, events)))
@@ -413,7 +424,7 @@ def _step_cost(ev: StepEvent) -> str:
     if not isinstance(response, dict):
         return ""
     cost = response.get("cost")
-    return _money(float(cost)) if isinstance(cost, int | float) else "unpriced"
+    return money(float(cost)) if isinstance(cost, int | float) else "unpriced"
 
 
 def _preview(ev: StepEvent) -> str:
