@@ -50,14 +50,12 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent
-from cuaderno.forks import export_lines, fork
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.empty import classify_response
 from cuaderno.gateway.ladder import Escalate, FittingTools, Ladder, NamedTool, RelaxToolChoice, Resend
 from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
-from cuaderno.harness import approve, deny, pending_approvals, rebuild_summary, resolve
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer, open_journal
 from cuaderno.loop import (
     Agent,
@@ -75,6 +73,7 @@ from cuaderno.loop import (
 from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.conversation import Conversation
 from cuaderno.loop.versions import Migration
+from cuaderno.operations import approve, deny, export_lines, fork, pending_approvals, rebuild_summary, resolve
 from cuaderno.tools import Compensation, Policy, PolicyDecision, Tool, ToolContext, tool
 from cuaderno.worker import Worker, WorkerStats
 

@@ -32,13 +32,28 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
-from cuaderno.harness import check_store, check_strings
 from cuaderno.journal.base import Checkpointer, validate_event
 from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
-__all__ = ["cancel", "cancellation_record", "close", "derived_cleanup", "in_flight", "request_cancel",
-           "wait_for_holder"]
+__all__ = ["cancel", "cancellation_record", "check_store", "check_strings", "close", "derived_cleanup", "in_flight",
+           "request_cancel", "wait_for_holder"]
+
+
+def check_store(store: object) -> None:
+    """Refuse a ``store`` that is not a Checkpointer (``None``, a path), before it is used: it
+    would fail later as an ``AttributeError`` that names no argument. Shared by every function
+    that writes while no loop runs (here and :mod:`cuaderno.operations`)."""
+    if not isinstance(store, Checkpointer):
+        raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
+
+
+def check_strings(*fields: tuple[str, object]) -> None:
+    """Refuse any ``(label, value)`` whose value is neither ``None`` nor a string: the names and
+    notes of a record are text, and a number would be journaled as evidence of another type."""
+    for label, value in fields:
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{label} must be a string, got {type(value).__name__}")
 
 
 def cancel(store: Checkpointer, run_id: str, reason: str, *, by: str | None = None,

@@ -79,6 +79,7 @@ from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.steps import FinalStep, Step
+from cuaderno.operations import cleanup_left
 
 __all__ = ["Worker", "WorkerStats", "load_agent"]
 
@@ -364,7 +365,7 @@ class Worker:
 
     async def _compensate(self, store: Checkpointer, cp: Checkpoint) -> None:
         run_id = cp.run_id
-        left = _cleanup_left(cp, store.load(run_id))
+        left = cleanup_left(cp, store.load(run_id))
         if not left:
             self._no_cleanup[run_id] = cp.last_seq
             return
@@ -442,20 +443,6 @@ def _where(store: Checkpointer) -> str:
 
 def _start_event(events: list[StepEvent]) -> StepEvent | None:
     return next((ev for ev in events if ev.kind == "run" and ev.phase == "start"), None)
-
-
-def _cleanup_left(cp: Checkpoint, events: list[StepEvent]) -> int:
-    """Compensations the cancellation record scheduled whose results are not journaled yet (one
-    left uncertain counts: ``compensate`` says so again without writing)."""
-    done = {ev.step_id for ev in events if ev.phase == "result" and ev.step_id.startswith("cleanup")}
-    entries = (cp.outcome or {}).get("cleanup") or []
-    end = max((ev.seq for ev in events if ev.kind == "run" and ev.phase == "end"), default=None)
-    # Effects a person confirmed after the record was written get cleanup too (as compensate() counts them).
-    confirmed = 0 if end is None else sum(
-        1 for ev in events if ev.seq > end and ev.kind == "tool" and ev.phase == "result"
-        and ev.decision == "resolved" and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok")
-    total = len(entries) + confirmed
-    return sum(1 for i in range(total) if f"cleanup{i:02d}" not in done)
 
 
 def load_agent(reference: str) -> Any:

@@ -21,6 +21,7 @@ from rich.console import Console
 from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
 from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
+from cuaderno.operations import STATUSES
 from cuaderno.render import clean
 
 __all__ = ["DEFAULT_DB", "ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "ByOption", "NotFound", "Options",
@@ -43,8 +44,6 @@ nothing was written."""
 
 DEFAULT_DB: Final = "runs.db"
 
-STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
-"""Every status a run can have (``--status`` accepts only these: a typo would list nothing, silently)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ journal or (``--temporal``) on a Temporal workflow (:mod:`cuaderno.cli._temporal
     cuaderno [--db runs.db] cancel RUN [--reason TEXT] [--by NAME]
     cuaderno [--db runs.db] resolve RUN STEP --happened|--not-happened [--result JSON] [--by NAME] [--note TEXT]
 
-They write nothing but what :mod:`cuaderno.harness` and :func:`cuaderno.cancellation.cancel` append.
+They write nothing but what :mod:`cuaderno.operations` appends.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-import cuaderno.harness as harness
-from cuaderno import render
+from cuaderno import operations, render
 from cuaderno._json import MAX_DEPTH
 from cuaderno.cli._common import (
     USAGE_EXIT,
@@ -55,7 +54,7 @@ def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by
                  "out to bind the call printed here; nothing was written", USAGE_EXIT)
     console = stdout()
     with refusals(), opened(ctx) as store:
-        pending = harness.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
+        pending = operations.pending_approvals(store, run)  # RunNotFound, RunClosed: nothing written
         step_id = render.approval_step(step)
         entry = pending.get(step_id)
         if entry is not None:
@@ -63,7 +62,7 @@ def _decide(ctx: typer.Context, run: str, step: str, fingerprint: str | None, by
             if fingerprint is None:
                 # Bind the decision to exactly what was just printed.
                 fingerprint = entry.get("fingerprint")
-        decide = harness.approve if approved else harness.deny
+        decide = operations.approve if approved else operations.deny
         event = decide(store, run, step, fingerprint=fingerprint, approver=by, reason=reason)
     render.render_decision(console, event)
 
@@ -96,22 +95,16 @@ def cancel(
     """Cancel a run: no new step is admitted; what completed and what is uncertain are kept."""
     if temporal is not None:
         return cancel_on_temporal(temporal, run, reason, by)
-    from cuaderno.cancellation import cancel as cancel_run
-
     with refusals(), opened(ctx) as store:
-        # Read first only to word the answer: cancel() is idempotent and decides on its own read.
-        before = store.checkpoint(run)
-        cp = cancel_run(store, run, reason, by=by)
+        cp, already = operations.cancel_run(store, run, reason, by=by)
     if cp.status == "cancelled":
         record = cp.outcome or {}
-        done = "was already cancelled (nothing was written)" if before is not None and before.status == "cancelled" \
-            else "cancelled"
+        done = "was already cancelled (nothing was written)" if already else "cancelled"
         typer.echo(f"run {run} {done}: {render.counted(len(record.get('completed') or []), 'effect')} completed, "
                    f"{len(record.get('uncertain') or [])} uncertain, "
                    f"{render.counted(len(record.get('cleanup') or []), 'cleanup action')} scheduled")
     else:
-        asked = "was already requested" if before is not None and before.cancel_requested is not None \
-            else "requested"
+        asked = "was already requested" if already else "requested"
         typer.echo(f"run {run}: cancellation {asked}; the process running it stops before its next step "
                    "(or its next resume finalizes it)")
 
@@ -143,7 +136,7 @@ def resolve(
         except ValueError:  # Python refuses to read an integer of more than 4,300 digits
             fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written", USAGE_EXIT)
     with refusals(), opened(ctx) as store:
-        event = harness.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
+        event = operations.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
         cp = store.checkpoint(run)
     if cp is not None and cp.status in ("completed", "failed", "cancelled"):
         after = f"the run already ended ({cp.status}): nothing is sent"

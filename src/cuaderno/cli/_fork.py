@@ -1,4 +1,4 @@
-"""``cuaderno fork`` and ``cuaderno export`` (see :mod:`cuaderno.forks`).
+"""``cuaderno fork`` and ``cuaderno export`` (see :func:`cuaderno.operations.fork`).
 
 ::
 
@@ -17,7 +17,9 @@ from typing import Annotated
 import typer
 
 from cuaderno.cli._common import exit_code, fail
+from cuaderno.errors import CuadernoError
 from cuaderno.journal.sqlite import SqliteCheckpointer
+from cuaderno.operations import export_lines, fork
 from cuaderno.render import clean, counted
 
 __all__ = ["export_command", "fork_command"]
@@ -37,9 +39,6 @@ def fork_command(
 ) -> None:
     """Start NEW_RUN as a copy of RUN's journal up to STEP: resumed with the same agent and task, it
     pays no call and runs no tool again up to STEP, and sends new effects under keys of its own."""
-    from cuaderno.errors import CuadernoError
-    from cuaderno.forks import fork
-
     try:
         with _open(ctx, readonly=False) as store:
             cp = fork(store, run, at=at, new_run_id=new_run)
@@ -60,9 +59,6 @@ def export_command(
                                                 help="Write here (must not exist) instead of stdout.")] = None,
 ) -> None:
     """Write RUN's journal as JSON lines, one event per line, checked against its hash chain first."""
-    from cuaderno.errors import CuadernoError
-    from cuaderno.forks import export_lines
-
     if output is not None and output.exists():
         fail(f"{str(output)!r} exists; nothing was written (choose another --output)")
     try:

@@ -12,17 +12,17 @@ rewrites only a summary, from the journal itself).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-import cuaderno.harness as harness
-from cuaderno import render
+from cuaderno import operations, render
 from cuaderno.checkpoint import verified
-from cuaderno.cli._common import STATUSES, USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
+from cuaderno.cli._common import USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted
+from cuaderno.operations import STATUSES, run_state
 
-__all__ = ["list_runs", "rebuild_summary", "run_state", "show", "status_command"]
+__all__ = ["list_runs", "rebuild_summary", "show", "status_command"]
 
 
 def list_runs(
@@ -37,16 +37,15 @@ def list_runs(
     if status is not None and status not in STATUSES:
         fail(f"--status {quoted(status)} is not a run status; use one of: {', '.join(STATUSES)}", USAGE_EXIT)
     with refusals(), opened(ctx, readonly=True) as store:
-        runs = store.list_runs(status=status, limit=limit)
-        states = {cp.run_id: run_state(store, cp) for cp in runs}
+        rows = operations.list_runs(store, status=status, limit=limit)
     if as_json:
-        print_json([render.run_summary(cp, states.get(cp.run_id)) for cp in runs])
+        print_json([render.run_summary(cp, state) for cp, state in rows])
         return
     console = stdout()
-    if not runs:
+    if not rows:
         console.print("no runs" + (f" with status {render.clean(status)!r}" if status else ""), soft_wrap=True)
         return
-    render.render_runs(console, runs, states)
+    render.render_runs(console, [cp for cp, _ in rows], {cp.run_id: state for cp, state in rows})
 
 
 def show(
@@ -86,7 +85,7 @@ def rebuild_summary(
 ) -> None:
     """Rewrite a run's summary from its hash-chained journal, when it no longer matches it."""
     with refusals(), opened(ctx) as store:
-        cp, differed = harness.rebuild_summary(store, run, trust_journal=trust_journal)
+        cp, differed = operations.rebuild_summary(store, run, trust_journal=trust_journal)
     if not differed:
         typer.echo(f"run {run}: its summary matches its journal ({render.counted(cp.last_seq, 'event')}); "
                    "nothing was written")
@@ -111,20 +110,3 @@ def status_command(
         return
     typer.echo(render.clean(f"run {cp.run_id}: {state['summary']}"))
 
-
-def run_state(store: Any, cp: Any, events: Any = None) -> dict[str, Any]:
-    """``state``, ``waiting_for``, ``held_by`` and ``summary`` of a run (see
-    :func:`cuaderno.journal.state_of`); a store without SupportsClaims cannot say who holds
-    a run, and its runs are described from their status alone."""
-    from cuaderno.journal import state_of
-    from cuaderno.journal.base import SupportsClaims
-
-    holder = None
-    if isinstance(store, SupportsClaims):
-        holder = store.holders([cp.run_id]).get(cp.run_id)
-    left = None
-    if events is not None and cp.status == "cancelled":
-        from cuaderno.worker import _cleanup_left
-
-        left = _cleanup_left(cp, list(events))
-    return state_of(cp, holder, cleanup_left=left)

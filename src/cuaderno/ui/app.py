@@ -58,10 +58,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-import cuaderno.harness as harness
-from cuaderno import render
+from cuaderno import operations, render
 from cuaderno._json import MAX_DEPTH
-from cuaderno.cancellation import cancel as cancel_run
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     ApprovalMismatch,
@@ -75,9 +73,8 @@ from cuaderno.errors import (
     clipped,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal import state_of
-from cuaderno.journal.base import SupportsClaims
 from cuaderno.journal.sqlite import SqliteCheckpointer
+from cuaderno.operations import STATUSES
 from cuaderno.ui import _timeline
 from cuaderno.ui._index import RunIndex
 from cuaderno.ui._journal import journal_path, open_journal
@@ -85,7 +82,6 @@ from cuaderno.ui.auth import COOKIE, SESSION_SECONDS, Auth, Identity
 
 __all__ = ["HEAVY_AT_ONCE", "LOOPBACK_HOSTS", "STATUSES", "Auth", "create_app", "journal_path"]
 
-STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 LOOPBACK_HOSTS: Final = ("127.0.0.1", "localhost", "::1", "[::1]")
 PAGE_SIZE: Final = 50
 HEAVY_AT_ONCE: Final = 2
@@ -241,9 +237,10 @@ class _UI:
         run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size,
                                          by_start=order == "started")
         starts = self.index.starts(run_ids)
-        holders = _holders(self.store, run_ids)
+        holders = operations.holders(self.store, run_ids)
         rows: list[dict[str, Any]] = []
         for run_id in run_ids:
+            held = holders.get(run_id)
             try:
                 cp = self.store.checkpoint(run_id)
             except JournalCorrupt as exc:  # one damaged summary does not hide the other runs
@@ -253,7 +250,7 @@ class _UI:
                 continue
             summary = render.run_summary(cp)
             rows.append({"run_id": run_id, "damaged": None, "cp": cp, "start": starts.get(run_id), "cost": render.cost_text(cp, short=True),
-                         "state": _now(cp, holders.get(run_id)),
+                         "state": _badged(cp, operations.run_state(self.store, cp, holder=held, held=True)),
                          "pending": summary["pending_approvals"], "uncertain": summary["uncertain"]})
         pages = max(1, -(-total // self.page_size))
         if page > pages:
@@ -285,7 +282,7 @@ class _UI:
         outcome_seq = next((ev.seq for ev in reversed(events)
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
-                         state=_now(cp, _holders(self.store, [run_id]).get(run_id)),
+                         state=_badged(cp, operations.run_state(self.store, cp)),
                          task=start.payload.get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
@@ -344,7 +341,7 @@ class _UI:
         by = self.who(request, fields, "your name (who decides, for the record)")
         fingerprint = _required(fields, "fingerprint")
         reason = fields.get("reason") or None
-        decide = harness.approve if approved else harness.deny
+        decide = operations.approve if approved else operations.deny
         event = await run_in_threadpool(_refusing, decide, self.store, run_id, step, fingerprint=fingerprint,
                                         approver=by, reason=reason)
         verb = "approved" if approved else "rejected"
@@ -359,7 +356,7 @@ class _UI:
         if happened is None:
             raise _Refusal(400, "Bad form", "say whether the effect happened or not; nothing was written")
         receipt = _receipt(fields.get("receipt", ""), happened)
-        event = await run_in_threadpool(_refusing, harness.resolve, self.store, run_id, step, happened=happened,
+        event = await run_in_threadpool(_refusing, operations.resolve, self.store, run_id, step, happened=happened,
                                         result=receipt, by=by, note=fields.get("note") or None)
         said = "happened" if happened else "did not happen"
         return self.done(run_id, f"{step} recorded as {said} by {by} (seq {event.seq}).")
@@ -368,7 +365,8 @@ class _UI:
         fields = await self.form(request)
         run_id = _required(fields, "run")
         by = self.who(request, fields, "your name (who cancels, for the record)")
-        cp = await run_in_threadpool(_refusing, cancel_run, self.store, run_id, fields.get("reason", ""), by=by)
+        cp, _ = await run_in_threadpool(_refusing, operations.cancel_run, self.store, run_id, fields.get("reason", ""),
+                                        by=by)
         if cp.status == "cancelled":
             message = f"run cancelled by {by}."
         else:
@@ -664,17 +662,7 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
     return app
 
 
-def _holders(store: Any, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Who holds each run now. The stored status says ``running`` for a run whose process died or
-    that waits for a worker after an approval; the page says ``running`` only while a live process
-    holds the run (the same rule as ``cuaderno status``). A store that cannot tell names nobody."""
-    if not run_ids or not isinstance(store, SupportsClaims):
-        return {}
-    return dict(store.holders(list(run_ids)))
-
-
-def _now(cp: Checkpoint, holder: dict[str, Any] | None) -> dict[str, Any]:
-    """:func:`state_of` plus ``shown``, the badge: the stored status, except that a stored
-    ``running`` becomes ``waiting`` while no live process holds the run."""
-    state = state_of(cp, holder)
+def _badged(cp: Checkpoint, state: dict[str, Any]) -> dict[str, Any]:
+    """:func:`cuaderno.operations.run_state` plus ``shown``, the badge: the stored status, except
+    that a stored ``running`` becomes ``waiting`` while no live process holds the run."""
     return {**state, "shown": state["state"] if cp.status == "running" else cp.status}
