@@ -58,12 +58,12 @@ from typing import Any
 from bench_journal import PAYLOAD, floor, run_agent
 
 from cuaderno import SqliteCheckpointer
-from cuaderno._json import compact
 from cuaderno.events import StepEvent, encode_payload, row_hash
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.journal._append import RawRow, decode_row
 from cuaderno.journal._compress import pack
 from cuaderno.journal.sqlite import _COLUMNS, _UPSERT_RUN
+from cuaderno.plainjson import compact
 
 
 def captured_commits(tmp: Path, turns: int) -> tuple[list[list[RawRow]], str]:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cuaderno import _json
+from cuaderno import plainjson as _json
 from cuaderno.events import CODEC_JSON, decode_payload
 
 _text = st.text(alphabet=st.characters(codec=None), max_size=12)  # includes lone surrogates

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from cuaderno._json import compact, compact_ascii
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import StepEvent
+from cuaderno.plainjson import compact, compact_ascii
 
 if TYPE_CHECKING:
     from cuaderno.journal.base import Checkpointer

@@ -26,7 +26,7 @@ import hashlib
 import json
 from typing import Any, Final, Literal, Protocol
 
-from cuaderno._json import loads_object, sorted_compact, sorted_compact_ascii
+from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_JSON",

@@ -18,7 +18,7 @@ from typing import Any
 
 import rfc8785
 
-from cuaderno._json import sorted_compact
+from cuaderno.plainjson import sorted_compact
 
 __all__ = ["canonical", "chain", "fingerprint", "idempotency_key"]
 

@@ -28,7 +28,6 @@ from typing import Any, Final, NamedTuple
 
 from pydantic_core import to_jsonable_python
 
-from cuaderno._json import not_plain
 from cuaderno.cancellation import cancel, check_store, check_strings
 from cuaderno.checkpoint import Checkpoint, rebuild, verified
 from cuaderno.durable.effect import resolved_result
@@ -46,6 +45,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
+from cuaderno.plainjson import not_plain
 
 __all__ = ["STATUSES", "CancelOutcome", "RunRow", "SummaryRebuilt", "approve", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",

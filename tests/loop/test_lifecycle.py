@@ -43,7 +43,6 @@ from cuaderno import (
     UncertainEffect,
     UsageError,
     VersionMismatch,
-    _holds,
     approve,
     cancel,
     compensate,
@@ -52,6 +51,7 @@ from cuaderno import (
     tool,
 )
 from cuaderno.journal import EVENT_SCHEMA_VERSION
+from cuaderno.loop import holds as _holds
 
 
 @pytest.fixture

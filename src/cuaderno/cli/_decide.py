@@ -20,7 +20,6 @@ from typing import Annotated, Any
 import typer
 
 from cuaderno import operations, render
-from cuaderno._json import MAX_DEPTH
 from cuaderno.cli._common import (
     USAGE_EXIT,
     ByOption,
@@ -33,6 +32,7 @@ from cuaderno.cli._common import (
     stdout,
 )
 from cuaderno.cli._temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
+from cuaderno.plainjson import MAX_DEPTH
 
 __all__ = ["approve", "cancel", "deny", "resolve"]
 

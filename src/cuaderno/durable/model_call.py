@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cuaderno import faults
-from cuaderno._json import not_plain, shown
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.errors import ErrorClass, GatewayError
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
+from cuaderno.plainjson import not_plain, shown
 
 __all__ = ["ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
 
 from cuaderno import faults
-from cuaderno._json import journalable
 from cuaderno.cancellation import finalize
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.durable.effect import Effect, effect_key
@@ -42,6 +41,7 @@ from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import Session
 from cuaderno.loop.versions import Migration
+from cuaderno.plainjson import journalable
 
 if TYPE_CHECKING:
     from cuaderno.episodes.episode import Episode

@@ -11,12 +11,12 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 import httpx2
 
-from cuaderno._json import not_plain, shown
 from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway import _errors
 from cuaderno.gateway._limits import install_body_limit
 from cuaderno.gateway.base import ToolCall, Usage
 from cuaderno.gateway.pricing import Prices, default_prices
+from cuaderno.plainjson import not_plain, shown
 
 __all__ = [
     "LITELLM_COST_HEADER",

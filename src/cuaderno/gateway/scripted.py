@@ -6,7 +6,7 @@ same key with the same body replays the stored answer (not billed again); the sa
 different body is rejected.
 
 With ``billing_log=PATH`` every billed generation is appended (and fsynced) to a JSON-lines file
-before the answer is returned (read it with ``cuaderno.testing.records.read_records``). That file
+before the answer is returned (read it with ``cuaderno.records.read_records``). That file
 is the fake provider's own billing record: independent of cuaderno's journal, shared by every
 process that uses the same path, so a crash test can prove what was paid from a record cuaderno
 did not write. With ``stripe=True`` the log is also the
@@ -26,7 +26,7 @@ from cuaderno import faults
 from cuaderno.errors import IdempotencyKeyReuse
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
-from cuaderno.testing.records import append_synced, read_records
+from cuaderno.records import append_synced, read_records
 
 __all__ = ["ScriptedGateway"]
 

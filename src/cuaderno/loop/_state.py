@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from cuaderno import faults
-from cuaderno._json import sorted_compact_nan
 from cuaderno.durable import log as durable_log
 from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ReplayDivergence
@@ -17,6 +16,7 @@ from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
 from cuaderno.loop.steps import Step
+from cuaderno.plainjson import sorted_compact_nan
 from cuaderno.telemetry import AgentPassSpan
 
 __all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "tool_message"]

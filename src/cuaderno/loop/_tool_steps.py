@@ -7,7 +7,6 @@ import hashlib
 from typing import Any
 
 from cuaderno import faults
-from cuaderno._json import journalable
 from cuaderno.durable.effect import BodyBug, Effect, Settled, result_payload, stage_result
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError
 from cuaderno.events import approval_step_id, tool_step_id
@@ -16,6 +15,7 @@ from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, tool_message
 from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.steps import ApprovalStep, ToolStep
+from cuaderno.plainjson import journalable
 from cuaderno.tools.definition import ToolContext
 
 __all__ = ["ToolSteps"]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from pydantic_core import to_jsonable_python
 
 from cuaderno import telemetry
-from cuaderno._json import not_plain
+from cuaderno.plainjson import not_plain
 from cuaderno.tools.definition import Tool, ToolContext
 
 __all__ = ["AgentTools", "ToolExecutor", "ToolInfo", "TracedTools"]

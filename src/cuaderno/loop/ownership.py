@@ -1,7 +1,7 @@
 """The ownership seam: who holds a run, in the journal and among the loops of this process.
 
 A loop takes a run over in the journal (a fencing epoch: :meth:`Checkpointer.acquire`, released
-when it stops) and registers with the other loops of this process (:mod:`cuaderno._holds`: busy
+when it stops) and registers with the other loops of this process (:mod:`cuaderno.loop.holds`: busy
 in the middle of a step, paused at a yielded step, handed over on demand). The runner, ``cancel``
 and ``compensate`` reach both through an :class:`Ownership`; :class:`ProcessOwnership` is the
 default, the OS process being the owner.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cuaderno import _holds
-from cuaderno._holds import Loop, Where
 from cuaderno.journal.base import Checkpointer
+from cuaderno.loop import holds as _holds
+from cuaderno.loop.holds import Loop, Where
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
 __all__ = ["DEFAULT_OWNERSHIP", "Ownership", "ProcessOwnership"]
@@ -67,7 +67,7 @@ class Ownership(Protocol):
 
 
 class ProcessOwnership:
-    """The process owns the run: the journal's lease, and :mod:`cuaderno._holds` for its loops."""
+    """The process owns the run: the journal's lease, and :mod:`cuaderno.loop.holds` for its loops."""
 
     def __init__(self, runtime: Runtime = DEFAULT_RUNTIME) -> None:
         self.runtime = runtime

@@ -40,7 +40,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from cuaderno import faults
-from cuaderno._json import sorted_compact_nan
 from cuaderno.durable.effect import intent_event, result_payload, stage_result
 from cuaderno.durable.log import JournalLog
 from cuaderno.durable.model_call import ModelCall, Sent
@@ -53,6 +52,7 @@ from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
 from cuaderno.loop.executor import AgentTools, TracedTools
 from cuaderno.loop.model_calls import TracedGateway
+from cuaderno.plainjson import sorted_compact_nan
 from cuaderno.temporal._names import (
     JOURNAL_MARK,
     LOOKUP,

@@ -21,13 +21,13 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError, TimeoutType
 
-from cuaderno._holds import Loop, Where
-from cuaderno._json import sorted_compact, sorted_compact_nan
 from cuaderno.errors import ErrorClass, GatewayError, ToolError, UsageError
 from cuaderno.gateway.base import ModelRequest, ModelResponse, assistant_message
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.executor import AgentTools
+from cuaderno.loop.holds import Loop, Where
 from cuaderno.loop.runtime import Runtime
+from cuaderno.plainjson import sorted_compact, sorted_compact_nan
 from cuaderno.temporal._names import (
     LOOKUP,
     MODEL_TURN,

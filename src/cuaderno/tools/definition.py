@@ -18,9 +18,9 @@ from typing import Any, get_type_hints, overload
 
 import pydantic
 
-from cuaderno._json import journalable
 from cuaderno.errors import ToolArgumentsInvalid, UsageError
 from cuaderno.fingerprint import fingerprint
+from cuaderno.plainjson import journalable
 
 __all__ = ["Compensation", "Lookup", "Tool", "ToolContext", "tool"]
 

@@ -59,7 +59,6 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cuaderno import operations, render
-from cuaderno._json import MAX_DEPTH
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
     ApprovalMismatch,
@@ -75,6 +74,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.operations import STATUSES
+from cuaderno.plainjson import MAX_DEPTH
 from cuaderno.ui import _timeline
 from cuaderno.ui._index import RunIndex
 from cuaderno.ui._journal import journal_path, open_journal

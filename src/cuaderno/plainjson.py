@@ -1,4 +1,6 @@
-"""JSON for the per-step hot path: encoders built once, and a decoder for the journal's own form.
+"""Plain JSON, as the journal holds it: the encoders of the per-step hot path (built once), the
+decoder of the journal's own form, and the checks of what a journal can hold (:func:`not_plain`,
+:func:`journalable`, :data:`MAX_DEPTH`), shared by every layer that writes or reads payloads.
 
 ``json.JSONEncoder.encode`` builds a new C encoder object on every call; on the loop's path (a
 few payloads, fingerprints and one checkpoint per commit) that set-up costs more than encoding a
