@@ -45,11 +45,11 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
-from cuaderno.plainjson import not_plain
+from cuaderno.plainjson import MAX_DEPTH, not_plain
 
 __all__ = ["STATUSES", "CancelOutcome", "RunRow", "SummaryRebuilt", "approve", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
-           "list_runs", "pending_approvals", "rebuild_summary", "resolve", "run_state", "run_states"]
+           "list_runs", "pending_approvals", "read_receipt", "rebuild_summary", "resolve", "run_state", "run_states"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (a filter accepts only these: a typo would list nothing, silently)."""
@@ -263,6 +263,28 @@ def rebuild_summary(store: Checkpointer, run_id: str, *, trust_journal: bool = F
     return SummaryRebuilt(cp, list(differed))
 
 
+def read_receipt(text: str, *, what: str) -> Any:
+    """The receipt a person typed for :func:`resolve` (``happened=True``), read as JSON.
+
+    ``what`` names the field in the message (``--result``, ``the receipt``): the command line
+    and the page refuse with the same reasons in their own words.
+
+    Raises:
+        UsageError: not JSON, nested deeper than the parser recurses (:data:`MAX_DEPTH` levels is
+            what a receipt may hold), or an integer longer than Python reads; nothing was written.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not JSON: {exc}; nothing was written") from None
+    except RecursionError:  # the parser recurses once per level: a hostile depth overflows it
+        raise UsageError(f"{what} is nested too deeply (a receipt may nest at most {MAX_DEPTH} levels); "
+                         "nothing was written") from None
+    except ValueError:  # Python refuses to read an integer of more than 4,300 digits
+        raise UsageError(f"{what} holds an integer too long to read (more than 4,300 digits); nothing was written") \
+            from None
+
+
 # -- copying out -------------------------------------------------------------------------------------
 
 
@@ -416,8 +438,7 @@ def holders(store: Checkpointer, run_ids: Sequence[str]) -> dict[str, dict[str, 
     return dict(store.holders(list(run_ids)))
 
 
-def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] | None = None, *,
-              holder: dict[str, Any] | None = None, held: bool = False) -> dict[str, Any]:
+def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] | None = None) -> dict[str, Any]:
     """``state``, ``waiting_for``, ``held_by`` and ``summary`` of a run (see
     :func:`cuaderno.journal.state_of`). The stored status says ``running`` for a run whose
     process died; this says ``running`` only while a live process holds the run.
@@ -425,20 +446,20 @@ def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] |
     Args:
         events: the run's journal, when the caller read it: a cancelled run then also says how
             many of its scheduled cleanup actions are left (:func:`cleanup_left`).
-        holder, held: ``held=True`` says ``holder`` is already known (from :func:`holders`), so
-            the store is not asked again.
     """
-    if not held:
-        holder = holders(store, [cp.run_id]).get(cp.run_id)
-    left = cleanup_left(cp, events) if events is not None and cp.status == "cancelled" else None
-    return state_of(cp, holder, cleanup_left=left)
+    return _state(cp, holders(store, [cp.run_id]).get(cp.run_id), events)
 
 
 def run_states(store: Checkpointer, runs: Iterable[Checkpoint]) -> dict[str, dict[str, Any]]:
     """:func:`run_state` of each run, by run id, asking the store who holds them once."""
     runs = list(runs)
     held = holders(store, [cp.run_id for cp in runs])
-    return {cp.run_id: run_state(store, cp, holder=held.get(cp.run_id), held=True) for cp in runs}
+    return {cp.run_id: _state(cp, held.get(cp.run_id), None) for cp in runs}
+
+
+def _state(cp: Checkpoint, holder: dict[str, Any] | None, events: Sequence[StepEvent] | None) -> dict[str, Any]:
+    left = cleanup_left(cp, events) if events is not None and cp.status == "cancelled" else None
+    return state_of(cp, holder, cleanup_left=left)
 
 
 def list_runs(store: Checkpointer, *, status: str | None = None, limit: int = 50) -> list[RunRow]:

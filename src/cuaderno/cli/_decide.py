@@ -13,7 +13,6 @@ They write nothing but what :mod:`cuaderno.operations` appends.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -32,7 +31,7 @@ from cuaderno.cli._common import (
     stdout,
 )
 from cuaderno.cli._temporal import TemporalOption, cancel_on_temporal, decide_on_temporal
-from cuaderno.plainjson import MAX_DEPTH
+from cuaderno.errors import UsageError
 
 __all__ = ["approve", "cancel", "deny", "resolve"]
 
@@ -127,14 +126,9 @@ def resolve(
              "nothing was written", USAGE_EXIT)
     if result is not None:
         try:
-            value = json.loads(result)
-        except json.JSONDecodeError as exc:
-            fail(f"--result is not JSON: {exc}", USAGE_EXIT)
-        except RecursionError:  # the parser recurses once per level: a hostile depth overflows it
-            fail(f"--result is nested too deeply (a receipt may nest at most {MAX_DEPTH} levels); "
-                 "nothing was written", USAGE_EXIT)
-        except ValueError:  # Python refuses to read an integer of more than 4,300 digits
-            fail("--result holds an integer too long to read (more than 4,300 digits); nothing was written", USAGE_EXIT)
+            value = operations.read_receipt(result, what="--result")
+        except UsageError as exc:
+            fail(str(exc), USAGE_EXIT)
     with refusals(), opened(ctx) as store:
         event = operations.resolve(store, run, step, happened=happened, result=value, by=by, note=note)
         cp = store.checkpoint(run)

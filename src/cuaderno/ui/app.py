@@ -33,7 +33,6 @@ Safe by construction:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import sqlite3
@@ -74,7 +73,6 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.operations import STATUSES
-from cuaderno.plainjson import MAX_DEPTH
 from cuaderno.ui import _timeline
 from cuaderno.ui._index import RunIndex
 from cuaderno.ui._journal import journal_path, open_journal
@@ -237,20 +235,25 @@ class _UI:
         run_ids, total = self.index.page(status, (page - 1) * self.page_size, self.page_size,
                                          by_start=order == "started")
         starts = self.index.starts(run_ids)
-        holders = operations.holders(self.store, run_ids)
-        rows: list[dict[str, Any]] = []
+        read: dict[str, Checkpoint | str] = {}  # a run's summary, or why it could not be read
         for run_id in run_ids:
-            held = holders.get(run_id)
             try:
                 cp = self.store.checkpoint(run_id)
             except JournalCorrupt as exc:  # one damaged summary does not hide the other runs
-                rows.append({"run_id": run_id, "damaged": str(exc)})
+                read[run_id] = str(exc)
                 continue
-            if cp is None:  # removed between the two reads
+            if cp is not None:  # None: removed between the two reads
+                read[run_id] = cp
+        states = operations.run_states(self.store, [c for c in read.values() if isinstance(c, Checkpoint)])
+        rows: list[dict[str, Any]] = []
+        for run_id, found in read.items():
+            if isinstance(found, str):
+                rows.append({"run_id": run_id, "damaged": found})
                 continue
+            cp = found
             summary = render.run_summary(cp)
-            rows.append({"run_id": run_id, "damaged": None, "cp": cp, "start": starts.get(run_id), "cost": render.cost_text(cp, short=True),
-                         "state": _badged(cp, operations.run_state(self.store, cp, holder=held, held=True)),
+            rows.append({"run_id": run_id, "damaged": None, "cp": cp, "start": starts.get(run_id),
+                         "cost": render.cost_text(cp, short=True), "state": _badged(cp, states[run_id]),
                          "pending": summary["pending_approvals"], "uncertain": summary["uncertain"]})
         pages = max(1, -(-total // self.page_size))
         if page > pages:
@@ -503,14 +506,9 @@ def _receipt(text: str, happened: bool) -> Any:
         raise _Refusal(400, "Bad form", "a receipt goes only with 'it happened': 'it did not happen' makes the next "
                        "resume send the effect again; nothing was written")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _Refusal(400, "Bad form", f"the receipt is not JSON ({exc}); nothing was written") from None
-    except RecursionError:
-        raise _Refusal(400, "Bad form", f"the receipt nests more than {MAX_DEPTH} levels; nothing was written") \
-            from None
-    except ValueError:
-        raise _Refusal(400, "Bad form", "the receipt holds an integer too long to read; nothing was written") from None
+        return operations.read_receipt(text, what="the receipt")
+    except UsageError as exc:
+        raise _Refusal(400, "Bad form", str(exc)) from None
 
 
 def _verified(store: SqliteCheckpointer, run_id: str) -> tuple[Checkpoint, list[StepEvent]]:
