@@ -94,6 +94,37 @@ def private_imports(source: str, rel: Path) -> list[str]:
     return found
 
 
+def _module_at(parts: list[str]) -> bool:
+    return SRC.joinpath(*parts).is_dir() or SRC.joinpath(*parts).with_suffix(".py").exists()
+
+
+def private_attributes(source: str, rel: Path) -> list[str]:
+    """Uses of a private name through an imported module of another package (``render._GROUPS``
+    in the page): the same rule as :func:`private_imports`, for what an import cannot show."""
+    modules: dict[str, list[str]] = {}  # local name -> the cuaderno module it is bound to
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "cuaderno" and alias.asname and _module_at(parts[1:]):
+                    modules[alias.asname] = parts[1:]
+    for _, parts, names in imports(source, rel):
+        for name in names:
+            if _module_at(parts + [name]):
+                modules[name] = parts + [name]
+    importer = _package(rel)
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and _private(node.attr)):
+            parts = modules[node.value.id]
+            owner = parts if SRC.joinpath(*parts).is_dir() else parts[:-1]  # the package holding the module
+            if not _may_see(importer, owner):
+                found.append(f"{rel}:{node.lineno} -> cuaderno.{'.'.join(parts)}.{node.attr}")
+    return found
+
+
 def _modules() -> Iterator[tuple[Path, str]]:
     for path in sorted(SRC.rglob("*.py")):
         yield path.relative_to(SRC), path.read_text()
@@ -102,6 +133,25 @@ def _modules() -> Iterator[tuple[Path, str]]:
 def test_no_private_import_across_packages() -> None:
     found = [hit for rel, source in _modules() for hit in private_imports(source, rel)]
     assert found == [], "private modules or names imported from another package:\n" + "\n".join(found)
+
+
+def test_no_private_name_used_through_another_package_s_module() -> None:
+    found = [hit for rel, source in _modules() for hit in private_attributes(source, rel)]
+    assert found == [], "private names used through another package's module:\n" + "\n".join(found)
+
+
+def test_the_private_attribute_check_finds_one() -> None:
+    cases = {
+        ("ui/app.py", "from cuaderno import render\nrender._escape_char('x')"): 1,
+        ("cli/_runs.py", "import cuaderno.worker as worker\nworker._x(1)"): 1,
+        ("cli/_runs.py", "from cuaderno.journal import sqlite\nsqlite._COLUMNS"): 1,
+        # allowed: the root's own modules among themselves, a package's own, public names
+        ("operations.py", "from cuaderno import render\nrender._escape_char('x')"): 0,
+        ("ui/app.py", "from cuaderno.ui import _timeline\n_timeline._WIDTH"): 0,
+        ("ui/app.py", "from cuaderno import render\nrender.dumps(1)"): 0,
+    }
+    for (where, source), expected in cases.items():
+        assert len(private_attributes(source + "\n", Path(where))) == expected, (where, source)
 
 
 def test_the_private_import_check_finds_one() -> None:
