@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypedDict
 
 from pydantic_core import to_jsonable_python
 
@@ -47,7 +47,7 @@ from cuaderno.journal import state_of
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
 from cuaderno.plainjson import MAX_DEPTH, not_plain
 
-__all__ = ["STATUSES", "CancelOutcome", "RunRow", "SummaryRebuilt", "approve", "cancel_run", "check_store",
+__all__ = ["STATUSES", "CancelOutcome", "RunRow", "RunState", "SummaryRebuilt", "approve", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
            "list_runs", "pending_approvals", "read_receipt", "rebuild_summary", "resolve", "run_state", "run_states"]
 
@@ -422,12 +422,25 @@ def cancel_run(store: Checkpointer, run_id: str, reason: str = "", *, by: str | 
 # -- reading -----------------------------------------------------------------------------------------
 
 
+class RunState(TypedDict):
+    """What a run is doing now (:func:`run_state`), as ``cuaderno status --json`` prints it."""
+
+    state: str
+    """``running`` only while a live process holds the run; ``waiting``; or the status of a run
+    that ended."""
+    waiting_for: str | None
+    """What would move it on (a worker, an approval, a person), for people."""
+    held_by: str | None
+    """Who holds it (owner label, process, host), for people; ``None``: nobody."""
+    summary: str
+    """The one line ``cuaderno status`` prints."""
+
+
 class RunRow(NamedTuple):
     """One run of :func:`list_runs`."""
 
     checkpoint: Checkpoint
-    state: dict[str, Any]
-    """As :func:`run_state` says it."""
+    state: RunState
 
 
 def holders(store: Checkpointer, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -438,7 +451,7 @@ def holders(store: Checkpointer, run_ids: Sequence[str]) -> dict[str, dict[str, 
     return dict(store.holders(list(run_ids)))
 
 
-def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] | None = None) -> dict[str, Any]:
+def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] | None = None) -> RunState:
     """``state``, ``waiting_for``, ``held_by`` and ``summary`` of a run (see
     :func:`cuaderno.journal.state_of`). The stored status says ``running`` for a run whose
     process died; this says ``running`` only while a live process holds the run.
@@ -450,16 +463,18 @@ def run_state(store: Checkpointer, cp: Checkpoint, events: Sequence[StepEvent] |
     return _state(cp, holders(store, [cp.run_id]).get(cp.run_id), events)
 
 
-def run_states(store: Checkpointer, runs: Iterable[Checkpoint]) -> dict[str, dict[str, Any]]:
+def run_states(store: Checkpointer, runs: Iterable[Checkpoint]) -> dict[str, RunState]:
     """:func:`run_state` of each run, by run id, asking the store who holds them once."""
     runs = list(runs)
     held = holders(store, [cp.run_id for cp in runs])
     return {cp.run_id: _state(cp, held.get(cp.run_id), None) for cp in runs}
 
 
-def _state(cp: Checkpoint, holder: dict[str, Any] | None, events: Sequence[StepEvent] | None) -> dict[str, Any]:
+def _state(cp: Checkpoint, holder: dict[str, Any] | None, events: Sequence[StepEvent] | None) -> RunState:
     left = cleanup_left(cp, events) if events is not None and cp.status == "cancelled" else None
-    return state_of(cp, holder, cleanup_left=left)
+    found = state_of(cp, holder, cleanup_left=left)
+    return RunState(state=found["state"], waiting_for=found["waiting_for"], held_by=found["held_by"],
+                    summary=found["summary"])
 
 
 def list_runs(store: Checkpointer, *, status: str | None = None, limit: int = 50) -> list[RunRow]:

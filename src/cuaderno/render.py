@@ -14,7 +14,7 @@ import shlex
 import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rich import box
 from rich.console import Console
@@ -24,6 +24,9 @@ from rich.text import Text
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import StepEvent
+
+if TYPE_CHECKING:
+    from cuaderno.operations import RunState
 
 __all__ = [
     "COUNTER_GROUPS",
@@ -143,8 +146,8 @@ def _pending_list(cp: Checkpoint) -> list[dict[str, Any]]:
     return [{"step_id": step_id, **entry} for step_id, entry in sorted(_pending(cp).items())]
 
 
-def _state_fields(state: dict[str, Any] | None) -> dict[str, Any]:
-    """``state``, ``waiting_for`` and ``held_by`` (see ``cuaderno.journal._claims.state_of``):
+def _state_fields(state: RunState | None) -> dict[str, Any]:
+    """``state``, ``waiting_for`` and ``held_by`` (see :func:`cuaderno.operations.run_state`):
     what the run does now. ``status`` is the journal's; ``state`` is ``running`` only while a live
     process holds the run."""
     if state is None:
@@ -152,7 +155,7 @@ def _state_fields(state: dict[str, Any] | None) -> dict[str, Any]:
     return {"state": state["state"], "waiting_for": state["waiting_for"], "held_by": state["held_by"]}
 
 
-def run_summary(cp: Checkpoint, state: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_summary(cp: Checkpoint, state: RunState | None = None) -> dict[str, Any]:
     """One row of ``cuaderno list --json``."""
     return {"run_id": cp.run_id, "status": cp.status, **_state_fields(state), "next_step": cp.next_step,
             "model_calls": cp.count("model_calls"), "tool_calls": cp.count("tool_calls"),
@@ -170,7 +173,7 @@ def _event_json(ev: StepEvent) -> dict[str, Any]:
 
 
 def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
-               state: dict[str, Any] | None = None) -> dict[str, Any]:
+               state: RunState | None = None) -> dict[str, Any]:
     """``cuaderno show --json``: the checkpoint, every counter, and the timeline unless ``events`` is None."""
     out: dict[str, Any] = {
         "run_id": cp.run_id, "status": cp.status, **_state_fields(state), "open": cp.is_open, "next_step": cp.next_step,
@@ -217,7 +220,7 @@ def cost_text(cp: Checkpoint, *, short: bool) -> str:
 
 
 def render_runs(console: Console, runs: Iterable[Checkpoint],
-                states: dict[str, dict[str, Any]] | None = None) -> None:
+                states: dict[str, RunState] | None = None) -> None:
     """``cuaderno list``."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     # Narrow terminals fold the run id and the cost rather than drop a column. The counts' titles
@@ -231,7 +234,8 @@ def render_runs(console: Console, runs: Iterable[Checkpoint],
     table.add_column("UNCERTAIN", justify="right")
     for cp in runs:
         status = Text(clean(cp.status), style=_status_style(cp.status))
-        if cp.status == "running" and states is not None and (states.get(cp.run_id) or {}).get("state") != "running":
+        now = states.get(cp.run_id) if states is not None else None
+        if cp.status == "running" and states is not None and (now is None or now["state"] != "running"):
             status = Text("waiting", style="yellow")  # nothing runs it: never shown as running
         table.add_row(Text(clean(cp.run_id)), status, str(cp.count("model_calls")), str(cp.count("tool_calls")),
                       Text(cost_text(cp, short=True)), str(len(_pending(cp))), str(len(cp.uncertain)))
@@ -296,7 +300,7 @@ def max_cost_text(cp: Checkpoint, upper: float) -> str:
 
 
 def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None, *,
-                db: str | None = None, state: dict[str, Any] | None = None) -> None:
+                db: str | None = None, state: RunState | None = None) -> None:
     """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline.
 
     Every command it suggests pastes as is: quoted, with ``--db`` naming the same journal."""

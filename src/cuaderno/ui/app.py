@@ -660,7 +660,7 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
     return app
 
 
-def _badged(cp: Checkpoint, state: dict[str, Any]) -> dict[str, Any]:
+def _badged(cp: Checkpoint, state: operations.RunState) -> dict[str, Any]:
     """:func:`cuaderno.operations.run_state` plus ``shown``, the badge: the stored status, except
     that a stored ``running`` becomes ``waiting`` while no live process holds the run."""
     return {**state, "shown": state["state"] if cp.status == "running" else cp.status}
