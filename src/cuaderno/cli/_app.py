@@ -118,19 +118,11 @@ def _root(
 
 
 # In the order `cuaderno --help` lists them.
-app.command("list")(list_runs)
-app.command("show")(show)
-app.command("approve")(approve)
-app.command("deny")(deny)
-app.command("cancel")(cancel)
-app.command("resolve")(resolve)
-app.command("rebuild-summary")(rebuild_summary)
-app.command("ui")(ui_command)
-app.command("ui-passwd")(ui_passwd_command)
-app.command("worker")(worker_command)
-app.command("status")(status_command)
-app.command("fork")(fork_command)
-app.command("export")(export_command)
+for _name, _command in (("list", list_runs), ("show", show), ("approve", approve), ("deny", deny),
+                        ("cancel", cancel), ("resolve", resolve), ("rebuild-summary", rebuild_summary),
+                        ("ui", ui_command), ("ui-passwd", ui_passwd_command), ("worker", worker_command),
+                        ("status", status_command), ("fork", fork_command), ("export", export_command)):
+    app.command(_name)(_command)
 
 
 def _discard_stdout() -> None:
