@@ -287,6 +287,20 @@ def read_receipt(text: str, *, what: str) -> Any:
 
 # -- copying out -------------------------------------------------------------------------------------
 
+# A fork is a new run whose journal starts as a copy of the original's up to a step: resumed with
+# the same agent and task under its new run id, it replays that copy (no model call paid again,
+# no tool run again, since every one of them has its result journaled) and does the step and
+# everything after it anew. Effect keys are derived from the run id (``effect_key(tenant, run_id,
+# ...)``), so every effect the fork sends from there on carries a key of its own, and a receiver
+# never takes it for the original's; the effects copied keep the original's keys, as they were
+# sent and are never sent again.
+#
+# Only a point the run passed with nothing in flight can be forked: every model call and tool
+# call before the step must have its result journaled, and no approval may be waiting and no
+# effect be uncertain there (a resume of the copy would otherwise send a call again, or look up an
+# effect under the original's key). Such a fork is refused with a message naming the step in the
+# way; pick an earlier one.
+
 
 def fork(store: Checkpointer, run_id: str, *, at: str, new_run_id: str) -> Checkpoint:
     """Start ``new_run_id`` as a copy of ``run_id``'s journal up to (not including) step ``at``.
