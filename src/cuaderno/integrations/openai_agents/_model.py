@@ -39,8 +39,8 @@ from cuaderno import faults
 from cuaderno.durable import ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
-from cuaderno.gateway._errors import from_exception
 from cuaderno.gateway.base import ModelResponse, ToolCall, Usage
+from cuaderno.gateway.errors import from_exception
 from cuaderno.integrations.openai_agents._state import RunShared
 
 __all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "jsonable", "plain"]
