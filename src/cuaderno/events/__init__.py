@@ -27,16 +27,20 @@ import json
 from typing import Any, Final, Literal, Protocol
 
 from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
+from cuaderno.events.names import KINDS, PHASES, Kind, Phase, family
 
 __all__ = [
     "CODEC_JSON",
     "Decision",
+    "KINDS",
+    "PHASES",
     "Kind",
     "Phase",
     "StepEvent",
     "approval_step_id",
     "call_arguments",
     "cleanup_step_id",
+    "family",
     "starts_a_step",
     "model_step_id",
     "not_happened_since_sent",
@@ -48,8 +52,6 @@ CODEC_JSON: Final = "json"
 """The only payload codec so far: UTF-8 JSON with sorted keys. Never pickle: the CLI and later
 versions must be able to read every journal."""
 
-Kind = Literal["run", "model", "tool", "approval", "final", "cancel"]
-Phase = Literal["start", "end", "intent", "result", "decision", "request", "uncertain", "resolution"]
 Decision = Literal["allow", "deny", "require_approval", "approved", "rejected"]
 
 
@@ -133,8 +135,10 @@ class StepEvent:
             for the same ids in the same order; another kind or name at an id is a divergence.
         phase: what this event says about the step: ``intent`` (about to act, committed before
             acting), ``result`` (how it ended), ``decision``/``request`` (policy, approval),
-            ``uncertain``, ``error.N``, ``intent.N`` (a re-send)...
-        kind: ``run``, ``model``, ``tool``, ``approval``, ``final`` or ``cancel``. Checked on replay.
+            ``uncertain``, ``error.N``, ``intent.N`` (a re-send)...: a :class:`Phase`, numbered or
+            not (:data:`PHASES`, :func:`family`).
+        kind: one of :data:`KINDS` (:class:`Kind`: ``run``, ``model``, ``tool``, ``approval``...).
+            Checked on replay.
         name: the tool name for tool and approval steps; checked on replay.
         decision: the policy or human decision, so replay tells "not executed because denied or
             waiting" apart from "unknown".
