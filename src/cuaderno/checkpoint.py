@@ -10,12 +10,26 @@ is a pure function of the journal, a checkpoint can always be rebuilt from the e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
-from cuaderno.events import StepEvent
+from cuaderno.events import Kind, StepEvent
+from cuaderno.events.payloads import (
+    Counters,
+    Escalation,
+    InFlight,
+    ModelError,
+    ModelIntent,
+    ModelResult,
+    RunCounters,
+    RunEnd,
+    RunMigrate,
+    RunStart,
+    ToolResult,
+    UsageJSON,
+)
 from cuaderno.plainjson import compact, compact_ascii
 
 if TYPE_CHECKING:
@@ -280,79 +294,102 @@ def differing(stored: Checkpoint, rebuilt: Checkpoint) -> list[str]:
     return sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
 
 
+# The handlers read each payload through its type (:mod:`cuaderno.events.payloads`): a read-only
+# view of the decoded JSON, taken once per event with ``cast``. Not an object built from it: this
+# fold runs on every event of every resume and append, and building one per event cost more than
+# the fold (benchmarks/bench_projection.py; the types' module says what was measured).
+
+
 def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
-    if ev.phase == "start":
+    phase = ev.phase
+    if phase == "start":
+        start = cast(RunStart, ev.payload)
         cp.status = "running"
-        cp.versions = dict(ev.payload.get("versions") or {})
+        cp.versions = dict(start.get("versions") or {})
         cp.task_fingerprint = ev.fingerprint
-        tenant = ev.payload.get("tenant")
+        tenant = start.get("tenant")
         cp.tenant = tenant if isinstance(tenant, str) else None
-    elif ev.phase == "end":
-        cp.status = str(ev.payload.get("status", "failed"))
+    elif phase == "end":
+        end = cast(RunEnd, ev.payload)
+        cp.status = str(end.get("status", "failed"))
         cp.outcome = ev.payload
         # Effects in flight when the run ended stay open questions a person can settle
         # (``resolve``), listed with the uncertain ones.
-        for entry in ev.payload.get("uncertain") or ():
+        for entry in end.get("uncertain") or ():
             if isinstance(entry, dict) and isinstance(entry.get("step_id"), str):
-                if entry["step_id"] not in cp.uncertain:
-                    cp._bump("uncertain")
-                found = entry.get("evidence")
-                evidence: dict[str, Any] = found if isinstance(found, dict) else {}
-                cp.uncertain.setdefault(entry["step_id"], {**evidence, "tool": entry.get("tool"),
-                                                           "effect_key": entry.get("effect_key"),
-                                                           "reason": evidence.get("reason") or "in flight when the "
-                                                           "run ended"})
-    elif ev.phase.startswith("migrate"):
-        cp.versions = dict(ev.payload.get("to") or {})
-    elif ev.phase == "counters":
-        for name, n in (ev.payload.get("counters") or {}).items():
+                _in_flight(cp, entry)
+    elif phase.startswith("migrate"):
+        cp.versions = dict(cast(RunMigrate, ev.payload).get("to") or {})
+    elif phase == "counters":
+        _charge(cp, cast(RunCounters, ev.payload).get("counters"))
+
+
+def _in_flight(cp: Checkpoint, entry: InFlight) -> None:
+    step_id = entry["step_id"]
+    if step_id not in cp.uncertain:
+        cp._bump("uncertain")
+    found = entry.get("evidence")
+    evidence: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    cp.uncertain.setdefault(step_id, {**evidence, "tool": entry.get("tool"), "effect_key": entry.get("effect_key"),
+                                      "reason": evidence.get("reason") or "in flight when the run ended"})
+
+
+def _charge(cp: Checkpoint, counters: Counters | None) -> None:
+    if counters:
+        for name, n in counters.items():
             cp._bump(name, int(n))
 
 
 def _on_model(cp: Checkpoint, ev: StepEvent) -> None:
-    if ev.phase.startswith("intent"):
+    phase = ev.phase
+    if phase.startswith("intent"):
+        intent = cast(ModelIntent, ev.payload)
         cp._bump("model_sends")
         # "intent.2", "intent.3": a re-send. It may double a bill only when the previous send's
         # fate is unknown (a crash in flight, or a timeout after sending).
-        if ev.phase != "intent" and ev.payload.get("after") in ("crash", "ambiguous"):
+        if phase != "intent" and intent.get("after") in ("crash", "ambiguous"):
             cp._bump("possibly_billed_twice")
-        for name, n in (ev.payload.get("counters") or {}).items():
-            cp._bump(name, int(n))
+        _charge(cp, intent.get("counters"))
         return
-    if ev.phase.startswith("error"):  # a classified failure: count what it spent
-        for name, n in (ev.payload.get("counters") or {}).items():
-            cp._bump(name, int(n))
-        _escalated(cp, (ev.payload.get("error") or {}).get("escalations") or ())
+    if phase.startswith("error"):  # a classified failure: count what it spent
+        error = cast(ModelError, ev.payload)
+        _charge(cp, error.get("counters"))
+        _escalated(cp, (error.get("error") or {}).get("escalations") or ())
         return
-    if ev.phase != "result":
+    if phase != "result":
         return
-    response = ev.payload.get("response")
+    result = cast(ModelResult, ev.payload)
+    response = result.get("response")
     if response is None:  # a classified failure, journaled as evidence
-        for name, n in (ev.payload.get("counters") or {}).items():
-            cp._bump(name, int(n))
+        _charge(cp, result.get("counters"))
         return
     cp._bump("model_calls")
-    usage = response.get("usage") or {}
-    for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
-        cp._bump(name, int(usage.get(name, 0)))
+    _used(cp, response.get("usage"))
     _price(cp, response.get("cost"))
     _escalated(cp, response.get("escalations") or ())
-    for name, n in (ev.payload.get("counters") or {}).items():
-        cp._bump(name, int(n))
+    _charge(cp, result.get("counters"))
 
 
-def _escalated(cp: Checkpoint, escalations: Any) -> None:
+def _used(cp: Checkpoint, usage: UsageJSON | None) -> None:
+    """Add a call's tokens (every one of the four counters, 0 included: a summary lists them)."""
+    c = cp.counters
+    u: UsageJSON = usage or {}
+    c["input_tokens"] = c.get("input_tokens", 0) + int(u.get("input_tokens", 0))
+    c["output_tokens"] = c.get("output_tokens", 0) + int(u.get("output_tokens", 0))
+    c["cached_tokens"] = c.get("cached_tokens", 0) + int(u.get("cached_tokens", 0))
+    c["reasoning_tokens"] = c.get("reasoning_tokens", 0) + int(u.get("reasoning_tokens", 0))
+
+
+def _escalated(cp: Checkpoint, escalations: Iterable[Escalation]) -> None:
     """Count lower-tier calls that were made and rejected within one step."""
     for esc in escalations:
         cp._bump("escalations")
         cp._bump("model_sends")
-        eu = esc.get("usage") or {}
-        for name in ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens"):
-            cp._bump(name, int(eu.get(name, 0)))
+        _used(cp, esc.get("usage"))
         _price(cp, esc.get("cost"))
 
 
-def _price(cp: Checkpoint, cost: Any) -> None:
+def _price(cp: Checkpoint, cost: float | None) -> None:
     if cost is None:
         cp._bump("unpriced_calls")
     else:
@@ -361,21 +398,22 @@ def _price(cp: Checkpoint, cost: Any) -> None:
 
 
 def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
-    if ev.phase == "result":
-        outcome = ev.payload.get("outcome")
+    phase = ev.phase
+    if phase == "result":
+        result = cast(ToolResult, ev.payload)
+        outcome = result.get("outcome")
         if outcome == "ok":
             cp._bump("tool_calls")
         elif outcome == "denied":
             cp._bump("tool_denied")
         elif outcome != "nothing_to_do":  # a compensation the tool does not declare: nothing ran
             cp._bump("tool_errors")
-        for name, n in (ev.payload.get("counters") or {}).items():
-            cp._bump(name, int(n))
+        _charge(cp, result.get("counters"))
         if ev.step_id in cp.uncertain:  # resolved by reconciliation or by a person
             del cp.uncertain[ev.step_id]
             if cp.status == "needs_human" and not cp.uncertain:
                 cp.status = "running"
-    elif ev.phase.startswith("resolution") or (ev.phase.startswith("intent.") and ev.step_id in cp.uncertain):
+    elif phase.startswith("resolution") or (phase.startswith("intent.") and ev.step_id in cp.uncertain):
         # Settled by a person, or sent again (a lookup proved it absent, or a person said it did
         # not happen): no longer an open question. A re-send in flight must not be settled by a
         # person who saw the old evidence (that re-send would then be sent once more); if its
@@ -383,9 +421,9 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
         cp.uncertain.pop(ev.step_id, None)
         if cp.status == "needs_human" and not cp.uncertain:
             cp.status = "running"
-    elif ev.phase.startswith("uncertain"):
+    elif phase.startswith("uncertain"):
         cp._bump("uncertain")
-        cp.uncertain[ev.step_id] = ev.payload
+        cp.uncertain[ev.step_id] = ev.payload  # the evidence, whole (a ToolUncertain)
         if cp.status in OPEN_STATUSES:  # a compensation of a cancelled run does not reopen it
             cp.status = "needs_human"
 
@@ -393,7 +431,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
 def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "request":
         cp._bump("approvals_requested")
-        cp.pending[ev.step_id] = {"tool": ev.name, "fingerprint": ev.fingerprint, **ev.payload}
+        cp.pending[ev.step_id] = {"tool": ev.name, "fingerprint": ev.fingerprint, **ev.payload}  # an ApprovalRequest
         cp.status = "suspended"
     elif ev.phase == "decision":
         cp.pending.pop(ev.step_id, None)
@@ -404,16 +442,16 @@ def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:
 def _on_final(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "result":
         cp.status = "completed"
-        cp.outcome = ev.payload
+        cp.outcome = ev.payload  # a FinalResult, whole
 
 
 def _on_cancel(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "request":
-        cp.cancel_requested = ev.payload
+        cp.cancel_requested = ev.payload  # a CancelRequest, whole
 
 
-_HANDLERS = {"run": _on_run, "model": _on_model, "tool": _on_tool, "approval": _on_approval,
-             "final": _on_final, "cancel": _on_cancel}
+_HANDLERS = {Kind.RUN: _on_run, Kind.MODEL: _on_model, Kind.TOOL: _on_tool, Kind.APPROVAL: _on_approval,
+             Kind.FINAL: _on_final, Kind.CANCEL: _on_cancel}
 
 
 def cost_upper_usd(cp: Checkpoint, events: Iterable[StepEvent]) -> float:

@@ -254,7 +254,7 @@ def encode_payload(payload: dict[str, Any]) -> bytes:
 def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
     """Decode a stored payload; unknown codecs are an error, never a guess.
 
-    Payloads in the exact form the journal writes take :func:`~cuaderno._json.loads_object`,
+    Payloads in the exact form the journal writes take :func:`~cuaderno.plainjson.loads_object`,
     which skips ``json.loads``'s per-call set-up (it costs more than parsing a small payload, and
     resuming a long run decodes thousands); anything else goes through ``json.loads`` itself.
     """
