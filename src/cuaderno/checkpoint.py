@@ -473,10 +473,10 @@ def cost_upper_usd(cp: Checkpoint, events: Iterable[StepEvent]) -> float:
     for ev in events:
         if ev.kind != "model":
             continue
-        if ev.phase.startswith("intent.") and ev.payload.get("after") in ("crash", "ambiguous"):
+        if ev.phase.startswith("intent.") and cast(ModelIntent, ev.payload).get("after") in ("crash", "ambiguous"):
             doubled[ev.step_id] = doubled.get(ev.step_id, 0) + 1  # the same test as _on_model's counter
         elif ev.phase == "result" and ev.step_id in doubled:
-            response = ev.payload.get("response")
+            response = cast(ModelResult, ev.payload).get("response")
             times = doubled.pop(ev.step_id)
             if isinstance(response, dict):
                 costs = [response.get("cost")] + [e.get("cost") for e in response.get("escalations") or ()]

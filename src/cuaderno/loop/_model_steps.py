@@ -7,6 +7,7 @@ from typing import Any
 from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall, accepted
 from cuaderno.events import model_step_id
+from cuaderno.events.payloads import ModelResult, view
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.ladder import climb
@@ -67,15 +68,17 @@ class ModelSteps(RunState):
             self.unhashed.append({"migrated_to": self.config_fp})
         fp = self._request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
-        if rec is None or rec.payload.get("response") is None:
+        if rec is None or view(rec, ModelResult)["response"] is None:
             return Unrecorded(step_id, fp)
-        if not accepted(rec.payload):
+        result = view(rec, ModelResult)
+        if not accepted(result):
             for message in feedback_messages(rec.payload):
                 self._add_message(message)
             return None
+        # The gateway's helpers take the response's JSON as a plain dict (the same object).
         data: dict[str, Any] = rec.payload["response"]
         self._add_message(assistant_message(data))
-        self.output_data = rec.payload.get("output")
+        self.output_data = result.get("output")
         # Only what the loop reads of the response is rebuilt (the whole ModelResponse is three
         # times the work, and a resume replays every turn).
         return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
@@ -107,7 +110,7 @@ class ModelSteps(RunState):
 
     def _finish(self, turn: int, response: Turn) -> None:
         rec = self._recorded("final", "result", "final", None, None)
-        record = rec.payload if rec is not None else {"output": response.text, "turn": turn}
+        record = rec.payload if rec is not None else {"output": response.text, "turn": turn}  # a FinalResult
         if rec is None and self.output_data is not None:
             record["data"] = self.output_data  # the structured answer, as validated when it came
         if rec is None:

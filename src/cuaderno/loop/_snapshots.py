@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cuaderno.checkpoint import Checkpoint, differing, project
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
-from cuaderno.events import StepEvent, model_step_id, row_hash, tool_step_id
+from cuaderno.events import Kind, Phase, StepEvent, model_step_id, row_hash, tool_step_id
+from cuaderno.events.payloads import ModelIntent, ModelResult, SnapshotBase, view
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall, assistant_message
 from cuaderno.journal import decode_small_payloads
@@ -85,7 +86,7 @@ class Restored(NamedTuple):
 
 def snapshot_event(state: RunState, intent: StepEvent) -> StepEvent | None:
     """The snapshot to commit just before ``intent`` (a model turn's first send), or ``None``."""
-    turn = intent.payload.get("turn")
+    turn = view(intent, ModelIntent).get("turn")
     if type(turn) is not int or turn < 1 or intent.fingerprint is None:
         return None
     # Turn 0's request, as this loop sent or replayed it: a run that was never migrated (the only
@@ -102,9 +103,10 @@ def snapshot_event(state: RunState, intent: StepEvent) -> StepEvent | None:
         return None
     base = cp.to_json()
     base.pop("epoch", None)  # the epoch column moves with takeovers, outside the chain
-    return StepEvent(run_id=state.run_id, step_id=STEP, phase=f"base.{cp.last_seq}", kind="snapshot",
-                     payload={"format": FORMAT, "turn": turn, "chain": intent.fingerprint, "first": first,
-                              "base": base})
+    payload: SnapshotBase = {"format": FORMAT, "turn": turn, "chain": intent.fingerprint, "first": first,
+                             "base": base}
+    return StepEvent(run_id=state.run_id, step_id=STEP, phase=f"{Phase.BASE}.{cp.last_seq}", kind=Kind.SNAPSHOT,
+                     payload=dict(payload))
 
 
 def first_request(state: RunState) -> str:
@@ -155,8 +157,8 @@ def _checked(run_id: str, tail: Tail) -> tuple[Restored, list[StepEvent]] | None
     summary's and the base folded with them is the stored summary; ``None`` otherwise."""
     mark, events, summary = tail.mark, tail.events, tail.summary
     base_seq = tail_base(mark.phase)
-    data = mark.payload
-    if mark.kind != "snapshot" or base_seq is None or data.get("format") != FORMAT:
+    data = view(mark, SnapshotBase)
+    if mark.kind != Kind.SNAPSHOT or base_seq is None or data.get("format") != FORMAT:
         return None
     turn, chain_fp, first = data.get("turn"), data.get("chain"), data.get("first")
     if type(turn) is not int or not isinstance(chain_fp, str) or not isinstance(first, str):
@@ -217,14 +219,14 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
     last_start, last_fp = 0, None
     for turn in range(snap.turn):
         rec = index.get((model_step_id(turn), "result"))
-        if rec is None or rec.payload.get("response") is None:
+        if rec is None or view(rec, ModelResult).get("response") is None:
             raise JournalCorrupt(f"run {state.run_id!r}: turn {turn} has no response before its snapshot at turn "
                                  f"{snap.turn}; the conversation cannot be rebuilt")
         last_start, last_fp = len(out), rec.fingerprint
-        if not accepted(rec.payload):
+        if not accepted(view(rec, ModelResult)):
             out.extend(feedback_messages(rec.payload))
             continue
-        response = rec.payload["response"]
+        response: dict[str, Any] = rec.payload["response"]  # the gateway's helpers take the JSON dict
         out.append(assistant_message(response))
         for i, raw in enumerate(response.get("tool_calls") or ()):
             call = _journalable(ToolCall.from_json(raw))

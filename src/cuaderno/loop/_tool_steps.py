@@ -10,6 +10,7 @@ from cuaderno import faults
 from cuaderno.durable.effect import BodyBug, Effect, Settled, result_payload, stage_result
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError
 from cuaderno.events import approval_step_id, tool_step_id
+from cuaderno.events.payloads import ApprovalDecision, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, tool_message
@@ -156,7 +157,7 @@ class ToolSteps(RunState):
             if decided.decision == "approved":
                 return "approved"
             self._tool_result(step_id, call, args_fp, "denied", decision="rejected",
-                              reason=str(decided.payload.get("reason") or "rejected by a person"))
+                              reason=str(view(decided, ApprovalDecision).get("reason") or "rejected by a person"))
             return "rejected"
         policy = self.agent.policy
         verdict = policy.decide(call.name, call.arguments)

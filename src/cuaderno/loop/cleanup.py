@@ -29,6 +29,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, cleanup_step_id, not_happened_since_sent, numbered
+from cuaderno.events.payloads import ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall
 from cuaderno.journal.base import Checkpointer
@@ -103,7 +104,7 @@ def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
     by_key = {(e.step_id, e.phase): e for e in events}
     return [derived_cleanup(ev, events, by_key) for ev in events
             if ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
-            and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok"]
+            and not ev.step_id.startswith("cleanup") and view(ev, ToolResult).get("outcome") == "ok"]
 
 
 def _check(agent: Agent, tools: ToolExecutor, entry: dict[str, Any]) -> None:

@@ -53,6 +53,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent
+from cuaderno.events.payloads import ConversationMessage, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message
 from cuaderno.loop.result import run_sync
@@ -140,10 +141,10 @@ class Conversation:
         """The conversation before message ``upto + 1``: each completed exchange, oldest first."""
         history: list[Message] = []
         for ev in recorded[:upto]:
-            cp = self.store.checkpoint(str(ev.payload["run_id"]))
+            cp = self.store.checkpoint(str(view(ev, ConversationMessage)["run_id"]))
             if cp is None or cp.status != "completed":
                 continue  # failed or cancelled: the model never answered it
-            history.append({"role": "user", "content": ev.payload["text"]})
+            history.append({"role": "user", "content": view(ev, ConversationMessage)["text"]})
             history.append({"role": "assistant", "content": str((cp.outcome or {}).get("output", ""))})
         return history
 
@@ -154,10 +155,10 @@ class Conversation:
         _, _, recorded = self._head()
         out: list[dict[str, Any]] = []
         for ev in recorded:
-            run_id = str(ev.payload["run_id"])
+            run_id = str(view(ev, ConversationMessage)["run_id"])
             cp = self.store.checkpoint(run_id)
             status = "not started" if cp is None else cp.status
-            out.append({"role": "user", "content": ev.payload["text"], "run_id": run_id, "status": status})
+            out.append({"role": "user", "content": view(ev, ConversationMessage)["text"], "run_id": run_id, "status": status})
             if cp is not None and cp.status == "completed":
                 out.append({"role": "assistant", "content": str((cp.outcome or {}).get("output", "")),
                             "run_id": run_id})
@@ -180,13 +181,13 @@ class Conversation:
             last_seq, closed, recorded = self._head()
             if self.position < len(recorded):
                 ev = recorded[self.position]
-                if ev.payload.get("text") != text:
-                    raise ConversationDivergence(self.id, number, str(ev.payload.get("text")), text)
-                return str(ev.payload["run_id"]), self._history(recorded, self.position)
+                if view(ev, ConversationMessage).get("text") != text:
+                    raise ConversationDivergence(self.id, number, str(view(ev, ConversationMessage).get("text")), text)
+                return str(view(ev, ConversationMessage)["run_id"]), self._history(recorded, self.position)
             if closed:
                 raise ConversationClosed(self.id)
             if recorded:
-                previous = str(recorded[-1].payload["run_id"])
+                previous = str(view(recorded[-1], ConversationMessage)["run_id"])
                 status = self._status(previous)
                 if status not in _CLOSED:
                     raise MessageUnfinished(self.id, previous, status or "not started")
@@ -255,7 +256,7 @@ class Conversation:
         if not recorded:
             return None
         self.position = len(recorded) - 1
-        return await self.send(str(recorded[-1].payload["text"]))
+        return await self.send(str(view(recorded[-1], ConversationMessage)["text"]))
 
     def close(self) -> None:
         """Close the conversation: it takes no new message (in any process). Idempotent.
@@ -268,7 +269,7 @@ class Conversation:
             if closed:
                 return
             if recorded:
-                last = str(recorded[-1].payload["run_id"])
+                last = str(view(recorded[-1], ConversationMessage)["run_id"])
                 status = self._status(last)
                 if status not in _CLOSED:
                     raise MessageUnfinished(self.id, last, status or "not started")

@@ -54,6 +54,7 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
+from cuaderno.events.payloads import ModelIntent, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import _snapshots
 from cuaderno.loop._model_steps import ModelSteps
@@ -291,7 +292,7 @@ class Runner(ModelSteps, ToolSteps):
         self.migrated = True
         # Any send after the migration (a re-send of a turn in flight across it, ``intent.N``, too).
         after = [e for e in events if e.kind == "model" and e.phase.startswith("intent") and e.seq > migrate_seq]
-        self.rebase_turn = min((int(e.payload.get("turn", 0)) for e in after), default=None)
+        self.rebase_turn = min((int(view(e, ModelIntent).get("turn", 0)) for e in after), default=None)
 
     # -- the loop ---------------------------------------------------------------------------------
 
