@@ -38,6 +38,7 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent
+from cuaderno.events.payloads import PassDecision, PassResult, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import Session
 from cuaderno.loop.versions import Migration
@@ -156,16 +157,16 @@ class _ParentRun(Generic[T]):
             result = self._ev(self._pass_id(n), "result") or await self._run_child(n, feedback)
             record = self._record_pass(n)
             faults.point("episode.P1")  # the child's outcome is journaled, the decision not yet
-            payload = result.payload
+            payload = view(result, PassResult)
             if record.outcome == "ended":
                 budget = str(payload.get("budget") or "")
                 if payload.get("reason") == "budget" and budget:
                     name = _EPISODE_BUDGET.get(budget, budget)
-                    return self._end_exhausted(name, payload)
+                    return self._end_exhausted(name, result.payload)
                 why = "child_cancelled" if payload.get("child_status") == "cancelled" else "child_failed"
                 return self._end("failed", why, {"child": payload.get("child_outcome")})
             if self.tally.rejected > budgets.rejected_responses:
-                return self._end_exhausted("rejected_responses", payload)
+                return self._end_exhausted("rejected_responses", result.payload)
             decision = self._decision_of(n)
             if decision is None:
                 if record.outcome == "rejected":
@@ -208,7 +209,7 @@ class _ParentRun(Generic[T]):
         action = ev.decision
         if action not in ("apply", "discard", "another_pass"):
             raise ReplayDivergence(self.run_id, self._pass_id(n), f"decision {action!r}", "apply, discard or another_pass")
-        return Decision(action, str(ev.payload.get("reason", "")))  # type: ignore[arg-type]
+        return Decision(action, str(view(ev, PassDecision).get("reason", "")))  # type: ignore[arg-type]
 
     # -- a child pass -----------------------------------------------------------------------------
 
@@ -242,13 +243,14 @@ class _ParentRun(Generic[T]):
         """Pass ``n`` as its journaled result (and decision, if any) say; sets the proposal."""
         ev = self._ev(self._pass_id(n), "result")
         assert ev is not None
-        p = ev.payload
+        p = view(ev, PassResult)
         outcome = str(p.get("outcome"))
         rejected = int(p.get("child_rejected", 0)) + (1 if outcome == "rejected" else 0)
         if outcome == "proposal":
             self.proposal = self.e.output.model_validate(p["proposal"])
         decided = self._decision_of(n)
-        ended = f"{_EPISODE_BUDGET.get(p['budget'], p['budget'])} ran out" if p.get("budget") else str(p.get("reason") or "")
+        budget = p.get("budget")
+        ended = f"{_EPISODE_BUDGET.get(budget, budget)} ran out" if budget else str(p.get("reason") or "")
         reason = decided.reason if decided else str(p.get("errors") or ended)
         record = PassRecord(number=n, child_run_id=str(p.get("child_run_id")), outcome=outcome,
                             turns=int(p.get("turns", 0)), rejected=rejected, cost_usd=float(p.get("cost_usd", 0.0)),
@@ -268,9 +270,10 @@ class _ParentRun(Generic[T]):
         step_id = f"{self._pass_id(n)}.apply"
         done = self._ev(step_id, "result")
         if done is not None:  # applied, refused, or settled by a person: answered from the journal
-            if done.payload.get("outcome") != "ok":
-                raise _ApplyFailed(done.payload.get("error"))
-            return done.payload.get("value")
+            result = view(done, ToolResult)
+            if result.get("outcome") != "ok":
+                raise _ApplyFailed(result.get("error"))
+            return result.get("value")
         apply_fn, lookup_fn = self.apply_fn, self.lookup_fn
         assert apply_fn is not None
         args = proposal.model_dump(mode="json")

@@ -41,15 +41,15 @@ __all__ = [
     "CancelRequest",
     "ConversationMessage",
     "Counters",
-    "EpisodeDecision",
-    "EpisodeIntent",
-    "EpisodeResult",
     "Escalation",
     "FinalResult",
     "InFlight",
     "ModelError",
     "ModelIntent",
     "ModelResult",
+    "PassDecision",
+    "PassIntent",
+    "PassResult",
     "PayloadMalformed",
     "Response",
     "RunCounters",
@@ -204,8 +204,9 @@ class ModelIntent(TypedDict, total=False):
     after: ReadOnly[str | None]
     """Why a re-send: ``crash`` or ``ambiguous`` may bill twice (``possibly_billed_twice``)."""
     counters: ReadOnly[Counters]
-    new: ReadOnly[Sequence[Mapping[str, Any]]]
-    """Temporal: the messages this turn adds, by reference to journaled steps."""
+    new: ReadOnly[Sequence[str | Mapping[str, Any]]]
+    """Temporal: the messages this turn adds (a bare step id stands for its journaled response or
+    tool result; a message may reference one)."""
 
 
 class ModelError(TypedDict, total=False):
@@ -342,25 +343,38 @@ class SnapshotBase(TypedDict, total=False):
     base: Required[ReadOnly[Mapping[str, Any]]]
 
 
-class EpisodeIntent(TypedDict, total=False):
+class PassIntent(TypedDict, total=False):
     """``episode``/``intent``: a child pass is about to run, as the run ``child_run_id``."""
 
     child_run_id: Required[ReadOnly[str]]
 
 
-class EpisodeResult(TypedDict, total=False):
+class PassResult(TypedDict, total=False):
     """``episode``/``result``: how a child pass ended (``proposal``, ``rejected``, ``ended``) and
     what it spent; a resumed parent decides from it, never runs the pass again."""
 
     outcome: Required[ReadOnly[str]]
+    child_run_id: ReadOnly[str]
     proposal: ReadOnly[Any]
+    """The validated proposal (``proposal``): a resumed parent applies it, never asks again."""
     errors: ReadOnly[Any]
+    """Why the answer was rejected (``rejected``): the next pass's feedback."""
     answer: ReadOnly[str]
     reason: ReadOnly[str | None]
     budget: ReadOnly[str | None]
+    """The child's budget that ran out (``ended``): the episode's own then ends exhausted."""
+    child_status: ReadOnly[str | None]
+    child_outcome: ReadOnly[Mapping[str, Any] | None]
+    turns: ReadOnly[int]
+    child_rejected: ReadOnly[int]
+    cost_usd: ReadOnly[float]
+    unpriced_calls: ReadOnly[int]
+    possibly_billed_twice: ReadOnly[int]
+    tool_errors: ReadOnly[int]
+    """What the pass spent: summed into the episode's totals."""
 
 
-class EpisodeDecision(TypedDict, total=False):
+class PassDecision(TypedDict, total=False):
     """``episode``/``decision``: the verdict on a pass (the row's decision), never taken again."""
 
     reason: ReadOnly[str]
@@ -393,9 +407,9 @@ PAYLOADS: Final[Mapping[tuple[str, str], type]] = {
     (Kind.FINAL, Phase.RESULT): FinalResult,
     (Kind.CANCEL, Phase.REQUEST): CancelRequest,
     (Kind.SNAPSHOT, Phase.BASE): SnapshotBase,
-    (Kind.EPISODE, Phase.INTENT): EpisodeIntent,
-    (Kind.EPISODE, Phase.RESULT): EpisodeResult,
-    (Kind.EPISODE, Phase.DECISION): EpisodeDecision,
+    (Kind.EPISODE, Phase.INTENT): PassIntent,
+    (Kind.EPISODE, Phase.RESULT): PassResult,
+    (Kind.EPISODE, Phase.DECISION): PassDecision,
     (Kind.CONVERSATION, Phase.MESSAGE): ConversationMessage,
 }
 """The payload type of every ``(kind, phase family)`` a run writes."""

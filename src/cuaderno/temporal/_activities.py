@@ -31,7 +31,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -45,6 +45,7 @@ from cuaderno.durable.log import JournalLog
 from cuaderno.durable.model_call import ModelCall, Sent
 from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError, VersionMismatch
 from cuaderno.events import StepEvent
+from cuaderno.events.payloads import ModelIntent, ModelResult, RunStart, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
 from cuaderno.journal import open_journal, parse_journal_url
@@ -230,15 +231,15 @@ class CuadernoActivities:
         run_id, step_id = inp.run_id, inp.step_id
         journal = self._events(run_id)
         done = journal.get((step_id, "result"))
-        if done is not None and done.payload.get("key") == inp.idempotency_key:
-            return slim_response(done.payload["response"])  # journaled: a re-executed activity pays nothing
+        if done is not None and view(done, ModelResult).get("key") == inp.idempotency_key:
+            return slim_response(_response(done))  # journaled: a re-executed activity pays nothing
         start = journal.get(("run", "start"))
         if start is not None:
-            recorded = start.payload.get("versions")
+            recorded = view(start, RunStart).get("versions")
             if recorded != self.agent.versions():
                 # Checked before anything is written: a worker whose agent differs from the one
                 # that started the run (tools, instructions, policy) refuses it, journal untouched.
-                raise ApplicationError(str(VersionMismatch(run_id, recorded or {}, self.agent.versions())),
+                raise ApplicationError(str(VersionMismatch(run_id, dict(recorded or {}), self.agent.versions())),
                                        type="VersionMismatch", non_retryable=True)
         steps = self._log(run_id, journal)
         if not journal:
@@ -321,17 +322,17 @@ class CuadernoActivities:
         steps = sorted({s for (s, phase), ev in journal.items() if ev.kind == "model" and phase == "intent"
                         and s <= upto})
         for step in steps:
-            for m in journal[(step, "intent")].payload.get("new") or ():
+            for m in view(journal[(step, "intent")], ModelIntent).get("new") or ():
                 if isinstance(m, str):  # a bare step id: the journaled response, or tool result
                     out.append(self._by_step(m, journal))
                 elif m == TASK_REF:  # the task, written once: the run's start row
-                    out.append({"role": "user", "content": journal[("run", "start")].payload["task"]})
+                    out.append({"role": "user", "content": view(journal[("run", "start")], RunStart).get("task")})
                 elif m.get("role") == "assistant" and "ref" in m:
-                    out.append(assistant_message(journal[(str(m["ref"]), "result")].payload["response"]))
+                    out.append(assistant_message(_response(journal[(str(m["ref"]), "result")])))
                 elif m.get("role") == "tool":
-                    out.append(self._resolved(m, journal))
+                    out.append(self._resolved(dict(m), journal))
                 else:
-                    out.append(m)
+                    out.append(dict(m))
         return out
 
     @staticmethod
@@ -341,19 +342,19 @@ class CuadernoActivities:
         from that response, as the loop builds the message: the workflow sends the bare id only
         when they match)."""
         if step.endswith(".model"):
-            return assistant_message(journal[(step, "result")].payload["response"])
+            return assistant_message(_response(journal[(step, "result")]))
         found = TOOL_STEP.fullmatch(step)
         if found is None:
             raise ApplicationError(f"{step!r} names no model or tool step", type="UsageError", non_retryable=True)
-        call = journal[(f"{found[1]}.model", "result")].payload["response"]["tool_calls"][int(found[2])]
-        value = journal[(step, "result")].payload["value"]
+        call = _response(journal[(f"{found[1]}.model", "result")])["tool_calls"][int(found[2])]
+        value = view(journal[(step, "result")], ToolResult)["value"]
         return {"role": "tool", "tool_call_id": call["id"], "name": call["name"],
                 "content": sorted_compact_nan(value), "is_error": False}
 
     @staticmethod
     def _resolved(message: Message, journal: dict[tuple[str, str], StepEvent]) -> Message:
         if "ref" in message:  # the whole result, journaled by the tool activity
-            value = journal[(str(message["ref"]), "result")].payload["value"]
+            value = view(journal[(str(message["ref"]), "result")], ToolResult)["value"]
             return {"role": "tool", "tool_call_id": message.get("tool_call_id"), "name": message.get("name"),
                     "content": sorted_compact_nan(value), "is_error": False}
         content = message.get("content")
@@ -365,7 +366,7 @@ class CuadernoActivities:
             return message
         if not isinstance(ref, dict) or set(ref) != {REF, "sha256", "bytes"}:
             return message
-        value = journal[(str(ref[REF]), "result")].payload["value"]
+        value = view(journal[(str(ref[REF]), "result")], ToolResult)["value"]
         return {**message, "content": sorted_compact_nan(value)}
 
     # -- tools ------------------------------------------------------------------------------------
@@ -386,11 +387,12 @@ class CuadernoActivities:
                                    non_retryable=True)
         journal = self._events(inp.run_id)
         done = journal.get((inp.step_id, "result"))
-        if done is not None and done.payload.get("effect_key") == inp.effect_key:
-            if done.payload.get("outcome") == "error":
-                raise ApplicationError(str(done.payload["error"].get("message")), done.payload["error"],
+        result = view(done, ToolResult) if done is not None else None
+        if result is not None and result.get("effect_key") == inp.effect_key:
+            if result["outcome"] == "error":
+                raise ApplicationError(str(result["error"].get("message")), result["error"],
                                        type="ToolError", non_retryable=True)
-            return returned(inp.step_id, done.payload["value"])  # ran: never twice
+            return returned(inp.step_id, result["value"])  # ran: never twice
         if not journal:
             raise ApplicationError(f"run {inp.run_id!r} has no journal at {self.journal_url!r}: a tool step "
                                    "comes after a model turn", type="UsageError", non_retryable=True)
@@ -490,13 +492,15 @@ def replayed(events: list[StepEvent]) -> dict[str, Any]:
         if ev.phase != "result":
             continue
         if ev.kind == "model":
-            model[ev.step_id] = {"key": ev.payload.get("key"), "response": ev.payload.get("response")}
+            answer = view(ev, ModelResult)
+            model[ev.step_id] = {"key": answer.get("key"), "response": answer.get("response")}
         elif ev.kind == "tool":
-            out = {"effect_key": ev.payload.get("effect_key"), "outcome": ev.payload.get("outcome")}
-            if ev.payload.get("outcome") == "error":
-                out["error"] = ev.payload.get("error")
+            result = view(ev, ToolResult)
+            out: dict[str, Any] = {"effect_key": result.get("effect_key"), "outcome": result.get("outcome")}
+            if result.get("outcome") == "error":
+                out["error"] = result.get("error")
             else:
-                out["value"] = returned(ev.step_id, ev.payload.get("value"))
+                out["value"] = returned(ev.step_id, result.get("value"))
             tools[ev.step_id] = out
     return {"model": model, "tools": tools}
 
@@ -546,7 +550,7 @@ def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any
 def _to_mark(upto: list[StepEvent]) -> dict[str, Any]:
     """What a continued run needs of the rows up to its mark: :func:`replayed`, and the task."""
     start = next((e for e in upto if e.step_id == "run" and e.phase == "start"), None)
-    return {**replayed(upto), "task": None if start is None else start.payload.get("task")}
+    return {**replayed(upto), "task": None if start is None else view(start, RunStart).get("task")}
 
 
 MARKS_KEPT: Final = 8
@@ -587,7 +591,21 @@ def journal_kind(url: str) -> str:
     return f"PostgreSQL {target.url} (shared by workers on any host)"
 
 
-def slim_response(data: dict[str, Any]) -> dict[str, Any]:
+def _response(result: StepEvent) -> dict[str, Any]:
+    """A journaled model result's response, as JSON (the gateway's helpers take it so).
+
+    Raises:
+        ApplicationError: the result holds none (a classified failure journaled as evidence): no
+            conversation can be built on it.
+    """
+    if view(result, ModelResult)["response"] is None:
+        raise ApplicationError(f"step {result.step_id!r} has no journaled response", type="JournalCorrupt",
+                               non_retryable=True)
+    response: dict[str, Any] = result.payload["response"]
+    return response
+
+
+def slim_response(data: Mapping[str, Any]) -> dict[str, Any]:
     """A response's JSON without what :meth:`ModelResponse.from_json` takes as default (null and
     empty fields, zero token counts): the same response to the workflow, ~150 bytes less in
     every model activity's result. ``cost`` absent is ``None``: unpriced, as before."""

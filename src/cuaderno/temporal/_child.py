@@ -67,6 +67,7 @@ from cuaderno.episodes.episode import (
 )
 from cuaderno.errors import CuadernoError, ErrorClass, RunCancelled, RunClosed, ToolError, UncertainEffect, UsageError
 from cuaderno.events import StepEvent
+from cuaderno.events.payloads import ToolResult, view
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal import open_journal
 from cuaderno.journal.base import Checkpointer
@@ -453,10 +454,11 @@ class EpisodeActivities:
         step_id, key = inp.step_id, inp.effect_key
         done = journal.get((step_id, "result"))
         if done is not None:
-            if done.payload.get("outcome") == "error":
-                err = done.payload["error"]
+            result = view(done, ToolResult)
+            if result.get("outcome") == "error":
+                err = result["error"]
                 raise ApplicationError(str(err.get("message")), err, type="ToolError", non_retryable=True)
-            return done.payload.get("value")  # applied: never twice
+            return result.get("value")  # applied: never twice
         proposal = self.episode.output.model_validate(inp.proposal)
 
         apply_fn = self.apply_fn
