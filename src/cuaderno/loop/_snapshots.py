@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cuaderno.checkpoint import Checkpoint, differing, project
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import Kind, Phase, StepEvent, model_step_id, row_hash, tool_step_id
-from cuaderno.events.payloads import ModelIntent, ModelResult, SnapshotBase, view
+from cuaderno.events.payloads import ModelIntent, ModelResult, SnapshotBase, ToolResult, view
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall, assistant_message
 from cuaderno.journal import decode_small_payloads
@@ -234,7 +234,7 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
             if result is None:
                 raise JournalCorrupt(f"run {state.run_id!r}: tool call {tool_step_id(turn, i)} has no result before "
                                      f"its snapshot at turn {snap.turn}; the conversation cannot be rebuilt")
-            out.append(tool_message(call.id, call.name, result.payload))
+            out.append(tool_message(call.id, call.name, view(result, ToolResult)))
     # The last turn's recorded request (hash-chained in the journal) extended by that turn's
     # messages must be the snapshot's request: the same trust a whole replay gives recorded
     # requests (it adopts them without hashing every message again; ``verify_replay`` does not,

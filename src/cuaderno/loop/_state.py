@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from cuaderno import faults
@@ -9,6 +10,7 @@ from cuaderno.durable import log as durable_log
 from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent, numbered
+from cuaderno.events.payloads import ToolResult
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall
 from cuaderno.loop import _snapshots
@@ -37,7 +39,7 @@ class Unrecorded(NamedTuple):
     """The request fingerprint (the chain over the configuration and every message so far)."""
 
 
-def tool_message(call_id: str, name: str, payload: dict[str, Any]) -> Message:
+def tool_message(call_id: str, name: str, payload: ToolResult) -> Message:
     """The tool message the model sees for a journaled tool result (same text on every replay)."""
     outcome = payload.get("outcome")
     if outcome == "ok":
@@ -98,7 +100,7 @@ class RunState:
         """Where this loop stands with snapshots (:mod:`._snapshots` keeps it)."""
         """The seq of the last migration record (0: never migrated)."""
 
-    def charge(self, counters: dict[str, int]) -> None:
+    def charge(self, counters: Mapping[str, int]) -> None:
         """Count second attempts against the agent's budgets; note the first bound exceeded."""
         for name, n in counters.items():
             self.spent[name] = self.spent.get(name, 0) + n

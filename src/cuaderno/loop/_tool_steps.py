@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 from cuaderno import faults
 from cuaderno.durable.effect import BodyBug, Effect, Settled, result_payload, stage_result
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError
 from cuaderno.events import approval_step_id, tool_step_id
-from cuaderno.events.payloads import ApprovalDecision, view
+from cuaderno.events.payloads import ApprovalDecision, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._state import RunState, effect_key, tool_message
@@ -139,7 +139,7 @@ class ToolSteps(RunState):
         args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
         rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
         if rec is not None:
-            self._add_message(tool_message(call.id, call.name, rec.payload))
+            self._add_message(tool_message(call.id, call.name, view(rec, ToolResult)))
             return None
         assert args_fp is not None
         return step_id, call, args_fp
@@ -202,7 +202,7 @@ class ToolSteps(RunState):
 
     def _settled(self, step_id: str, call: ToolCall, settled: Settled, *, decision: str | None) -> None:
         """Count, tell the model and show a step whose result the protocol staged."""
-        payload = settled.payload
+        payload = cast(ToolResult, settled.payload)  # staged by the protocol as a ToolResult
         if payload.get("counters"):
             self.charge(payload["counters"])
         self._add_message(tool_message(call.id, call.name, payload))

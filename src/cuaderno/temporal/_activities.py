@@ -45,7 +45,7 @@ from cuaderno.durable.log import JournalLog
 from cuaderno.durable.model_call import ModelCall, Sent
 from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError, VersionMismatch
 from cuaderno.events import StepEvent
-from cuaderno.events.payloads import ModelIntent, ModelResult, RunStart, ToolResult, view
+from cuaderno.events.payloads import ModelIntent, ModelResult, PayloadMalformed, RunStart, ToolResult, check, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
 from cuaderno.journal import open_journal, parse_journal_url
@@ -461,12 +461,21 @@ class CuadernoActivities:
     @activity.defn(name=RECORD)
     async def record(self, inp: RecordInput) -> int:
         """Append the workflow's own events (decisions, the final answer, an end record) to the
-        journal, once: an event already there is not written again. Returns how many were new."""
+        journal, once: an event already there is not written again. Returns how many were new.
+
+        They come in over Temporal's data converter, so each payload is held to its type first
+        (:func:`~cuaderno.events.payloads.check`): a malformed one fails the activity, typed and
+        not retried, with nothing written."""
         self._check(inp.agent)
         journal = self._events(inp.run_id)
         new = [StepEvent(run_id=inp.run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"], name=e.get("name"),
                          decision=e.get("decision"), fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
                for e in inp.events if (e["step_id"], e["phase"]) not in journal]
+        try:
+            for ev in new:
+                check(ev)
+        except PayloadMalformed as exc:
+            raise ApplicationError(str(exc), type="PayloadMalformed", non_retryable=True) from None
         if new:
             self._append(inp.run_id, new)
         return len(new)
