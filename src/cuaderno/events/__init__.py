@@ -18,6 +18,10 @@ ids in the same order:
 
 The numbers are zero-padded so that ids sort in loop order, which keeps B-tree inserts
 sequential and the journal file dense.
+
+Every ``kind`` and ``phase`` a row can carry is named in :mod:`cuaderno.events.names`
+(:class:`Kind`, :class:`Phase`); the payload of each ``(kind, phase)`` has its type, the JSON form
+read-only, in :mod:`cuaderno.events.payloads`.
 """
 
 from __future__ import annotations
