@@ -38,7 +38,7 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent
-from cuaderno.events.payloads import PassDecision, PassResult, ToolResult, view
+from cuaderno.events.payloads import PassDecision, PassIntent, PassResult, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import Session
 from cuaderno.loop.versions import Migration
@@ -178,7 +178,7 @@ class _ParentRun(Generic[T]):
                         raise RunCancelled(self.run_id, cp.cancel_requested)  # not even a check on a copy
                     decision = await self._decide(self.proposal)
                 self._append(StepEvent(run_id=self.run_id, step_id=self._pass_id(n), phase="decision", kind=_KIND,
-                                       decision=decision.action, payload={"reason": decision.reason}))
+                                       decision=decision.action, payload=dict(PassDecision(reason=decision.reason))))
                 self.tally.passes[-1] = _with_decision(record, decision)
                 faults.point("episode.D1")  # decided, nothing applied yet
             if decision.action == "apply":
@@ -218,7 +218,7 @@ class _ParentRun(Generic[T]):
         step_id, child_id = self._pass_id(n), self._child_id(n)
         if self._ev(step_id, "intent") is None:
             self._append(StepEvent(run_id=self.run_id, step_id=step_id, phase="intent", kind=_KIND,
-                                   payload={"child_run_id": child_id}))
+                                   payload=dict(PassIntent(child_run_id=child_id))))
         child = ChildPass(parent_run_id=self.run_id, step_id=step_id, run_id=child_id, number=n,
                           task=self.e.child_task(self.task, n, feedback),
                           rejected_left=max(self.e.budgets.rejected_responses - self.tally.rejected, 0))

@@ -149,6 +149,9 @@ class RunStart(TypedDict, total=False):
     tenant: ReadOnly[str | None]
     """Part of every effect key; ``None`` (or absent, in old journals) for no tenant."""
     conversation: ReadOnly[bool]
+    """The head of a conversation (:mod:`cuaderno.loop.conversation`), not a run of the loop."""
+    engine: ReadOnly[str]
+    """``temporal``: started by a Temporal activity."""
 
 
 class RunEnd(TypedDict, total=False):
@@ -166,6 +169,10 @@ class RunEnd(TypedDict, total=False):
     not_started: ReadOnly[Sequence[str]]
     cleanup: ReadOnly[Sequence[Mapping[str, Any]]]
     by: ReadOnly[str | None]
+    spent: ReadOnly[int | None]
+    """How much of ``budget`` was spent when it ran out."""
+    messages: ReadOnly[int]
+    """A closed conversation: how many messages it recorded."""
 
 
 RunMigrate = TypedDict("RunMigrate", {

@@ -53,7 +53,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent
-from cuaderno.events.payloads import ConversationMessage, view
+from cuaderno.events.payloads import ConversationMessage, RunEnd, RunStart, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message
 from cuaderno.loop.result import run_sync
@@ -195,7 +195,7 @@ class Conversation:
             events = [] if last_seq else [self._start_event()]
             events.append(StepEvent(run_id=self.id, step_id=f"m{number:04d}", phase="message", kind=_KIND,
                                     fingerprint=fingerprint({"message": text}),
-                                    payload={"text": text, "run_id": run_id}))
+                                    payload=dict(ConversationMessage(text=text, run_id=run_id))))
             try:
                 self.store.append(events, expect_seq=last_seq)
             except (RunChanged, JournalConflict):
@@ -205,10 +205,10 @@ class Conversation:
         raise RunChanged(self.id, 0, 0)  # pragma: no cover - five writers in a row beat this one
 
     def _start_event(self) -> StepEvent:
+        start: RunStart = {"task": f"conversation {self.id}", "conversation": True,
+                           "versions": self.agent.versions(), "tenant": self.session.tenant}
         return StepEvent(run_id=self.id, step_id="run", phase="start", kind="run", name=self.agent.name,
-                         fingerprint=fingerprint({"conversation": self.id}),
-                         payload={"task": f"conversation {self.id}", "conversation": True,
-                                  "versions": self.agent.versions(), "tenant": self.session.tenant})
+                         fingerprint=fingerprint({"conversation": self.id}), payload=dict(start))
 
     def _message_session(self, run_id: str) -> Session:
         session = copy.copy(self.session)  # every setting of the caller's session, another run id
@@ -274,8 +274,8 @@ class Conversation:
                 if status not in _CLOSED:
                     raise MessageUnfinished(self.id, last, status or "not started")
             events = [] if last_seq else [self._start_event()]
-            events.append(StepEvent(run_id=self.id, step_id="run", phase="end", kind="run",
-                                    payload={"status": "completed", "reason": "closed", "messages": len(recorded)}))
+            end: RunEnd = {"status": "completed", "reason": "closed", "messages": len(recorded)}
+            events.append(StepEvent(run_id=self.id, step_id="run", phase="end", kind="run", payload=dict(end)))
             try:
                 self.store.append(events, expect_seq=last_seq)
             except (RunChanged, JournalConflict):

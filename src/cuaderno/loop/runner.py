@@ -54,7 +54,7 @@ from cuaderno.errors import (
     VersionMismatch,
 )
 from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
-from cuaderno.events.payloads import ModelIntent, view
+from cuaderno.events.payloads import ModelIntent, RunMigrate, RunStart, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import _snapshots
 from cuaderno.loop._model_steps import ModelSteps
@@ -77,10 +77,9 @@ class Runner(ModelSteps, ToolSteps):
         versions = self.agent.versions()
         events: list[StepEvent] | None = None
         if cp is None:
+            start: RunStart = {"task": self.task, "versions": versions, "tenant": self.s.tenant}
             self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
-                                         name=self.agent.name, fingerprint=task_fp,
-                                         payload={"task": self.task, "versions": versions,
-                                                  "tenant": self.s.tenant})])
+                                         name=self.agent.name, fingerprint=task_fp, payload=dict(start))])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
             # From the latest snapshot and the rows after it when there is a usable one (checked
@@ -269,9 +268,9 @@ class Runner(ModelSteps, ToolSteps):
             except Exception as exc:
                 raise MigrationFailed(self.run_id, cp.versions, versions) from exc
             n = sum(1 for e in events if e.kind == "run" and e.phase.startswith("migrate")) + 1
+            migrated: RunMigrate = {"from": cp.versions, "to": versions, "name": choice.name, "record": record}
             self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase=f"migrate.{n}", kind="run",
-                                         name=choice.name, payload={"from": cp.versions, "to": versions,
-                                                                    "name": choice.name, "record": record})])
+                                         name=choice.name, payload=dict(migrated))])
             return True
         raise VersionMismatch(self.run_id, cp.versions, versions)
 

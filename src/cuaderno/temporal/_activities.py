@@ -250,10 +250,10 @@ class CuadernoActivities:
             if not isinstance(task, str):
                 raise ApplicationError("the first model turn of a run must carry its task", type="UsageError",
                                        non_retryable=True)
+            begins: RunStart = {"task": task, "versions": self.agent.versions(), "tenant": inp.tenant,
+                                "engine": "temporal"}
             begun = StepEvent(run_id=run_id, step_id="run", phase="start", kind="run", name=self.agent.name,
-                              fingerprint=fingerprint({"task": task}),
-                              payload={"task": task, "versions": self.agent.versions(), "tenant": inp.tenant,
-                                       "engine": "temporal"})
+                              fingerprint=fingerprint({"task": task}), payload=dict(begins))
             steps.stage(begun)
             steps.commit()  # in ``journal`` now: the request's task message is read from it
         call = ModelCall(steps, step_id, key=inp.idempotency_key, turn=inp.turn, fingerprint=None)
