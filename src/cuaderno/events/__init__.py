@@ -30,8 +30,8 @@ import hashlib
 import json
 from typing import Any, Final, Literal, Protocol
 
-from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
 from cuaderno.events.names import KINDS, PHASES, Kind, Phase, family
+from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_JSON",

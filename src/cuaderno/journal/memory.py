@@ -114,6 +114,6 @@ class MemoryCheckpointer:
 
     def holders(self, run_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Nobody else: one process holds a memory journal, and its loops hold runs among
-        themselves (:mod:`cuaderno._holds`), not in the journal."""
+        themselves (:mod:`cuaderno.loop.holds`), not in the journal."""
         return {}
 

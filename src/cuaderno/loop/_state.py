@@ -76,7 +76,7 @@ class RunState:
         committed with the first write of the pass, never alone (a pass that writes nothing leaves none)."""
         self.tool_sends: dict[str, int] = {}
         self.where: tuple[str, str] = ("", session.run_id)
-        """The journal and run, as the loops of this process know them (``cuaderno._holds``)."""
+        """The journal and run, as the loops of this process know them (``cuaderno.loop.holds``)."""
         """Tool intents per step, recorded or written by this process (names the next one)."""
         self.points: list[str] = []
         self.ready: list[tuple[Step, int]] = []
