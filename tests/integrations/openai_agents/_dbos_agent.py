@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from cuaderno.testing.ledger import LedgerClient
+
+
+def kill_headers() -> dict[str, str]:
+    """``OAI_KILL_AT_TURN=T``: ask the fake provider to kill this process in model turn T's flight."""
+    turn = os.environ.get("OAI_KILL_AT_TURN")
+    return {"X-Kill-At-Turn": turn, "X-Client-Pid": str(os.getpid())} if turn else {}
 
 DB, PROVIDER, LEDGER, RUN = sys.argv[1:5]
 AS_STEP = "--no-step" not in sys.argv
@@ -79,7 +86,8 @@ async def notify(ctx: RunContextWrapper[Bank], message: str) -> str:
 
 AGENT = Agent(name="treasurer", instructions="Make the transfers you are asked for, then summarise.",
               model=OpenAIChatCompletionsModel(model="fake-model",
-                                               openai_client=AsyncOpenAI(base_url=PROVIDER, api_key="fake-key")),
+                                               openai_client=AsyncOpenAI(base_url=PROVIDER, api_key="fake-key",
+                                                                           default_headers=kill_headers())),
               tools=[transfer, balance, notify], output_type=Summary)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,12 @@ async def find_notification(call: EffectCall) -> str | None:
 LEDGER_URL = ""
 
 
+def kill_headers() -> dict[str, str]:
+    """``OAI_KILL_AT_TURN=T``: ask the fake provider to kill this process in model turn T's flight."""
+    turn = os.environ.get("OAI_KILL_AT_TURN")
+    return {"X-Kill-At-Turn": turn, "X-Client-Pid": str(os.getpid())} if turn else {}
+
+
 def build(provider_url: str, *, approval: bool, structured: bool) -> Agent[Bank]:
     @function_tool(needs_approval=approval)
     async def notify(ctx: RunContextWrapper[Bank], message: str) -> str:
@@ -90,7 +97,7 @@ def build(provider_url: str, *, approval: bool, structured: bool) -> Agent[Bank]
         await _post(ctx, "notify", {"message": message})
         return "notified"
 
-    client = AsyncOpenAI(base_url=provider_url, api_key="fake-key")
+    client = AsyncOpenAI(base_url=provider_url, api_key="fake-key", default_headers=kill_headers())
     return Agent(name="treasurer", instructions="Make the transfers you are asked for, then summarise.",
                  model=OpenAIChatCompletionsModel(model="fake-model", openai_client=client),
                  tools=[transfer, balance, notify], output_type=Summary if structured else str)

@@ -57,9 +57,9 @@ class ProviderProcess:
 
 
 def run_agent(journal: Path, provider: str, ledger: str, run_id: str, *flags: str, crash_at: str | None = None,
-              script: Path | None = None) -> subprocess.CompletedProcess[str]:
+              script: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run (or resume) the agent in a new process; ``crash_at`` arms a named point."""
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{HERE}"}
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{HERE}", **(extra_env or {})}
     env.pop("CUADERNO_CRASH_AT", None)
     if crash_at:
         env["CUADERNO_CRASH_AT"] = crash_at

@@ -17,7 +17,9 @@ gets the same answer): the number of assistant messages in the conversation is t
 - turn 3: ``transfer`` (erin 50) and ``notify`` (no lookup: non-idempotent)
 - turn 4: the final answer, as JSON when the request asks for a schema, else text.
 
-A request for the model ``status-NNN`` is answered with that HTTP error, unbilled.
+A request with ``X-Kill-At-Turn: T`` and ``X-Client-Pid: P`` headers, at turn T, is billed and then
+its client is SIGKILLed before it reads the answer (a kill in a model call's flight, the same for
+any runner). A request for the model ``status-NNN`` is answered with that HTTP error, unbilled.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -89,6 +92,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.bill({"run": run, "key": self.headers.get("Idempotency-Key"), "x_key": self.headers.get("X-Idempotency-Key"),
                           "turn": turn, "sha": hashlib.sha256(raw).hexdigest()[:16],
                           "retry_count": self.headers.get("x-stainless-retry-count")})
+        kill_turn, pid = self.headers.get("X-Kill-At-Turn"), self.headers.get("X-Client-Pid")
+        if kill_turn is not None and pid and int(kill_turn) == turn:
+            # Billed, then the client dies before it reads the answer: a model call's K4, from outside.
+            os.kill(int(pid), signal.SIGKILL)
+            return
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -75,9 +75,10 @@ def _settle_by_hand(journal: Path, run_id: str, step: str, ledger_db: Path) -> b
 
 
 def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str | None,
-         kill_after: float | None = None) -> dict[str, Any]:
+         kill_after: float | None = None, model_turn: int | None = None) -> dict[str, Any]:
     """One case: a kill (at ``crash_at``, or by the parent after ``kill_after`` seconds), then
-    resumes until the run ends; returns its figures after checking them against the truth."""
+    resumes until the run ends; returns its figures after checking them against the truth.
+    ``model_turn``: the fake provider kills the first process in that model call's flight."""
     d: Path = world["dir"]
     provider: ProviderProcess = world["provider"]
     journal, run_id = d / f"{name}.db", f"run-{name}"
@@ -94,7 +95,8 @@ def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str 
         out_s, err_s = child.communicate(timeout=60)
         first = outcome(subprocess.CompletedProcess(child.args, child.returncode, out_s, err_s))
     else:
-        first = outcome(run_agent(journal, provider.url, ledger.url, run_id, crash_at=crash_at))
+        first = outcome(run_agent(journal, provider.url, ledger.url, run_id, crash_at=crash_at,
+                                  extra_env={"OAI_KILL_AT_TURN": str(model_turn)} if model_turn is not None else None))
         kills += first["status"] == "killed"
     out, uncertain = first, []
     for _ in range(6):
@@ -108,8 +110,10 @@ def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str 
     assert out == {"status": "completed", "final": FINAL, "replayed": False} or \
         (out["status"] == "completed" and out["final"] == FINAL), out
     t = truth(journal, run_id, ledger.db_path, provider.bills())
-    figures = {"test": "openai_agents_kill", "case": name, "point": crash_at or f"random {kill_after:.2f}s",
-               "kind": (crash_at or "random").split(".")[0], "kills": kills, "duplicated": t.duplicated,
+    point = crash_at or (f"provider kills in model turn {model_turn}" if model_turn is not None
+                         else f"random {kill_after or 0:.2f}s")
+    figures = {"test": "openai_agents_kill", "case": name, "point": point,
+               "kind": (crash_at or ("provider" if model_turn is not None else "random")).split(".")[0], "kills": kills, "duplicated": t.duplicated,
                "receipts": t.receipts, "billed": t.billed, "rebilled_journaled": t.rebilled_journaled,
                "rebilled_in_flight": t.rebilled_in_flight, "counted_twice": t.counted_twice, "unkeyed": t.unkeyed,
                "status": "needs_human" if uncertain else "completed", "uncertain": uncertain,
