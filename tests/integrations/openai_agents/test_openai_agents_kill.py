@@ -157,6 +157,14 @@ def test_kill_with_a_receipts_server_that_acks_late(world: dict[str, Any], crash
     play(world, world["slow"], "slow-" + _safe(crash_at), crash_at)
 
 
+@pytest.mark.parametrize("turn", range(5) if SOAK else [2])
+def test_provider_kills_the_client_in_a_model_calls_flight(world: dict[str, Any], turn: int) -> None:
+    """The provider bills the call, then SIGKILLs the client before it reads the answer: the
+    resume re-sends it with the same key, and the journal counts it possibly billed twice."""
+    figures = play(world, world["ledger"], f"provider-turn-{turn}", None, model_turn=turn)
+    assert figures["kills"] == 1 and figures["rebilled_in_flight"] == 1 and figures["counted_twice"] == 1
+
+
 @pytest.mark.skipif(not SOAK, reason="the random-moment soak runs with CUADERNO_SOAK=1")
 @pytest.mark.parametrize("seed", range(int(os.environ.get("CUADERNO_OAI_RANDOM", "30")) if SOAK else 1))
 @pytest.mark.parametrize("slow", [False, True], ids=["ack-now", "ack-250ms"])
