@@ -117,9 +117,10 @@ class SqlWriter(SqlJournal):
         what the fencing check compares the writer's with."""
         raise NotImplementedError
 
-    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
-        """Cache the summary an append just wrote (``token``: what the upsert returned, the row
-        version where the dialect keeps one): the next append of the run need not read it."""
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: Any) -> None:
+        """Cache the summary an append just wrote (``upserted``: the cursor of its upsert, which
+        returns the row version where the dialect keeps one): the next append of the run need not
+        read it."""
         raise NotImplementedError
 
     def _forget(self, run_ids: Iterable[str]) -> None:
@@ -214,11 +215,11 @@ class SqlWriter(SqlJournal):
                 raise Duplicate from None
             self._inserted(db, rows)
             faults.in_txn("checkpoint")
-            token = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                          cp.dumps())).fetchone()
+            upserted = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
+                                                             cp.dumps()))
             faults.in_txn()
             faults.point("append.W1")  # everything written, before COMMIT
-            self._keep(run_id, cp, token)
+            self._keep(run_id, cp, upserted)
         return out
 
     def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:

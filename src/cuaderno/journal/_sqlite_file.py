@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -238,6 +238,10 @@ class SqliteFile:
     _shm_kept: bool
     _db: sqlite3.Connection
     _index_unread: bool
+    _mark: tuple[int, str] | None = None
+    """The rowid and row hash of the last row the open append transaction inserted (the anchor's)."""
+    _bump = False
+    """Whether the open append transaction raised the file's schema (its first compressed row)."""
 
     def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         """Open the store's connection on the file as it is now (see ``__init__``); on a failure
@@ -493,18 +497,27 @@ class SqliteFile:
         return bool(setting == "on")
 
     @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Connection]:
+    def _txn(self, *, append: bool = False) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` on the one connection, committed when the block ends. ``append``:
+        an append's transaction (:meth:`_write_txn`): this store's cache made current first (see
+        :meth:`_fresh`); after the commit, the schema it raised and the anchor of its last row,
+        still under the store's lock, so the mark the anchor records is this transaction's."""
         if self._readonly:
             raise UsageError(f"journal {self.path!r} was opened read-only; nothing was written")
         with self._lock:
             if self._writer is not None:
                 self._start_writing()
             db = self._db
+            if append:
+                self._mark, self._bump = None, False
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     self._check_file()  # under the write lock: no row lands in a file moved aside
+                    version = self._fresh(db) if append else None
                     yield db
+                    if version is not None:
+                        self._data_version = version
                     db.execute("COMMIT")
                 except BaseException:
                     if db.in_transaction:
@@ -517,6 +530,15 @@ class SqliteFile:
                                         f"connection held the journal's lock ({exc}); try again") from exc
                 # Disk full, I/O error: nothing of this transaction was committed.
                 raise JournalError(f"journal {self.path!r}: write failed, nothing was committed: {exc}") from exc
+            if not append:
+                return
+            if self._bump:
+                self._file_schema = _COMPRESSED_SINCE  # committed
+            if self._mark is not None and self._anchor is not None:
+                self._anchor.write(*self._mark)  # after the commit: the anchor may lag the journal, never lead it
+
+    def _write_txn(self) -> AbstractContextManager[sqlite3.Connection]:
+        return self._txn(append=True)
 
     def _fresh(self, db: sqlite3.Connection) -> int:
         """Inside a write transaction: drop what this store cached if another connection committed

@@ -397,11 +397,10 @@ class PostgresCheckpointer(PgServer, SqlWriter):
                 raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
         return cp
 
-    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
-        if token is None:
-            raise JournalCorrupt("the journal's database returned no row where one is always returned")
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: psycopg.Cursor[Any]) -> None:
+        xmin = _one(upserted)[0]  # the row version the upsert left
         with self._cache_lock:
-            self._cache[run_id] = (token[0], cp)  # the row version the upsert left
+            self._cache[run_id] = (xmin, cp)
 
     def _forget(self, run_ids: Iterable[str]) -> None:
         with self._cache_lock:

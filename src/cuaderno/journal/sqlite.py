@@ -199,27 +199,6 @@ class SqliteCheckpointer(SqliteFile, SqlWriter):
 
     # -- writes (the algorithm is journal._sql_write's) -------------------------------------------
 
-    _mark: tuple[int, str] | None = None
-    """The rowid and row hash of the last row the open write transaction inserted (the anchor's)."""
-    _bump = False
-    """Whether the open write transaction raised the file's schema (its first compressed row)."""
-
-    @contextmanager
-    def _write_txn(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` on the one connection (see :meth:`_fresh`); after the commit, the
-        schema it raised and the anchor of its last row. The store's lock is held until then, so
-        the mark the anchor records is this transaction's."""
-        with self._lock:
-            self._mark, self._bump = None, False
-            with self._txn() as db:
-                version = self._fresh(db)
-                yield db
-                self._data_version = version
-            if self._bump:
-                self._file_schema = _COMPRESSED_SINCE  # committed
-            if self._mark is not None and self._anchor is not None:
-                self._anchor.write(*self._mark)  # after the commit: the anchor may lag the journal, never lead it
-
     def _write_summary(self, db: sqlite3.Connection, run_id: str, epoch: int | None, *, fresh: bool,
                        unheld: bool) -> Checkpoint:
         cached = None if fresh else self._cache.get(run_id)
@@ -232,7 +211,7 @@ class SqliteCheckpointer(SqliteFile, SqlWriter):
         cp.epoch = _epoch(run_id, row[0])
         return cp
 
-    def _keep(self, run_id: str, cp: Checkpoint, token: Sequence[Any] | None) -> None:
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: sqlite3.Cursor) -> None:
         self._cache[run_id] = cp
 
     def _forget(self, run_ids: Iterable[str]) -> None:
