@@ -1,0 +1,287 @@
+"""``DurableAgent``: a Pydantic AI agent, unchanged, run durably under a run id.
+
+One call of :meth:`DurableAgent.run` opens the run (:func:`~cuaderno.durable.open_run`), then runs
+the agent from the start with a per-run capability (:class:`CuadernoJournal`) that puts every
+model request through the model-call protocol and every tool call through the effect protocol.
+What the journal holds is replayed (nothing is sent or run again); the first step it lacks is
+made live. So resuming a crashed run, in this process or another, is calling ``run`` again with
+the same run id; a run that ended answers from its journal.
+
+Tools that require approval (``requires_approval=True``, Pydantic AI's deferred tools) end the
+agent's run with ``DeferredToolRequests``; each call becomes a cuaderno approval request on disk,
+bound to the fingerprint of its exact arguments, and the run is ``suspended``. After a person
+decides (``cuaderno approve RUN STEP --fingerprint FP``), the next ``run`` of the run id replays up
+to there and continues the agent with the decisions (``deferred_tool_results``); the approved tool
+runs once, as an effect, only if the arguments still match the fingerprint approved.
+
+What replay needs from the run's own events: ``run/start`` (``task``, the prompt; ``versions``,
+the agent definition's fingerprint); the approval ``request`` (``arguments``, the exact arguments
+the person is shown; ``tool_call_id``, the framework's id the decision is passed back under);
+``final/result`` (``output``: the structured output as JSON; ``messages``: the whole conversation,
+the framework's own dump), which a closed run answers from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import TypeAdapter
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.models import Model
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_core import to_jsonable_python
+
+from cuaderno import faults
+from cuaderno.durable.opening import Mismatch, Opened, open_run
+from cuaderno.errors import UncertainEffect, UsageError
+from cuaderno.events import StepEvent, approval_step_id
+from cuaderno.fingerprint import fingerprint
+from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
+from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
+from cuaderno.integrations.pydantic_ai._messages import content, dump
+from cuaderno.integrations.pydantic_ai._model import JournaledModel
+from cuaderno.integrations.pydantic_ai._state import RunState
+from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, arguments_fingerprint
+from cuaderno.journal.base import Checkpointer
+from cuaderno.loop.agent import RetryPolicy
+
+__all__ = ["CuadernoJournal", "DurableAgent", "DurableResult", "PendingApproval"]
+
+OutputT = TypeVar("OutputT")
+
+DEFAULT_KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key")
+"""The headers every model request carries the step's idempotency key in (as cuaderno's own
+OpenAI gateway sends it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    """A tool call waiting for a person: decide it with ``cuaderno approve RUN STEP --fingerprint FP``."""
+
+    step_id: str
+    tool: str
+    arguments: dict[str, Any]
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class DurableResult(Generic[OutputT]):
+    """How a call of :meth:`DurableAgent.run` left the run.
+
+    ``status``: ``completed`` (``output`` holds the agent's output), ``suspended`` (``pending``
+    lists the calls waiting for a decision), or ``failed`` (``reason``). ``replayed``: the run had
+    ended before this call, which answered from the journal and sent nothing.
+    """
+
+    run_id: str
+    status: Literal["completed", "suspended", "failed"]
+    output: OutputT | None = None
+    messages: list[ModelMessage] = field(default_factory=list)
+    pending: tuple[PendingApproval, ...] = ()
+    reason: str | None = None
+    replayed: bool = False
+
+
+@dataclass
+class CuadernoJournal(AbstractCapability[Any]):
+    """The per-run capability: wraps whichever model serves each request (:class:`JournaledModel`)
+    and the run's assembled toolset (:class:`JournaledToolset`). Built by :class:`DurableAgent`
+    for each run; not meant to be attached to an agent by hand (it needs an opened run)."""
+
+    state: RunState
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        if isinstance(model, JournaledModel):
+            return None
+        return JournaledModel(model, self.state)
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        return JournaledToolset(toolset, state=self.state)
+
+
+class DurableAgent(Generic[OutputT]):
+    """Run ``agent`` durably: journaled, keyed, counted, resumable by run id (module docstring).
+
+    Args:
+        agent: the Pydantic AI agent, as written; it is not modified.
+        journal: a cuaderno journal (``SqliteCheckpointer``, ``PostgresCheckpointer``...).
+        effects: each tool's effect class (:mod:`._effects`); a tool not named is
+            ``non_idempotent``: a call in flight at a crash stops the run ``needs_human``.
+        tenant: journaled on the run and part of every effect key.
+        owner: who holds the run while it runs (shown by ``cuaderno list``).
+        retry: the one retry layer for model requests (the SDK's own must be off).
+        key_headers: the headers the provider idempotency key is sent in.
+        on_version_mismatch: what a run started by another agent definition does: ``refuse``
+            (:class:`~cuaderno.errors.VersionMismatch`), ``drain``, or a callable (see
+            :func:`~cuaderno.durable.open_run`).
+
+    Raises:
+        UsageError: a model whose OpenAI client retries on its own (``max_retries`` must be 0:
+            a retry the SDK makes is a send the journal never counts), or a malformed ``effects``.
+    """
+
+    def __init__(self, agent: Agent[Any, OutputT], *, journal: Checkpointer,
+                 effects: Mapping[str, ToolEffect] | None = None, tenant: str = "default",
+                 owner: str | None = None, retry: RetryPolicy | None = None,
+                 key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
+                 on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse") -> None:
+        if not isinstance(agent, Agent):
+            raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
+        if not isinstance(journal, Checkpointer):
+            raise UsageError(f"journal must be a cuaderno Checkpointer, got {type(journal).__name__}")
+        _check_sdk_retries(agent.model)
+        self.agent = agent
+        self.journal = journal
+        self.effects = check_effects(effects or {})
+        self.tenant = tenant
+        self.owner = owner or f"pydantic-ai:{os.getpid()}"
+        self.retry = retry or RetryPolicy()
+        self.key_headers = tuple(key_headers)
+        self.on_version_mismatch = on_version_mismatch
+        self.definition = definition_fingerprint(agent, self.effects)
+
+    async def run(self, user_prompt: str | None = None, *, run_id: str,
+                  message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
+                  **run_kwargs: Any) -> DurableResult[OutputT]:
+        """Run (or resume) ``run_id``: see the module docstring. ``run_kwargs`` go to the agent's
+        ``run`` unchanged (``model_settings``, ``usage_limits``...), and must be the same on every
+        call of one run id (they are not journaled).
+
+        Raises:
+            VersionMismatch: the run was started by another agent definition.
+            ReplayDivergence: another prompt or history than the run's, or a request the journal
+                did not record at that step.
+            UncertainEffect: a tool's effect may or may not have happened; the run is
+                ``needs_human`` (``cuaderno show`` has the evidence, ``cuaderno resolve`` settles it).
+        """
+        if not isinstance(run_id, str) or not run_id:
+            raise UsageError("run_id must be a non-empty string")
+        history = list(message_history or [])
+        task = {"prompt": to_jsonable_python(user_prompt, fallback=repr), "history": content(dump(history))}
+        opened = open_run(self.journal, run_id, task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
+                          task_fingerprint=fingerprint(task), versions={"agent": self.definition,
+                                                                        "integration": EFFECT_VERSION},
+                          tenant=self.tenant, owner=self.owner, name=self.agent.name,
+                          start={"framework": "pydantic-ai"}, on_version_mismatch=self.on_version_mismatch)
+        if opened.closed:
+            return self._answered(opened)
+        try:
+            return await self._go(opened, user_prompt, history, deps, run_kwargs)
+        finally:
+            opened.release()
+
+    async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
+                  run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
+        state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
+                         retry=self.retry, key_headers=self.key_headers, rng=random.Random())
+        capability = CuadernoJournal(state)
+        prompt: str | None = user_prompt
+        deferred: DeferredToolResults | None = None
+        while True:
+            try:
+                result = await self.agent.run(prompt, message_history=history, deferred_tool_results=deferred,
+                                              deps=deps, capabilities=[capability], **run_kwargs)
+            except BaseExceptionGroup as group:  # tools run concurrently: surface the one that says why
+                raise _first(group) from group
+            output = result.output
+            if not isinstance(output, DeferredToolRequests):
+                break
+            pending, decisions = self._approvals(state, output)
+            if pending:
+                return DurableResult(opened.run_id, "suspended", messages=result.all_messages(), pending=pending)
+            prompt, history, deferred = None, result.all_messages(), decisions
+        faults.point("final.K0")
+        messages = result.all_messages()
+        jsonable = to_jsonable_python(output, fallback=repr)
+        opened.finish(output if isinstance(output, str) else json.dumps(jsonable, sort_keys=True),
+                      structured=jsonable, structured_type=type(output).__qualname__, messages=dump(messages))
+        faults.point("final.K7")
+        return DurableResult(opened.run_id, "completed", output=output, messages=messages)
+
+    def _approvals(self, state: RunState,
+                   requests: DeferredToolRequests) -> tuple[tuple[PendingApproval, ...], DeferredToolResults]:
+        """Journal an approval request for each call not yet asked about; return the calls still
+        waiting and the decisions taken (each bound to the fingerprint of the exact arguments)."""
+        if requests.calls:
+            raise UsageError("external (deferred) tool calls are not supported by DurableAgent: their results come "
+                             "from outside the journal; only approval-required tools are")
+        log = state.log
+        pending: list[PendingApproval] = []
+        decisions = DeferredToolResults()
+        for part in requests.approvals:
+            step = state.tool_step(part.tool_call_id)
+            appr = approval_step_id(step)
+            arguments = dict(requests.validated_args.get(part.tool_call_id) or part.args_as_dict())
+            args_fp = arguments_fingerprint(part.tool_name, arguments)
+            if log.get(appr, "request") is None:
+                log.stage(StepEvent(run_id=state.run_id, step_id=appr, phase="request", kind="approval",
+                                    name=part.tool_name, decision="require_approval", fingerprint=args_fp,
+                                    payload={"tool_step": step, "arguments": to_jsonable_python(arguments),
+                                             "reason": "the tool requires approval (pydantic-ai requires_approval)",
+                                             "tool_call_id": part.tool_call_id}))
+            decided = log.get(appr, "decision")
+            if decided is None:
+                pending.append(PendingApproval(appr, part.tool_name, arguments, args_fp))
+            elif decided.decision == "approved":
+                decisions.approvals[part.tool_call_id] = True
+            else:
+                reason = decided.payload.get("reason") or "rejected by a person"
+                decisions.approvals[part.tool_call_id] = ToolDenied(f"The tool call was denied: {reason}")
+        log.commit()
+        faults.point("approval.K7")
+        return tuple(pending), decisions
+
+    def _answered(self, opened: Opened) -> DurableResult[OutputT]:
+        """A run that ended, answered from its journal: nothing is sent or run."""
+        cp = opened.checkpoint
+        if cp.status != "completed" or cp.outcome is None:
+            reason = None
+            for ev in reversed(opened.events):
+                if ev.step_id == "run" and ev.phase == "end":
+                    reason = str(ev.payload.get("reason"))
+                    break
+            return DurableResult(opened.run_id, "failed", reason=reason, replayed=True)
+        outcome = cp.outcome
+        messages = ModelMessagesTypeAdapter.validate_python(outcome.get("messages") or [])
+        return DurableResult(opened.run_id, "completed", output=self._output(outcome.get("structured"), outcome.get("structured_type")),
+                             messages=messages, replayed=True)
+
+    def _output(self, jsonable: Any, kind: Any) -> Any:
+        """The journaled output as the agent's output type (``kind``: the journaled type name picks
+        the member of a list of output types), where the type can be rebuilt from JSON; else the JSON."""
+        declared = self.agent.output_type
+        members: list[Any] = list(declared) if isinstance(declared, (list, tuple)) else [declared]
+        for member in members:
+            if isinstance(member, type) and kind not in (None, member.__qualname__):
+                continue
+            try:
+                return TypeAdapter[Any](member).validate_python(jsonable)
+            except Exception:  # not a type pydantic rebuilds (a function, a marker): try the next
+                continue
+        return jsonable
+
+
+def _check_sdk_retries(model: object) -> None:
+    client = getattr(model, "client", None)
+    retries = getattr(client, "max_retries", 0)
+    if isinstance(retries, int) and retries > 0:
+        raise UsageError(f"the agent's model client retries on its own (max_retries={retries}): each retry would be a "
+                         "send the journal never counts. Build it with max_retries=0, e.g. OpenAIProvider("
+                         "openai_client=AsyncOpenAI(..., max_retries=0)); DurableAgent's retry= is the one retry layer")
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    for exc in group.exceptions:
+        found = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
+        if isinstance(found, UncertainEffect):
+            return found
+    first = group.exceptions[0]
+    return _first(first) if isinstance(first, BaseExceptionGroup) else first

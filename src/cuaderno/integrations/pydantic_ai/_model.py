@@ -1,0 +1,117 @@
+"""Every model request of a wrapped agent through the model-call protocol (:class:`ModelCall`).
+
+The request is still made by the agent's own model (``OpenAIChatModel`` and its ``AsyncOpenAI``
+client: the real HTTP path); this wrapper only decides whether it is made at all. A request whose
+result is journaled is answered from the journal (never paid again); one never sent is sent after
+its intent commits, carrying the step's idempotency key in the provider's headers
+(``Idempotency-Key`` by default, through the framework's ``extra_headers`` setting); one whose
+fate is unknown (an intent and no result) is sent again with the same key and counted as possibly
+billed twice.
+
+What replay needs from the journaled result (beyond :mod:`cuaderno.durable.model_call`'s own):
+``pydantic_ai``, the framework's dump of the response, handed back to the agent unchanged (its
+tool call ids are what the tool steps are placed by).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.settings import ModelSettings
+
+from cuaderno import faults
+from cuaderno.durable.model_call import ModelCall
+from cuaderno.errors import GatewayError, ReplayDivergence
+from cuaderno.fingerprint import fingerprint, idempotency_key
+from cuaderno.gateway._errors import from_exception, from_status
+from cuaderno.gateway.base import ModelResponse as JournalResponse
+from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
+from cuaderno.integrations.pydantic_ai._state import RunState
+
+__all__ = ["JournaledModel"]
+
+
+class JournaledModel(WrapperModel):
+    """The agent's model, with each request journaled, keyed and counted (module docstring)."""
+
+    def __init__(self, wrapped: Any, state: RunState) -> None:
+        super().__init__(wrapped)
+        self.state = state
+
+    async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                      model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        state = self.state
+        log = state.log
+        step_id = state.next_model_step()
+        # What the model is asked: the conversation's content and the tools and output offered.
+        # Replay asks the same question at the same step, or the journal's answer is not for it.
+        asked = fingerprint({"messages": content(dump(messages)),
+                             "params": content(_jsonable(model_request_parameters)),
+                             "model": self.wrapped.model_name})
+        recorded = log.get(step_id, "result")
+        if recorded is not None and recorded.payload.get("pydantic_ai") is not None:
+            if recorded.fingerprint is not None and recorded.fingerprint != asked:
+                raise ReplayDivergence(state.run_id, step_id, f"request {recorded.fingerprint}", f"request {asked}")
+            response = load_response(recorded.payload["pydantic_ai"])
+            state.place_calls(step_id, _call_ids(response))
+            return response
+        intent = log.get(step_id, "intent")
+        if intent is not None and intent.fingerprint is not None and intent.fingerprint != asked:
+            raise ReplayDivergence(state.run_id, step_id, f"request {intent.fingerprint}", f"request {asked}")
+        # A started step keeps the key its first intent carried: the provider knows that one.
+        key = str(intent.payload["key"]) if intent is not None else idempotency_key(state.run_id, step_id, asked)
+        call = ModelCall(log, step_id, key=key, turn=state.model_steps - 1, fingerprint=asked)
+        settings: dict[str, Any] = dict(model_settings or {})
+        settings["extra_headers"] = {**dict(settings.get("extra_headers") or {}),
+                                     **{name: key for name in state.key_headers}}
+        answered: list[ModelResponse] = []
+
+        async def send() -> JournalResponse:
+            try:
+                response = await self.wrapped.request(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
+                                                      model_request_parameters)
+            except GatewayError:
+                raise
+            except Exception as exc:
+                # Classified once, by cuaderno's mapping of the SDK's exceptions (pydantic-ai keeps
+                # the openai error as the cause): a refused connection provably left nothing; a
+                # read timeout or a 5xx may have been billed, and is re-sent only after a new
+                # intent, counted.
+                raise _classified(exc) from exc
+            answered.append(response)
+            return to_journal(response)
+
+        sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
+        response = answered[-1]
+        call.finish(sent, extra={"pydantic_ai": dump([response])[0]})
+        log.commit()
+        faults.point("model.K7")
+        state.place_calls(step_id, _call_ids(response))
+        return response
+
+
+def _classified(exc: Exception) -> GatewayError:
+    if isinstance(exc, ModelHTTPError):
+        # The framework's own HTTP error: the SDK's error (with the response headers) is its cause.
+        cause = exc.__cause__
+        if cause is not None:
+            mapped = from_exception(cause, provider="openai")
+            if mapped.status is not None:
+                return mapped
+        return from_status(exc.status_code, {}, exc.body, provider="openai")
+    return from_exception(exc, provider="openai")
+
+
+def _call_ids(response: ModelResponse) -> list[str]:
+    return [p.tool_call_id for p in response.parts if isinstance(p, ToolCallPart)]
+
+
+def _jsonable(params: ModelRequestParameters) -> Any:
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(params, fallback=repr)

@@ -1,0 +1,126 @@
+"""Every tool call of a wrapped agent through the effect protocol (:class:`Effect`).
+
+The agent's own toolset still validates the arguments and calls the function (with its
+``RunContext``); this wrapper journals the call around it: a call whose result is journaled is
+answered from the journal (the function is not called again); one never started runs after its
+intent commits; one started and not finished is settled by the tool's declared effect class
+(:mod:`._effects`), or stops the run ``needs_human``.
+
+What replay needs from the journaled result (beyond :mod:`cuaderno.durable.effect`'s own):
+``value``, the tool's return value as JSON: the agent is handed that same JSON on every pass,
+live or replayed, so the model sees one answer; ``error.data.model_retry``: the tool asked the
+model to try again (``ModelRetry``), which replay raises again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.tools import RunContext
+from pydantic_ai.toolsets import ToolsetTool
+from pydantic_ai.toolsets.wrapper import WrapperToolset
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from cuaderno import faults
+from cuaderno.durable.effect import BodyBug, Effect, effect_key
+from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
+from cuaderno.events import approval_step_id
+from cuaderno.fingerprint import fingerprint
+from cuaderno.integrations.pydantic_ai._effects import _EFFECT_KEY, Lookup, effect_of
+from cuaderno.integrations.pydantic_ai._state import RunState
+
+__all__ = ["EFFECT_VERSION", "JournaledToolset", "arguments_fingerprint"]
+
+EFFECT_VERSION = "pydantic-ai/1"
+"""The rules the effect keys are derived under (the ``policy_version`` part of the key)."""
+
+
+def arguments_fingerprint(tool: str, arguments: Any) -> str:
+    """What an approval and an effect are bound to: the tool and its exact arguments (as JSON)."""
+    return fingerprint({"name": tool, "arguments": to_jsonable_python(arguments, fallback=repr)})
+
+
+@dataclass
+class JournaledToolset(WrapperToolset[Any]):
+    """The agent's assembled toolset, each call journaled (see the module docstring)."""
+
+    state: RunState | None = None
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        state = self.state
+        assert state is not None, "JournaledToolset is built with its run's state"
+        log = state.log
+        step_id = state.tool_step(ctx.tool_call_id)
+        arguments = to_jsonable_python(tool_args, fallback=repr)
+        args_fp = arguments_fingerprint(name, tool_args)
+        recorded = log.get(step_id, "result")
+        if recorded is not None:
+            if recorded.name != name or (recorded.fingerprint is not None and recorded.fingerprint != args_fp):
+                raise ReplayDivergence(state.run_id, step_id, f"{recorded.name} {recorded.fingerprint}",
+                                       f"{name} {args_fp}")
+            return _answer(recorded.payload)
+        if tool.tool_def.kind == "unapproved":
+            _check_approved(state, step_id, name, args_fp, approved=ctx.tool_call_approved)
+        declared = effect_of(state.effects, name)
+
+        async def body(attempt: int) -> Any:
+            token = _EFFECT_KEY.set(effect.key)
+            try:
+                value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            except ModelRetry as retry:
+                # The tool asks the model to try again: a classified outcome, journaled and
+                # raised again on replay (the model is told the same thing on every pass).
+                raise ToolError(str(retry.message), error_class=ErrorClass.INVALID_INPUT, sent=False,
+                                data={"model_retry": True}) from retry
+            finally:
+                _EFFECT_KEY.reset(token)
+            try:
+                return to_jsonable_python(value)
+            except PydanticSerializationError as exc:
+                raise ToolResultInvalid(state.run_id, step_id, name, f"a value the journal cannot hold: {exc}") from exc
+
+        async def lookup(attempt: int) -> Any:
+            assert isinstance(declared, Lookup)
+            return await declared.find(effect.key, dict(arguments))
+
+        effect = Effect(log=log, step_id=step_id, tool=name, arguments=arguments, fingerprint=args_fp,
+                        key=effect_key(state.tenant, f"{state.run_id}/{step_id}", name, arguments, EFFECT_VERSION),
+                        body=body, lookup=lookup if isinstance(declared, Lookup) else None,
+                        idempotent=declared in ("idempotent", "effect_free"), effect_free=declared == "effect_free",
+                        decision="approved" if tool.tool_def.kind == "unapproved" else None,
+                        policy_version=EFFECT_VERSION, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
+        try:
+            settled = await effect.run()
+        except BodyBug as bug:
+            log.commit()  # the bug's result is evidence: journaled before the run fails with it
+            raise bug.cause from None
+        log.commit()
+        faults.point("tool.K7")
+        return _answer(settled.payload)
+
+
+def _check_approved(state: RunState, step_id: str, tool: str, args_fp: str, *, approved: bool) -> None:
+    """Run a tool that requires approval only with a person's decision journaled for exactly these
+    arguments (the framework's ``tool_call_approved`` alone is a flag anyone may pass)."""
+    decided = state.log.get(approval_step_id(step_id), "decision")
+    if not approved or decided is None or decided.decision != "approved":
+        raise ApprovalMismatch(f"run {state.run_id!r} step {step_id!r}: {tool} requires approval and no approval "
+                               "of it is journaled; decide it with `cuaderno approve`")
+    if decided.fingerprint != args_fp:
+        raise ApprovalMismatch(f"run {state.run_id!r} step {step_id!r}: the approval names arguments "
+                               f"{decided.fingerprint}, the call has {args_fp}; nothing ran")
+
+
+def _answer(payload: dict[str, Any]) -> Any:
+    """What the agent is told from a journaled result (the same on every pass)."""
+    if payload.get("outcome") == "ok":
+        return payload.get("value")
+    error = payload.get("error") or {}
+    message = str(error.get("message") or payload.get("reason") or "the tool call failed")
+    if (error.get("data") or {}).get("model_retry"):
+        raise ModelRetry(message)
+    return f"tool failed ({error.get('error_class', payload.get('outcome'))}): {message}"

@@ -1,0 +1,118 @@
+"""A real Pydantic AI agent run durably by cuaderno: the process the kill tests SIGKILL.
+
+Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFFECT]``. EFFECT
+declares the transfer tools (``lookup``: asked by key after a crash, the default;
+``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``).
+``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
+the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
+(the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
+body unread), ``tool.K3`` (in the tool, before it calls the payment service) and ``tool.K4`` (the
+payment made, its reply unread).
+
+Prints one JSON line: the run's status and output (or ``needs_human``, exit 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import httpx2
+from openai import AsyncOpenAI
+from pydantic import BaseModel
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.tools import DeferredToolRequests
+
+from cuaderno import SqliteCheckpointer, faults
+from cuaderno.errors import UncertainEffect
+from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup, ToolEffect, current_effect_key
+
+
+@dataclass
+class Deps:
+    receipts: str
+    http: httpx.AsyncClient
+
+
+class Paid(BaseModel):
+    paid: list[str]
+    total: int
+
+
+async def _model_sent(request: httpx2.Request) -> None:
+    faults.point("model.K3")
+
+
+async def _model_answered(response: httpx2.Response) -> None:
+    faults.point("model.K4")
+
+
+def build_agent(provider_url: str) -> Agent[Deps, Paid | DeferredToolRequests]:
+    client = AsyncOpenAI(base_url=provider_url, api_key="fake", max_retries=0,
+                         http_client=httpx2.AsyncClient(event_hooks={"request": [_model_sent],
+                                                                     "response": [_model_answered]}))
+    model = OpenAIChatModel("fake-model", provider=OpenAIProvider(openai_client=client))
+    agent: Agent[Deps, Paid | DeferredToolRequests] = Agent(
+        model, name="payer", deps_type=Deps, output_type=[Paid, DeferredToolRequests],
+        instructions="Pay each transfer the user lists, one at a time, then report who was paid.")
+
+    async def pay(ctx: RunContext[Deps], to: str, amount: int) -> dict[str, Any]:
+        key = current_effect_key()  # the payment service keeps it: a lookup after a crash asks by it
+        faults.point("tool.K3")
+        reply = await ctx.deps.http.post(f"{ctx.deps.receipts}/transfers", json={"key": key, "to": to, "amount": amount})
+        faults.point("tool.K4")
+        reply.raise_for_status()
+        return dict(reply.json())
+
+    @agent.tool
+    async def transfer(ctx: RunContext[Deps], to: str, amount: int) -> dict[str, Any]:
+        """Transfer ``amount`` to ``to``."""
+        return await pay(ctx, to, amount)
+
+    @agent.tool(requires_approval=True)
+    async def big_transfer(ctx: RunContext[Deps], to: str, amount: int) -> dict[str, Any]:
+        """Transfer a large ``amount`` to ``to`` (a person approves it first)."""
+        return await pay(ctx, to, amount)
+
+    return agent
+
+
+def effects(kind: str, receipts: str, http: httpx.AsyncClient) -> dict[str, ToolEffect]:
+    if kind == "non_idempotent":
+        return {}
+
+    async def find(key: str, arguments: dict[str, Any]) -> Any:
+        reply = await http.get(f"{receipts}/transfers/{key}")
+        if reply.status_code == 404:
+            return None  # the service proves it has no transfer with that key
+        reply.raise_for_status()
+        return reply.json()
+
+    return {"transfer": Lookup(find), "big_transfer": Lookup(find)}
+
+
+async def main(journal: str, provider_url: str, receipts: str, run_id: str, prompt: str, kind: str = "lookup") -> int:
+    async with httpx.AsyncClient() as http:
+        store = SqliteCheckpointer(journal)
+        durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http))
+        try:
+            result = await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http))
+        except UncertainEffect as exc:
+            print(json.dumps({"status": "needs_human", "step": exc.step_id}))
+            return 3
+        finally:
+            store.close()
+    output = result.output.model_dump() if isinstance(result.output, BaseModel) else result.output
+    print(json.dumps({"status": result.status, "output": output, "replayed": result.replayed,
+                      "pending": [{"step": p.step_id, "fingerprint": p.fingerprint} for p in result.pending]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(*sys.argv[1:])))

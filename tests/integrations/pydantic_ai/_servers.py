@@ -1,0 +1,172 @@
+"""The truth outside cuaderno: a fake OpenAI-compatible provider that bills every request it
+receives, and a payment service that keeps a receipt for every transfer it makes.
+
+Both write their log line (and fsync it) before they answer, so a client killed at any moment
+leaves the evidence of what reached them. Neither deduplicates: the receipts show every duplicate
+a client causes, and the billing log every request paid.
+
+The provider plays a scripted agent: the first user message holds ``PAY: [[tool, to, amount],
+...]``; it calls the k-th tool once k tool results are in the conversation, then answers with the
+structured output (the request's output tool, ``final_result*``) listing who was paid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Provider", "Receipts", "lines"]
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a log (empty if nothing was written)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class _Server:
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.httpd.owner = self  # type: ignore[attr-defined]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> _Server:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _reply(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)
+
+
+def _read(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
+    n = int(handler.headers.get("Content-Length") or 0)
+    data = json.loads(handler.rfile.read(n) or b"{}")
+    return data if isinstance(data, dict) else {}
+
+
+class Provider(_Server):
+    """The fake OpenAI-compatible chat completions endpoint (``/v1``), billing to ``billing``."""
+
+    def __init__(self, billing: Path) -> None:
+        self.billing = billing
+        super().__init__(_ProviderHandler)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+
+class _ProviderHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        owner: Provider = self.server.owner  # type: ignore[attr-defined]
+        body = _read(self)
+        messages = body.get("messages") or []
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        with owner.lock:
+            _append(owner.billing, {"key": self.headers.get("Idempotency-Key"),
+                                    "x_key": self.headers.get("X-Idempotency-Key"), "tool_results": done,
+                                    "at": time.time()})
+        _reply(self, 200, _completion(messages, body.get("tools") or [], done))
+
+
+def _script(messages: list[dict[str, Any]]) -> list[list[Any]]:
+    for m in messages:
+        text = m.get("content")
+        if m.get("role") == "user" and isinstance(text, str) and "PAY:" in text:
+            return list(json.loads(text.split("PAY:", 1)[1].strip()))
+    return []
+
+
+def _completion(messages: list[dict[str, Any]], tools: list[dict[str, Any]], done: int) -> dict[str, Any]:
+    script = _script(messages)
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if done < len(script):
+        tool, to, amount = script[done]
+        call = {"id": f"call_{done}", "type": "function",
+                "function": {"name": tool, "arguments": json.dumps({"to": to, "amount": amount})}}
+        message["tool_calls"] = [call]
+        finish = "tool_calls"
+    else:
+        output = next((t["function"]["name"] for t in tools if t["function"]["name"].startswith("final_result")), None)
+        paid = [row[1] for row in script]
+        total = sum(int(row[2]) for row in script)
+        if output is None:
+            message["content"] = f"paid {', '.join(paid)}: {total}"
+            finish = "stop"
+        else:
+            message["tool_calls"] = [{"id": f"call_out_{done}", "type": "function",
+                                      "function": {"name": output,
+                                                   "arguments": json.dumps({"paid": paid, "total": total})}}]
+            finish = "tool_calls"
+    return {"id": f"chatcmpl-{done}", "object": "chat.completion", "created": 0, "model": "fake-model",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+class Receipts(_Server):
+    """The payment service: ``POST /transfers`` pays and keeps a receipt (never deduplicating);
+    ``GET /transfers/KEY`` answers whether a transfer with that key was made. ``ack_delay``: the
+    seconds it waits after recording before it answers (a remote API's latency)."""
+
+    def __init__(self, receipts: Path, *, ack_delay: float = 0.0) -> None:
+        self.receipts = receipts
+        self.ack_delay = ack_delay
+        super().__init__(_ReceiptsHandler)
+
+
+class _ReceiptsHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        owner: Receipts = self.server.owner  # type: ignore[attr-defined]
+        body = _read(self)
+        with owner.lock:
+            n = len(lines(owner.receipts)) + 1
+            record = {"receipt": n, "key": body.get("key"), "to": body.get("to"), "amount": body.get("amount")}
+            _append(owner.receipts, record)
+        if owner.ack_delay:
+            time.sleep(owner.ack_delay)
+        _reply(self, 200, record)
+
+    def do_GET(self) -> None:
+        owner: Receipts = self.server.owner  # type: ignore[attr-defined]
+        key = self.path.rsplit("/", 1)[-1]
+        with owner.lock:
+            found = [r for r in lines(owner.receipts) if r.get("key") == key]
+        if found:
+            _reply(self, 200, found[0])
+        else:
+            _reply(self, 404, {"error": "no transfer with that key"})
