@@ -5,6 +5,10 @@ Both write their log line (and fsync it) before they answer, so a client killed 
 leaves the evidence of what reached them. Neither deduplicates: the receipts show every duplicate
 a client causes, and the billing log every request paid.
 
+Each server serves many scenarios at once: the first segment of the request path names the
+scenario (``URL/<name>/v1/chat/completions``, ``URL/<name>/transfers``), and each scenario has its
+own log (``<name>.billing.jsonl``, ``<name>.receipts.jsonl`` in the server's directory).
+
 The provider plays a scripted agent: the first user message holds ``PAY: [[tool, to, amount],
 ...]``; it calls the k-th tool once k tool results are in the conversation, then answers with the
 structured output (the request's output tool, ``final_result*``) listing who was paid.
@@ -73,16 +77,24 @@ def _read(handler: BaseHTTPRequestHandler) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-class Provider(_Server):
-    """The fake OpenAI-compatible chat completions endpoint (``/v1``), billing to ``billing``."""
+def _scenario(path: str) -> tuple[str, str]:
+    """The scenario a request path names, and the rest of the path."""
+    name, _, rest = path.lstrip("/").partition("/")
+    return name, "/" + rest
 
-    def __init__(self, billing: Path) -> None:
-        self.billing = billing
+
+class Provider(_Server):
+    """The fake OpenAI-compatible chat completions endpoint, billing to ``<scenario>.billing.jsonl``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         super().__init__(_ProviderHandler)
 
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
+    def base_url(self, scenario: str) -> str:
+        return f"{self.url}/{scenario}/v1"
+
+    def billing(self, scenario: str) -> list[dict[str, Any]]:
+        return lines(self.directory / f"{scenario}.billing.jsonl")
 
 
 class _ProviderHandler(BaseHTTPRequestHandler):
@@ -92,10 +104,11 @@ class _ProviderHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         owner: Provider = self.server.owner  # type: ignore[attr-defined]
         body = _read(self)
+        scenario, _ = _scenario(self.path)
         messages = body.get("messages") or []
         done = sum(1 for m in messages if m.get("role") == "tool")
         with owner.lock:
-            _append(owner.billing, {"key": self.headers.get("Idempotency-Key"),
+            _append(owner.directory / f"{scenario}.billing.jsonl", {"key": self.headers.get("Idempotency-Key"),
                                     "x_key": self.headers.get("X-Idempotency-Key"), "tool_results": done,
                                     "at": time.time()})
         _reply(self, 200, _completion(messages, body.get("tools") or [], done))
@@ -136,14 +149,21 @@ def _completion(messages: list[dict[str, Any]], tools: list[dict[str, Any]], don
 
 
 class Receipts(_Server):
-    """The payment service: ``POST /transfers`` pays and keeps a receipt (never deduplicating);
-    ``GET /transfers/KEY`` answers whether a transfer with that key was made. ``ack_delay``: the
-    seconds it waits after recording before it answers (a remote API's latency)."""
+    """The payment service: ``POST URL/<scenario>/transfers`` pays and keeps a receipt (never
+    deduplicating); ``GET URL/<scenario>/transfers/KEY`` answers whether a transfer with that key
+    was made. ``ack_delay``: the seconds it waits after recording before it answers (a remote
+    API's latency)."""
 
-    def __init__(self, receipts: Path, *, ack_delay: float = 0.0) -> None:
-        self.receipts = receipts
+    def __init__(self, directory: Path, *, ack_delay: float = 0.0) -> None:
+        self.directory = directory
         self.ack_delay = ack_delay
         super().__init__(_ReceiptsHandler)
+
+    def base_url(self, scenario: str) -> str:
+        return f"{self.url}/{scenario}"
+
+    def receipts(self, scenario: str) -> list[dict[str, Any]]:
+        return lines(self.directory / f"{scenario}.receipts.jsonl")
 
 
 class _ReceiptsHandler(BaseHTTPRequestHandler):
@@ -153,19 +173,22 @@ class _ReceiptsHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         owner: Receipts = self.server.owner  # type: ignore[attr-defined]
         body = _read(self)
+        scenario, _ = _scenario(self.path)
+        log = owner.directory / f"{scenario}.receipts.jsonl"
         with owner.lock:
-            n = len(lines(owner.receipts)) + 1
+            n = len(lines(log)) + 1
             record = {"receipt": n, "key": body.get("key"), "to": body.get("to"), "amount": body.get("amount")}
-            _append(owner.receipts, record)
+            _append(log, record)
         if owner.ack_delay:
             time.sleep(owner.ack_delay)
         _reply(self, 200, record)
 
     def do_GET(self) -> None:
         owner: Receipts = self.server.owner  # type: ignore[attr-defined]
+        scenario, _ = _scenario(self.path)
         key = self.path.rsplit("/", 1)[-1]
         with owner.lock:
-            found = [r for r in lines(owner.receipts) if r.get("key") == key]
+            found = [r for r in lines(owner.directory / f"{scenario}.receipts.jsonl") if r.get("key") == key]
         if found:
             _reply(self, 200, found[0])
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +22,49 @@ from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _program import Deps, Paid, build_agent, effects
-from _servers import Provider, Receipts, lines
+from _servers import Provider, Receipts
 
 PROMPT = 'PAY: [["transfer", "ana", 10], ["transfer", "bob", 20]]'
 
 
+@dataclass
+class World:
+    tmp: Path
+    provider: Provider
+    receipts: Receipts
+    name: str
+
+    def billed(self) -> list[dict[str, Any]]:
+        return self.provider.billing(self.name)
+
+    def paid(self) -> list[dict[str, Any]]:
+        return self.receipts.receipts(self.name)
+
+
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[tuple[Path, Provider, Receipts]]:
-    with Provider(tmp_path / "billing.jsonl") as provider, Receipts(tmp_path / "receipts.jsonl") as receipts:
-        yield tmp_path, provider, receipts
+def world(tmp_path: Path, servers: tuple[Provider, Receipts], request: pytest.FixtureRequest) -> World:
+    return World(tmp_path, *servers, name=request.node.name.replace("[", "-").replace("]", ""))
 
 
-def _run(tmp: Path, provider: Provider, receipts: Receipts, run_id: str = "r1", prompt: str = PROMPT,
-         **kwargs: Any) -> Any:
+def _run(w: World, run_id: str = "r1", prompt: str = PROMPT, **kwargs: Any) -> Any:
     async def go() -> Any:
+        receipts = w.receipts.base_url(w.name)
         async with httpx.AsyncClient() as http:
-            with SqliteCheckpointer(tmp / "runs.db") as store:
-                durable = DurableAgent(build_agent(provider.base_url), journal=store,
-                                       effects=effects("lookup", receipts.url, http))
-                return await durable.run(prompt, run_id=run_id, deps=Deps(receipts.url, http), **kwargs)
+            with SqliteCheckpointer(w.tmp / "runs.db") as store:
+                durable = DurableAgent(build_agent(w.provider.base_url(w.name)), journal=store,
+                                       effects=effects("lookup", receipts, http))
+                return await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http), **kwargs)
 
     return asyncio.run(go())
 
 
-def test_a_run_completes_with_structured_output_and_every_request_carries_its_journaled_key(world: Any) -> None:
-    tmp, provider, receipts = world
-    result = _run(tmp, provider, receipts)
+def test_a_run_completes_with_structured_output_and_every_request_carries_its_journaled_key(world: World) -> None:
+    result = _run(world)
     assert result.status == "completed" and not result.replayed
     assert isinstance(result.output, Paid) and result.output == Paid(paid=["ana", "bob"], total=30)
-    billed = lines(tmp / "billing.jsonl")
+    billed = world.billed()
     assert len(billed) == 3  # two tool turns and the output
-    with SqliteCheckpointer(tmp / "runs.db", readonly=True) as store:
+    with SqliteCheckpointer(world.tmp / "runs.db", readonly=True) as store:
         events = store.load("r1")
         cp = store.checkpoint("r1")
     keys = [e.payload["key"] for e in events if e.kind == "model" and e.phase == "intent"]
@@ -60,51 +72,47 @@ def test_a_run_completes_with_structured_output_and_every_request_carries_its_jo
     assert [b["key"] for b in billed] == keys and [b["x_key"] for b in billed] == keys
     assert len(set(keys)) == 3
     assert cp is not None and cp.status == "completed"
-    assert [r["to"] for r in lines(tmp / "receipts.jsonl")] == ["ana", "bob"]
+    assert [r["to"] for r in world.paid()] == ["ana", "bob"]
     effect_keys = [e.payload["effect_key"] for e in events if e.kind == "tool" and e.phase == "intent"]
-    assert [r["key"] for r in lines(tmp / "receipts.jsonl")] == effect_keys
+    assert [r["key"] for r in world.paid()] == effect_keys
 
 
-def test_a_closed_run_answers_from_its_journal_and_sends_nothing(world: Any) -> None:
-    tmp, provider, receipts = world
-    first = _run(tmp, provider, receipts)
-    again = _run(tmp, provider, receipts)
+def test_a_closed_run_answers_from_its_journal_and_sends_nothing(world: World) -> None:
+    first = _run(world)
+    again = _run(world)
     assert again.replayed and again.status == "completed" and again.output == first.output
     assert [type(m).__name__ for m in again.messages] == [type(m).__name__ for m in first.messages]
-    assert len(lines(tmp / "billing.jsonl")) == 3 and len(lines(tmp / "receipts.jsonl")) == 2
+    assert len(world.billed()) == 3 and len(world.paid()) == 2
 
 
-def test_message_history_continues_a_conversation_and_is_part_of_the_task(world: Any) -> None:
-    tmp, provider, receipts = world
-    first = _run(tmp, provider, receipts, run_id="turn1")
-    second = _run(tmp, provider, receipts, run_id="turn2", prompt='PAY: [["transfer", "cy", 5]]',
+def test_message_history_continues_a_conversation_and_is_part_of_the_task(world: World) -> None:
+    first = _run(world, run_id="turn1")
+    second = _run(world, run_id="turn2", prompt='PAY: [["transfer", "cy", 5]]',
                   message_history=first.messages)
     assert second.status == "completed"
     # The provider scripts from the first PAY it finds: the history was sent (ana and bob again
     # is what this fake answers for a conversation that starts with them).
     assert second.output.paid == ["ana", "bob"]
     with pytest.raises(ReplayDivergence):  # the same run id with another history is another task
-        _run(tmp, provider, receipts, run_id="turn2", prompt='PAY: [["transfer", "cy", 5]]')
+        _run(world, run_id="turn2", prompt='PAY: [["transfer", "cy", 5]]')
 
 
-def test_a_changed_agent_definition_is_a_version_mismatch(world: Any) -> None:
-    tmp, provider, receipts = world
-    _run(tmp, provider, receipts)
+def test_a_changed_agent_definition_is_a_version_mismatch(world: World) -> None:
+    _run(world)
 
     async def changed() -> None:
-        agent = build_agent(provider.base_url)
+        agent = build_agent(world.provider.base_url(world.name))
         agent.instructions("Be brief.")  # another instruction: another agent
-        with SqliteCheckpointer(tmp / "runs.db") as store:
+        with SqliteCheckpointer(world.tmp / "runs.db") as store:
             await DurableAgent(agent, journal=store).run(PROMPT, run_id="r1")
 
     with pytest.raises(VersionMismatch):
         asyncio.run(changed())
 
 
-def test_bad_input_is_refused_before_anything_is_written(world: Any) -> None:
-    tmp, provider, _ = world
-    agent = build_agent(provider.base_url)
-    with SqliteCheckpointer(tmp / "runs.db") as store:
+def test_bad_input_is_refused_before_anything_is_written(world: World) -> None:
+    agent = build_agent(world.provider.base_url(world.name))
+    with SqliteCheckpointer(world.tmp / "runs.db") as store:
         with pytest.raises(UsageError, match="effects"):
             DurableAgent(agent, journal=store, effects={"transfer": "sometimes"})  # type: ignore[dict-item]
         with pytest.raises(UsageError, match="Lookup.find"):
@@ -112,10 +120,10 @@ def test_bad_input_is_refused_before_anything_is_written(world: Any) -> None:
         with pytest.raises(UsageError, match="Checkpointer"):
             DurableAgent(agent, journal="runs.db")  # type: ignore[arg-type]
         retrying = Agent(OpenAIChatModel("m", provider=OpenAIProvider(
-            openai_client=AsyncOpenAI(base_url=provider.base_url, api_key="k", max_retries=2))))
+            openai_client=AsyncOpenAI(base_url=world.provider.base_url(world.name), api_key="k", max_retries=2))))
         with pytest.raises(UsageError, match="max_retries"):
             DurableAgent(retrying, journal=store)
         with pytest.raises(UsageError, match="run_id"):
             asyncio.run(DurableAgent(agent, journal=store).run(PROMPT, run_id=""))
         assert store.checkpoint("r1") is None
-    assert lines(tmp / "billing.jsonl") == []
+    assert world.billed() == []
