@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from cuaderno import SqliteCheckpointer
-
 from _runs import Runner
 from _servers import Provider, Receipts
+
+from cuaderno import SqliteCheckpointer
 
 TRANSFERS = [["transfer", "ana", 10], ["transfer", "bob", 20], ["transfer", "cy", 30]]
 PROMPT = "PAY: " + json.dumps(TRANSFERS)
