@@ -41,10 +41,11 @@ class Runner:
         self.n = 0
 
     def run(self, journal: Path, provider_url: str, receipts_url: str, run_id: str, prompt: str, *,
-            crash_at: str | None = None, kind: str = "lookup", kill_after: float | None = None) -> Ran:
+            crash_at: str | None = None, kind: str = "lookup", kill_after: float | None = None,
+            program: str = "cuaderno") -> Ran:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.n += 1
-        cmd = {"args": [str(journal), provider_url, receipts_url, run_id, prompt, kind], "crash_at": crash_at,
+        cmd = {"program": program, "args": [str(journal), provider_url, receipts_url, run_id, prompt, kind], "crash_at": crash_at,
                "kill_after": kill_after, "out": os.path.join(self.tmp, f"out{self.n}.json")}
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()

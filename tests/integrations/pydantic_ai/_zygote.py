@@ -2,8 +2,9 @@
 real process of its own (its own memory, its own SQLite connection, SIGKILLed at a named point
 with nothing flushed), without paying the framework's imports again for each of hundreds of kills.
 
-Reads one JSON command per line on stdin: ``{"args": [...], "crash_at": ..., "kill_after": ...}``
-(``args``: ``_program.main``'s; ``crash_at``: the named point armed in the child; ``kill_after``:
+Reads one JSON command per line on stdin: ``{"program": ..., "args": [...], "crash_at": ...,
+"kill_after": ...}`` (``program``: ``cuaderno``, ``_program.py``, or ``dbos``, the peer
+``_peer_dbos.py``; ``args``: its ``main``'s; ``crash_at``: the named point armed in the child; ``kill_after``:
 seconds after which the parent SIGKILLs the child from outside, for random kills). Answers one JSON
 line per command: ``{"code": exit status (-9 when killed), "out": what the run printed}``.
 """
@@ -21,17 +22,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Both programs imported once, before any fork: the point of this process.
+import _peer_dbos
 import _program
 
 from cuaderno import faults
 
+PROGRAMS = {"cuaderno": _program, "dbos": _peer_dbos}
 
-def _child(args: list[str], crash_at: str | None, out_path: str) -> None:
+
+def _child(program: str, args: list[str], crash_at: str | None, out_path: str) -> None:
     faults.arm(crash_at)
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
-            code = asyncio.run(_program.main(*args))
+            code = asyncio.run(PROGRAMS[program].main(*args))
     except BaseException as exc:  # an unexpected failure is reported, not hidden as a kill
         with open(out_path, "w") as f:
             json.dump({"error": repr(exc)}, f)
@@ -49,7 +54,7 @@ def serve() -> None:
             os.unlink(out_path)
         pid = os.fork()
         if pid == 0:
-            _child(cmd["args"], cmd.get("crash_at"), out_path)
+            _child(cmd.get("program", "cuaderno"), cmd["args"], cmd.get("crash_at"), out_path)
         deadline = None if cmd.get("kill_after") is None else time.monotonic() + float(cmd["kill_after"])
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
