@@ -127,3 +127,30 @@ def test_bad_input_is_refused_before_anything_is_written(world: World) -> None:
             asyncio.run(DurableAgent(agent, journal=store).run(PROMPT, run_id=""))
         assert store.checkpoint("r1") is None
     assert world.billed() == []
+
+
+def test_a_tool_that_raises_a_bug_fails_the_run_and_a_later_call_answers_failed(world: World) -> None:
+    calls: list[str] = []
+
+    async def go() -> Any:
+        agent = build_agent(world.provider.base_url(world.name))
+
+        @agent.tool_plain
+        async def explode(to: str, amount: int) -> str:
+            """Fail."""
+            calls.append(to)
+            raise RuntimeError("the tool has a bug")
+
+        with SqliteCheckpointer(world.tmp / "runs.db") as store:
+            return await DurableAgent(agent, journal=store).run('PAY: [["explode", "ana", 1]]', run_id="bug")
+
+    with pytest.raises(RuntimeError, match="the tool has a bug"):
+        asyncio.run(go())
+    again = asyncio.run(go())
+    assert again.status == "failed" and again.replayed and "explode" in (again.reason or "")
+    assert calls == ["ana"] and len(world.billed()) == 1  # the tool ran once, the model was asked once
+    with SqliteCheckpointer(world.tmp / "runs.db", readonly=True) as store:
+        cp = store.checkpoint("bug")
+        result = next(e for e in store.load("bug") if e.step_id == "t0000.tool00" and e.phase == "result")
+    assert cp is not None and cp.status == "failed"
+    assert result.payload["error"]["error_class"] == "bug"

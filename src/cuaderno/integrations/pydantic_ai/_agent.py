@@ -49,7 +49,7 @@ from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
 from cuaderno.integrations.pydantic_ai._model import JournaledModel
 from cuaderno.integrations.pydantic_ai._state import RunState
-from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, arguments_fingerprint
+from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, ToolBug, arguments_fingerprint
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import RetryPolicy
 
@@ -187,10 +187,16 @@ class DurableAgent(Generic[OutputT]):
         deferred: DeferredToolResults | None = None
         while True:
             try:
-                result = await self.agent.run(prompt, message_history=history, deferred_tool_results=deferred,
-                                              deps=deps, capabilities=[capability], **run_kwargs)
-            except BaseExceptionGroup as group:  # tools run concurrently: surface the one that says why
-                raise _first(group) from group
+                try:
+                    result = await self.agent.run(prompt, message_history=history, deferred_tool_results=deferred,
+                                                  deps=deps, capabilities=[capability], **run_kwargs)
+                except BaseExceptionGroup as group:  # tools run concurrently: surface the one that says why
+                    raise _first(group) from group
+            except ToolBug as bug:
+                # A bug is not retried and not guessed around: the run ends failed, with the step
+                # that raised, and every later call answers that from the journal.
+                opened.fail(str(bug), step=bug.step_id, tool=bug.tool)
+                raise bug.cause from bug
             output = result.output
             if not isinstance(output, DeferredToolRequests):
                 break
@@ -281,7 +287,7 @@ def _check_sdk_retries(model: object) -> None:
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:
     for exc in group.exceptions:
         found = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, UncertainEffect):
+        if isinstance(found, (UncertainEffect, ToolBug)):
             return found
     first = group.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first

@@ -32,10 +32,20 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.pydantic_ai._effects import _EFFECT_KEY, Lookup, effect_of
 from cuaderno.integrations.pydantic_ai._state import RunState
 
-__all__ = ["EFFECT_VERSION", "JournaledToolset", "arguments_fingerprint"]
+__all__ = ["EFFECT_VERSION", "JournaledToolset", "ToolBug", "arguments_fingerprint"]
 
 EFFECT_VERSION = "pydantic-ai/1"
 """The rules the effect keys are derived under (the ``policy_version`` part of the key)."""
+
+
+class ToolBug(Exception):
+    """A tool raised something it did not classify (not a ``ToolError``, not ``ModelRetry``): its
+    result (``error``, class ``bug``) is journaled; the agent ends the run ``failed`` and raises
+    :attr:`cause`, as cuaderno's own loop does with a tool's bug."""
+
+    def __init__(self, step_id: str, tool: str, cause: Exception) -> None:
+        super().__init__(f"tool {tool!r} at step {step_id!r} raised {type(cause).__name__}: {cause}")
+        self.step_id, self.tool, self.cause = step_id, tool, cause
 
 
 def arguments_fingerprint(tool: str, arguments: Any) -> str:
@@ -97,7 +107,7 @@ class JournaledToolset(WrapperToolset[Any]):
             settled = await effect.run()
         except BodyBug as bug:
             log.commit()  # the bug's result is evidence: journaled before the run fails with it
-            raise bug.cause from None
+            raise ToolBug(step_id, name, bug.cause) from bug.cause
         log.commit()
         faults.point("tool.K7")
         return _answer(settled.payload)
