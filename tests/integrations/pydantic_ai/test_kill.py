@@ -143,5 +143,5 @@ def test_random_kill_soak(tmp_path: Path, runner: Runner, program: str, ack_dela
             f.write(json.dumps(totals) + "\n")
     assert totals["unfinished"] == 0
     if program == "cuaderno":
-        assert totals["duplicated"] == 0 and totals["needs_human"] == 0
+        assert totals["duplicated"] == 0 and totals["needs_human"] == 0 and totals["unknowingly"] == 0
         assert totals["keyed"] == totals["billed"]
