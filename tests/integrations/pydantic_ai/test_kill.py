@@ -127,6 +127,7 @@ def test_needs_human_only_where_an_effects_fate_cannot_be_known(
 
 
 @pytest.mark.skipif(os.environ.get("CUADERNO_SOAK") != "1", reason="the random-kill soak: CUADERNO_SOAK=1")
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("program", ["cuaderno", "dbos"])
 @pytest.mark.parametrize("ack_delay", [0.0, 0.25])
 def test_random_kill_soak(tmp_path: Path, runner: Runner, program: str, ack_delay: float) -> None:
