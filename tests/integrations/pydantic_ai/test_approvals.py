@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from _runs import Ran, Runner, cli
 from _servers import Provider, Receipts
+from starlette.testclient import TestClient
 
 from cuaderno import SqliteCheckpointer
+from cuaderno.ui.app import create_app
 
 PROMPT = 'PAY: [["transfer", "ana", 10], ["big_transfer", "bob", 5000]]'
 
@@ -46,6 +48,9 @@ def test_an_approved_call_runs_exactly_once_across_a_kill(tmp_path: Path, server
     with SqliteCheckpointer(db, readonly=True) as store:
         cp = store.checkpoint("big")
     assert cp is not None and cp.status == "suspended" and "t0001.tool00.approval" in cp.pending
+    with TestClient(create_app(db, allowed_hosts=["testserver"])) as page:  # the page shows it too
+        run_page = page.get("/run", params={"id": "big"}).text
+    assert "big_transfer" in run_page and pending["fingerprint"] in run_page and "5000" in run_page
 
     # The run waits: another run of it changes nothing and pays nothing.
     again = run("big")
