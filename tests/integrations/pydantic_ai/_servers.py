@@ -95,6 +95,7 @@ class Provider(_Server):
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.failed: set[tuple[str, int]] = set()
         super().__init__(_ProviderHandler)
 
     def base_url(self, scenario: str) -> str:
@@ -114,10 +115,20 @@ class _ProviderHandler(BaseHTTPRequestHandler):
         scenario, _ = _scenario(self.path)
         messages = body.get("messages") or []
         done = sum(1 for m in messages if m.get("role") == "tool")
+        # A scenario named ``fail500-...`` or ``fail429-...`` answers the first request at each
+        # position with that status (a 500 after billing it: the answer is lost; a 429 refused).
+        status = int(scenario[4:7]) if scenario.startswith(("fail500", "fail429")) else 200
         with owner.lock:
-            _append(owner.directory / f"{scenario}.billing.jsonl", {"key": self.headers.get("Idempotency-Key"),
-                                    "x_key": self.headers.get("X-Idempotency-Key"), "tool_results": done,
-                                    "at": time.time()})
+            first = (scenario, done) not in owner.failed
+            owner.failed.add((scenario, done))
+            billed = status != 429 or not first
+            if billed:
+                _append(owner.directory / f"{scenario}.billing.jsonl", {"key": self.headers.get("Idempotency-Key"),
+                                        "x_key": self.headers.get("X-Idempotency-Key"), "tool_results": done,
+                                        "at": time.time()})
+        if status != 200 and first:
+            _reply(self, status, {"error": {"message": f"scripted {status}", "type": "server_error"}})
+            return
         _reply(self, 200, _completion(messages, body.get("tools") or [], done))
 
 

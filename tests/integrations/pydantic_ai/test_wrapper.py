@@ -16,7 +16,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from cuaderno import SqliteCheckpointer
+from cuaderno import RetryPolicy, SqliteCheckpointer
 from cuaderno.errors import ReplayDivergence, UsageError, VersionMismatch
 from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
 
@@ -46,13 +46,13 @@ def world(tmp_path: Path, servers: tuple[Provider, Receipts], request: pytest.Fi
     return World(tmp_path, *servers, name=request.node.name.replace("[", "-").replace("]", ""))
 
 
-def _run(w: World, run_id: str = "r1", prompt: str = PROMPT, **kwargs: Any) -> Any:
+def _run(w: World, run_id: str = "r1", prompt: str = PROMPT, retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
     async def go() -> Any:
         receipts = w.receipts.base_url(w.name)
         async with httpx.AsyncClient() as http:
             with SqliteCheckpointer(w.tmp / "runs.db") as store:
                 durable = DurableAgent(build_agent(w.provider.base_url(w.name)), journal=store,
-                                       effects=effects("lookup", receipts, http))
+                                       effects=effects("lookup", receipts, http), retry=retry)
                 return await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http), **kwargs)
 
     return asyncio.run(go())
@@ -154,3 +154,24 @@ def test_a_tool_that_raises_a_bug_fails_the_run_and_a_later_call_answers_failed(
         result = next(e for e in store.load("bug") if e.step_id == "t0000.tool00" and e.phase == "result")
     assert cp is not None and cp.status == "failed"
     assert result.payload["error"]["error_class"] == "bug"
+
+
+@pytest.mark.parametrize("status", [500, 429])
+def test_a_failed_send_is_classified_by_the_sdks_error_and_sent_again_with_the_same_key(
+        tmp_path: Path, servers: tuple[Provider, Receipts], status: int) -> None:
+    """A 500 may have been billed (the answer is lost): a new intent ``after: ambiguous``, counted
+    as a second send. A 429 was refused, not billed: retried under the same intent, not counted."""
+    world = World(tmp_path, *servers, name=f"fail{status}-{tmp_path.name}")
+    result = _run(world, retry=RetryPolicy(base_delay=0.01))
+    assert result.status == "completed" and result.output == Paid(paid=["ana", "bob"], total=30)
+    with SqliteCheckpointer(tmp_path / "runs.db", readonly=True) as store:
+        events = store.load("r1")
+    results = [e.payload for e in events if e.kind == "model" and e.phase == "result"]
+    billed = world.billed()
+    assert len(results) == 3 and all(len({b["key"] for b in billed if b["tool_results"] == n}) == 1 for n in range(3))
+    if status == 500:
+        assert [r["sends"] for r in results] == [2, 2, 2] and len(billed) == 6  # each billed twice, each counted
+        assert all(e.payload["after"] == "ambiguous" for e in events if e.phase == "intent.2")
+    else:
+        assert [r["sends"] for r in results] == [1, 1, 1] and len(billed) == 3
+        assert [r["counters"].get("retries") for r in results] == [1, 1, 1]
