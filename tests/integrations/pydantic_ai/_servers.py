@@ -129,7 +129,11 @@ class _ProviderHandler(BaseHTTPRequestHandler):
         if status != 200 and first:
             _reply(self, status, {"error": {"message": f"scripted {status}", "type": "server_error"}})
             return
-        _reply(self, 200, _completion(messages, body.get("tools") or [], done))
+        answer = _completion(messages, body.get("tools") or [], done)
+        if scenario.startswith("reuseids"):  # a server that numbers tool calls per response, not per run
+            for call in answer["choices"][0]["message"].get("tool_calls") or []:
+                call["id"] = "call_0"
+        _reply(self, 200, answer)
 
 
 def _script(messages: list[dict[str, Any]]) -> list[list[Any]]:

@@ -175,3 +175,15 @@ def test_a_failed_send_is_classified_by_the_sdks_error_and_sent_again_with_the_s
     else:
         assert [r["sends"] for r in results] == [1, 1, 1] and len(billed) == 3
         assert [r["counters"].get("retries") for r in results] == [1, 1, 1]
+
+
+def test_call_ids_reused_across_turns_still_run_each_call(tmp_path: Path, servers: tuple[Provider, Receipts]) -> None:
+    """A provider that calls every tool call ``call_0``, and the same transfer asked twice: two
+    steps, two effect keys, two transfers; the closed run answers from its journal."""
+    world = World(tmp_path, *servers, name=f"reuseids-{tmp_path.name}")
+    twice = 'PAY: [["transfer", "ana", 10], ["transfer", "ana", 10]]'
+    result = _run(world, prompt=twice)
+    assert result.status == "completed" and result.output == Paid(paid=["ana", "ana"], total=20)
+    paid = world.paid()
+    assert [(r["to"], r["amount"]) for r in paid] == [("ana", 10), ("ana", 10)] and len({r["key"] for r in paid}) == 2
+    assert _run(world, prompt=twice).replayed and len(world.paid()) == 2

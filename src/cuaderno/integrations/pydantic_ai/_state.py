@@ -41,10 +41,14 @@ class RunState:
         return step
 
     def place_calls(self, step_id: str, call_ids: list[str]) -> None:
-        """Give each tool call of the response at ``step_id`` its step (in the response's order)."""
+        """Give each tool call of the response at ``step_id`` its step (in the response's order).
+
+        The latest response wins: its calls are the ones the agent runs next (before it asks the
+        model again), and a provider that reuses call ids across turns (``call_0`` every turn)
+        must not send a new call to an old call's journaled result."""
         turn = step_id.removesuffix(".model")
         for i, call_id in enumerate(call_ids):
-            self.calls.setdefault(call_id, f"{turn}.tool{i:02d}")
+            self.calls[call_id] = f"{turn}.tool{i:02d}"
 
     def tool_step(self, call_id: str | None) -> str:
         """The step of a tool call the agent is about to run; it must come from a journaled response."""
