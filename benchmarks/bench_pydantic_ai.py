@@ -8,7 +8,8 @@ small dict), then the structured output. The model is pydantic-ai's ``FunctionMo
 process, no HTTP): what is measured is what each durability layer adds per step, not a network.
 A "step" is one model request plus its tool call. CPU is this process's (``getrusage``, user +
 system, all threads: DBOS's are counted); the journal / system database is a file in a temporary
-directory (SQLite, ``synchronous=FULL`` for cuaderno, DBOS's default for the peer).
+directory (SQLite, ``synchronous=FULL`` for cuaderno, and ``NORMAL`` in the ``cuaderno-N`` cell to
+show what the syncs cost; DBOS's default for the peer).
 
 What the wrapper costs and why: per model step one intent and one result appended to the journal
 (two SQLite transactions, each fsynced), the request's fingerprint (the conversation so far,
@@ -81,8 +82,9 @@ async def bare(runs: int, steps: int, tmp: str) -> float:
     return cpu() - t
 
 
-async def wrapped(runs: int, steps: int, tmp: str) -> float:
-    store = SqliteCheckpointer(os.path.join(tmp, f"runs-{time.monotonic_ns()}.db"))
+async def wrapped(runs: int, steps: int, tmp: str, synchronous: str = "FULL") -> float:
+    store = SqliteCheckpointer(os.path.join(tmp, f"runs-{time.monotonic_ns()}.db"),
+                               synchronous="NORMAL" if synchronous == "NORMAL" else "FULL")
     durable = DurableAgent(build(steps), journal=store, effects={"transfer": "idempotent"})
     t = cpu()
     for i in range(runs):
@@ -127,11 +129,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-dbos", action="store_true")
     args = ap.parse_args()
-    cells: dict[str, list[float]] = {"bare": [], "cuaderno": [], "dbos": []}
+    cells: dict[str, list[float]] = {"bare": [], "cuaderno": [], "cuaderno-N": [], "dbos": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeats):
             cells["bare"].append(asyncio.run(bare(args.runs, args.steps, tmp)))
             cells["cuaderno"].append(asyncio.run(wrapped(args.runs, args.steps, tmp)))
+            cells["cuaderno-N"].append(asyncio.run(wrapped(args.runs, args.steps, tmp, "NORMAL")))
             if not args.no_dbos:
                 cells["dbos"].append(dbos_cell(args.runs, args.steps, tmp))
     steps = args.runs * args.steps
