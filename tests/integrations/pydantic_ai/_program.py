@@ -2,7 +2,8 @@
 
 Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFFECT]``. EFFECT
 declares the transfer tools (``lookup``: asked by key after a crash, the default;
-``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``).
+``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``;
+``broken_lookup``: declared with a lookup that always fails).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
 (the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
@@ -88,6 +89,8 @@ def effects(kind: str, receipts: str, http: httpx.AsyncClient) -> dict[str, Tool
         return {}
 
     async def find(key: str, arguments: dict[str, Any]) -> Any:
+        if kind == "broken_lookup":  # the payment service cannot be asked: nothing is proven
+            raise ConnectionError("the payment service's lookup is down")
         reply = await http.get(f"{receipts}/transfers/{key}")
         if reply.status_code == 404:
             return None  # the service proves it has no transfer with that key

@@ -146,3 +146,22 @@ def test_random_kill_soak(tmp_path: Path, runner: Runner, program: str, ack_dela
     if program == "cuaderno":
         assert totals["duplicated"] == 0 and totals["needs_human"] == 0 and totals["unknowingly"] == 0
         assert totals["keyed"] == totals["billed"]
+
+
+def test_a_lookup_that_cannot_answer_leaves_the_effect_uncertain_and_pays_nobody_again(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner) -> None:
+    provider, receipts = servers
+    name = "broken-lookup"
+    db = tmp_path / "runs.db"
+
+    def run(crash_at: str | None = None) -> Any:
+        return runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, crash_at=crash_at,
+                          kind="broken_lookup")
+
+    assert run("tool.K4:2").killed  # bob was paid; the reply was never read
+    resumed = run()
+    assert resumed.status == "needs_human" and resumed.out["step"] == "t0001.tool00"
+    assert [r["to"] for r in receipts.receipts(name)] == ["ana", "bob"]  # bob once, not again
+    _, events = _journal(db, "pay")
+    uncertain = next(e for e in events if e.step_id == "t0001.tool00" and e.phase == "uncertain")
+    assert uncertain.payload["reason"] == "lookup failed" and "lookup is down" in uncertain.payload["lookup_error"]
