@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import Runner
+from _runs import Runner, cli
 from _servers import Provider, Receipts
 from _soak import soak
 
@@ -124,6 +124,14 @@ def test_needs_human_only_where_an_effects_fate_cannot_be_known(
     assert cp.status == "needs_human" and "t0001.tool00" in cp.uncertain
     again = run()  # asking again changes nothing and pays nothing
     assert again.status == "needs_human" and len(receipts.receipts(name)) == len(paid)
+    # A person looks at the payment service and settles it; the next run goes on from there.
+    made = point in ("tool.K4:2", "tool.K5:2")
+    settle = ["--happened", "--result", json.dumps(paid[-1])] if made else ["--not-happened"]
+    decided = cli(db, "resolve", "pay", "t0001.tool00", *settle, "--by", "ana")
+    assert decided.returncode == 0, decided.stderr
+    done = run()
+    assert done.status == "completed" and done.out["output"] == OUTPUT
+    assert [r["to"] for r in receipts.receipts(name)] == ["ana", "bob", "cy"]  # bob once either way
 
 
 @pytest.mark.skipif(os.environ.get("CUADERNO_SOAK") != "1", reason="the random-kill soak: CUADERNO_SOAK=1")
