@@ -126,6 +126,9 @@ def test_bad_input_is_refused_before_anything_is_written(world: World) -> None:
         with pytest.raises(UsageError, match="run_id"):
             asyncio.run(DurableAgent(agent, journal=store).run(PROMPT, run_id=""))
         assert store.checkpoint("r1") is None
+        # A retrying model chosen at run time is refused when it would serve a request, unsent.
+        with pytest.raises(UsageError, match="max_retries"):
+            asyncio.run(DurableAgent(agent, journal=store).run(PROMPT, run_id="r2", model=retrying.model))
     assert world.billed() == []
 
 

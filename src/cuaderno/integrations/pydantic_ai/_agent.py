@@ -47,7 +47,7 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
-from cuaderno.integrations.pydantic_ai._model import JournaledModel
+from cuaderno.integrations.pydantic_ai._model import JournaledModel, check_sdk_retries
 from cuaderno.integrations.pydantic_ai._state import RunState
 from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, ToolBug, arguments_fingerprint
 from cuaderno.journal.base import Checkpointer
@@ -137,7 +137,7 @@ class DurableAgent(Generic[OutputT]):
             raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
         if not isinstance(journal, Checkpointer):
             raise UsageError(f"journal must be a cuaderno Checkpointer, got {type(journal).__name__}")
-        _check_sdk_retries(agent.model)
+        check_sdk_retries(agent.model)
         self.agent = agent
         self.journal = journal
         self.effects = check_effects(effects or {})
@@ -273,15 +273,6 @@ class DurableAgent(Generic[OutputT]):
             except Exception:  # not a type pydantic rebuilds (a function, a marker): try the next
                 continue
         return jsonable
-
-
-def _check_sdk_retries(model: object) -> None:
-    client = getattr(model, "client", None)
-    retries = getattr(client, "max_retries", 0)
-    if isinstance(retries, int) and retries > 0:
-        raise UsageError(f"the agent's model client retries on its own (max_retries={retries}): each retry would be a "
-                         "send the journal never counts. Build it with max_retries=0, e.g. OpenAIProvider("
-                         "openai_client=AsyncOpenAI(..., max_retries=0)); DurableAgent's retry= is the one retry layer")
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

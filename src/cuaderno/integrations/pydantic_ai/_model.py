@@ -26,14 +26,14 @@ from pydantic_ai.settings import ModelSettings
 
 from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall
-from cuaderno.errors import GatewayError, ReplayDivergence
+from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway._errors import from_exception, from_status
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
 
-__all__ = ["JournaledModel"]
+__all__ = ["JournaledModel", "check_sdk_retries"]
 
 
 class JournaledModel(WrapperModel):
@@ -41,6 +41,7 @@ class JournaledModel(WrapperModel):
 
     def __init__(self, wrapped: Any, state: RunState) -> None:
         super().__init__(wrapped)
+        check_sdk_retries(self.wrapped)
         self.state = state
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
@@ -93,6 +94,18 @@ class JournaledModel(WrapperModel):
         faults.point("model.K7")
         state.place_calls(step_id, _call_ids(response))
         return response
+
+
+def check_sdk_retries(model: object) -> None:
+    """Refuse a model whose OpenAI client retries on its own (checked when the agent is wrapped,
+    and again for the model that serves each request: a model named by a string, or chosen at run
+    time, is only known then; nothing has been sent when it is refused)."""
+    client = getattr(model, "client", None)
+    retries = getattr(client, "max_retries", 0)
+    if isinstance(retries, int) and retries > 0:
+        raise UsageError(f"the agent's model client retries on its own (max_retries={retries}): each retry would be a "
+                         "send the journal never counts. Build it with max_retries=0, e.g. OpenAIProvider("
+                         "openai_client=AsyncOpenAI(..., max_retries=0)); DurableAgent's retry= is the one retry layer")
 
 
 def _classified(exc: Exception) -> GatewayError:
