@@ -6,6 +6,6 @@ and not sent: sent again; ``ambiguous``: counted as possibly billed twice; ``per
 ends), so every caller must classify an SDK failure the way cuaderno's own gateways do.
 """
 
-from cuaderno.gateway._errors import from_exception
+from cuaderno.gateway._errors import from_exception, from_status
 
-__all__ = ["from_exception"]
+__all__ = ["from_exception", "from_status"]

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _runs import Runner
+from _pyd_runs import Runner
 from _servers import Provider, Receipts
 
 from cuaderno import SqliteCheckpointer

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from _runs import Runner
+from _pyd_runs import Runner
 from _servers import Provider, Receipts
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _runs import Ran, Runner, cli
+from _pyd_runs import Ran, Runner, cli
 from _servers import Provider, Receipts
 from starlette.testclient import TestClient
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _runs import Runner, cli
+from _pyd_runs import Runner, cli
 from _servers import Provider, Receipts
 from _soak import soak
 

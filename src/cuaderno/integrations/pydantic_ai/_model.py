@@ -28,8 +28,8 @@ from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
-from cuaderno.gateway._errors import from_exception, from_status
 from cuaderno.gateway.base import ModelResponse as JournalResponse
+from cuaderno.gateway.errors import from_exception, from_status
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
 
