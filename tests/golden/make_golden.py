@@ -2,7 +2,7 @@
 
 Writes, for the current journal schema version N (``cuaderno.journal.base.SCHEMA_VERSION``):
 
-- ``journals/<program>.vN.jsonl``: each program of ``agents.py`` run to completion on a fresh
+- ``journals/<program>.vN.jsonl``: each program of ``golden_programs.py`` run to completion on a fresh
   SQLite journal, exported as JSON lines: a header line (cuaderno version, schema version, the
   agent's versions, the final answer, the final checkpoint without its fencing epoch), then one
   line per event with every :class:`~cuaderno.events.StepEvent` field, the payload as JSON;
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from agents import PROGRAM_BY_RUN_ID, PROGRAMS, Program, World, checkpoint_json, drive  # noqa: E402
+from golden_programs import PROGRAM_BY_RUN_ID, PROGRAMS, Program, World, checkpoint_json, drive  # noqa: E402
 
 from cuaderno import (  # noqa: E402
     ErrorClass,

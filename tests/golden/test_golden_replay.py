@@ -1,7 +1,7 @@
 """R13 (old-schema journals) and R14 (replay determinism) against committed golden histories.
 
 The histories in ``journals/`` were recorded by ``make_golden.py`` from the programs in
-``agents.py``. Here they are resumed by the *current* code, Temporal-``Replayer`` style:
+``golden_programs.py``. Here they are resumed by the *current* code, Temporal-``Replayer`` style:
 
 - R14 replay: every ``<program>.v<N>.jsonl`` is imported into a fresh journal (same hash chain,
   same checkpoint), then resumed with the program as it is defined now and a fresh scripted
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from agents import (
+from golden_programs import (
     MUTATIONS,
     PROGRAM_BY_RUN_ID,
     PROGRAMS,
