@@ -34,7 +34,8 @@ def _lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-@pytest.mark.parametrize("point", [None, "model.K2", "model.K5", "tool.K2", "tool.K5"])
+@pytest.mark.parametrize("point", [None, "model.K1", "model.K2", "model.K5", "model.K6", "model.K7",
+                                   "tool.K1", "tool.K2", "tool.K5", "tool.K6", "tool.K7"])
 def test_a_killed_outside_caller_resumes_without_paying_or_paying_twice(tmp_path: Path, point: str | None) -> None:
     first = _run(tmp_path, point)
     assert first == (0 if point is None else -signal.SIGKILL)
@@ -44,7 +45,10 @@ def test_a_killed_outside_caller_resumes_without_paying_or_paying_twice(tmp_path
     assert len(receipts) == 1 and receipts[0]["key"] == "eff-outside-pay"  # paid exactly once
     # The provider was asked again only when a send may have been billed and its answer was lost
     # (killed after the response, before its result): with the same key, and counted as such.
-    assert len(billed) == (2 if point == "model.K5" else 1)
+    # K1 and K6 kill inside the transaction of the intent or the result (the journal's crash
+    # points, as the runner's): an intent rolled back was never sent; a result rolled back is a
+    # send whose answer was lost.
+    assert len(billed) == (2 if point in ("model.K5", "model.K6") else 1)
     assert {b["key"] for b in billed} == {"req-outside-0"}
     with SqliteCheckpointer(tmp_path / "runs.db", readonly=True) as store:
         cp = store.checkpoint("outside")
@@ -53,10 +57,11 @@ def test_a_killed_outside_caller_resumes_without_paying_or_paying_twice(tmp_path
     assert cp.outcome["output"] == "paid 42 to ana"
     # A send in flight at a kill is counted as a second send whether or not it left (K2: it had
     # not; the journal cannot know): possibly billed twice, never billed twice unknowingly.
-    assert events[("t0000.model", "result")].payload["sends"] == (2 if point in ("model.K2", "model.K5") else 1)
+    resent = ("model.K2", "model.K5", "model.K6")
+    assert events[("t0000.model", "result")].payload["sends"] == (2 if point in resent else 1)
     result = events[("t0000.tool00", "result")].payload
     assert result["outcome"] == "ok" and result["value"] == {"paid": 42, "key": "eff-outside-pay"}
-    assert result.get("counters", {}).get("reconciled") == (1 if point == "tool.K5" else None)
+    assert result.get("counters", {}).get("reconciled") == (1 if point in ("tool.K5", "tool.K6") else None)
     # A third process finds the run closed (open_run): nothing is sent or paid again.
     assert _run(tmp_path, None) == 0
     assert len(_lines(tmp_path / "billing.jsonl")) == len(billed)

@@ -6,6 +6,8 @@
   unknown outcome settled by a lookup or stopped as ``uncertain``, never guessed.
 - :mod:`cuaderno.durable.opening`: :func:`open_run`, what every loop does before it goes on with
   a run (start it, or check it against the caller and take it over at a new epoch).
+- :mod:`cuaderno.durable.approval`: :class:`Approval`, a person's decision on one tool call,
+  requested bound to the fingerprint of its exact arguments, read back before the call runs.
 - :mod:`cuaderno.durable.log`: :class:`StepLog`, what they write through, and :class:`JournalLog`,
   the one a caller that is not cuaderno's runner uses (one ``append`` per commit).
 
@@ -13,10 +15,11 @@ The runner, the Temporal activities and the episode parent write model and tool 
 results only through these modules (a test reads every module of the package to keep it so).
 """
 
+from cuaderno.durable.approval import Approval, Decided
 from cuaderno.durable.effect import BodyBug, Effect, Settled
 from cuaderno.durable.log import JournalLog, StepLog
-from cuaderno.durable.model_call import ModelCall, Retrying, Sent
+from cuaderno.durable.model_call import FrameworkPayload, ModelCall, Retrying, Sent
 from cuaderno.durable.opening import Opened, open_run
 
-__all__ = ["BodyBug", "Effect", "JournalLog", "ModelCall", "Opened", "Retrying", "Sent", "Settled", "StepLog",
+__all__ = ["Approval", "BodyBug", "Decided", "Effect", "FrameworkPayload", "JournalLog", "ModelCall", "Opened", "Retrying", "Sent", "Settled", "StepLog",
            "open_run"]

@@ -7,7 +7,8 @@ the staged events to be made durable before they act. Two kinds of caller provid
 - the runner (:mod:`cuaderno.loop`), which stages a whole turn's events and commits them in one
   transaction (group commit, snapshots, crash points named per transaction);
 - :class:`JournalLog`, for a caller that is not the runner (the episode parent, the Temporal
-  activities, another framework's adapter): every commit is one ``append`` at the holder's epoch.
+  activities, another framework's adapter): every commit is one ``append`` at the holder's epoch,
+  passing the crash points its events name inside the journal's transaction, as the runner's do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from cuaderno import faults
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer, CommitsInGroups, ConfirmsHold, KnowsEarlierHolders
 
@@ -120,6 +122,12 @@ class JournalLog:
     writes. ``append`` replaces the store's append (a caller that caches the journal keeps its
     cache in step); it receives the events and returns them stamped.
 
+    Crash points: the points a staged event names (``model.K1``, ``tool.K6``...) are armed for the
+    transaction of the commit that holds it, as the runner arms them (the journal passes them
+    inside its transaction, and ``K8`` between the events and the summary); after that commit,
+    each ``K6`` named passes its ``K7``. A kill test of any caller can so name the same points as
+    the runner's sweep, not only ``append.W*``.
+
     Args:
         store: the journal.
         run_id: the run.
@@ -139,6 +147,7 @@ class JournalLog:
         self.index = index if index is not None else {}
         self._append = append or (lambda events: store.append(events, epoch=self.epoch))
         self._staged: list[StepEvent] = []
+        self._points: list[str] = []
         self._caps = Capabilities(store)
 
     @property
@@ -149,16 +158,25 @@ class JournalLog:
         return self.index.get((step_id, phase))
 
     def stage(self, event: StepEvent, *points: str) -> None:
-        # Crash points name a transaction of the runner's sweep; each commit here is one append,
-        # with the fault points of its own caller (``temporal.*``, ``episode.*``).
         self._staged.append(event)
+        self._points.extend(points)
 
     def commit(self) -> None:
         if not self._staged:
             return
         staged, self._staged = self._staged, []
-        for ev in self._append(staged):
+        points, self._points = self._points, []
+        faults.set_txn_points(*points)
+        try:
+            stamped = self._append(staged)
+        finally:
+            faults.set_txn_points()  # named for this transaction only, not for a later append
+        for ev in stamped:
             self.index[(ev.step_id, ev.phase)] = ev
+        if faults.armed():
+            for name in points:  # K7: after the commit that holds a step's result
+                if name.endswith(".K6"):
+                    faults.point(name[:-1] + "7")
 
     async def commit_before_acting(self) -> None:
         self.commit()

@@ -19,7 +19,10 @@ What replay needs from each journaled field:
   ``sends``: the key it was answered under and how many sends it took; ``verdict``: whether the
   response joins the conversation (an empty or refused generation is journaled, counted and asked
   again); ``counters``: what the step spent beyond its first send; ``output``: the validated
-  structured answer.
+  structured answer; ``framework`` (``name``, ``payload``): a caller's own response, as its
+  framework dumps it (:class:`FrameworkPayload`), handed back unchanged on replay
+  (:meth:`ModelCall.framework_payload`): ``response`` is then cuaderno's reading of it, for what
+  reads every run alike (``cuaderno show``, verdicts, usage and cost).
 
 The runner (:mod:`cuaderno.loop`), the Temporal model activity and any other caller write model
 steps only through :class:`ModelCall`.
@@ -35,14 +38,14 @@ from typing import Any, Protocol
 
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
-from cuaderno.errors import ErrorClass, GatewayError
+from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
 from cuaderno.plainjson import not_plain, shown
 
-__all__ = ["ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
+__all__ = ["FrameworkPayload", "ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 
 
 class Retrying(Protocol):
@@ -65,6 +68,20 @@ class Sent:
     response: ModelResponse
     sends: int
     retries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkPayload:
+    """A framework's own response, journaled with a model step's result and handed back as it
+    is on replay (the framework goes on with its own object, not a conversion of cuaderno's).
+
+    ``name`` says whose dump it is (``pydantic-ai``, ``openai-agents``): a replay that reads the
+    step as another framework's is a divergence. ``payload`` must be plain JSON (what the
+    journal holds: strings, finite numbers, lists, objects with string keys).
+    """
+
+    name: str
+    payload: Any
 
 
 def plain_calls(response: ModelResponse) -> ModelResponse:
@@ -101,16 +118,31 @@ class ModelCall:
         fingerprint: the request's fingerprint, journaled on the intents, errors and result (a
             replay that would send another request is a divergence); ``None`` when the caller
             checks the request another way (Temporal: the workflow's history).
+
+        keep_key: a step already started keeps the key its first intent carried, whatever
+            ``key`` this process derived (as :class:`~cuaderno.durable.Effect` keeps its effect
+            key): the provider may have seen that key, and a send under another one is billed as
+            a new request. For a caller whose request at a step never changes (a framework
+            integration: another request there is a divergence). The runner derives its key
+            from the request itself (its body, the ladder's rung) and leaves this off: a run
+            migrated to another configuration sends another body, which must not carry the key
+            of the old one (the provider would answer it with the old body's response).
     """
 
     __slots__ = ("fingerprint", "key", "log", "step_id", "turn")
 
-    def __init__(self, log: StepLog, step_id: str, *, key: str, turn: int, fingerprint: str | None = None) -> None:
+    def __init__(self, log: StepLog, step_id: str, *, key: str, turn: int, fingerprint: str | None = None,
+                 keep_key: bool = False) -> None:
         self.log = log
         self.step_id = step_id
         self.key = key
         self.turn = turn
         self.fingerprint = fingerprint
+        if keep_key:
+            first = log.get(step_id, "intent")
+            recorded = first.payload.get("key") if first is not None else None
+            if isinstance(recorded, str) and recorded:
+                self.key = recorded
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -118,6 +150,23 @@ class ModelCall:
         """The step's journaled result, when it holds a response (nothing is sent again)."""
         rec = self.log.get(self.step_id, "result")
         return rec if rec is not None and rec.payload.get("response") is not None else None
+
+    def framework_payload(self, name: str) -> Any:
+        """The framework payload journaled with the step's result (see :class:`FrameworkPayload`),
+        or ``None`` when the step has no result or its result holds none (a result the runner
+        journaled, or one journaled before payloads existed: the caller decides what that means).
+
+        Raises:
+            ReplayDivergence: the result holds another framework's payload.
+        """
+        rec = self.answered()
+        held = rec.payload.get("framework") if rec is not None else None
+        if not isinstance(held, dict):
+            return None
+        if held.get("name") != name:
+            raise ReplayDivergence(self.log.run_id, self.step_id, f"a response of {held.get('name')!r}",
+                                   f"a response of {name!r}")
+        return held.get("payload")
 
     def sends(self) -> int:
         """How many sends the journal holds intents for."""
@@ -205,11 +254,18 @@ class ModelCall:
         return Sent(response, sends, retries)
 
     def finish(self, sent: Sent, *, require_tool: bool = False, output_type: Any = None,
-               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               extra: Mapping[str, Any] | None = None, framework: FrameworkPayload | None = None) -> dict[str, Any]:
         """Stage the step's result: the response with its verdict (empty or refused generations
         rejected; a structured answer validated against ``output_type``) and counters; returns
         its payload. The caller commits it with its next commit (the runner: with the next
-        intent, or the run's end)."""
+        intent, or the run's end). ``framework``: the caller's own response, journaled with it
+        (:meth:`framework_payload` gives it back).
+
+        Raises:
+            UsageError: ``framework`` is not a named, plain-JSON payload; nothing is staged (the
+                step stays sent and unanswered: a resume sends it again with its key, counted).
+        """
+        held = None if framework is None else _framework(framework)
         response = sent.response
         verdict = classify_response(response, require_tool=require_tool)
         output = None
@@ -222,9 +278,21 @@ class ModelCall:
                                    "verdict": verdict.to_json(), "counters": counters, **(extra or {})}
         if output is not None:
             payload["output"] = output  # the validated value: what the final record and replay use
+        if held is not None:
+            payload["framework"] = held
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K6")
         return payload
+
+
+def _framework(framework: FrameworkPayload) -> dict[str, Any]:
+    """The journaled form of ``framework``, checked before anything is staged."""
+    if not isinstance(framework, FrameworkPayload) or not isinstance(framework.name, str) or not framework.name:
+        raise UsageError(f"a framework payload is a FrameworkPayload with a non-empty name, got {framework!r}"[:300])
+    problem = not_plain(framework.payload)
+    if problem is not None:
+        raise UsageError(f"the {framework.name} framework payload is not plain JSON: it holds {problem}")
+    return {"name": framework.name, "payload": framework.payload}
 
 
 def _retry_wait(retry: Retrying, err: GatewayError, retries: int, resends: int, rng: random.Random) -> float | None:

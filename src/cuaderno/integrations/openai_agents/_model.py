@@ -8,10 +8,12 @@ SDK's own client and HTTP stack; the wrapper only adds the step's idempotency ke
 the client's own retries off (the SDK's ``provider_managed_retries_disabled`` switch), so
 cuaderno's model-call protocol is the only layer that sends again, with the same key, counted.
 
-What replay needs from the result this module adds (``payload["sdk"]``): ``output``, the SDK's
-output items as JSON (the conversation goes on from them, never asked for again); ``usage``, the
-tokens the SDK reports in its result; ``response_id``. The protocol's own ``response`` (text,
-tool calls, usage, model) is a summary for ``cuaderno show`` and the cost counters.
+What replay needs from the framework payload this module journals with each result (named
+``openai-agents``: :class:`~cuaderno.durable.FrameworkPayload`): ``output``, the SDK's output
+items as JSON (the conversation goes on from them, never asked for again); ``usage``, the tokens
+the SDK reports in its result; ``response_id``. The protocol's own ``response`` (text, tool
+calls, usage, model) is a summary for ``cuaderno show`` and the cost counters. Results journaled
+by this wrapper's first release hold the payload as ``sdk``, and are read from there.
 """
 
 from __future__ import annotations
@@ -35,18 +37,20 @@ from openai.types.responses import ResponseOutputItem
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 from pydantic import TypeAdapter
 
-from cuaderno import faults
-from cuaderno.durable import ModelCall
+from cuaderno.durable import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway.base import ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.integrations.openai_agents._state import RunShared
 
-__all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "jsonable", "plain"]
+__all__ = ["FRAMEWORK", "KEY_HEADERS", "DurableModel", "DurableModelProvider", "jsonable", "plain"]
 
 KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key")
 """The headers the step's key is sent in (the gateways' defaults: see ``cuaderno.gateway.openai``)."""
+
+FRAMEWORK = "openai-agents"
+"""The name the framework payload of each model step is journaled under."""
 
 _OUTPUT = TypeAdapter(ResponseOutputItem)
 
@@ -161,11 +165,17 @@ class DurableModel(Model):
         recorded = log.get(step_id, "result") or log.get(step_id, "intent")
         if recorded is not None and recorded.fingerprint != request_fp:
             raise ReplayDivergence(shared.run_id, step_id, f"request {recorded.fingerprint}", f"request {request_fp}")
-        result = log.get(step_id, "result")
-        if result is not None and isinstance(result.payload.get("sdk"), dict):
-            response = from_journal(result.payload["sdk"])  # paid for once: never asked again
+        # A started step keeps the key its first intent carried (keep_key): the provider knows that one.
+        call = ModelCall(log, step_id, key=idempotency_key(shared.run_id, step_id, request_fp), turn=n,
+                         fingerprint=request_fp, keep_key=True)
+        journaled = call.framework_payload(FRAMEWORK)
+        answered = call.answered()
+        if journaled is None and answered is not None:
+            journaled = answered.payload.get("sdk")  # journaled by this wrapper's first release
+        if isinstance(journaled, dict):
+            response = from_journal(journaled)  # paid for once: never asked again
         else:
-            response = await self._send(step_id, n, request_fp, system_instructions, input, model_settings, tools,
+            response = await self._send(call, system_instructions, input, model_settings, tools,
                                         output_schema, handoffs, tracing, previous_response_id, conversation_id,
                                         prompt)
         # Counted only once answered: a runner-managed retry of a failed call is the same step,
@@ -174,17 +184,12 @@ class DurableModel(Model):
         shared.turn = n
         return response
 
-    async def _send(self, step_id: str, n: int, request_fp: str, system_instructions: str | None,
+    async def _send(self, call: ModelCall, system_instructions: str | None,
                     input: str | list[TResponseInputItem], model_settings: ModelSettings, tools: list[Tool],
                     output_schema: AgentOutputSchemaBase | None, handoffs: list[Handoff[Any, Any]],
                     tracing: ModelTracing, previous_response_id: str | None, conversation_id: str | None,
                     prompt: ResponsePromptParam | None) -> SdkResponse:
         shared = self.shared
-        key = idempotency_key(shared.run_id, step_id, request_fp)
-        call = ModelCall(shared.log, step_id, key=key, turn=n, fingerprint=request_fp)
-        started = shared.log.get(step_id, "intent")
-        if started is not None and isinstance(started.payload.get("key"), str):
-            call.key = started.payload["key"]  # a started step is sent again under the key it was first sent with
         headers = {**(model_settings.extra_headers or {}), **{h: call.key for h in KEY_HEADERS}}
         settings = dataclasses.replace(model_settings, extra_headers=headers)
         got: list[SdkResponse] = []
@@ -203,9 +208,8 @@ class DurableModel(Model):
             return summary(response, self.name)
 
         sent = await call.send(request, retry=shared.retry, sleep=asyncio.sleep, rng=random.Random())
-        call.finish(sent, extra={"sdk": to_journal(got[-1])})
-        shared.log.commit()
-        faults.point("model.K7")
+        call.finish(sent, framework=FrameworkPayload(FRAMEWORK, to_journal(got[-1])))
+        shared.log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
         return got[-1]
 
     def stream_response(self, system_instructions: str | None, input: str | list[TResponseInputItem],

@@ -36,7 +36,6 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
-from cuaderno import faults
 from cuaderno.durable import Effect
 from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ApprovalMismatch, ReplayDivergence, ToolError
@@ -123,8 +122,7 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
                      idempotent=effect.kind in ("idempotent", "effect_free"), effect_free=effect.kind == "effect_free",
                      policy_version=POLICY_VERSION, retry=shared.retry, sleep=asyncio.sleep)
         settled = await eff.run()
-        log.commit()
-        faults.point("tool.K7")
+        log.commit()  # tool.K6 inside its transaction, tool.K7 after (the journal log passes them)
         return await _answer(tool, ctx, settled.payload)
 
     wrapped = copy.copy(tool)

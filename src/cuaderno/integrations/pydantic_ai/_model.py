@@ -9,8 +9,10 @@ fate is unknown (an intent and no result) is sent again with the same key and co
 billed twice.
 
 What replay needs from the journaled result (beyond :mod:`cuaderno.durable.model_call`'s own):
-``pydantic_ai``, the framework's dump of the response, handed back to the agent unchanged (its
-tool call ids are what the tool steps are placed by).
+its framework payload (``framework``, named ``pydantic-ai``: :class:`~cuaderno.durable.FrameworkPayload`),
+the framework's dump of the response, handed back to the agent unchanged (its tool call ids are
+what the tool steps are placed by). Results journaled by the first release of this wrapper hold
+the dump as ``pydantic_ai`` instead, and are read from there.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
-from cuaderno import faults
-from cuaderno.durable.model_call import ModelCall
+from cuaderno.durable.model_call import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway.base import ModelResponse as JournalResponse
@@ -33,7 +34,10 @@ from cuaderno.gateway.errors import from_exception, from_status
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
 
-__all__ = ["JournaledModel", "check_sdk_retries"]
+__all__ = ["FRAMEWORK", "JournaledModel", "check_sdk_retries"]
+
+FRAMEWORK = "pydantic-ai"
+"""The name the framework payload of each model step is journaled under."""
 
 
 class JournaledModel(WrapperModel):
@@ -54,22 +58,23 @@ class JournaledModel(WrapperModel):
         asked = fingerprint({"messages": content(dump(messages)),
                              "params": content(_jsonable(model_request_parameters)),
                              "model": self.wrapped.model_name})
-        recorded = log.get(step_id, "result")
-        if recorded is not None and recorded.payload.get("pydantic_ai") is not None:
-            if recorded.fingerprint is not None and recorded.fingerprint != asked:
-                raise ReplayDivergence(state.run_id, step_id, f"request {recorded.fingerprint}", f"request {asked}")
-            response = load_response(recorded.payload["pydantic_ai"])
+        recorded = log.get(step_id, "result") or log.get(step_id, "intent")
+        if recorded is not None and recorded.fingerprint is not None and recorded.fingerprint != asked:
+            raise ReplayDivergence(state.run_id, step_id, f"request {recorded.fingerprint}", f"request {asked}")
+        # A started step keeps the key its first intent carried (keep_key): the provider knows that one.
+        call = ModelCall(log, step_id, key=idempotency_key(state.run_id, step_id, asked),
+                         turn=state.model_steps - 1, fingerprint=asked, keep_key=True)
+        journaled = call.framework_payload(FRAMEWORK)
+        answered_before = call.answered()
+        if journaled is None and answered_before is not None:
+            journaled = answered_before.payload.get("pydantic_ai")  # journaled by this wrapper's first release
+        if journaled is not None:
+            response = load_response(journaled)
             state.place_calls(step_id, _call_ids(response))
             return response
-        intent = log.get(step_id, "intent")
-        if intent is not None and intent.fingerprint is not None and intent.fingerprint != asked:
-            raise ReplayDivergence(state.run_id, step_id, f"request {intent.fingerprint}", f"request {asked}")
-        # A started step keeps the key its first intent carried: the provider knows that one.
-        key = str(intent.payload["key"]) if intent is not None else idempotency_key(state.run_id, step_id, asked)
-        call = ModelCall(log, step_id, key=key, turn=state.model_steps - 1, fingerprint=asked)
         settings: dict[str, Any] = dict(model_settings or {})
         settings["extra_headers"] = {**dict(settings.get("extra_headers") or {}),
-                                     **{name: key for name in state.key_headers}}
+                                     **{name: call.key for name in state.key_headers}}
         answered: list[ModelResponse] = []
 
         async def send() -> JournalResponse:
@@ -89,9 +94,8 @@ class JournaledModel(WrapperModel):
 
         sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         response = answered[-1]
-        call.finish(sent, extra={"pydantic_ai": dump([response])[0]})
-        log.commit()
-        faults.point("model.K7")
+        call.finish(sent, framework=FrameworkPayload(FRAMEWORK, dump([response])[0]))
+        log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
         state.place_calls(step_id, _call_ids(response))
         return response
 

@@ -24,7 +24,6 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from cuaderno import faults
 from cuaderno.durable.effect import BodyBug, Effect, effect_key
 from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
 from cuaderno.events import approval_step_id
@@ -108,8 +107,7 @@ class JournaledToolset(WrapperToolset[Any]):
         except BodyBug as bug:
             log.commit()  # the bug's result is evidence: journaled before the run fails with it
             raise ToolBug(step_id, name, bug.cause) from bug.cause
-        log.commit()
-        faults.point("tool.K7")
+        log.commit()  # tool.K6 inside its transaction, tool.K7 after (the journal log passes them)
         return _answer(settled.payload)
 
 
