@@ -79,3 +79,53 @@ def test_a_second_writer_is_found() -> None:
                  'self._event(step_id, "decision", "tool", payload={})',
                  'StepEvent(run_id=r, step_id=s, phase="resolution", kind="tool")'):
         assert writers(f"def f():\n    {fine}\n") == [], fine
+
+
+# -- approvals ------------------------------------------------------------------------------------
+
+APPROVAL_PHASES = ("request", "decision")
+APPROVAL_WRITERS = {
+    "request": {PROTOCOL / "approval.py",
+                # The loop's own request, written before cuaderno.durable.approval existed, in the
+                # shape that module keeps (tests/durable/test_approval.py compares the two). It
+                # moves to the module once loop/ is free to change (it is being restructured).
+                SRC / "loop" / "_tool_steps.py"},
+    "decision": {SRC / "operations.py"},  # a person's decision: `cuaderno approve`/`deny`, the page
+}
+"""Who may build an approval event of each phase."""
+
+
+def approval_writers(source: str) -> list[tuple[int, str]]:
+    """Lines of ``source`` that build an approval request or decision, with the phase."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if callee in READERS:
+            continue
+        texts = [_text(a) for a in node.args] + [_text(k.value) for k in node.keywords if k.arg in ("kind", "phase")]
+        if "approval" in texts:
+            found += [(node.lineno, t) for t in texts if t in APPROVAL_PHASES]
+    return found
+
+
+def test_only_the_approval_protocol_the_loop_and_a_persons_decision_write_approvals() -> None:
+    """An integration under another framework writes its approvals through
+    :mod:`cuaderno.durable.approval`, never by hand in the loop's shape."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path in FIXTURES:
+            continue
+        for line, phase in approval_writers(path.read_text()):
+            if path not in APPROVAL_WRITERS[phase]:
+                found.append(f"{path.relative_to(SRC)}:{line} ({phase})")
+    assert found == [], "approval events written outside their writers: " + ", ".join(found)
+    assert approval_writers((PROTOCOL / "approval.py").read_text())  # not vacuous: the protocol is found
+
+
+def test_a_hand_written_approval_is_found() -> None:
+    mutant = ('StepEvent(run_id=r, step_id=a, phase="request", kind="approval", name=t, '
+              'decision="require_approval", fingerprint=fp, payload={})')
+    assert approval_writers(f"def f():\n    {mutant}\n") == [(2, "request")]
+    assert approval_writers('def f():\n    self._recorded(a, "request", "approval", t, fp)\n') == []

@@ -40,11 +40,10 @@ from agents.tool import FunctionTool, Tool
 from pydantic import TypeAdapter
 
 from cuaderno import faults
-from cuaderno.durable import Opened, open_run
+from cuaderno.durable import Approval, Opened, open_run
 from cuaderno.durable.effect import BodyBug
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import (
-    ApprovalMismatch,
     ErrorClass,
     GatewayError,
     JournalError,
@@ -52,7 +51,6 @@ from cuaderno.errors import (
     UncertainEffect,
     UsageError,
 )
-from cuaderno.events import StepEvent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
@@ -251,26 +249,16 @@ def _ask(opened: Opened, shared: RunShared, state: Any, interruptions: list[Tool
         args = arguments_of(str(_field(raw, "arguments") or ""))
         args_fp = call_fingerprint(name, args)
         step_id = tool_step_id(shared.turn, call_id)
-        appr_id = f"{step_id}.approval"
-        request = log.get(appr_id, "request")
-        if request is None:
-            log.stage(StepEvent(run_id=opened.run_id, step_id=appr_id, phase="request", kind="approval", name=name,
-                                decision="require_approval", fingerprint=args_fp,
-                                payload={"tool_step": step_id, "arguments": args,
-                                         "reason": "needs_approval (openai-agents)"}))
-            pending[appr_id] = {"tool": name, "arguments": args, "fingerprint": args_fp, "tool_step": step_id}
-            continue
-        if request.fingerprint != args_fp:
-            raise ApprovalMismatch(f"run {opened.run_id!r} step {appr_id!r}: the request bound {request.fingerprint}, "
-                                   f"the replayed call has {args_fp}")
-        decided = log.get(appr_id, "decision")
+        approval = Approval(log, step_id, name, args, args_fp)
+        # A request journaled for other arguments at this step is an ApprovalMismatch (raised).
+        approval.request("needs_approval (openai-agents)")
+        decided = approval.decided()
         if decided is None:
-            pending[appr_id] = {"tool": name, "arguments": args, "fingerprint": args_fp, "tool_step": step_id}
-        elif decided.decision == "approved" and decided.fingerprint == args_fp:
+            pending[approval.step_id] = {"tool": name, "arguments": args, "fingerprint": args_fp, "tool_step": step_id}
+        elif decided.approved:
             state.approve(item)
         else:
-            reason = decided.payload.get("reason") if decided.decision != "approved" else "approval bound other arguments"
-            state.reject(item, rejection_message=str(reason or "rejected by a person"))
+            state.reject(item, rejection_message=decided.reason or "rejected by a person")
     faults.point("approval.K0")
     log.commit()
     faults.point("approval.K7")

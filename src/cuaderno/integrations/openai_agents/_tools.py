@@ -36,9 +36,9 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
-from cuaderno.durable import Effect
+from cuaderno.durable import Approval, Effect
 from cuaderno.durable.effect import effect_key
-from cuaderno.errors import ApprovalMismatch, ReplayDivergence, ToolError
+from cuaderno.errors import ReplayDivergence, ToolError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.openai_agents._effects import EffectCall, ToolEffect, enter, leave
 from cuaderno.integrations.openai_agents._model import plain
@@ -87,7 +87,9 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
         recorded = log.get(step_id, "result") or log.get(step_id, "intent")
         if recorded is not None and recorded.fingerprint != args_fp:
             raise ReplayDivergence(shared.run_id, step_id, f"{name} {recorded.fingerprint}", f"{name} {args_fp}")
-        _check_approval(shared, step_id, name, args_fp)
+        approval = Approval(log, step_id, name, args, args_fp)
+        if approval.requested():  # a person was asked: it runs only with their approval of exactly these arguments
+            approval.require_approved()
         result = log.get(step_id, "result")
         if result is not None:
             return await _answer(tool, ctx, result.payload)
@@ -128,20 +130,6 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
     wrapped = copy.copy(tool)
     wrapped.on_invoke_tool = invoke
     return wrapped
-
-
-def _check_approval(shared: RunShared, step_id: str, name: str, args_fp: str) -> None:
-    """A call a person was asked about runs only with their approval of exactly these arguments
-    (the SDK asks again on every replay; this is the journal's answer, and it binds)."""
-    appr_id = f"{step_id}.approval"
-    if shared.log.get(appr_id, "request") is None:
-        return
-    decided = shared.log.get(appr_id, "decision")
-    if decided is None or decided.decision != "approved":
-        raise ApprovalMismatch(f"run {shared.run_id!r} step {step_id!r}: {name} was not approved")
-    if decided.fingerprint != args_fp:
-        raise ApprovalMismatch(f"run {shared.run_id!r} step {step_id!r}: the approval binds arguments "
-                               f"{decided.fingerprint}, the call has {args_fp}")
 
 
 async def _answer(tool: FunctionTool, ctx: RunContextWrapper[Any], payload: dict[str, Any]) -> Any:

@@ -40,9 +40,9 @@ from pydantic_ai.toolsets import AbstractToolset
 from pydantic_core import to_jsonable_python
 
 from cuaderno import faults
+from cuaderno.durable.approval import Approval
 from cuaderno.durable.opening import Mismatch, Opened, open_run
 from cuaderno.errors import UncertainEffect, UsageError
-from cuaderno.events import StepEvent, approval_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
@@ -224,24 +224,20 @@ class DurableAgent(Generic[OutputT]):
         decisions = DeferredToolResults()
         for part in requests.approvals:
             step = state.tool_step(part.tool_call_id)
-            appr = approval_step_id(step)
             arguments = dict(requests.validated_args.get(part.tool_call_id) or part.args_as_dict())
             args_fp = arguments_fingerprint(part.tool_name, arguments)
-            if log.get(appr, "request") is None:
-                log.stage(StepEvent(run_id=state.run_id, step_id=appr, phase="request", kind="approval",
-                                    name=part.tool_name, decision="require_approval", fingerprint=args_fp,
-                                    payload={"tool_step": step, "arguments": to_jsonable_python(arguments),
-                                             "reason": "the tool requires approval (pydantic-ai requires_approval)",
-                                             "tool_call_id": part.tool_call_id}))
-            decided = log.get(appr, "decision")
+            approval = Approval(log, step, part.tool_name, to_jsonable_python(arguments), args_fp)
+            approval.request("the tool requires approval (pydantic-ai requires_approval)",
+                             extra={"tool_call_id": part.tool_call_id})
+            decided = approval.decided()
             if decided is None:
-                pending.append(PendingApproval(appr, part.tool_name, arguments, args_fp))
-            elif decided.decision == "approved":
+                pending.append(PendingApproval(approval.step_id, part.tool_name, arguments, args_fp))
+            elif decided.approved:
                 decisions.approvals[part.tool_call_id] = True
             else:
-                reason = decided.payload.get("reason") or "rejected by a person"
+                reason = decided.reason or "rejected by a person"
                 decisions.approvals[part.tool_call_id] = ToolDenied(f"The tool call was denied: {reason}")
-        log.commit()
+        log.commit()  # approval.K1 inside its transaction (the journal log passes it)
         faults.point("approval.K7")
         return tuple(pending), decisions
 

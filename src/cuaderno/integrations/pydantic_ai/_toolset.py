@@ -24,9 +24,9 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from cuaderno.durable.approval import Approval
 from cuaderno.durable.effect import BodyBug, Effect, effect_key
 from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
-from cuaderno.events import approval_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations.pydantic_ai._effects import _EFFECT_KEY, Lookup, effect_of
 from cuaderno.integrations.pydantic_ai._state import RunState
@@ -73,7 +73,7 @@ class JournaledToolset(WrapperToolset[Any]):
                                        f"{name} {args_fp}")
             return _answer(recorded.payload)
         if tool.tool_def.kind == "unapproved":
-            _check_approved(state, step_id, name, args_fp, approved=ctx.tool_call_approved)
+            _check_approved(state, step_id, name, arguments, args_fp, approved=ctx.tool_call_approved)
         declared = effect_of(state.effects, name)
 
         async def body(attempt: int) -> Any:
@@ -111,16 +111,14 @@ class JournaledToolset(WrapperToolset[Any]):
         return _answer(settled.payload)
 
 
-def _check_approved(state: RunState, step_id: str, tool: str, args_fp: str, *, approved: bool) -> None:
+def _check_approved(state: RunState, step_id: str, tool: str, arguments: Any, args_fp: str, *,
+                    approved: bool) -> None:
     """Run a tool that requires approval only with a person's decision journaled for exactly these
     arguments (the framework's ``tool_call_approved`` alone is a flag anyone may pass)."""
-    decided = state.log.get(approval_step_id(step_id), "decision")
-    if not approved or decided is None or decided.decision != "approved":
-        raise ApprovalMismatch(f"run {state.run_id!r} step {step_id!r}: {tool} requires approval and no approval "
-                               "of it is journaled; decide it with `cuaderno approve`")
-    if decided.fingerprint != args_fp:
-        raise ApprovalMismatch(f"run {state.run_id!r} step {step_id!r}: the approval names arguments "
-                               f"{decided.fingerprint}, the call has {args_fp}; nothing ran")
+    if not approved:
+        raise ApprovalMismatch(f"run {state.run_id!r} step {step_id!r}: {tool} requires approval and the agent "
+                               "ran it without one; nothing ran")
+    Approval(state.log, step_id, tool, arguments, args_fp).require_approved()
 
 
 def _answer(payload: dict[str, Any]) -> Any:
