@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from _oai_harness import ProviderProcess, journal_events
+from _runner_end import held, runner_end
 from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 from pydantic import BaseModel
@@ -20,7 +21,6 @@ from cuaderno.errors import (
     ErrorClass,
     GatewayError,
     ReplayDivergence,
-    RunClosed,
     ToolError,
     UncertainEffect,
     UsageError,
@@ -122,23 +122,24 @@ def test_a_changed_agent_is_a_version_mismatch_unless_a_version_is_chosen(provid
     assert changed.replayed  # a label the caller chose: the run is the same version
 
 
-def test_a_permanent_provider_error_ends_the_run_failed_and_a_transient_one_leaves_it_open(
-        provider: ProviderProcess, store: SqliteCheckpointer) -> None:
+@pytest.mark.parametrize(("model", "error_class"), [("status-401", ErrorClass.PERMANENT),
+                                                     ("status-503", ErrorClass.TRANSIENT)])
+def test_a_model_failure_past_the_bounds_leaves_the_run_as_the_runner_does(
+        provider: ProviderProcess, store: SqliteCheckpointer, tmp_path: Path, model: str,
+        error_class: ErrorClass) -> None:
+    """Open (``running``), held by nobody, the failure journaled, the error raised: what cuaderno's
+    own runner leaves (a permanent error too: fix the key or the model, and the run resumes)."""
+    run_id = f"fail-{model}"
     with pytest.raises(GatewayError) as err:
-        run(store, agent(provider, model="status-401"), run_id="p")
-    assert err.value.error_class is ErrorClass.PERMANENT
-    cp = store.checkpoint("p")
-    assert cp is not None and cp.status == "failed"
+        run(store, agent(provider, model=model), run_id=run_id, retry=_NoWait(), agent_version="treasurer")
+    assert err.value.error_class is error_class
+    cp = store.checkpoint(run_id)
+    assert cp is not None
+    assert (cp.status, held(store, run_id)) == runner_end(tmp_path, error_class) == ("running", False)
+    assert [e.phase for e in store.load(run_id) if e.kind == "model"][-1].startswith("error")
     billed = len(provider.bills())
-    with pytest.raises(RunClosed):  # ended: answered from the journal, nothing sent
-        run(store, agent(provider, model="status-401"), run_id="p")
-    assert len(provider.bills()) == billed
-    with pytest.raises(GatewayError) as err:
-        run(store, agent(provider, model="status-503"), run_id="t", retry=_NoWait())
-    assert err.value.error_class is ErrorClass.TRANSIENT
-    cp = store.checkpoint("t")
-    assert cp is not None and cp.status == "running"
-    _released(store, "t")  # resumable by anyone, at once
+    result = run(store, agent(provider), run_id=run_id, agent_version="treasurer")  # fixed: the same run goes on
+    assert result.status == "completed" and len(provider.bills()) > billed
 
 
 def _released(store: SqliteCheckpointer, run_id: str) -> None:

@@ -17,11 +17,12 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from cuaderno import RetryPolicy, SqliteCheckpointer
-from cuaderno.errors import ReplayDivergence, UsageError, VersionMismatch
+from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, UsageError, VersionMismatch
 from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _program import Deps, Paid, build_agent, effects
+from _runner_end import held, runner_end
 from _servers import Provider, Receipts
 
 PROMPT = 'PAY: [["transfer", "ana", 10], ["transfer", "bob", 20]]'
@@ -190,3 +191,21 @@ def test_call_ids_reused_across_turns_still_run_each_call(tmp_path: Path, server
     paid = world.paid()
     assert [(r["to"], r["amount"]) for r in paid] == [("ana", 10), ("ana", 10)] and len({r["key"] for r in paid}) == 2
     assert _run(world, prompt=twice).replayed and len(world.paid()) == 2
+
+
+@pytest.mark.parametrize(("status", "error_class"), [(429, ErrorClass.TRANSIENT), (500, ErrorClass.AMBIGUOUS)])
+def test_a_model_failure_past_the_bounds_leaves_the_run_as_the_runner_does(
+        tmp_path: Path, servers: tuple[Provider, Receipts], status: int, error_class: ErrorClass) -> None:
+    """Open (``running``), held by nobody, the failure journaled: the next call of the run id, in
+    any process, sends the step again with its key, as a resumed run of cuaderno's own runner."""
+    world = World(tmp_path, *servers, name=f"fail{status}-{tmp_path.name}")
+    with pytest.raises(GatewayError) as err:
+        _run(world, retry=RetryPolicy(max_retries=0, max_resends=0))
+    assert err.value.error_class is error_class
+    with SqliteCheckpointer(tmp_path / "runs.db") as store:
+        cp = store.checkpoint("r1")
+        assert cp is not None
+        assert (cp.status, held(store, "r1")) == runner_end(tmp_path, error_class) == ("running", False)
+        assert any(e.kind == "model" and e.phase.startswith("error") for e in store.load("r1"))
+    result = _run(world, retry=RetryPolicy(base_delay=0.01))  # the scripted failure was the first answer only
+    assert result.status == "completed"

@@ -15,9 +15,10 @@ How a run stops, and what is left on disk:
   ``deny``) decides; the next ``run`` with the run id continues with the decision;
 - ``needs_human``: an effect's outcome cannot be known (:class:`~cuaderno.errors.UncertainEffect`
   is raised, the evidence journaled); ``cuaderno resolve`` settles it and the next run goes on;
-- a model call that fails: a permanent, invalid or bug-class error ends the run ``failed``; a
-  transient or ambiguous one past the retry bounds leaves it open and released (the next run
-  sends the step again with the same key, counted). The error is raised either way;
+- a model call that fails past the retry bounds (any class): the failure is journaled, the
+  error raised, and the run left open and released, as cuaderno's own runner leaves it (the next
+  run sends the step again with the same key, counted; a permanent error, a revoked key say,
+  is fixed and the same run goes on);
 - any other error of the run (the SDK's ``MaxTurnsExceeded``, a guardrail, a tool bug) ends it
   ``failed`` and is raised.
 """
@@ -44,7 +45,6 @@ from cuaderno.durable import Approval, Opened, open_run
 from cuaderno.durable.effect import BodyBug
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import (
-    ErrorClass,
     GatewayError,
     JournalError,
     RunClosed,
@@ -61,10 +61,6 @@ from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import RetryPolicy
 
 __all__ = ["DurableResult", "DurableRunner"]
-
-_ENDING = (ErrorClass.PERMANENT, ErrorClass.INVALID_INPUT, ErrorClass.BUG)
-"""Model-call failures that another send cannot fix: the run ends ``failed``."""
-
 
 @dataclass(slots=True)
 class DurableResult:
@@ -292,11 +288,10 @@ def _end(opened: Opened, exc: BaseException) -> None:
         opened.log.commit()  # the bug's result is staged: journal it, then end the run
         opened.fail(f"tool raised {type(bug.cause).__name__}: {bug.cause}"[:500])
         return
-    gateway = _cause(exc, GatewayError)
-    if isinstance(gateway, GatewayError):
-        if gateway.error_class in _ENDING:
-            opened.fail(f"model call failed ({gateway.error_class.value}): {gateway}"[:500])
-        return  # transient or ambiguous past the bounds: open, the next run sends again with the key
+    if _cause(exc, GatewayError) is not None:
+        # Journaled by the model-call protocol (error.N); left open as the runner leaves it: the
+        # next run sends the step again with its key.
+        return
     opened.fail(f"{type(exc).__name__}: {exc}"[:500])
 
 
