@@ -44,9 +44,12 @@ FIGURES = Path(os.environ.get("CUADERNO_OAI_FIGURES", HERE.parents[2] / ".pytest
 # One hit of each kind of point, chosen to land on each kind of step: a transfer (lookup), the
 # effect-free read, the notification (no lookup), the model calls, the final record and journal
 # writes. Hits count per process from 1 (tool.K2:4 is the balance read, tool.K2:7 the notify).
-DEFAULT_POINTS = ["model.K2:2", "tool.K4:5", "tool.K2:7", "append.W1:9"]
-SOAK_POINTS = ([f"model.K{k}:{n}" for k in (0, 2, 5, 7) for n in range(1, 6)]
-               + [f"tool.K{k}:{n}" for k in (0, 2, 5, 7) for n in range(1, 8)]
+# K1 and K6 are inside the journal's transaction of an intent or a result (the journal log passes
+# them as the runner's does).
+DEFAULT_POINTS = ["model.K2:2", "tool.K4:5", "tool.K2:7", "append.W1:9", "model.K1:3", "model.K6:2", "tool.K1:5",
+                  "tool.K6:5"]
+SOAK_POINTS = ([f"model.K{k}:{n}" for k in (0, 1, 2, 5, 6, 7) for n in range(1, 6)]
+               + [f"tool.K{k}:{n}" for k in (0, 1, 2, 5, 6, 7) for n in range(1, 8)]
                + [f"tool.K{k}:{n}" for k in (3, 4) for n in range(1, 7)]
                + ["final.K0", "final.K7"] + [f"append.W{w}:{n}" for w in (1, 2) for n in range(1, 25)])
 

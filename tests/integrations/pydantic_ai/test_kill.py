@@ -34,13 +34,14 @@ OUTPUT = {"paid": ["ana", "bob", "cy"], "total": 60}
 # Every named point of a run (the second model step and the second transfer: mid-run, with
 # journaled steps behind and ahead), the journal's own transaction points, and the run's end.
 POINTS = [
-    "model.K2:2", "model.K3:2", "model.K4:2", "model.K5:2", "model.K7:2",
-    "tool.K2:2", "tool.K3:2", "tool.K4:2", "tool.K5:2", "tool.K7:2",
+    "model.K1:2", "model.K2:2", "model.K3:2", "model.K4:2", "model.K5:2", "model.K6:2", "model.K7:2",
+    "tool.K1:2", "tool.K2:2", "tool.K3:2", "tool.K4:2", "tool.K5:2", "tool.K6:2", "tool.K7:2",
     "append.W1:4", "append.W2:4", "append.W1:7", "final.K0", "final.K7",
 ]
 # (K0, before an intent's transaction, is the previous step's K7: the same journal, the same
-# outside world.)
-IN_FLIGHT = {"model.K4:2", "model.K5:2"}
+# outside world. K1 and K6 are inside the journal's transaction of an intent or a result: a kill
+# there rolls it back.)
+IN_FLIGHT = {"model.K4:2", "model.K5:2", "model.K6:2"}
 """The kills at which the provider has billed a request whose answer the journal does not hold."""
 
 
