@@ -12,61 +12,72 @@ from cuaderno.fingerprint import idempotency_key
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.ladder import climb
 from cuaderno.gateway.structured import feedback_messages
+from cuaderno.loop._log import RunLog
 from cuaderno.loop._state import RunState, Turn, Unrecorded
 from cuaderno.loop.steps import FinalStep, ModelStep
 
 __all__ = ["ModelSteps"]
 
 
-class ModelSteps(RunState):
-    """The model half of the loop."""
+class ModelSteps:
+    """The model half of the loop, over one run's state and log. Writes the state's
+    ``output_data`` and, while replaying, its ``chain``, ``rebased`` and ``unhashed``."""
 
-    output_data: Any = None
-    """The validated structured answer of the last accepted response (``output_type`` only)."""
+    __slots__ = ("_add_message", "_recorded", "_show", "log", "state")
 
-    async def _model_turn(self, turn: int) -> Turn | None:
+    def __init__(self, state: RunState, log: RunLog) -> None:
+        self.state = state
+        self.log = log
+        # Bound once: these run on every turn.
+        self._add_message = log.add_message
+        self._recorded = log.recorded
+        self._show = log.show
+
+    async def turn(self, turn: int) -> Turn | None:
         """Replay or make turn ``turn``'s model call. ``None`` means the response was rejected
         (empty or refused): it is journaled and counted, and the turn is asked again."""
-        replayed = self._replay_model_turn(turn)
+        replayed = self.replay(turn)
         if not isinstance(replayed, Unrecorded):
             return replayed
+        st = self.state
         step_id, fp = replayed
         # A call in flight when the run was migrated was sent with the old configuration's body;
         # it is sent again with the new one (another key), counted as possibly billed twice.
-        first = self.journal.get((step_id, "intent"))
+        first = st.journal.get((step_id, "intent"))
         self._recorded(step_id, "intent", "model", None,
-                       None if first is not None and first.seq < self.migrate_seq else fp)
-        response, payload = await self._call_model(turn, step_id, fp)
+                       None if first is not None and first.seq < st.migrate_seq else fp)
+        response, payload = await self._call(turn, step_id, fp)
         if not accepted(payload):
             for message in feedback_messages(payload):  # an invalid structured answer: told why
                 self._add_message(message)
             return None  # otherwise not part of the conversation: the same request is asked again
         self._add_message(assistant_message(payload["response"]))
-        self.output_data = payload.get("output")
+        st.output_data = payload.get("output")
         return Turn(response.text, response.tool_calls)
 
-    def _replay_model_turn(self, turn: int) -> Turn | None | Unrecorded:
+    def replay(self, turn: int) -> Turn | None | Unrecorded:
         """Turn ``turn``'s model call as the journal holds it, or :class:`Unrecorded` (with the
         step id and request fingerprint the call must be made with) when it has no response.
 
         Synchronous: replaying reads only the journal already in memory, and adds the message.
         """
+        st = self.state
         step_id = model_step_id(turn)
-        rec = self.journal.get((step_id, "result"))
-        if rec is not None and rec.fingerprint and (turn > 0 or self.migrated) and not self.s.verify_replay:
+        rec = st.journal.get((step_id, "result"))
+        if rec is not None and rec.fingerprint and (turn > 0 or st.migrated) and not st.s.verify_replay:
             # Past turn 0 a recorded request is a pure function of the configuration and the task
             # (both checked at turn 0) and of journaled results (hash-chained), so the recorded
             # chain is adopted instead of re-hashing every message: resume stays O(rows), not
             # O(bytes). ``Session(verify_replay=True)`` re-derives and checks every turn.
-            self.chain = rec.fingerprint
-            self.unhashed.clear()
-            self.rebased = self.rebased or (self.rebase_turn is not None and turn >= self.rebase_turn)
-        elif self.migrated and not self.rebased and (turn == self.rebase_turn or self.rebase_turn is None):
+            st.chain = rec.fingerprint
+            st.unhashed.clear()
+            st.rebased = st.rebased or (st.rebase_turn is not None and turn >= st.rebase_turn)
+        elif st.migrated and not st.rebased and (turn == st.rebase_turn or st.rebase_turn is None):
             # The first request after a migration has the new configuration in its body, so its
             # fingerprint (and provider key) says so, the same way in every process.
-            self.rebased = True
-            self.unhashed.append({"migrated_to": self.config_fp})
-        fp = self._request_fingerprint()
+            st.rebased = True
+            st.unhashed.append({"migrated_to": st.config_fp})
+        fp = self.log.request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
         if rec is None or view(rec, ModelResult)["response"] is None:
             return Unrecorded(step_id, fp)
@@ -78,46 +89,49 @@ class ModelSteps(RunState):
         # The gateway's helpers take the response's JSON as a plain dict (the same object).
         data: dict[str, Any] = rec.payload["response"]
         self._add_message(assistant_message(data))
-        self.output_data = result.get("output")
+        st.output_data = result.get("output")
         # Only what the loop reads of the response is rebuilt (the whole ModelResponse is three
         # times the work, and a resume replays every turn).
         return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
 
-    async def _call_model(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
+    async def _call(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
         """Send the request once its intent is durable (:class:`~cuaderno.durable.ModelCall`);
         return the response and its staged result payload."""
-        request = ModelRequest(instructions=self.agent.instructions, messages=tuple(self._conversation()),
-                               tools=self.agent.tool_schemas, model=self.agent.model,
-                               require_tool=self.agent.require_tool, max_output_tokens=self.agent.max_output_tokens,
-                               temperature=self.agent.temperature)
-        plan = climb(self, self.s.gateway, turn, request)  # the empty-generation ladder's rung, if any
+        st, log = self.state, self.log
+        agent, s = st.agent, st.s
+        request = ModelRequest(instructions=agent.instructions, messages=tuple(log.conversation()),
+                               tools=agent.tool_schemas, model=agent.model,
+                               require_tool=agent.require_tool, max_output_tokens=agent.max_output_tokens,
+                               temperature=agent.temperature)
+        plan = climb(log, s.gateway, turn, request)  # the empty-generation ladder's rung, if any
         request = plan.request
-        call = ModelCall(self, step_id, key=idempotency_key(self.run_id, step_id, plan.keyed(fp)), turn=turn,
+        run_id, model = st.run_id, st.model
+        call = ModelCall(log, step_id, key=idempotency_key(run_id, step_id, plan.keyed(fp)), turn=turn,
                          fingerprint=fp)
-        sent = await call.send(lambda: plan.routed(self.model.call(request, run_id=self.run_id, step_id=step_id,
-                                                                   idempotency_key=call.key)),
-                               retry=self.s.retry, sleep=self.s.runtime.sleep, rng=self.s.runtime.random,
-                               charge=self.charge, extra=plan.intent_extra(first=call.sends() == 0))
-        payload = call.finish(sent, require_tool=request.require_tool, output_type=self.agent.output_type,
+        sent = await call.send(lambda: plan.routed(model.call(request, run_id=run_id, step_id=step_id,
+                                                              idempotency_key=call.key)),
+                               retry=s.retry, sleep=s.runtime.sleep, rng=s.runtime.random,
+                               charge=log.charge, extra=plan.intent_extra(first=call.sends() == 0))
+        payload = call.finish(sent, require_tool=request.require_tool, output_type=agent.output_type,
                               extra=plan.on_result())
         if payload["counters"]:
-            self.charge(payload["counters"])
+            log.charge(payload["counters"])
         if sent.response.escalations:  # the projection counts them from the response
-            self.charge({"escalations": len(sent.response.escalations)})
+            log.charge({"escalations": len(sent.response.escalations)})
         self._show(ModelStep(step_id=step_id, turn=turn, response=sent.response, idempotency_key=call.key,
                              attempts=sent.sends))
         return sent.response, payload
 
-    def _finish(self, turn: int, response: Turn) -> None:
+    def finish(self, turn: int, response: Turn) -> None:
+        """Record (or replay) the run's final answer: ``response`` had no tool calls."""
+        st, log = self.state, self.log
         rec = self._recorded("final", "result", "final", None, None)
         record = rec.payload if rec is not None else {"output": response.text, "turn": turn}  # a FinalResult
-        if rec is None and self.output_data is not None:
-            record["data"] = self.output_data  # the structured answer, as validated when it came
+        if rec is None and st.output_data is not None:
+            record["data"] = st.output_data  # the structured answer, as validated when it came
         if rec is None:
-            self.stage(self._event("final", "result", "final", payload=record), "final.K1", "model.K6")
+            log.stage(log.event("final", "result", "final", payload=record), "final.K1", "model.K6")
             faults.point("final.K0")
-            self.commit()
+            log.commit()
             faults.point("final.K7")
         self._show(FinalStep(step_id="final", output=response.text, data=dict(record)))
-
-    # -- tool calls -------------------------------------------------------------------------------

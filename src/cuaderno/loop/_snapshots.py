@@ -34,21 +34,20 @@ sending a request that holds the whole conversation does anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 from cuaderno.checkpoint import Checkpoint, differing, project
+from cuaderno.durable.model_call import accepted
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import Kind, Phase, StepEvent, model_step_id, row_hash, tool_step_id
 from cuaderno.events.payloads import ModelIntent, ModelResult, SnapshotBase, ToolResult, view
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message, ToolCall, assistant_message
+from cuaderno.gateway.structured import feedback_messages
 from cuaderno.journal import decode_small_payloads
 from cuaderno.journal.base import SupportsTail, Tail, tail_base
+from cuaderno.loop._state import Cursor, Restored, RunState, journalable_call, tool_message
 from cuaderno.telemetry import AgentPassSpan
-
-if TYPE_CHECKING:
-    from cuaderno.loop._state import RunState
 
 __all__ = ["EVERY", "STEP", "Cursor", "Restored", "conversation_before", "opened", "snapshot_event", "tail_open"]
 
@@ -58,30 +57,6 @@ EVERY = 256
 most about this many rows besides the snapshot, and a snapshot costs one summary read and one row
 of a few hundred bytes per that many."""
 FORMAT = 1
-
-
-@dataclass(slots=True)
-class Cursor:
-    """Where one loop stands with snapshots: what this module keeps on the run's state (the loop
-    reads ``start_turn`` and hands ``restored`` back once)."""
-
-    since: int = 0
-    """Journal rows since the run's last snapshot, as this loop counts them."""
-    restored: Restored | None = None
-    """The snapshot this loop went on from, until the conversation before it is rebuilt."""
-    prepared: bool = False
-    """Whether the store was asked to prepare tail reads (before this loop's first snapshot)."""
-    start_turn: int = 0
-    """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
-
-
-class Restored(NamedTuple):
-    """A checked snapshot the loop goes on from."""
-
-    seq: int
-    turn: int
-    chain: str
-    first: str
 
 
 def snapshot_event(state: RunState, intent: StepEvent) -> StepEvent | None:
@@ -209,11 +184,6 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
         JournalCorrupt: they do not (the journal and its snapshot disagree).
     """
     events = state.store.load(state.run_id)  # the whole journal, chain-checked
-    from cuaderno.durable.model_call import accepted
-    from cuaderno.gateway.structured import feedback_messages
-    from cuaderno.loop._state import tool_message
-    from cuaderno.loop._tool_steps import _journalable
-
     index = {(ev.step_id, ev.phase): ev for ev in events}
     out: list[Message] = []
     last_start, last_fp = 0, None
@@ -229,7 +199,7 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
         response: dict[str, Any] = rec.payload["response"]  # the gateway's helpers take the JSON dict
         out.append(assistant_message(response))
         for i, raw in enumerate(response.get("tool_calls") or ()):
-            call = _journalable(ToolCall.from_json(raw))
+            call = journalable_call(ToolCall.from_json(raw))
             result = index.get((tool_step_id(turn, i), "result"))
             if result is None:
                 raise JournalCorrupt(f"run {state.run_id!r}: tool call {tool_step_id(turn, i)} has no result before "

@@ -1,19 +1,25 @@
-"""State and journal helpers shared by the model and tool halves of the loop."""
+"""One run's state: a plain record the loop's collaborators share (no behaviour here).
+
+The record is written by the collaborators that receive it (:mod:`._log`, :mod:`._snapshots`,
+:mod:`._model_steps`, :mod:`._tool_steps`, :mod:`.runner`), each writing only the fields its
+docstring below names. Replay needs nothing from it across processes: every field is rebuilt on
+opening from the journal (``journal``, ``unvisited``, ``chain``, ``messages``, ``spent``...) or
+is this process's own bookkeeping (``pending``, ``points``, ``ready``, ``flushes``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from cuaderno import faults
-from cuaderno.durable import log as durable_log
 from cuaderno.durable.effect import effect_key
-from cuaderno.errors import ReplayDivergence
-from cuaderno.events import StepEvent, numbered
+from cuaderno.events import StepEvent
 from cuaderno.events.payloads import ToolResult
-from cuaderno.fingerprint import chain, fingerprint
+from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import Message, ToolCall
-from cuaderno.loop import _snapshots
+from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, TracedTools
 from cuaderno.loop.model_calls import ModelCaller, TracedGateway
@@ -21,7 +27,8 @@ from cuaderno.loop.steps import Step
 from cuaderno.plainjson import sorted_compact_nan
 from cuaderno.telemetry import AgentPassSpan
 
-__all__ = ["RunState", "Turn", "Unrecorded", "effect_key", "tool_message"]
+__all__ = ["Cursor", "Restored", "RunState", "Turn", "Unrecorded", "effect_key", "journalable_call", "new_state",
+           "tool_message"]
 
 
 class Turn(NamedTuple):
@@ -39,6 +46,30 @@ class Unrecorded(NamedTuple):
     """The request fingerprint (the chain over the configuration and every message so far)."""
 
 
+class Restored(NamedTuple):
+    """A checked snapshot the loop goes on from (:mod:`._snapshots`)."""
+
+    seq: int
+    turn: int
+    chain: str
+    first: str
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where one loop stands with snapshots: what :mod:`._snapshots` keeps on the run's state (the
+    loop reads ``start_turn`` and hands ``restored`` back once)."""
+
+    since: int = 0
+    """Journal rows since the run's last snapshot, as this loop counts them."""
+    restored: Restored | None = None
+    """The snapshot this loop went on from, until the conversation before it is rebuilt."""
+    prepared: bool = False
+    """Whether the store was asked to prepare tail reads (before this loop's first snapshot)."""
+    start_turn: int = 0
+    """The first turn the loop runs (the snapshot's: every turn before it has ended)."""
+
+
 def tool_message(call_id: str, name: str, payload: ToolResult) -> Message:
     """The tool message the model sees for a journaled tool result (same text on every replay)."""
     outcome = payload.get("outcome")
@@ -53,215 +84,85 @@ def tool_message(call_id: str, name: str, payload: ToolResult) -> Message:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content, "is_error": True}
 
 
+def journalable_call(call: ToolCall) -> ToolCall:
+    """The call with a name the journal can hold. The model may write anything as a tool name
+    (a megabyte, a NUL, a lone surrogate); such a call never runs, and is journaled under a
+    stable stand-in (the raw name stays in the journaled response)."""
+    name = call.name
+    ok = 0 < len(name) <= 256 and "\x00" not in name
+    if ok and not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            ok = False
+    if ok:
+        return call
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return dataclasses.replace(call, name=f"invalid-name-{digest}")
+
+
+@dataclass(slots=True, eq=False)
 class RunState:
     """What one run of one agent knows while it runs: the journal index, the conversation, and
-    the events waiting for the next commit."""
+    the events waiting for the next commit. Made by :func:`new_state`."""
 
-    def __init__(self, agent: Agent, task: str, session: Session) -> None:
-        self.agent = agent
-        self.task = task
-        self.s = session
-        self.run_id = session.run_id
-        self.store = session.store
-        self.tools: ToolExecutor = session.tools or TracedTools(AgentTools(agent.tools))
-        """Runs the agent's tools (:mod:`cuaderno.loop.executor`)."""
-        self.model: ModelCaller = session.model_caller or TracedGateway(session.gateway)
-        """Sends the model requests (:mod:`cuaderno.loop.model_calls`)."""
-        self.journal: dict[tuple[str, str], StepEvent] = {}
-        self.unvisited: dict[str, int] = {}
-        self.pending: list[StepEvent] = []
-        self.pass_span = AgentPassSpan()  # the do-nothing one until a pass starts (Runner.steps)
-        self.pass_marker: StepEvent | None = None
-        """This pass's marker for the next pass's trace link (:func:`cuaderno.telemetry.agent_pass`):
-        committed with the first write of the pass, never alone (a pass that writes nothing leaves none)."""
-        self.tool_sends: dict[str, int] = {}
-        self.where: tuple[str, str] = ("", session.run_id)
-        """The journal and run, as the loops of this process know them (``cuaderno.loop.holds``)."""
-        """Tool intents per step, recorded or written by this process (names the next one)."""
-        self.points: list[str] = []
-        self.ready: list[tuple[Step, int]] = []
-        self.flushes = 0
-        self.epoch = 0
-        self.messages: list[Message] = []
-        self.config_fp = fingerprint(agent.config())
-        self.chain = self.config_fp
-        self.unhashed: list[Message] = []
-        self.spent: dict[str, int] = {}
-        """What this run has spent of each budget: the checkpoint's counters plus this process's."""
-        self.over_budget: tuple[str, int] | None = None
-        self.cancel_found = False
-        self.migrated = False
-        """The run was migrated to this agent's versions: recorded turns are adopted as they are."""
-        self.rebase_turn: int | None = None
-        """The first model turn after the migration (its request carries a migration marker)."""
-        self.rebased = False
-        self.migrate_seq = 0
-        self.snaps = _snapshots.Cursor()
-        """Where this loop stands with snapshots (:mod:`._snapshots` keeps it)."""
-        """The seq of the last migration record (0: never migrated)."""
-
-    def charge(self, counters: Mapping[str, int]) -> None:
-        """Count second attempts against the agent's budgets; note the first bound exceeded."""
-        for name, n in counters.items():
-            self.spent[name] = self.spent.get(name, 0) + n
-            limit = self.agent.budgets.limit(name)
-            if limit is not None and self.spent[name] > limit and self.over_budget is None:
-                self.over_budget = (name, limit)
-
-    def _show(self, step: Step) -> None:
-        # A step is shown only once its events are committed: if any are pending, it waits for
-        # the next flush (the one that commits the next intent).
-        self.ready.append((step, self.flushes + (1 if self.pending else 0)))
-
-    def _drain(self) -> list[Step]:
-        if not self.ready:
-            return []  # the common case on replay: nothing was shown since the last drain
-        if self.ready[-1][1] <= self.flushes:  # the common case running: every step shown is committed
-            out = [step for step, _ in self.ready]
-            self.ready = []
-            return out
-        out = [step for step, needs in self.ready if needs <= self.flushes]
-        self.ready = [(step, needs) for step, needs in self.ready if needs > self.flushes]
-        return out
-
-    # -- journal helpers --------------------------------------------------------------------------
-
-    def _recorded(self, step_id: str, phase: str, kind: str, name: str | None, fp: str | None) -> StepEvent | None:
-        ev = self.journal.get((step_id, phase))
-        if ev is None:
-            return None
-        if ev.kind != kind or (name is not None and ev.name != name):
-            raise ReplayDivergence(self.run_id, step_id, f"a {ev.kind} step {ev.name or ''}".strip(),
-                                   f"a {kind} step {name or ''}".strip())
-        if fp is not None and ev.fingerprint is not None and ev.fingerprint != fp:
-            raise ReplayDivergence(self.run_id, step_id, f"{kind} request {ev.fingerprint[:12]}",
-                                   f"{kind} request {fp[:12]}")
-        self.unvisited.pop(step_id, None)
-        return ev
-
-    def stage(self, event: StepEvent, *points: str) -> None:
-        if self.unvisited:
-            self._diverged(f"to write {event.kind} step {event.step_id} ({event.phase})")
-        self.pending.append(event)
-        self.points.extend(points)
-
-    def _diverged(self, instead: str) -> None:
-        """About to write something new (or to end the run) while recorded steps were never
-        reached: the code took another path than the journal (a step was removed or reordered,
-        ``max_turns`` lowered). Raises :class:`ReplayDivergence` naming the first such step."""
-        if not self.unvisited:
-            return
-        first = min(self.unvisited, key=self.unvisited.__getitem__)
-        seen = min((ev for (step_id, _), ev in self.journal.items() if step_id == first), key=lambda ev: ev.seq)
-        name = f" ({seen.name})" if seen.name else ""
-        raise ReplayDivergence(self.run_id, first, f"{seen.kind} step {first}{name} ({seen.phase}) at this point",
-                               f"{instead} without reaching it")
+    agent: Agent
+    task: str
+    s: Session
+    run_id: str
+    store: Checkpointer
+    tools: ToolExecutor
+    """Runs the agent's tools (:mod:`cuaderno.loop.executor`)."""
+    model: ModelCaller
+    """Sends the model requests (:mod:`cuaderno.loop.model_calls`)."""
+    config_fp: str
+    """The fingerprint of the agent's configuration: the chain's start."""
+    chain: str
+    """The request fingerprint so far (the chain over the configuration and ``messages`` hashed)."""
+    journal: dict[tuple[str, str], StepEvent] = field(default_factory=dict)
+    """The journal as this pass opened it, by ``(step_id, phase)`` (the runner fills it once)."""
+    unvisited: dict[str, int] = field(default_factory=dict)
+    """Recorded steps not replayed yet, with their first seq (:meth:`._log.RunLog.diverged`)."""
+    pending: list[StepEvent] = field(default_factory=list)
+    """Events staged for the next commit (:mod:`._log`)."""
+    points: list[str] = field(default_factory=list)
+    """The crash points of the next commit's transaction."""
+    pass_span: AgentPassSpan = field(default_factory=AgentPassSpan)
+    """The do-nothing span until a pass starts (``Runner.steps``)."""
+    pass_marker: StepEvent | None = None
+    """This pass's marker for the next pass's trace link (:func:`cuaderno.telemetry.agent_pass`):
+    committed with the first write of the pass, never alone (a pass that writes nothing leaves none)."""
+    where: tuple[str, str] = ("", "")
+    """The journal and run, as the loops of this process know them (``cuaderno.loop.holds``)."""
+    ready: list[tuple[Step, int]] = field(default_factory=list)
+    """Steps to show, each with the number of flushes after which its events are committed."""
+    flushes: int = 0
+    epoch: int = 0
+    """This loop's takeover epoch (0: it never took the run over)."""
+    messages: list[Message] = field(default_factory=list)
+    unhashed: list[Message] = field(default_factory=list)
+    """Messages added to ``messages`` and not yet folded into ``chain``."""
+    spent: dict[str, int] = field(default_factory=dict)
+    """What this run has spent of each budget: the checkpoint's counters plus this process's."""
+    over_budget: tuple[str, int] | None = None
+    cancel_found: bool = False
+    migrated: bool = False
+    """The run was migrated to this agent's versions: recorded turns are adopted as they are."""
+    rebase_turn: int | None = None
+    """The first model turn after the migration (its request carries a migration marker)."""
+    rebased: bool = False
+    migrate_seq: int = 0
+    """The seq of the last migration record (0: never migrated)."""
+    snaps: Cursor = field(default_factory=Cursor)
+    """Where this loop stands with snapshots (:mod:`._snapshots` keeps it)."""
+    output_data: Any = None
+    """The validated structured answer of the last accepted response (``output_type`` only)."""
 
 
-    def commit(self) -> None:
-        if not self.pending:
-            return
-        if self.pass_marker is not None:
-            self.pending.insert(0, self.pass_marker)
-            self.pass_marker = None
-        self._snapshot_if_due()
-        group = self._capabilities().group
-        if group is not None:  # joins the next group; the group names its points
-            group.append(self.pending, epoch=self.epoch, points=tuple(self.points))
-        else:
-            faults.set_txn_points(*self.points)
-            try:
-                self.store.append(self.pending, epoch=self.epoch)
-            finally:
-                faults.set_txn_points()  # named for this transaction only, not for a later direct append
-        self._flushed()
-
-    async def commit_before_acting(self) -> None:
-        """:meth:`commit` before an action (a model call, a tool body): with a :class:`GroupCommit`
-        the commit waits for the end of the loop's turn, so the loop's other runs join its group
-        meanwhile; this run goes on only once its events are durable."""
-        group = self._capabilities().group
-        if not self.pending or group is None or not group.share_loop:
-            self.commit()
-            return
-        if self.pass_marker is not None:
-            self.pending.insert(0, self.pass_marker)
-            self.pass_marker = None
-        self._snapshot_if_due()
-        await group.append_async(self.pending, epoch=self.epoch, points=tuple(self.points))
-        self._flushed()
-
-    def _flushed(self) -> None:
-        self.flushes += 1
-        if faults.armed():
-            for name in self.points:  # K7: after the commit that holds a step's result
-                if name.endswith(".K6"):
-                    faults.point(name[:-1] + "7")
-        self.pending, self.points = [], []
-
-    def _snapshot_if_due(self) -> None:
-        """Put a snapshot before a model turn's first send once :data:`._snapshots.EVERY` rows
-        were written since the last (one more row of the same transaction; see :mod:`._snapshots`)."""
-        self.snaps.since += len(self.pending)
-        last = self.pending[-1]
-        if self.snaps.since < _snapshots.EVERY or last.phase != "intent" or last.kind != "model" or self.migrated:
-            return
-        snap = _snapshots.snapshot_event(self, last)
-        if snap is not None:
-            self.pending.insert(len(self.pending) - 1, snap)
-            self.points.append("snapshot.K6")  # K0 before, K6/K8 inside, K7 after its commit
-            faults.point("snapshot.K0")
-            self.snaps.since = 1
-
-    def _conversation(self) -> list[Message]:
-        """The messages a model request sends: after a resume from a snapshot, the turns before it
-        are rebuilt from the journal at the first request (:func:`._snapshots.conversation_before`)."""
-        if self.snaps.restored is not None:
-            self.messages[1:1] = _snapshots.conversation_before(self, self.snaps.restored)
-            self.snaps.restored = None
-        return self.messages
-
-    # -- the step log (cuaderno.durable.StepLog) --------------------------------------------------
-
-    def get(self, step_id: str, phase: str) -> StepEvent | None:
-        """The event the journal held at ``(step_id, phase)`` when this pass opened the run."""
-        return self.journal.get((step_id, phase))
-
-    _caps: durable_log.Capabilities | None = None
-
-    def _capabilities(self) -> durable_log.Capabilities:
-        if self._caps is None or self._caps.store is not self.store:
-            self._caps = durable_log.Capabilities(self.store)
-        return self._caps
-
-    def confirm_hold(self) -> None:
-        self._capabilities().confirm_hold(self.run_id, self.epoch)
-
-    def earlier_holder(self, step_id: str) -> dict[str, Any] | None:
-        return self._capabilities().earlier_holder(self.run_id, self.journal.get((step_id, "intent")))
-
-    def _recorded_count(self, step_id: str, phase: str) -> int:
-        """How many numbered events (``phase``, ``phase.2``, ``phase.3``...) the journal holds for a
-        step (probing keys: a resumed run of thousands of events must not pay O(journal) per step)."""
-        return len(numbered(self.journal, step_id, phase))
-
-    def _latest(self, step_id: str, phase: str) -> StepEvent | None:
-        """The last of a step's numbered events (``phase``, ``phase.2``...) in the journal."""
-        found = numbered(self.journal, step_id, phase)
-        return found[-1] if found else None
-
-    def _event(self, step_id: str, phase: str, kind: str, **fields: Any) -> StepEvent:
-        return StepEvent(run_id=self.run_id, step_id=step_id, phase=phase, kind=kind, **fields)
-
-    def _add_message(self, message: Message) -> None:
-        self.messages.append(message)
-        self.unhashed.append(message)
-
-    def _request_fingerprint(self) -> str:
-        """The request fingerprint for the current conversation: the chain over every message."""
-        for message in self.unhashed:
-            self.chain = chain(self.chain, fingerprint(message))
-        self.unhashed.clear()
-        return self.chain
-
-    # -- model turns ------------------------------------------------------------------------------
+def new_state(agent: Agent, task: str, session: Session) -> RunState:
+    """The state of a run of ``agent`` on ``task`` through ``session``, before it is opened."""
+    config_fp = fingerprint(agent.config())
+    return RunState(agent=agent, task=task, s=session, run_id=session.run_id, store=session.store,
+                    tools=session.tools or TracedTools(AgentTools(agent.tools)),
+                    model=session.model_caller or TracedGateway(session.gateway),
+                    config_fp=config_fp, chain=config_fp, where=("", session.run_id))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 from typing import Any, cast
 
 from cuaderno import faults
@@ -13,7 +11,8 @@ from cuaderno.events import approval_step_id, tool_step_id
 from cuaderno.events.payloads import ApprovalDecision, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
-from cuaderno.loop._state import RunState, effect_key, tool_message
+from cuaderno.loop._log import RunLog
+from cuaderno.loop._state import RunState, effect_key, journalable_call, tool_message
 from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.plainjson import journalable
@@ -21,63 +20,59 @@ from cuaderno.tools.definition import ToolContext
 
 __all__ = ["ToolSteps"]
 
-def _journalable(call: ToolCall) -> ToolCall:
-    """The call with a name the journal can hold. The model may write anything as a tool name
-    (a megabyte, a NUL, a lone surrogate); such a call never runs, and is journaled under a
-    stable stand-in (the raw name stays in the journaled response)."""
-    name = call.name
-    ok = 0 < len(name) <= 256 and "\x00" not in name
-    if ok and not name.isascii():
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            ok = False
-    if ok:
-        return call
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return dataclasses.replace(call, name=f"invalid-name-{digest}")
+_journalable = journalable_call  # the name the loop used before (kept importable)
 
 
-class ToolSteps(RunState):
-    """The tool half of the loop."""
+class ToolSteps:
+    """The tool half of the loop, over one run's state and log (it writes no state field itself:
+    its results go through the log). A cancelled run's compensations subclass it
+    (:mod:`cuaderno.loop.cleanup`) with their own keys."""
 
     _tells_the_model = True
     """Whether each result becomes a tool message the model answers (a repair, a replan, a
     reflection: counted against the budgets). A compensation's does not."""
 
-    async def _tool_call(self, turn: int, index: int, call: ToolCall) -> bool:
+    def __init__(self, state: RunState, log: RunLog) -> None:
+        self.state = state
+        self.log = log
+        # Bound once: these run on every tool call.
+        self._recorded = log.recorded
+        self._show = log.show
+        self._add_message = log.add_message
+
+    async def call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
-        unrecorded = self._replay_tool_call(turn, index, call)
+        unrecorded = self.replay(turn, index, call)
         if unrecorded is None:
             return False
-        return await self._tool_step(*unrecorded)
+        return await self.step(*unrecorded)
 
-    async def _tool_step(self, step_id: str, call: ToolCall, args_fp: str) -> bool:
+    async def step(self, step_id: str, call: ToolCall, args_fp: str) -> bool:
         """Run a tool step the journal holds no result for: check the call, decide it, write its
         intent, run it, reconcile an unknown outcome, record how it ended. The one state machine
         for every tool step, the model's calls and a cancelled run's compensations
         (:mod:`cuaderno.loop.cleanup`) alike: same journaling, crash points, bounds, telemetry.
         Returns ``True`` when the run is now waiting for a person."""
-        info = self.tools.info(call.name)
+        info = self.state.tools.info(call.name)
         problem = None
         if info is None:
-            problem = ToolError(f"unknown tool {call.name!r}; available: {self.tools.names()}",
+            problem = ToolError(f"unknown tool {call.name!r}; available: {self.state.tools.names()}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         elif call.arguments_error is not None:
             problem = ToolError(f"the arguments cannot be used: {call.arguments_error}",
                                 error_class=ErrorClass.INVALID_INPUT, sent=False)
         else:
             try:
-                self.tools.check(call.name, call.arguments)
+                self.state.tools.check(call.name, call.arguments)
             except ToolError as exc:
                 problem = exc
         if problem is not None or info is None:
             assert problem is not None
-            if (step_id, "intent") in self.journal:
+            if (step_id, "intent") in self.state.journal:
                 # It was started under a configuration that accepted it (the tool existed, the
                 # arguments fit its schema): recording an error now would hide an effect that
                 # may have happened.
-                raise ReplayDivergence(self.run_id, step_id, f"tool {call.name!r} started with these arguments",
+                raise ReplayDivergence(self.state.run_id, step_id, f"tool {call.name!r} started with these arguments",
                                        f"a call this agent refuses ({problem})")
             self._tool_result(step_id, call, args_fp, "error", decision=None, error=problem.to_json())
             return False
@@ -93,9 +88,9 @@ class ToolSteps(RunState):
             settled = await effect.run()
         except BodyBug as bug:
             self._settled(step_id, call, bug.settled, decision=decision)
-            self.stage(self._event("run", "end", "run", payload={"status": "failed", "reason": "bug",
+            self.log.stage(self.log.event("run", "end", "run", payload={"status": "failed", "reason": "bug",
                                                                  "step": step_id, "error": bug.settled.error}))
-            self.commit()
+            self.log.commit()
             raise bug.cause from None
         self._settled(step_id, call, settled, decision=decision)
         return False
@@ -106,36 +101,38 @@ class ToolSteps(RunState):
             return self._context(step_id, call, effect.key, attempt)
 
         async def body(attempt: int) -> Any:
-            return await self.tools.invoke(call.name, call.arguments, context(attempt))
+            return await self.state.tools.invoke(call.name, call.arguments, context(attempt))
 
         async def lookup(attempt: int) -> Any:
-            found = await self.tools.lookup(call.name, call.arguments, context(attempt))
-            return journalable(found, run_id=self.run_id, step_id=step_id, tool=call.name)  # a receipt it can hold
+            found = await self.state.tools.lookup(call.name, call.arguments, context(attempt))
+            # a receipt it can hold
+            return journalable(found, run_id=self.state.run_id, step_id=step_id, tool=call.name)
 
-        effect = Effect(log=self, step_id=step_id, tool=call.name, arguments=call.arguments, fingerprint=args_fp,
+        effect = Effect(log=self.log, step_id=step_id, tool=call.name, arguments=call.arguments, fingerprint=args_fp,
                         key=self._fresh_key(step_id, call, info), body=body,
                         lookup=lookup if info.has_lookup else None, idempotent=info.idempotent,
-                        effect_free=info.effect_free, decision=decision, policy_version=self.agent.policy.version,
-                        retry=self.s.retry, sleep=self.s.runtime.sleep, rng=self.s.runtime.random,
-                        compensation=lambda value: self.tools.compensation(call.name, call.arguments, value),
+                        effect_free=info.effect_free, decision=decision, policy_version=self.state.agent.policy.version,
+                        retry=self.state.s.retry, sleep=self.state.s.runtime.sleep, rng=self.state.s.runtime.random,
+                        compensation=lambda value: self.state.tools.compensation(call.name, call.arguments, value),
                         tells_the_model=self._tells_the_model)
         return effect
 
     def _fresh_key(self, step_id: str, call: ToolCall, info: ToolInfo) -> str:
         """The effect key of a call never sent: derived from the intent (see :func:`effect_key`)."""
-        return effect_key(self.s.tenant, self.run_id, info.effect_type, call.arguments, self.agent.policy.version)
+        st = self.state
+        return effect_key(st.s.tenant, st.run_id, info.effect_type, call.arguments, st.agent.policy.version)
 
-    def _replay_tool_call(self, turn: int, index: int, call: ToolCall) -> tuple[str, ToolCall, str] | None:
+    def replay(self, turn: int, index: int, call: ToolCall) -> tuple[str, ToolCall, str] | None:
         """Replay a tool call whose result the journal holds (``None``), or return what running
         it needs: its step id, the call under a journalable name, and its arguments' fingerprint.
 
         Synchronous: replaying reads only the journal already in memory, and adds the message.
         """
         step_id = tool_step_id(turn, index)
-        call = _journalable(call)
+        call = journalable_call(call)
         # The call comes from a journaled response; past turn 0 its fingerprint is checked only
         # with verify_replay (see _replay_model_turn), which keeps resume O(rows).
-        trusted = turn > 0 and not self.s.verify_replay and (step_id, "result") in self.journal
+        trusted = turn > 0 and not self.state.s.verify_replay and (step_id, "result") in self.state.journal
         args_fp = None if trusted else fingerprint({"name": call.name, "arguments": call.arguments})
         rec = self._recorded(step_id, "result", "tool", call.name, args_fp)
         if rec is not None:
@@ -159,7 +156,7 @@ class ToolSteps(RunState):
             self._tool_result(step_id, call, args_fp, "denied", decision="rejected",
                               reason=str(view(decided, ApprovalDecision).get("reason") or "rejected by a person"))
             return "rejected"
-        policy = self.agent.policy
+        policy = self.state.agent.policy
         verdict = policy.decide(call.name, call.arguments)
         if verdict.decision == "deny":
             self._tool_result(step_id, call, args_fp, "denied", decision="deny", reason=verdict.reason,
@@ -168,13 +165,13 @@ class ToolSteps(RunState):
         if verdict.decision == "require_approval":
             shown = {"tool_step": step_id, "arguments": call.arguments, "reason": verdict.reason,
                      "policy_version": policy.version}
-            self.stage(self._event(step_id, "decision", "tool", name=call.name, decision="require_approval",
+            self.log.stage(self.log.event(step_id, "decision", "tool", name=call.name, decision="require_approval",
                                     fingerprint=args_fp, payload={"policy_version": policy.version,
                                                                   "reason": verdict.reason}), "approval.K1")
-            self.stage(self._event(appr_id, "request", "approval", name=call.name, decision="require_approval",
+            self.log.stage(self.log.event(appr_id, "request", "approval", name=call.name, decision="require_approval",
                                     fingerprint=args_fp, payload=shown))
             faults.point("approval.K0")
-            self.commit()
+            self.log.commit()
             faults.point("approval.K7")
             self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments,
                                        decision="require_approval", outcome="pending"))
@@ -187,9 +184,9 @@ class ToolSteps(RunState):
                             fingerprint=args_fp, status=status)
 
     def _context(self, step_id: str, call: ToolCall, ekey: str, attempt: int) -> ToolContext:
-        data = self.tools.context_data(call.name, call.arguments)
-        return ToolContext(run_id=self.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
-                           tenant=self.s.tenant, data=data, call_id=call.id)
+        data = self.state.tools.context_data(call.name, call.arguments)
+        return ToolContext(run_id=self.state.run_id, step_id=step_id, tool=call.name, effect_key=ekey, attempt=attempt,
+                           tenant=self.state.s.tenant, data=data, call_id=call.id)
 
     def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, *, decision: str | None,
                      error: dict[str, Any] | None = None, reason: str | None = None,
@@ -197,14 +194,14 @@ class ToolSteps(RunState):
         """The result of a call that never ran (an unknown tool, arguments refused, a denial)."""
         payload = result_payload(outcome, error=error, reason=reason, policy_version=policy_version,
                                  tells_the_model=self._tells_the_model)
-        stage_result(self, step_id, call.name, payload, decision=decision, fingerprint=args_fp)
+        stage_result(self.log, step_id, call.name, payload, decision=decision, fingerprint=args_fp)
         self._settled(step_id, call, Settled(payload), decision=decision)
 
     def _settled(self, step_id: str, call: ToolCall, settled: Settled, *, decision: str | None) -> None:
         """Count, tell the model and show a step whose result the protocol staged."""
         payload = cast(ToolResult, settled.payload)  # staged by the protocol as a ToolResult
         if payload.get("counters"):
-            self.charge(payload["counters"])
+            self.log.charge(payload["counters"])
         self._add_message(tool_message(call.id, call.name, payload))
         self._show(ToolStep(step_id=step_id, tool=call.name, arguments=call.arguments, decision=decision or "allow",
                             outcome=str(payload["outcome"]), result=settled.value, error=settled.error,

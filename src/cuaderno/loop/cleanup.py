@@ -33,7 +33,8 @@ from cuaderno.events.payloads import ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall
 from cuaderno.journal.base import Checkpointer
-from cuaderno.loop._state import effect_key
+from cuaderno.loop._log import RunLog
+from cuaderno.loop._state import effect_key, new_state
 from cuaderno.loop._tool_steps import ToolSteps
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.executor import AgentTools, ToolExecutor, ToolInfo, TracedTools
@@ -148,53 +149,55 @@ class _Cleanup(ToolSteps):
     _tells_the_model = False  # nobody answers a compensation's result: no repair or reflection is counted
 
     def __init__(self, agent: Agent, session: Session, epoch: int, events: list[StepEvent]) -> None:
-        super().__init__(agent, "", session)
-        self.epoch = epoch
+        state = new_state(agent, "", session)
+        state.epoch = epoch
         for ev in events:
-            self.journal[(ev.step_id, ev.phase)] = ev
+            state.journal[(ev.step_id, ev.phase)] = ev
+        super().__init__(state, RunLog(state))
         self.for_step: dict[str, Any] = {}
 
     async def run(self, step_id: str, entry: dict[str, Any]) -> dict[str, Any]:
         """Run (or replay, or reconcile) one compensation; return its journaled result."""
-        done = self.journal.get((step_id, "result"))
+        done = self.state.journal.get((step_id, "result"))
         if done is not None:
             return done.payload
-        name, arguments = _what(self.tools, entry)
+        name, arguments = _what(self.state.tools, entry)
         if name is None:
             # Settled by a person, and its tool declares no compensation: nothing to undo.
             origin = str((entry.get("derive_from") or {}).get("tool"))
-            event = stage_result(self, step_id, origin, result_payload("nothing_to_do",
+            event = stage_result(self.log, step_id, origin, result_payload("nothing_to_do",
                                                                       reason="the tool declares no compensation"),
                                  points=())
-            self.commit()
+            self.log.commit()
             return event.payload
         assert isinstance(arguments, dict)  # _check refused, before anything was written, what cannot run
         self._unsettleable(step_id, name)
         self.for_step[step_id] = entry.get("for_step")
         call = ToolCall(id=step_id, name=name, arguments=arguments)
-        await self._tool_step(step_id, call, fingerprint({"name": name, "arguments": arguments}))
+        await self.step(step_id, call, fingerprint({"name": name, "arguments": arguments}))
         # Every way a tool step ends without raising stages its result last (it would ride on the
         # next intent's commit in the loop): commit it now.
-        result = next(ev for ev in self.pending if (ev.step_id, ev.phase) == (step_id, "result"))
-        self.commit()
-        self.journal[(step_id, "result")] = result
+        result = next(ev for ev in self.state.pending if (ev.step_id, ev.phase) == (step_id, "result"))
+        self.log.commit()
+        self.state.journal[(step_id, "result")] = result
         return result.payload
 
     def _fresh_key(self, step_id: str, call: ToolCall, info: ToolInfo) -> str:
         """A compensation's own identity: never the key of the effect it undoes."""
-        return effect_key(self.s.tenant, self.run_id, f"compensation:{info.effect_type}",
-                          {"for": self.for_step.get(step_id), "arguments": call.arguments}, self.agent.policy.version)
+        return effect_key(self.state.s.tenant, self.state.run_id, f"compensation:{info.effect_type}",
+                          {"for": self.for_step.get(step_id), "arguments": call.arguments},
+                          self.state.agent.policy.version)
 
     def _unsettleable(self, step_id: str, name: str) -> None:
         """Found uncertain since it was last sent, and nothing can tell (no lookup, not
         idempotent, no person's answer): say so again, writing nothing (a cron retrying
         ``compensate`` must not grow the journal)."""
-        intents = numbered(self.journal, step_id, "intent")
-        tries = numbered(self.journal, step_id, "uncertain")
-        info = self.tools.info(name)
+        intents = numbered(self.state.journal, step_id, "intent")
+        tries = numbered(self.state.journal, step_id, "uncertain")
+        info = self.state.tools.info(name)
         if (intents and tries and tries[-1].seq > intents[-1].seq and info is not None and not info.idempotent
-                and not info.has_lookup and not not_happened_since_sent(self.journal, step_id)):
-            raise UncertainEffect(self.run_id, step_id, dict(tries[-1].payload))
+                and not info.has_lookup and not not_happened_since_sent(self.state.journal, step_id)):
+            raise UncertainEffect(self.state.run_id, step_id, dict(tries[-1].payload))
 
     def _bug(self, step_id: str, call: ToolCall, args_fp: str, ekey: str, decision: str, exc: Exception) -> NoReturn:
         """An unclassified exception in a compensation's body ends no run (the run is closed

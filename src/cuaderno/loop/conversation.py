@@ -83,13 +83,12 @@ class _MessageRunner(Runner):
         super().__init__(agent, task, session)
         self.history = history
 
-    def _add_message(self, message: Message) -> None:
-        if not self.messages:
-            # The run's first message (its task) follows the earlier exchanges: they enter the
-            # request fingerprint first, on every path that adds it (opening and replay).
-            for earlier in self.history:
-                super()._add_message(earlier)
-        super()._add_message(message)
+    def _add_task(self) -> None:
+        # The run's first message (its task) follows the earlier exchanges: they enter the
+        # request fingerprint first, on every path that adds it (opening and replay).
+        for earlier in self.history:
+            self.log.add_message(earlier)
+        super()._add_task()
 
 
 class Conversation:

@@ -53,38 +53,61 @@ from cuaderno.errors import (
     UncertainEffect,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent, call_arguments, model_step_id, starts_a_step
+from cuaderno.events import StepEvent, call_arguments, model_step_id
 from cuaderno.events.payloads import ModelIntent, RunMigrate, RunStart, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import _snapshots
+from cuaderno.loop._log import RunLog
 from cuaderno.loop._model_steps import ModelSteps
-from cuaderno.loop._state import effect_key, tool_message
+from cuaderno.loop._state import effect_key, new_state, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
+from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.steps import FinalStep, Step
 from cuaderno.loop.versions import Migration
 
 __all__ = ["Runner", "effect_key", "tool_message"]
 
 
-class Runner(ModelSteps, ToolSteps):
-    """Drives one run of one agent through one session."""
+class Runner:
+    """Drives one run of one agent through one session: opens the run, then walks its turns
+    through its collaborators, which all receive the same :class:`~._state.RunState`:
+    :class:`~._log.RunLog` (the journal as the steps write it), :class:`~._model_steps.ModelSteps`,
+    :class:`~._tool_steps.ToolSteps` and :mod:`._snapshots`. The runner writes the state's opening
+    fields (``journal``, ``unvisited``, ``epoch``, ``where``, ``pass_span``, ``pass_marker``,
+    ``migrated``, ``migrate_seq``, ``rebase_turn``, ``spent``, ``cancel_found``)."""
+
+    def __init__(self, agent: Agent, task: str, session: Session) -> None:
+        self.state = state = new_state(agent, task, session)
+        self.run_id = state.run_id
+        self.log = log = RunLog(state)
+        self.models = ModelSteps(state, log)
+        self.tool_steps = ToolSteps(state, log)
+
+    @property
+    def agent(self) -> Agent:
+        return self.state.agent
+
+    def _add_task(self) -> None:
+        """Add the run's first message, its task (a conversation's message run puts the earlier
+        exchanges before it: ``cuaderno.loop.conversation``)."""
+        self.log.add_message({"role": "user", "content": self.state.task})
 
     # -- opening ----------------------------------------------------------------------------------
 
     def _open(self, cp: Checkpoint | None) -> FinalStep | None:
         faults.point("recovery.R0")
-        task_fp = fingerprint({"task": self.task})
-        versions = self.agent.versions()
+        task_fp = fingerprint({"task": self.state.task})
+        versions = self.state.agent.versions()
         events: list[StepEvent] | None = None
         if cp is None:
-            start: RunStart = {"task": self.task, "versions": versions, "tenant": self.s.tenant}
-            self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
-                                         name=self.agent.name, fingerprint=task_fp, payload=dict(start))])
+            start: RunStart = {"task": self.state.task, "versions": versions, "tenant": self.state.s.tenant}
+            self.state.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="start", kind="run",
+                                         name=self.state.agent.name, fingerprint=task_fp, payload=dict(start))])
             cp = Checkpoint(run_id=self.run_id, task_fingerprint=task_fp, versions=versions)
         else:
             # From the latest snapshot and the rows after it when there is a usable one (checked
             # as the whole journal would be; :mod:`._snapshots`), else from the whole journal.
-            tail = _snapshots.tail_open(self, cp, versions)
+            tail = _snapshots.tail_open(self.state, cp, versions)
             checked = tail if tail is not None and self._check_resumable(tail[0], task_fp, versions) is None \
                 else self._checked(task_fp, versions)
             if isinstance(checked, FinalStep):
@@ -97,45 +120,46 @@ class Runner(ModelSteps, ToolSteps):
         # not taken over (``open_only``, checked in the takeover's transaction): it is answered
         # as the closed run it now is.
         try:
-            self.epoch = self.s.ownership.acquire(self.store, self.run_id, self.s.owner, force=self.s.force_takeover,
-                                                  open_only=True)
+            s = self.state.s
+            self.state.epoch = s.ownership.acquire(self.state.store, self.run_id, s.owner, force=s.force_takeover,
+                                                   open_only=True)
         except RunClosed:
-            cp, _ = verified(self.store, self.run_id)
+            cp, _ = verified(self.state.store, self.run_id)
             closed = self._check_resumable(cp, task_fp, versions)
             if closed is not None:
                 return closed
             raise  # ended for the store, open for its journal: a damaged status column, refused
-        self.s.ownership.took(self.where, self)
+        self.state.s.ownership.took(self.state.where, self)
         faults.point("recovery.R3")
         # What was committed before the takeover must all be in the events replayed: read once
         # more, and if the journal grew since it was checked (a forced takeover's previous owner,
         # a person's decision, the version choice above), check it again.
-        latest = self.store.checkpoint(self.run_id)
+        latest = self.state.store.checkpoint(self.run_id)
         if not events or latest is None or (latest.last_seq, latest.last_hash) != (events[-1].seq, events[-1].row_hash):
-            cp, events = verified(self.store, self.run_id)
+            cp, events = verified(self.state.store, self.run_id)
         migrate_seq = 0
         for ev in events:
-            self.journal[(ev.step_id, ev.phase)] = ev
+            self.state.journal[(ev.step_id, ev.phase)] = ev
             if ev.kind in ("model", "tool", "final"):
-                self.unvisited.setdefault(ev.step_id, ev.seq)
+                self.state.unvisited.setdefault(ev.step_id, ev.seq)
             elif ev.kind == "run" and ev.phase.startswith("migrate"):
                 migrate_seq = ev.seq
-        _snapshots.opened(self, events)
+        _snapshots.opened(self.state, events)
         # The pass's span links to the previous pass's; its own marker rides on its first write.
-        self.pass_marker = self.pass_span.opened(self.journal)
+        self.state.pass_marker = self.state.pass_span.opened(self.state.journal)
         if migrate_seq:
-            self.migrate_seq = migrate_seq
+            self.state.migrate_seq = migrate_seq
             self._after_migration(events, migrate_seq)
         # The counters (budgets already spent) and a cancellation that committed while this
         # process was opening the run come from the summary checked against these events.
         # Charged, not just copied: a bound the journal already exceeds (the process died after
         # committing the step that exceeded it, before the run's end) fails the run before any
         # new call, instead of after one more.
-        self.spent = {}
-        self.charge(cp.counters)
-        self.cancel_found = cp.cancel_requested is not None
-        if not self.messages:  # not added yet by the first request's check
-            self._add_message({"role": "user", "content": self.task})
+        self.state.spent = {}
+        self.log.charge(cp.counters)
+        self.state.cancel_found = cp.cancel_requested is not None
+        if not self.state.messages:  # not added yet by the first request's check
+            self._add_task()
         return None
 
     def _checked(self, task_fp: str, versions: dict[str, Any]) -> tuple[Checkpoint, list[StepEvent]] | FinalStep:
@@ -148,7 +172,7 @@ class Runner(ModelSteps, ToolSteps):
         events are replayed after the takeover: only their rebuild is extra (about 3 ms for a
         1000-turn run).
         """
-        cp, events = verified(self.store, self.run_id)
+        cp, events = verified(self.state.store, self.run_id)
         closed = self._check_resumable(cp, task_fp, versions)
         if closed is not None:
             return closed
@@ -168,9 +192,9 @@ class Runner(ModelSteps, ToolSteps):
         is taken over, instead of at its first replayed turn. After a migration the recorded
         turns stand as they were sent: nothing to compare.
         """
-        if not self.messages:
-            self._add_message({"role": "user", "content": self.task})
-        fp = self._request_fingerprint()  # the loop's turn 0 finds it computed (the same chain)
+        if not self.state.messages:
+            self._add_task()
+        fp = self.log.request_fingerprint()  # the loop's turn 0 finds it computed (the same chain)
         step_id = model_step_id(0)
         for ev in events:
             if ev.kind in ("model", "tool", "final") and ev.step_id != step_id:
@@ -188,21 +212,21 @@ class Runner(ModelSteps, ToolSteps):
         below it. Refused here instead, the same way, before the run is taken over. Not when a
         bound is already exceeded: the loop fails that run (a record) before replaying anything.
         """
-        beyond = model_step_id(self.agent.max_turns)
+        beyond = model_step_id(self.state.agent.max_turns)
         seen = next((e for e in events if e.step_id == beyond), None)
         if seen is None:
             return
-        budgets = self.agent.budgets
+        budgets = self.state.agent.budgets
         if any((limit := budgets.limit(name)) is not None and n > limit for name, n in cp.counters.items()):
             return
         name = f" ({seen.name})" if seen.name else ""
         raise ReplayDivergence(self.run_id, beyond, f"{seen.kind} step {beyond}{name} ({seen.phase}) at this point",
-                               f"the end of the run at max_turns={self.agent.max_turns} without reaching it")
+                               f"the end of the run at max_turns={self.state.agent.max_turns} without reaching it")
 
     def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
         # Before anything is written (a migration, a cancel request); the schema before any
         # version choice (not even "resume" may replay events of a newer schema).
-        check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.s.tenant)
+        check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.state.s.tenant)
         if cp.status == "completed":
             return self._closed_answer(cp, versions)
         if cp.status in ("failed", "cancelled"):
@@ -211,7 +235,7 @@ class Runner(ModelSteps, ToolSteps):
             # Resume only if something can settle an uncertain step now (a lookup, or a receiver
             # that deduplicates); otherwise say so again without touching the journal.
             for step_id, evidence in cp.uncertain.items():
-                info = self.tools.info(str(evidence.get("tool")))
+                info = self.state.tools.info(str(evidence.get("tool")))
                 if info is None or (not info.has_lookup and not info.idempotent):
                     raise UncertainEffect(self.run_id, step_id, evidence)
         return None
@@ -229,7 +253,7 @@ class Runner(ModelSteps, ToolSteps):
         """
         mismatch = None
         if cp.versions != versions:
-            choice = self.s.on_version_mismatch
+            choice = self.state.s.on_version_mismatch
             if choice == "refuse":
                 raise VersionMismatch(self.run_id, cp.versions, versions)
             if choice == "drain":
@@ -243,14 +267,14 @@ class Runner(ModelSteps, ToolSteps):
         """Apply ``on_version_mismatch``; ``events`` is the journal ``cp`` was checked against.
         Returns whether the recorded turns are left uncompared: the run was migrated (they stand
         as they were sent), or its cancellation was requested (nothing is replayed)."""
-        choice = self.s.on_version_mismatch
+        choice = self.state.s.on_version_mismatch
         if choice == "resume":
             return False
         if choice == "drain":
             raise DrainOnOldWorker(self.run_id, cp.versions, versions)
         if choice == "cancel":
-            cancel(self.store, self.run_id, f"version mismatch: {cp.versions} -> {versions}; start a new run",
-                   by=self.s.owner, runtime=self.s.runtime, ownership=self.s.ownership)
+            cancel(self.state.store, self.run_id, f"version mismatch: {cp.versions} -> {versions}; start a new run",
+                   by=self.state.s.owner, runtime=self.state.s.runtime, ownership=self.state.s.ownership)
             return True  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
             for started in in_flight(events):
@@ -269,29 +293,29 @@ class Runner(ModelSteps, ToolSteps):
                 raise MigrationFailed(self.run_id, cp.versions, versions) from exc
             n = sum(1 for e in events if e.kind == "run" and e.phase.startswith("migrate")) + 1
             migrated: RunMigrate = {"from": cp.versions, "to": versions, "name": choice.name, "record": record}
-            self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase=f"migrate.{n}", kind="run",
+            self.state.store.append([StepEvent(run_id=self.run_id, step_id="run", phase=f"migrate.{n}", kind="run",
                                          name=choice.name, payload=dict(migrated))])
             return True
         raise VersionMismatch(self.run_id, cp.versions, versions)
 
     def _refuses(self, name: str, arguments: dict[str, Any] | None) -> str | None:
         """Why this agent would refuse a call it must settle (``None``: it accepts it)."""
-        if self.tools.info(name) is None:
+        if self.state.tools.info(name) is None:
             return f"no tool {name!r}"
         if arguments is None:
             return None  # the journal does not say (a custom history): the loop checks it on replay
         try:
-            self.tools.check(name, arguments)
+            self.state.tools.check(name, arguments)
         except ToolError as exc:
             return str(exc)
         return None
 
     def _after_migration(self, events: list[StepEvent], migrate_seq: int) -> None:
         """Recorded turns stand as decided; the first turn after the migration carries a marker."""
-        self.migrated = True
+        self.state.migrated = True
         # Any send after the migration (a re-send of a turn in flight across it, ``intent.N``, too).
         after = [e for e in events if e.kind == "model" and e.phase.startswith("intent") and e.seq > migrate_seq]
-        self.rebase_turn = min((int(view(e, ModelIntent).get("turn", 0)) for e in after), default=None)
+        self.state.rebase_turn = min((int(view(e, ModelIntent).get("turn", 0)) for e in after), default=None)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -302,19 +326,20 @@ class Runner(ModelSteps, ToolSteps):
         is busy on the run except while its caller holds a yielded step, and if another loop took
         the run over meanwhile, it stops (``FencedOut``) instead of going on.
         """
-        own = self.s.ownership
-        where = self.where = own.key(self.store, self.run_id)
-        own.start(where, self, force=self.s.force_takeover)
-        self.pass_span = telemetry.agent_pass(self.agent.name, run_id=self.run_id, model=self.agent.model,
-                                              gateway=self.s.gateway)
-        inner = self.pass_span.drive(self._steps())
+        own = self.state.s.ownership
+        where = self.state.where = own.key(self.state.store, self.run_id)
+        own.start(where, self, force=self.state.s.force_takeover)
+        agent = self.state.agent
+        self.state.pass_span = telemetry.agent_pass(agent.name, run_id=self.run_id, model=agent.model,
+                                              gateway=self.state.s.gateway)
+        inner = self.state.pass_span.drive(self._steps())
         try:
             async for step in inner:
                 own.pause(where, self)
                 yield step
                 if not own.resume(where, self):
-                    cp = self.store.checkpoint(self.run_id)
-                    raise FencedOut(self.run_id, self.epoch, cp.epoch if cp is not None else self.epoch)
+                    cp = self.state.store.checkpoint(self.run_id)
+                    raise FencedOut(self.run_id, self.state.epoch, cp.epoch if cp is not None else self.state.epoch)
         finally:
             # Busy again (if it still holds the run) while the inner loop's clean-up commits the
             # results of finished steps: no other loop may take the run over in between.
@@ -329,39 +354,42 @@ class Runner(ModelSteps, ToolSteps):
         if closed is not None:
             yield closed
             return
+        # Bound once: these run on every step.
+        model_turn, finish, tool_call = self.models.turn, self.models.finish, self.tool_steps.call
+        drain = self.log.drain
         try:
-            if self.cancel_found:
+            if self.state.cancel_found:
                 self._finalize_cancel()
             self._enforce_budgets()
-            for turn in range(self.snaps.start_turn, self.agent.max_turns):
-                response = await self._model_turn(turn)
-                for s in self._drain():
+            for turn in range(self.state.snaps.start_turn, self.state.agent.max_turns):
+                response = await model_turn(turn)
+                for s in drain():
                     yield s
                 self._enforce_budgets()
                 if response is None:
                     continue  # rejected (empty or refused): counted, and the turn is asked again
                 if not response.tool_calls:
-                    self._finish(turn, response)
-                    for s in self._drain():
+                    finish(turn, response)
+                    for s in drain():
                         yield s
                     return
                 for index, call in enumerate(response.tool_calls):
-                    suspended = await self._tool_call(turn, index, call)
-                    for s in self._drain():
+                    suspended = await tool_call(turn, index, call)
+                    for s in drain():
                         yield s
                     self._enforce_budgets()
                     if suspended:
                         self._stop_for_a_person()
                         return
-            self.commit()
-            for s in self._drain():
+            self.log.commit()
+            for s in drain():
                 yield s
             # Recorded steps past the last turn (max_turns lowered since): the journal holds a
             # path this code does not take; ending the run would bury them (an intent among them
             # may have taken effect).
-            self._diverged(f"the end of the run at max_turns={self.agent.max_turns}")
-            self.spent["max_turns"] = self.agent.max_turns
-            self._end_failed("max_turns", self.agent.max_turns)
+            self.log.diverged(f"the end of the run at max_turns={self.state.agent.max_turns}")
+            self.state.spent["max_turns"] = self.state.agent.max_turns
+            self._end_failed("max_turns", self.state.agent.max_turns)
         except RunCancelled:
             self._finalize_cancel()
         except UncertainEffect:
@@ -380,14 +408,14 @@ class Runner(ModelSteps, ToolSteps):
         """The run now waits for a person. A cancellation that came while this loop held the run
         could only write its request (the loop was in the middle of a step): close the run now,
         or it would wait for a decision nobody may take any more."""
-        cp = self.store.checkpoint(self.run_id)
+        cp = self.state.store.checkpoint(self.run_id)
         if cp is not None and cp.cancel_requested is not None and cp.status != "cancelled":
             self._finalize_cancel()
 
     async def _opening(self) -> FinalStep | None:
         """Open the run (see :meth:`_open`); a new run first asks the gateway's preflight."""
-        cp = self.store.checkpoint(self.run_id)
-        preflight = getattr(self.s.gateway, "preflight", None)
+        cp = self.state.store.checkpoint(self.run_id)
+        preflight = getattr(self.state.s.gateway, "preflight", None)
         if preflight is not None and cp is None:
             await preflight()  # an unreachable endpoint fails a new run before its first journal write
         try:
@@ -398,10 +426,10 @@ class Runner(ModelSteps, ToolSteps):
 
     def _release(self) -> None:
         """Let the next process take the run over at once: this loop stopped running it."""
-        if not self.epoch:
+        if not self.state.epoch:
             return  # it never took the run over
         try:
-            self.s.ownership.release(self.store, self.run_id, self.epoch)
+            self.state.s.ownership.release(self.state.store, self.run_id, self.state.epoch)
         except JournalError:
             pass  # the hold then ends with this process (a resumer checks that it is alive)
 
@@ -414,29 +442,27 @@ class Runner(ModelSteps, ToolSteps):
 
     def _flush_results(self) -> None:
         """Commit what is pending except anything that would start new work."""
-        self.pending = [e for e in self.pending if not starts_a_step(e)]
-        self.points = []
-        self.commit()
+        self.log.flush_results()
 
     def _enforce_budgets(self) -> None:
-        if self.over_budget is not None:
-            self.commit()
-            self._end_failed(*self.over_budget)
+        if self.state.over_budget is not None:
+            self.log.commit()
+            self._end_failed(*self.state.over_budget)
 
     def _end_failed(self, budget: str, limit: int) -> None:
         payload: dict[str, Any] = {"status": "failed", "reason": "budget", "budget": budget, "limit": limit,
-                                   "spent": self.spent.get(budget)}
+                                   "spent": self.state.spent.get(budget)}
         # A bound can be found exceeded on opening (lowered since the run started) while a tool
         # step is in flight: the failure record names it, as a cancellation's does.
-        uncertain = in_flight(self.store.load(self.run_id))
+        uncertain = in_flight(self.state.store.load(self.run_id))
         if uncertain:
             payload["uncertain"] = uncertain
-        self.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run", payload=payload)],
-                          epoch=self.epoch)
+        self.state.store.append([StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
+                                           payload=payload)], epoch=self.state.epoch)
         raise BudgetExceeded(self.run_id, budget, limit)
 
     def _finalize_cancel(self) -> NoReturn:
         """Stop for good: journal what was in flight, reconcile what can be, write the record."""
         self._flush_results()  # results of effects that completed before the cancellation still land
-        finalize(self.store, self.run_id, self.epoch)
+        finalize(self.state.store, self.run_id, self.state.epoch)
 
