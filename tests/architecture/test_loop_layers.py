@@ -131,3 +131,17 @@ def test_the_private_write_check_finds_one() -> None:
                              "    self._ok = 3\n    a, state._b = 4, 5\n"}
     assert foreign_private_writes(sources) == ["_snapshots:2 writes state._snaps", "_snapshots:3 writes state._journal",
                                               "_snapshots:5 writes state._b"]
+
+
+def test_the_run_state_is_a_plain_record() -> None:
+    """``RunState`` declares fields only (no method, no property): the behaviour lives in the
+    collaborators that receive it. A slots dataclass: a misspelt field write fails at once."""
+    import dataclasses
+
+    from cuaderno.loop._state import RunState
+
+    tree = ast.parse((LOOP / "_state.py").read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunState")
+    assert [n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))] == []
+    assert dataclasses.is_dataclass(RunState) and "__slots__" in vars(RunState)
+    assert {f.name for f in dataclasses.fields(RunState)} >= {"journal", "pending", "messages", "chain", "snaps"}

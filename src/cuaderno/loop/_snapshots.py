@@ -30,6 +30,11 @@ run). The first model call after a resume rebuilds it from the whole journal, on
 against ``chain`` (:func:`conversation_before`): a resume is ready for its next step in a time
 that does not grow with the run's length, and its first model call pays for reading the run, as
 sending a request that holds the whole conversation does anyway.
+
+These functions receive the run's state (:class:`~._state.RunState`, a plain record) and write
+only ``snaps`` (the :class:`~._state.Cursor`) and, when a resume goes on from a snapshot
+(:func:`opened`), ``unvisited``, ``chain``, ``unhashed`` and ``messages``: the state a whole
+replay of the turns before the snapshot would have left.
 """
 
 from __future__ import annotations
