@@ -19,7 +19,6 @@ from cuaderno.errors import ReplayDivergence
 from cuaderno.events import StepEvent, starts_a_step
 from cuaderno.fingerprint import chain, fingerprint
 from cuaderno.gateway.base import Message
-from cuaderno.journal.base import Checkpointer
 from cuaderno.loop import _snapshots
 from cuaderno.loop._state import RunState
 from cuaderno.loop.steps import Step
@@ -31,23 +30,19 @@ class RunLog:
     """One run's :class:`~cuaderno.durable.StepLog` (what the model-call and effect protocols
     write through) and the loop's shared bookkeeping, over the state ``state``."""
 
-    __slots__ = ("_caps", "run_id", "state")
+    __slots__ = ("_caps", "journal", "run_id", "state", "store")
 
     def __init__(self, state: RunState) -> None:
         self.state = state
         self.run_id = state.run_id
         """The run every staged event belongs to (fixed for the run: a plain attribute)."""
+        # The same objects as the state's, for the empty-generation ladder (it reads them): the
+        # state's ``journal`` dict is filled in place and its ``store`` never replaced.
+        self.journal = state.journal
+        self.store = state.store
         self._caps: durable_log.Capabilities | None = None
 
     # -- what the empty-generation ladder reads (cuaderno.gateway.ladder._Loop) --------------------
-
-    @property
-    def journal(self) -> dict[tuple[str, str], StepEvent]:
-        return self.state.journal
-
-    @journal.setter
-    def journal(self, value: dict[tuple[str, str], StepEvent]) -> None:  # the ladder's protocol declares an attribute
-        self.state.journal = value
 
     @property
     def pending(self) -> list[StepEvent]:
@@ -64,10 +59,6 @@ class RunLog:
     @epoch.setter
     def epoch(self, value: int) -> None:  # the ladder's protocol declares an attribute
         self.state.epoch = value
-
-    @property
-    def store(self) -> Checkpointer:
-        return self.state.store
 
     # -- budgets and shown steps --------------------------------------------------------------------
 
