@@ -48,7 +48,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from cuaderno.errors import LadderExhausted, UsageError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import chain, fingerprint
-from cuaderno.gateway.base import ModelRequest
+from cuaderno.gateway.base import ModelRequest, ToolSchema
 from cuaderno.gateway.empty import Outcome
 
 __all__ = [
@@ -142,14 +142,16 @@ class Rung(Protocol):
         ...
 
 
-def _fitting(fit: Fit, request: ModelRequest) -> list[str] | Skip:
+def _fitting(fit: Fit, request: ModelRequest) -> tuple[ToolSchema, ...] | Skip:
+    """The request's tools that ``fit`` names, in the request's order; both narrowing rungs
+    (:class:`FittingTools`, :class:`NamedTool`) start from this one selection."""
     if not request.tools:
         return Skip("the request has no tools")
     wanted = set(fit(request))
-    names = [str(t["name"]) for t in request.tools if t.get("name") in wanted]
-    if not names:
+    tools = tuple(t for t in request.tools if t.get("name") in wanted)
+    if not tools:
         return Skip("it would remove every tool the task needs (no tool fits)", refused=True)
-    return names
+    return tools
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +172,9 @@ class FittingTools:
     name: str = "fitting_tools"
 
     def apply(self, request: ModelRequest, tiers: tuple[str, ...]) -> _Change | Skip:
-        names = _fitting(self.fit, request)
-        if isinstance(names, Skip):
-            return names
-        tools = tuple(t for t in request.tools if t.get("name") in names)
+        tools = _fitting(self.fit, request)
+        if isinstance(tools, Skip):
+            return tools
         return _Change(dataclasses.replace(request, tools=tools), tiers[0], changed=True)
 
 
@@ -196,12 +197,11 @@ class NamedTool:
     name: str = "named_tool"
 
     def apply(self, request: ModelRequest, tiers: tuple[str, ...]) -> _Change | Skip:
-        names = _fitting(self.fit, request)
-        if isinstance(names, Skip):
-            return names
-        if len(names) > 1:
-            return Skip(f"{len(names)} tools fit, a named choice needs one")
-        tools = tuple(t for t in request.tools if t.get("name") == names[0])
+        tools = _fitting(self.fit, request)
+        if isinstance(tools, Skip):
+            return tools
+        if len(tools) > 1:
+            return Skip(f"{len(tools)} tools fit, a named choice needs one")
         return _Change(dataclasses.replace(request, tools=tools, require_tool=True), tiers[0], changed=True)
 
 

@@ -38,7 +38,7 @@ from cuaderno.telemetry._names import (
     TOKEN_TYPE_OUTPUT,
     Attributes,
 )
-from cuaderno.telemetry._otel import _Instruments, _instruments, _tracer
+from cuaderno.telemetry._otel import _configured, _Instruments
 from cuaderno.telemetry._spans import _CallSpan, _LiveCall, _log, _start
 
 
@@ -213,8 +213,5 @@ def model_call(request: ModelRequest, *, run_id: str, step_id: str, provider: st
         A context manager whose ``__enter__`` returns the :class:`ModelCallSpan` to report to.
         With neither tracing nor metrics configured it is a shared do-nothing handle.
     """
-    tracer = _tracer()
-    instruments = _instruments()
-    if tracer is None and instruments is None:
-        return _NOOP_MODEL_CALL
-    return _LiveModelCall(tracer, instruments, request, run_id, step_id, provider)
+    live = _configured()
+    return _NOOP_MODEL_CALL if live is None else _LiveModelCall(*live, request, run_id, step_id, provider)

@@ -134,6 +134,14 @@ _instruments: Final = _meters.get
 """The instruments to use now, or ``None`` when metrics are the API's no-op."""
 
 
+def _configured() -> tuple[Tracer | None, _Instruments | None] | None:
+    """The tracer and the instruments a call reports to, or ``None`` when neither tracing nor
+    metrics is configured: every call kind (model, tool) then returns its shared do-nothing handle
+    and allocates nothing."""
+    tracer, instruments = _tracer(), _instruments()
+    return None if tracer is None and instruments is None else (tracer, instruments)
+
+
 def configure(*, tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None) -> None:
     """Use these providers instead of the global ones; pass nothing to go back to the globals.
 

@@ -19,7 +19,7 @@ from cuaderno.telemetry._names import (
     OPERATION_EXECUTE_TOOL,
     Attributes,
 )
-from cuaderno.telemetry._otel import _Instruments, _instruments, _tracer
+from cuaderno.telemetry._otel import _configured, _Instruments
 from cuaderno.telemetry._spans import _CallSpan, _LiveCall, _start
 
 
@@ -86,8 +86,5 @@ def tool_call(name: str, *, run_id: str, step_id: str, call_id: str | None = Non
         A context manager whose ``__enter__`` returns the :class:`ToolCallSpan` to report to.
         With neither tracing nor metrics configured it is a shared do-nothing handle.
     """
-    tracer = _tracer()
-    instruments = _instruments()
-    if tracer is None and instruments is None:
-        return _NOOP_TOOL_CALL
-    return _LiveToolCall(tracer, instruments, name, run_id, step_id, call_id)
+    live = _configured()
+    return _NOOP_TOOL_CALL if live is None else _LiveToolCall(*live, name, run_id, step_id, call_id)
