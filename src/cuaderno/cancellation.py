@@ -19,7 +19,8 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn, TypedDict
 
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
@@ -235,7 +236,17 @@ def finalize(store: Checkpointer, run_id: str, epoch: int) -> NoReturn:
     raise JournalError(f"run {run_id!r} kept changing while its cancellation was being recorded")
 
 
-def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: dict[str, Any], epoch: int,
+class CompletedEffect(TypedDict):
+    """A ``completed`` entry of a cancelled run's record: a tool step whose effect happened. Read
+    back by people and by ``compensate`` (which finds the step's result by ``step_id``)."""
+
+    step_id: str
+    tool: str | None
+    effect_key: str | None
+    """The effect's identity, as the intent journaled it: what the external service saw."""
+
+
+def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: Mapping[str, object], epoch: int,
           asked: list[StepEvent] | None = None) -> dict[str, Any]:
     """Close a cancelled run with the record of ``journal`` (after ``asked``, the request when it
     is not written yet), compare-and-set: :class:`~cuaderno.errors.RunChanged` if anything was
@@ -276,13 +287,13 @@ def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> d
             "evidence": (by_key.get((intent.step_id, "uncertain")) or intent).payload}
 
 
-def cancellation_record(events: list[StepEvent], request: dict[str, Any]) -> dict[str, Any]:
+def cancellation_record(events: list[StepEvent], request: Mapping[str, object]) -> dict[str, Any]:
     """What a cancelled run keeps, derived from its journal alone."""
     by_key = {(e.step_id, e.phase): e for e in events}
-    completed: list[dict[str, Any]] = []
-    uncertain: list[dict[str, Any]] = []
+    completed: list[CompletedEffect] = []
+    uncertain: list[Mapping[str, object]] = []
     not_started: list[str] = []
-    cleanup: list[dict[str, Any]] = []
+    cleanup: list[Mapping[str, object]] = []
     for ev in events:
         if ev.kind == "tool" and ev.phase == "intent":
             result = by_key.get((ev.step_id, "result"))

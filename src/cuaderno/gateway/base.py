@@ -19,6 +19,7 @@ written before it must keep loading.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -155,7 +156,7 @@ class ModelResponse:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ModelResponse:
+    def from_json(cls, data: Mapping[str, Any]) -> ModelResponse:
         """Rebuild from :meth:`to_json` output. Fields absent in old journals take their defaults."""
         return cls(
             text=data.get("text") or "",

@@ -63,8 +63,13 @@ from cuaderno.temporal._names import (
     TASK_REF,
     TOOL_CALL,
     WORKER_SHUTDOWN,
+    EarlierSteps,
+    JournalMark,
     ModelTurnInput,
     RecordInput,
+    Replayed,
+    ReplayedModel,
+    ReplayedTool,
     ReplayInput,
     RunInput,
     ToolCallInput,
@@ -433,7 +438,7 @@ class CuadernoActivities:
 
 
     @activity.defn(name=REPLAY_RUN)
-    async def replay_run(self, inp: ReplayInput) -> dict[str, Any]:
+    async def replay_run(self, inp: ReplayInput) -> Replayed:
         """Every journaled model response and tool outcome of the run, as the workflow received
         them (large tool values as references). Asked only by runs continued before journal
         marks existed (kept forever: their histories schedule it); a run continued now reads
@@ -443,7 +448,7 @@ class CuadernoActivities:
         return replayed(self.store.load(inp.run_id) if self.store.checkpoint(inp.run_id) is not None else [])
 
     @activity.defn(name=JOURNAL_MARK)
-    async def journal_mark(self, inp: ReplayInput) -> dict[str, Any] | None:
+    async def journal_mark(self, inp: ReplayInput) -> JournalMark | None:
         """The run's last row in this journal (``{"seq", "hash"}``, ``None`` if it has none): what a
         continue-as-new carries, a few dozen bytes whatever the run's length.
 
@@ -454,7 +459,7 @@ class CuadernoActivities:
         if self.store.checkpoint(inp.run_id) is None:
             return None
         events = self.store.load(inp.run_id)
-        mark = {"seq": events[-1].seq, "hash": events[-1].row_hash}
+        mark: JournalMark = {"seq": events[-1].seq, "hash": events[-1].row_hash}
         _keep(self.journal_url, inp.run_id, mark, _to_mark(events))
         return mark
 
@@ -492,11 +497,11 @@ def returned(step_id: str, value: Any) -> Any:
     return {REF: step_id, "sha256": hashlib.sha256(text.encode()).hexdigest()[:16], "bytes": len(text.encode())}
 
 
-def replayed(events: list[StepEvent]) -> dict[str, Any]:
+def replayed(events: list[StepEvent]) -> Replayed:
     """The journaled model responses and tool outcomes, by step id, exactly as the activities
     returned them to the workflow: what a continued run replays its earlier steps from."""
-    model: dict[str, Any] = {}
-    tools: dict[str, Any] = {}
+    model: dict[str, ReplayedModel] = {}
+    tools: dict[str, ReplayedTool] = {}
     for ev in events:
         if ev.phase != "result":
             continue
@@ -505,16 +510,16 @@ def replayed(events: list[StepEvent]) -> dict[str, Any]:
             model[ev.step_id] = {"key": answer.get("key"), "response": answer.get("response")}
         elif ev.kind == "tool":
             result = view(ev, ToolResult)
-            out: dict[str, Any] = {"effect_key": result.get("effect_key"), "outcome": result.get("outcome")}
+            out: ReplayedTool = {"effect_key": result.get("effect_key"), "outcome": result.get("outcome")}
             if result.get("outcome") == "error":
-                out["error"] = result.get("error")
+                out["error"] = result["error"]  # an error outcome always journals its error
             else:
                 out["value"] = returned(ev.step_id, result.get("value"))
             tools[ev.step_id] = out
     return {"model": model, "tools": tools}
 
 
-def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any]:
+def read_to_mark(agent: str, run_id: str, mark: JournalMark) -> EarlierSteps:
     """What :func:`replayed` gives for the run's rows up to ``mark``, and the run's task (its
     ``run start`` row), read in workflow code.
 
@@ -556,7 +561,7 @@ def read_to_mark(agent: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any
     return _to_mark(upto)
 
 
-def _to_mark(upto: list[StepEvent]) -> dict[str, Any]:
+def _to_mark(upto: list[StepEvent]) -> EarlierSteps:
     """What a continued run needs of the rows up to its mark: :func:`replayed`, and the task."""
     start = next((e for e in upto if e.step_id == "run" and e.phase == "start"), None)
     return {**replayed(upto), "task": None if start is None else view(start, RunStart).get("task")}
@@ -564,18 +569,18 @@ def _to_mark(upto: list[StepEvent]) -> dict[str, Any]:
 
 MARKS_KEPT: Final = 8
 """Continued runs whose earlier steps a worker keeps in memory for their first workflow task."""
-_MARKS: OrderedDict[tuple[str, str, int, str], dict[str, Any]] = OrderedDict()
+_MARKS: OrderedDict[tuple[str, str, int, str], EarlierSteps] = OrderedDict()
 _MARKS_LOCK = threading.Lock()  # the activities' thread writes, workflow threads read
 
 
-def _keep(url: str, run_id: str, mark: dict[str, Any], value: dict[str, Any]) -> None:
+def _keep(url: str, run_id: str, mark: JournalMark, value: EarlierSteps) -> None:
     with _MARKS_LOCK:
         _MARKS[(url, run_id, int(mark["seq"]), str(mark["hash"]))] = value
         while len(_MARKS) > MARKS_KEPT:
             _MARKS.popitem(last=False)
 
 
-def _kept(url: str, run_id: str, mark: dict[str, Any]) -> dict[str, Any] | None:
+def _kept(url: str, run_id: str, mark: JournalMark) -> EarlierSteps | None:
     """What :func:`read_to_mark` would read, if the ``journal_mark`` activity of this worker read
     the same rows (same journal, run, seq and row hash: the hash chain makes them the same rows)."""
     with _MARKS_LOCK:

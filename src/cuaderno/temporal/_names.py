@@ -9,12 +9,14 @@ the same shape. New fields may be added with defaults; nothing here is renamed o
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Required, TypedDict
 
+from cuaderno.events.payloads import Response
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["JOURNAL_MARK", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
+__all__ = ["EarlierSteps", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -32,6 +34,48 @@ WORKER_SHUTDOWN: Final = "WorkerShutdown"
 """The failure type an activity reports when its worker shuts down under it (a deploy)."""
 
 
+class JournalMark(TypedDict):
+    """The run's last row in the activities' journal when a run continued-as-new: the next run
+    reads the journal up to it. Both fields are checked against that row (same seq, same row
+    hash), so a journal restored from an older copy, or another journal, is refused."""
+
+    seq: int
+    hash: str
+
+
+class ReplayedModel(TypedDict):
+    """A model step journaled by an earlier run of the workflow: handed back when the loop asks
+    again with the same ``key`` (a different key is a different send)."""
+
+    key: str | None
+    response: Response | None
+
+
+class ReplayedTool(TypedDict, total=False):
+    """A tool step journaled by an earlier run of the workflow: handed back when the loop asks
+    with the same ``effect_key``; ``error`` when its outcome was one, else ``value`` (a large
+    value as a reference to its row, :data:`REF`)."""
+
+    effect_key: Required[str | None]
+    outcome: Required[str | None]
+    error: Mapping[str, Any]
+    value: Any
+
+
+class Replayed(TypedDict):
+    """What earlier runs of a workflow journaled, by step id (the ``replay_run`` activity's result)."""
+
+    model: dict[str, ReplayedModel]
+    tools: dict[str, ReplayedTool]
+
+
+class EarlierSteps(Replayed, total=False):
+    """:class:`Replayed` read up to a :class:`JournalMark`, with the run's task from its ``run
+    start`` row (``None`` when the rows hold none)."""
+
+    task: str | None
+
+
 @dataclass
 class RunInput:
     """The workflow's input (and what a continue-as-new carries): the run is the workflow id.
@@ -46,7 +90,7 @@ class RunInput:
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_history_events: int = 0
     """Continue-as-new once the history holds this many events (0: when the server suggests it)."""
-    mark: dict[str, Any] | None = None
+    mark: JournalMark | None = None
     """Set by a continue-as-new: ``{"seq", "hash"}`` of the run's last row in the activities'
     journal when the earlier run ended. The new run reads the journal up to that row (rows there
     never change: append-only and hash-chained, the hash checked) instead of carrying results in

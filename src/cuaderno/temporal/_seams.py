@@ -15,6 +15,7 @@ caller and tool executor. Everything here runs inside workflow code: determinist
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from temporalio import workflow
@@ -35,6 +36,8 @@ from cuaderno.temporal._names import (
     TOOL_CALL,
     WORKER_SHUTDOWN,
     ModelTurnInput,
+    ReplayedModel,
+    ReplayedTool,
     ToolCallInput,
     slim_input,
 )
@@ -156,13 +159,13 @@ class ActivityModelCaller:
     """
 
     def __init__(self, agent: str, tenant: str, policy: EffectPolicy,
-                 replayed: dict[str, Any] | None = None, tools: ActivityTools | None = None,
+                 replayed: dict[str, ReplayedModel] | None = None, tools: ActivityTools | None = None,
                  task: str | None = None) -> None:
         self.agent, self.tenant, self.policy = agent, tenant, policy
         self.task = task
         """The run's task: its message is sent as :data:`TASK_REF` (the activity reads the task from
         the workflow's start event, then from the journal), not as a second copy of its text."""
-        self.replayed: dict[str, Any] = replayed or {}
+        self.replayed: dict[str, ReplayedModel] = replayed or {}
         """Responses journaled by earlier runs of this workflow (continue-as-new), by step id."""
         self.tools = tools
         """Names the tool step whose journaled result a tool message holds (sent as a reference)."""
@@ -206,7 +209,8 @@ class ActivityModelCaller:
                              send=1 + failed.count(ErrorClass.AMBIGUOUS),
                              retries=sum(1 for c in failed if c is not ErrorClass.AMBIGUOUS))
         known = self.replayed.get(step_id)
-        if known is not None and known.get("key") == idempotency_key:
+        # A journaled failure (no response) is no answer: the activity finds it and fails typed.
+        if known is not None and known.get("key") == idempotency_key and known["response"] is not None:
             return self._answered(step_id, len(messages), known["response"])
         while True:
             inp.lost = self._lost.get(step_id, 0)
@@ -257,7 +261,7 @@ class ActivityModelCaller:
         return GatewayError(f"model activity failed: {exc.cause or exc}", error_class=ErrorClass.AMBIGUOUS,
                             sent=True)
 
-    def _answered(self, step_id: str, sent: int, data: dict[str, Any]) -> ModelResponse:
+    def _answered(self, step_id: str, sent: int, data: Mapping[str, Any]) -> ModelResponse:
         """Remember what the activities now know: the messages sent, this response (as the loop
         will write its assistant message) and its tool calls, by the tool step each becomes."""
         response = ModelResponse.from_json(data)  # the result may omit defaults (slim_response)
@@ -272,10 +276,10 @@ class ActivityTools(AgentTools):
     """The agent's declarations in the workflow; tool bodies and lookups in activities."""
 
     def __init__(self, agent_name: str, tools: Any, policy: EffectPolicy, tenant: str,
-                 replayed: dict[str, Any] | None = None) -> None:
+                 replayed: dict[str, ReplayedTool] | None = None) -> None:
         super().__init__(tools)
         self.agent_name, self.policy, self.tenant = agent_name, policy, tenant
-        self.replayed: dict[str, Any] = replayed or {}
+        self.replayed: dict[str, ReplayedTool] = replayed or {}
         """Tool outcomes journaled by earlier runs of this workflow (continue-as-new), by step id."""
         self._ran: dict[str, tuple[str, str] | None] = {}
         """The model's call id -> (tool step, canonical result) the tool activity journaled; ``None``

@@ -43,7 +43,17 @@ from cuaderno.loop.agent import Agent, Session
 from cuaderno.loop.agent import RetryPolicy as LoopRetry
 from cuaderno.loop.steps import FinalStep
 from cuaderno.temporal._activities import read_to_mark
-from cuaderno.temporal._names import JOURNAL_MARK, RECORD, REPLAY_RUN, WORKFLOW, RecordInput, ReplayInput, RunInput
+from cuaderno.temporal._names import (
+    JOURNAL_MARK,
+    RECORD,
+    REPLAY_RUN,
+    WORKFLOW,
+    EarlierSteps,
+    JournalMark,
+    RecordInput,
+    ReplayInput,
+    RunInput,
+)
 from cuaderno.temporal._profiles import CODE, EffectPolicy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 
@@ -160,7 +170,7 @@ class CuadernoWorkflow:
             # The run stopped for a person: apply a decision carried over, or wait for one.
             await self._decide_pending()
 
-    def _task(self, inp: RunInput, replayed: dict[str, Any]) -> str:
+    def _task(self, inp: RunInput, replayed: EarlierSteps) -> str:
         """The run's task: the input's, or the journal's run start row (a continue-as-new that
         carried the task by reference)."""
         if not inp.task_in_journal:
@@ -198,7 +208,7 @@ class CuadernoWorkflow:
                                             start_to_close_timeout=CODE.timeout,
                                             retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
 
-    async def _earlier_steps(self, inp: RunInput) -> dict[str, Any]:
+    async def _earlier_steps(self, inp: RunInput) -> EarlierSteps:
         """What earlier runs of this workflow journaled (continue-as-new), by step: none on a first run."""
         if inp.mark is not None:
             # The journal up to the row the earlier run ended at (read here, deterministically),
@@ -206,18 +216,18 @@ class CuadernoWorkflow:
             return read_to_mark(inp.agent, self.run_id, inp.mark)
         if workflow.info().continued_run_id is not None:
             # Continued before marks existed: one activity for everything the earlier runs journaled.
-            replayed: dict[str, Any] = await workflow.execute_activity(
+            replayed: EarlierSteps = await workflow.execute_activity(
                 REPLAY_RUN, ReplayInput(agent=inp.agent, run_id=self.run_id), result_type=dict,
                 start_to_close_timeout=CODE.timeout, retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
             return replayed
         return {"model": {}, "tools": {}}
 
-    async def _mark(self, inp: RunInput) -> dict[str, Any] | None:
+    async def _mark(self, inp: RunInput) -> JournalMark | None:
         """The journal's last row of this run, for the next run (``None``: it asks replay_run).
         Behind a patch: a history that continued-as-new without asking it still replays."""
         if not workflow.patched("cuaderno.journal-mark"):
             return None
-        mark: dict[str, Any] | None = await workflow.execute_activity(
+        mark: JournalMark | None = await workflow.execute_activity(
             JOURNAL_MARK, ReplayInput(agent=inp.agent, run_id=self.run_id), result_type=dict,
             start_to_close_timeout=CODE.timeout, retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
         return mark
