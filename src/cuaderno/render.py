@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import shlex
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NotRequired, TypedDict
 
 from rich import box
 from rich.console import Console
@@ -32,6 +32,11 @@ __all__ = [
     "COUNTER_GROUPS",
     "ENDED_STATUSES",
     "GROUPED_COUNTERS",
+    "CompensationState",
+    "CostSummary",
+    "RunSummary",
+    "StateFields",
+    "TimelineRow",
     "approval_step",
     "clean",
     "cost_summary",
@@ -110,7 +115,66 @@ def _heading(console: Console, title: str) -> None:
 # -- plain data (also the --json shapes) --------------------------------------------------------------
 
 
-def cost_summary(cp: Checkpoint) -> dict[str, Any]:
+class CostSummary(TypedDict):
+    """A run's cost in ``--json`` output (``cost``): never hides unpriced calls."""
+
+    usd: float
+    """The sum of priced calls only."""
+    calls_paid: int
+    unpriced_calls: int
+    complete: bool
+    """``usd`` is the whole cost: no call was unpriced."""
+    upper_usd: NotRequired[float | None]
+    """``show --json``: what the providers may have billed (known + possibly doubled); ``None``
+    when the events were not read (``--no-timeline``)."""
+
+
+class StateFields(TypedDict, total=False):
+    """What the run does now (:func:`cuaderno.operations.run_state`); absent when not asked."""
+
+    state: str
+    waiting_for: str | None
+    held_by: str | None
+
+
+class RunSummary(StateFields):
+    """One row of ``cuaderno list --json``."""
+
+    run_id: str
+    status: str
+    next_step: str
+    model_calls: int
+    tool_calls: int
+    cost: CostSummary
+    pending_approvals: int
+    uncertain: int
+
+
+class TimelineRow(TypedDict):
+    """One event of ``show --json``'s ``timeline``: the row's header, never its payload."""
+
+    seq: int
+    step_id: str
+    phase: str
+    kind: str
+    name: str | None
+    decision: str | None
+    fingerprint: str | None
+    created_at: str
+    """ISO 8601, UTC, to the millisecond."""
+
+
+class CompensationState(TypedDict):
+    """Where one compensation a cancellation scheduled stands (``show --json``'s ``compensations``)."""
+
+    step_id: str
+    """The compensation's own step (``cleanupNN``)."""
+    for_step: object
+    """The step whose effect it undoes, as the cancellation record names it."""
+    state: str
+
+
+def cost_summary(cp: Checkpoint) -> CostSummary:
     """What the run cost, never hiding unpriced calls: ``usd`` is the sum of priced calls only."""
     unpriced = cp.count("unpriced_calls")
     return {"usd": cp.cost_usd, "calls_paid": cp.count("calls_paid"), "unpriced_calls": unpriced,
@@ -137,16 +201,16 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
-def _pending(cp: Checkpoint) -> dict[str, dict[str, Any]]:
+def _pending(cp: Checkpoint) -> Mapping[str, Mapping[str, Any]]:
     """The approvals a person can still decide: none once the run ended, whatever it requested."""
     return {} if cp.status in ENDED_STATUSES else cp.pending
 
 
-def _pending_list(cp: Checkpoint) -> list[dict[str, Any]]:
+def _pending_list(cp: Checkpoint) -> list[Mapping[str, Any]]:
     return [{"step_id": step_id, **entry} for step_id, entry in sorted(_pending(cp).items())]
 
 
-def _state_fields(state: RunState | None) -> dict[str, Any]:
+def _state_fields(state: RunState | None) -> StateFields:
     """``state``, ``waiting_for`` and ``held_by`` (see :func:`cuaderno.operations.run_state`):
     what the run does now. ``status`` is the journal's; ``state`` is ``running`` only while a live
     process holds the run."""
@@ -155,7 +219,7 @@ def _state_fields(state: RunState | None) -> dict[str, Any]:
     return {"state": state["state"], "waiting_for": state["waiting_for"], "held_by": state["held_by"]}
 
 
-def run_summary(cp: Checkpoint, state: RunState | None = None) -> dict[str, Any]:
+def run_summary(cp: Checkpoint, state: RunState | None = None) -> RunSummary:
     """One row of ``cuaderno list --json``."""
     return {"run_id": cp.run_id, "status": cp.status, **_state_fields(state), "next_step": cp.next_step,
             "model_calls": cp.count("model_calls"), "tool_calls": cp.count("tool_calls"),
@@ -167,7 +231,7 @@ def iso_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _event_json(ev: StepEvent) -> dict[str, Any]:
+def _event_json(ev: StepEvent) -> TimelineRow:
     return {"seq": ev.seq, "step_id": ev.step_id, "phase": ev.phase, "kind": ev.kind, "name": ev.name,
             "decision": ev.decision, "fingerprint": ev.fingerprint, "created_at": iso_time(ev.created_at)}
 
@@ -373,13 +437,13 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
         _render_timeline(console, events)
 
 
-def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[dict[str, Any]]:
+def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[CompensationState]:
     """Where each compensation the cancellation scheduled stands, from the journal: the record's
     ``status`` is what was scheduled when the run closed, this is what happened since."""
     if cp.status != "cancelled":
         return []
     by_key = {(e.step_id, e.phase): e for e in events}
-    out = []
+    out: list[CompensationState] = []
     for index, entry in enumerate((cp.outcome or {}).get("cleanup") or []):
         step_id = f"cleanup{index:02d}"
         result = by_key.get((step_id, "result"))
@@ -395,7 +459,7 @@ def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[dict[str,
     return out
 
 
-def _render_pending_entry(console: Console, cp: Checkpoint, entry: dict[str, Any], *,
+def _render_pending_entry(console: Console, cp: Checkpoint, entry: Mapping[str, Any], *,
                           decidable: bool = True, db: str | None = None) -> None:
     step_id = str(entry.get("step_id"))
     fingerprint = entry.get("fingerprint")
@@ -457,7 +521,7 @@ def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
     _print_table(console, table)
 
 
-def render_pending_call(console: Console, run_id: str, step_id: str, entry: dict[str, Any], verb: str) -> None:
+def render_pending_call(console: Console, run_id: str, step_id: str, entry: Mapping[str, Any], verb: str) -> None:
     """What a decision is about to be written for: the tool, its exact arguments and their fingerprint."""
     _line(console, Text(f"{verb} ", style="bold"), f"run {clean(run_id)}, step {clean(step_id)}",
           f" (tool step {clean(str(entry.get('tool_step')))})")
