@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cuaderno.errors import GatewayError, StreamInterrupted, clipped
@@ -189,8 +190,20 @@ def _index(value: object, default: int) -> int:
     return value if type(value) is int else default
 
 
-def _dict(value: object) -> dict[str, Any]:
+def _dict(value: object) -> Mapping[str, Any]:
+    """A JSON object of the stream as it came, or an empty one: a field of another type is read
+    as absent, never trusted."""
     return value if isinstance(value, dict) else {}
+
+
+@dataclass(slots=True)
+class _CallDeltas:
+    """One tool call's deltas folded so far (by its ``index`` in the chunks)."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+    """The model's text, concatenated: parsed (or kept) by the gateway, like a non-streamed body's."""
 
 
 class OpenAIEvents:
@@ -200,11 +213,11 @@ class OpenAIEvents:
         self.done = False
         self.text_chars = 0
         self.usage_known = False
-        self._top: dict[str, Any] = {}
+        self._top: dict[str, str] = {}
         self._text: list[str] = []
         self._reasoning: list[str] = []
         self._refusal: list[str] = []
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, _CallDeltas] = {}
         self._finish: str | None = None
         self._native_finish: str | None = None
         self._usage: Any = None
@@ -217,7 +230,7 @@ class OpenAIEvents:
         chunk = _dict(data)
         for field in ("id", "model"):
             if isinstance(chunk.get(field), str):
-                self._top.setdefault(field, chunk[field])
+                self._top.setdefault(field, str(chunk[field]))
         if chunk.get("usage") is not None:
             self._usage = chunk["usage"]
             self.usage_known = True
@@ -241,7 +254,7 @@ class OpenAIEvents:
             self.text_chars += len(content)
             on_token(content)
 
-    def _side(self, delta: dict[str, Any]) -> None:
+    def _side(self, delta: Mapping[str, Any]) -> None:
         """Reasoning, refusal and tool-call deltas: folded, never shown as tokens."""
         for key in ("reasoning_content", "reasoning"):
             if isinstance(delta.get(key), str):
@@ -251,26 +264,26 @@ class OpenAIEvents:
         for call in delta.get("tool_calls") or ():
             call = _dict(call)
             index = _index(call.get("index"), len(self._calls))
-            into = self._calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
+            into = self._calls.setdefault(index, _CallDeltas())
             if isinstance(call.get("id"), str):
-                into["id"] = call["id"]
+                into.id = call["id"]
             function = _dict(call.get("function"))
             if isinstance(function.get("name"), str):
-                into["name"] += function["name"]
+                into.name += function["name"]
             if isinstance(function.get("arguments"), str):
-                into["arguments"] += function["arguments"]
+                into.arguments += function["arguments"]
 
     def body(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text)}
+        message: dict[str, object] = {"role": "assistant", "content": "".join(self._text)}
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)
         if self._refusal:
             message["refusal"] = "".join(self._refusal)
         if self._calls:
-            message["tool_calls"] = [{"id": c["id"], "type": "function",
-                                      "function": {"name": c["name"], "arguments": c["arguments"]}}
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}}
                                      for _, c in sorted(self._calls.items())]
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self._finish}
+        choice: dict[str, object] = {"index": 0, "message": message, "finish_reason": self._finish}
         if self._native_finish is not None:
             choice["native_finish_reason"] = self._native_finish
         body: dict[str, Any] = {**self._top, "object": "chat.completion", "choices": [choice]}
@@ -289,10 +302,10 @@ class AnthropicEvents:
         self.text_chars = 0
         self.usage_known = False
         self._provider = provider
-        self._message: dict[str, Any] = {}
-        self._blocks: dict[int, dict[str, Any]] = {}
+        self._message: dict[str, str] = {}
+        self._blocks: dict[int, dict[str, object]] = {}
         self._json: dict[int, list[str]] = {}
-        self._usage: dict[str, Any] = {}
+        self._usage: dict[str, object] = {}
         self._stop: Any = None
 
     def event(self, name: str | None, data: Any, on_token: OnToken) -> None:
@@ -334,7 +347,7 @@ class AnthropicEvents:
                                     f"{self.text_chars} characters of text; the provider may bill the answer")
 
     def body(self) -> dict[str, Any]:
-        content: list[dict[str, Any]] = []
+        content: list[dict[str, object]] = []
         for index, block in sorted(self._blocks.items()):
             block = dict(block)
             if block.get("type") == "tool_use" and index in self._json:

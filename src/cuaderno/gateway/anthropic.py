@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import anthropic
 import httpx2
+from anthropic.types import ContentBlockParam, MessageParam, ToolParam, ToolResultBlockParam
 
 from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway._common import (
@@ -210,34 +211,43 @@ class AnthropicGateway(SdkGateway):
                              **common)
 
 
-def to_anthropic_messages(request: ModelRequest) -> list[dict[str, Any]]:
+def to_anthropic_messages(request: ModelRequest) -> list[MessageParam]:
     """The neutral conversation as Messages API turns (the system prompt goes separately)."""
-    out: list[dict[str, Any]] = []
+    turns: list[tuple[_Role, list[ContentBlockParam]]] = []
     for message in request.messages:
         role, blocks = _to_blocks(message)
         if not blocks:
             continue
-        if out and out[-1]["role"] == role:
+        if turns and turns[-1][0] == role:
             # Merge same-role neighbours: tool results and a following user text form one user turn.
-            out[-1]["content"].extend(blocks)
+            turns[-1][1].extend(blocks)
         else:
-            out.append({"role": role, "content": blocks})
-    return out
+            turns.append((role, blocks))
+    return [_turn(role, blocks) for role, blocks in turns]
 
 
-def _to_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+def _turn(role: _Role, blocks: list[ContentBlockParam]) -> MessageParam:
+    if role == "user":
+        return {"role": "user", "content": blocks}
+    return {"role": "assistant", "content": blocks}
+
+
+_Role = Literal["user", "assistant"]
+
+
+def _to_blocks(message: Message) -> tuple[_Role, list[ContentBlockParam]]:
     role = message.get("role")
     content = message.get("content")
     text = content if isinstance(content, str) else ("" if content is None else str(content))
     if role == "user":
         return "user", [{"type": "text", "text": text}] if text else []
     if role == "tool":
-        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": text}
+        block: ToolResultBlockParam = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": text}
         if message.get("is_error"):
             block["is_error"] = True
         return "user", [block]
     if role == "assistant":
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        blocks: list[ContentBlockParam] = [{"type": "text", "text": text}] if text else []
         for call in message.get("tool_calls") or []:
             blocks.append({"type": "tool_use", "id": call["id"], "name": call["name"],
                            "input": call.get("arguments") or {}})
@@ -245,8 +255,8 @@ def _to_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
     raise UsageError(f"unknown message role {role!r}; expected user, assistant or tool")
 
 
-def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": tool["name"],
+def _tool_schema(tool: Mapping[str, Any]) -> ToolParam:
+    out: ToolParam = {"name": tool["name"],
                            "input_schema": tool.get("parameters") or {"type": "object", "properties": {}}}
     if tool.get("description"):
         out["description"] = tool["description"]

@@ -23,6 +23,12 @@ from typing import Any
 
 import httpx2
 import openai
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
+from openai.types.shared_params import FunctionDefinition
 
 from cuaderno.errors import UsageError
 from cuaderno.gateway._common import (
@@ -175,9 +181,9 @@ class OpenAIGateway(SdkGateway):
                              refusal=_str(message.get("refusal")), **common)
 
 
-def to_openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
+def to_openai_messages(request: ModelRequest) -> list[ChatCompletionMessageParam]:
     """The neutral conversation in chat-completions form, system prompt first."""
-    out: list[dict[str, Any]] = []
+    out: list[ChatCompletionMessageParam] = []
     if request.instructions:
         out.append({"role": "system", "content": request.instructions})
     for message in request.messages:
@@ -185,7 +191,7 @@ def to_openai_messages(request: ModelRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _to_openai_message(message: Message) -> dict[str, Any]:
+def _to_openai_message(message: Message) -> ChatCompletionMessageParam:
     role = message.get("role")
     if role == "user":
         return {"role": "user", "content": _content_text(message.get("content"))}
@@ -196,12 +202,11 @@ def _to_openai_message(message: Message) -> dict[str, Any]:
     if role == "assistant":
         calls = message.get("tool_calls") or []
         # "" rather than null: some compatible servers reject a null content beside tool calls.
-        out: dict[str, Any] = {"role": "assistant", "content": _content_text(message.get("content"))}
+        out: ChatCompletionAssistantMessageParam = {"role": "assistant",
+                                                    "content": _content_text(message.get("content"))}
         if calls:
             out["tool_calls"] = [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": _arguments_text(c)}} for c in calls]
-        elif out["content"] is None:
-            out["content"] = ""
         return out
     raise UsageError(f"unknown message role {role!r}; expected user, assistant or tool")
 
@@ -220,8 +225,8 @@ def _content_text(content: object) -> str:
     return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
-def _tool_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool["name"],
+def _tool_schema(tool: Mapping[str, Any]) -> ChatCompletionFunctionToolParam:
+    function: FunctionDefinition = {"name": tool["name"],
                                 "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}
     if tool.get("description"):
         function["description"] = tool["description"]
