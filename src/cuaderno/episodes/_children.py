@@ -6,6 +6,7 @@ under Temporal each is a child workflow (:mod:`cuaderno.temporal._child`). Both 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,7 +46,7 @@ class ChildOutcome:
     """The child run's status: ``completed`` (``output`` holds its answer), ``failed``, ``cancelled``."""
     output: str | None
     """The final answer's text, or ``None`` when the child ended without one."""
-    outcome: dict[str, Any] = field(default_factory=dict[str, Any])
+    outcome: Mapping[str, Any] = field(default_factory=dict[str, Any])
     """The child checkpoint's outcome (why it ended: a budget, a bug, a cancellation)."""
     turns: int = 0
     rejected: int = 0
@@ -58,7 +59,7 @@ class ChildOutcome:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChildOutcome:
+    def from_json(cls, data: Mapping[str, Any]) -> ChildOutcome:
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
 

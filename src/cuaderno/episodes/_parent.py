@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypedDict
 
 from cuaderno import faults
 from cuaderno.cancellation import finalize
@@ -55,6 +56,16 @@ their loop names: a child that ran out of, say, ``repairs`` ended on its loop's 
 
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
+
+
+class _Totals(TypedDict):
+    """What a parent's end record says of all its passes (read back by people and ``show``; the
+    parent's own result comes from its passes' results, not from these)."""
+
+    passes: int
+    turns: int
+    rejected: int
+    cost_usd: float
 
 
 @dataclass(kw_only=True, slots=True)
@@ -321,20 +332,20 @@ class _ParentRun(Generic[T]):
         return EpisodeResult(status=status, reason=reason, proposal=self.proposal, receipt=receipt,
                              passes=tuple(self.tally.passes))
 
-    def _end_exhausted(self, budget: str, payload: dict[str, Any]) -> EpisodeResult[T]:
+    def _end_exhausted(self, budget: str, payload: Mapping[str, object]) -> EpisodeResult[T]:
         limits = {"turns_per_pass": self.e.budgets.turns_per_pass, "passes": self.e.budgets.passes,
                   "rejected_responses": self.e.budgets.rejected_responses}
         return self._end("exhausted", budget, {"reason": "budget", "budget": budget,
                                                "limit": limits.get(budget, payload.get("limit"))})
 
-    def _end(self, status: Literal["exhausted", "failed"], reason: str, extra: dict[str, Any]) -> EpisodeResult[T]:
+    def _end(self, status: Literal["exhausted", "failed"], reason: str, extra: Mapping[str, object]) -> EpisodeResult[T]:
         proposal = self.proposal.model_dump(mode="json") if self.proposal is not None else None
         self._append(StepEvent(run_id=self.run_id, step_id="run", phase="end", kind="run",
                                payload={"reason": reason, **extra, "status": "failed", "episode_status": status,
                                         "proposal": proposal, **self._totals()}))
         return EpisodeResult(status=status, reason=reason, proposal=self.proposal, passes=tuple(self.tally.passes))
 
-    def _totals(self) -> dict[str, Any]:
+    def _totals(self) -> _Totals:
         t = self.tally
         return {"passes": len(t.passes), "turns": t.turns, "rejected": t.rejected, "cost_usd": t.cost_usd}
 

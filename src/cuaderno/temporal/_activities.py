@@ -73,6 +73,7 @@ from cuaderno.temporal._names import (
     ReplayInput,
     RunInput,
     ToolCallInput,
+    row_event,
 )
 from cuaderno.tools.definition import ToolContext
 
@@ -473,9 +474,7 @@ class CuadernoActivities:
         not retried, with nothing written."""
         self._check(inp.agent)
         journal = self._events(inp.run_id)
-        new = [StepEvent(run_id=inp.run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"], name=e.get("name"),
-                         decision=e.get("decision"), fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
-               for e in inp.events if (e["step_id"], e["phase"]) not in journal]
+        new = [row_event(inp.run_id, e) for e in inp.events if (e["step_id"], e["phase"]) not in journal]
         try:
             for ev in new:
                 check(ev)

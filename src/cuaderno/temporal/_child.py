@@ -75,7 +75,7 @@ from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import RetryPolicy as LoopRetry
 from cuaderno.loop.agent import Session
 from cuaderno.temporal._activities import CuadernoActivities, _heartbeating
-from cuaderno.temporal._names import RECORD, RecordInput
+from cuaderno.temporal._names import RECORD, EventRow, RecordInput, event_row, row_event
 from cuaderno.temporal._profiles import CODE, EffectPolicy, load_effect_policy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 from cuaderno.temporal._workflow import _NoGateway, cancel_requested, gave_up
@@ -138,7 +138,7 @@ class ApplyInput:
     step_id: str
     proposal: dict[str, Any]
     effect_key: str
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list[EventRow])
     tenant: str = "default"
 
 
@@ -146,7 +146,7 @@ class ApplyInput:
 class EpisodeRecordInput:
     episode: str
     run_id: str
-    events: list[dict[str, Any]]
+    events: list[EventRow]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +180,10 @@ def _registered(name: str) -> _Registered:
     return known
 
 
-def _events(store: Checkpointer, run_id: str) -> list[dict[str, Any]]:
+def _events(store: Checkpointer, run_id: str) -> list[EventRow]:
     if store.checkpoint(run_id) is None:
         return []
-    return [{"step_id": e.step_id, "phase": e.phase, "kind": e.kind, "name": e.name, "decision": e.decision,
-             "fingerprint": e.fingerprint, "payload": e.payload} for e in store.load(run_id)]
+    return [event_row(e) for e in store.load(run_id)]
 
 
 # -- the workflows --------------------------------------------------------------------------------
@@ -303,10 +302,7 @@ class EpisodeWorkflow:
                                                  result_type=list, start_to_close_timeout=CODE.timeout,
                                                  retry_policy=RetryPolicy(maximum_attempts=CODE.attempts))
         if loaded:
-            self.store.append([StepEvent(run_id=self.run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"],
-                                         name=e.get("name"), decision=e.get("decision"),
-                                         fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
-                               for e in loaded])
+            self.store.append([row_event(self.run_id, e) for e in loaded])
         runner = TemporalChildRunner(inp.episode, inp.tenant, record=lambda: self._record(inp))
         options: dict[str, Any] = {"heartbeat_timeout": known.policy.heartbeat}
 
@@ -419,11 +415,9 @@ class EpisodeActivities:
             return {}
         return {(e.step_id, e.phase): e for e in self.store.load(run_id)}
 
-    def _copy(self, run_id: str, events: list[dict[str, Any]]) -> int:
+    def _copy(self, run_id: str, events: list[EventRow]) -> int:
         journal = self._journal(run_id)
-        new = [StepEvent(run_id=run_id, step_id=e["step_id"], phase=e["phase"], kind=e["kind"], name=e.get("name"),
-                         decision=e.get("decision"), fingerprint=e.get("fingerprint"), payload=e.get("payload") or {})
-               for e in events if (e["step_id"], e["phase"]) not in journal]
+        new = [row_event(run_id, e) for e in events if (e["step_id"], e["phase"]) not in journal]
         if new:
             self.store.append(new)
         return len(new)
@@ -499,7 +493,7 @@ class EpisodeActivities:
         return settled.value
 
     @activity.defn(name=EPISODE_LOAD)
-    async def load(self, inp: EpisodeRecordInput) -> list[dict[str, Any]]:
+    async def load(self, inp: EpisodeRecordInput) -> list[EventRow]:
         """The parent's steps cuaderno's journal holds (none for a new run)."""
         self._check(inp.episode)
         return _events(self.store, inp.run_id)

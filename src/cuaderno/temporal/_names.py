@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Required, TypedDict
 
+from cuaderno.events import StepEvent
 from cuaderno.events.payloads import Response
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["EarlierSteps", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
+__all__ = ["EarlierSteps", "EventRow", "event_row", "row_event", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -32,6 +33,35 @@ event (turn 0 of the first run, before the journal has the run) or from the jour
 start`` row; the history holds the task once, in the start event."""
 WORKER_SHUTDOWN: Final = "WorkerShutdown"
 """The failure type an activity reports when its worker shuts down under it (a deploy)."""
+
+
+class EventRow(TypedDict):
+    """A journal event as an activity input or result carries it (workflow to journal, journal to
+    workflow): the row without its run, seq, time and hash, which the receiving journal assigns.
+    The row is found again by ``(step_id, phase)``: an event already there is not written twice."""
+
+    step_id: str
+    phase: str
+    kind: str
+    name: str | None
+    decision: str | None
+    fingerprint: str | None
+    payload: Mapping[str, Any]
+    """The event's payload as journaled; held to its (kind, phase) type before it is written."""
+
+
+def event_row(ev: StepEvent) -> EventRow:
+    """``ev`` as it crosses Temporal's data converter."""
+    return {"step_id": ev.step_id, "phase": ev.phase, "kind": ev.kind, "name": ev.name, "decision": ev.decision,
+            "fingerprint": ev.fingerprint, "payload": ev.payload}
+
+
+def row_event(run_id: str, row: EventRow) -> StepEvent:
+    """The event ``row`` describes, in run ``run_id`` (rows from older histories may lack the
+    optional fields)."""
+    return StepEvent(run_id=run_id, step_id=row["step_id"], phase=row["phase"], kind=row["kind"],
+                     name=row.get("name"), decision=row.get("decision"), fingerprint=row.get("fingerprint"),
+                     payload=dict(row.get("payload") or {}))
 
 
 class JournalMark(TypedDict):
@@ -176,8 +206,7 @@ class RecordInput:
 
     agent: str
     run_id: str
-    events: list[dict[str, Any]]
-    """``step_id``, ``phase``, ``kind``, ``name``, ``decision``, ``fingerprint``, ``payload``."""
+    events: list[EventRow]
 
 
 def slim_input(inp: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from cuaderno.temporal._names import (
     RecordInput,
     ReplayInput,
     RunInput,
+    event_row,
 )
 from cuaderno.temporal._profiles import CODE, EffectPolicy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
@@ -197,9 +198,7 @@ class CuadernoWorkflow:
         # the activity (workflow.patched), so no live history breaks.
         if self.store.checkpoint(self.run_id) is None or not workflow.patched("cuaderno.record"):
             return
-        events = [{"step_id": e.step_id, "phase": e.phase, "kind": e.kind, "name": e.name, "decision": e.decision,
-                   "fingerprint": e.fingerprint, "payload": e.payload}
-                  for e in self.store.load(self.run_id)
+        events = [event_row(e) for e in self.store.load(self.run_id)
                   if e.kind in ("final", "approval", "cancel") or (e.kind == "run" and e.phase != "start")
                   or (e.kind == "tool" and e.phase == "decision")
                   or (e.kind == "model" and e.phase.startswith("error"))]
