@@ -46,7 +46,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from cuaderno.errors import ErrorClass, ToolError, UsageError
 from cuaderno.tools.definition import Tool
@@ -63,6 +63,37 @@ _READ_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # A cursor for a name that is not UTF-8: "/" and hex. No name contains "/", so it is unambiguous.
 _HEX_CURSOR = "/"
 
+
+class FileText(TypedDict):
+    """What ``read_file`` returns (the tool's result, journaled and shown to the model)."""
+
+    path: str
+    text: str
+    """UTF-8, undecodable bytes replaced."""
+    bytes: int
+    """Bytes read (after the cut)."""
+    truncated: bool
+    """The file is longer than ``max_file_bytes``: ``text`` is its beginning."""
+
+
+class DirEntry(TypedDict):
+    name: str
+    """Printable: control characters escaped."""
+    kind: str
+    """``file``, ``dir``, ``link`` or ``other``."""
+
+
+class DirPage(TypedDict):
+    """What ``list_dir`` returns: one page of a directory, sorted by name."""
+
+    path: str
+    entries: list[DirEntry]
+    total: int
+    """Entries in the directory."""
+    more: bool
+    """Entries remain after this page."""
+    next_after: str | None
+    """The cursor for the next page (``None`` at the end)."""
 
 class PathRefused(ToolError):
     """A path the sandbox will not read: outside the root, a link, a mount point, a special file…
@@ -148,7 +179,7 @@ class ReadOnlyRoot:
 
     # -- the two tools --------------------------------------------------------------------------
 
-    def read_file(self, path: str) -> dict[str, Any]:
+    def read_file(self, path: str) -> FileText:
         """The text of a regular file under the root (``path`` relative to it), cut at ``max_file_bytes``.
 
         Raises:
@@ -160,7 +191,7 @@ class ReadOnlyRoot:
         data = data[: self.max_file_bytes]
         return {"path": path, "text": data.decode("utf-8", errors="replace"), "bytes": len(data), "truncated": cut}
 
-    def list_dir(self, path: str = ".", after: str | None = None, limit: int | None = None) -> dict[str, Any]:
+    def list_dir(self, path: str = ".", after: str | None = None, limit: int | None = None) -> DirPage:
         """One page of a directory under the root, sorted by name: name and kind (file, dir, link, other).
 
         Args:
@@ -180,7 +211,7 @@ class ReadOnlyRoot:
             page = heapq.nsmallest(size, _entries_after(fd, start, counts), key=lambda item: item[0])
             # Kinds while the descriptor is open: on file systems without d_type they need an
             # lstat relative to it (never an open).
-            entries = [{"name": _printable(entry.name), "kind": _kind(entry)} for _, entry in page]
+            entries: list[DirEntry] = [{"name": _printable(entry.name), "kind": _kind(entry)} for _, entry in page]
         total, remaining = counts
         more = remaining > len(page)
         return {"path": path, "entries": entries, "total": total, "more": more,
@@ -191,11 +222,11 @@ class ReadOnlyRoot:
         whose first run's outcome is unknown (a crash) and that fails when run again has simply
         failed, where a tool with an effect would stop uncertain."""
 
-        def read_file(path: str) -> dict[str, Any]:
+        def read_file(path: str) -> FileText:
             """Read a text file of the repository. `path` is relative to the repository's root."""
             return self.read_file(path)
 
-        def list_dir(path: str = ".", after: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        def list_dir(path: str = ".", after: str | None = None, limit: int | None = None) -> DirPage:
             """List a directory of the repository, sorted by name, one page at a time. `path` is
             relative to the repository's root ('.' for it). When the answer says `more`, call again
             with `after` set to its `next_after` for the next page; `total` counts all entries."""

@@ -37,7 +37,7 @@ import os
 import secrets
 import sqlite3
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -469,7 +469,7 @@ def _next(target: str | None) -> str:
     return target
 
 
-def _forked_from(start: StepEvent | None) -> dict[str, Any] | None:
+def _forked_from(start: StepEvent | None) -> Mapping[str, object] | None:
     """Where a fork came from (``cuaderno fork`` records it in the run's start), if it is one."""
     origin = start.payload.get("forked_from") if start is not None else None
     return origin if isinstance(origin, dict) and isinstance(origin.get("run_id"), str) else None
@@ -660,7 +660,13 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
     return app
 
 
-def _badged(cp: Checkpoint, state: operations.RunState) -> dict[str, Any]:
+class _Badged(operations.RunState):
+    """A run's state as the pages show it: :class:`~cuaderno.operations.RunState` and its badge."""
+
+    shown: str
+
+
+def _badged(cp: Checkpoint, state: operations.RunState) -> _Badged:
     """:func:`cuaderno.operations.run_state` plus ``shown``, the badge: the stored status, except
     that a stored ``running`` becomes ``waiting`` while no live process holds the run."""
     return {**state, "shown": state["state"] if cp.status == "running" else cp.status}
