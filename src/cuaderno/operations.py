@@ -23,7 +23,7 @@ re-exports.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypedDict
 
 from pydantic_core import to_jsonable_python
@@ -347,7 +347,7 @@ def fork(store: Checkpointer, run_id: str, *, at: str, new_run_id: str) -> Check
     return cp
 
 
-def _copy(ev: StepEvent, run_id: str, origin: dict[str, Any]) -> StepEvent:
+def _copy(ev: StepEvent, run_id: str, origin: Mapping[str, object]) -> StepEvent:
     payload = ev.payload
     if ev.step_id == "run" and ev.phase == "start":
         # Where the fork came from, for people (nothing replays it): the run start is its only

@@ -217,7 +217,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         link = link.__cause__ or link.__context__
 
 
-def _error_object(body: object) -> dict[str, Any]:
+def _error_object(body: object) -> Mapping[str, Any]:
     if isinstance(body, str):
         try:
             body = json.loads(body)

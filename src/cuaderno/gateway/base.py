@@ -179,7 +179,7 @@ class ModelResponse:
         return assistant_message(self.to_json())
 
 
-def assistant_message(response: dict[str, Any]) -> Message:
+def assistant_message(response: Mapping[str, Any]) -> Message:
     """The neutral assistant message a response adds to the conversation, from its journaled
     form (:meth:`ModelResponse.to_json`).
 
@@ -194,8 +194,8 @@ def assistant_message(response: dict[str, Any]) -> Message:
     return msg
 
 
-def _call_message(call: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": call["id"], "name": call["name"], "arguments": call.get("arguments") or {}}
+def _call_message(call: Mapping[str, Any]) -> dict[str, object]:
+    out: dict[str, object] = {"id": call["id"], "name": call["name"], "arguments": call.get("arguments") or {}}
     raw = call.get("raw_arguments")
     if raw is not None:
         # Show the model the malformed text it wrote, not an empty object, so it can repair it.

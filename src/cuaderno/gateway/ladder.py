@@ -43,7 +43,7 @@ import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypedDict, TypeVar
 
 from cuaderno.errors import LadderExhausted, UsageError
 from cuaderno.events import StepEvent, model_step_id
@@ -221,6 +221,18 @@ class Escalate:
         return _Change(request, target, changed=True)
 
 
+class RungChange(TypedDict):
+    """What a rung sends, as its step's intent journals it (``rung``): its fingerprint is chained
+    into the step's key, and the next step climbs from ``position``."""
+
+    rung: str | None
+    position: int
+    tier: str | None
+    tools: list[str]
+    """The names of the tools it sends."""
+    require_tool: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What one model step sends: the request, its tier, and how it got there.
@@ -243,7 +255,7 @@ class Plan:
             return fp
         return chain(fp, fingerprint(self.change()))
 
-    def change(self) -> dict[str, Any]:
+    def change(self) -> RungChange:
         """The journaled description of what this rung sends (plain JSON)."""
         return {"rung": self.rung, "position": self.position, "tier": self.tier,
                 "tools": [str(t.get("name")) for t in self.request.tools], "require_tool": self.request.require_tool}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import pydantic
@@ -59,7 +60,7 @@ def check_output(output_type: type[pydantic.BaseModel],
             value.model_dump(mode="json"))
 
 
-def feedback_messages(payload: dict[str, Any]) -> list[Message]:
+def feedback_messages(payload: Mapping[str, Any]) -> list[Message]:
     """What a journaled, rejected model result adds to the conversation: for an answer that
     failed validation, the answer and the errors; for any other rejection, nothing (the same
     request is asked again)."""

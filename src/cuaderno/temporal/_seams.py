@@ -139,7 +139,7 @@ def _cancelled(exc: ActivityError) -> None:
         raise asyncio.CancelledError() from None
 
 
-def _details(exc: ActivityError, kind: str) -> dict[str, Any] | None:
+def _details(exc: ActivityError, kind: str) -> Mapping[str, Any] | None:
     cause = exc.cause
     if isinstance(cause, ApplicationError) and cause.type == kind and cause.details:
         detail = cause.details[0]
@@ -285,7 +285,7 @@ class ActivityTools(AgentTools):
         """The model's call id -> (tool step, canonical result) the tool activity journaled; ``None``
         when two calls of one turn share an id (then the message is sent as it is)."""
 
-    def journaled(self, message: dict[str, Any]) -> str | None:
+    def journaled(self, message: Mapping[str, Any]) -> str | None:
         """The tool step whose journaled result is exactly this tool message's content, or ``None``."""
         ran = self._ran.pop(str(message.get("tool_call_id")), None)
         if ran is None or message.get("is_error") or message.get("content") != ran[1]:
