@@ -17,7 +17,7 @@ from cuaderno.events import StepEvent
 from cuaderno.events.payloads import Response
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["EarlierSteps", "EventRow", "event_row", "row_event", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
+__all__ = ["EarlierSteps", "EventRow", "GivenDecision", "event_row", "row_event", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -62,6 +62,18 @@ def row_event(run_id: str, row: EventRow) -> StepEvent:
     return StepEvent(run_id=run_id, step_id=row["step_id"], phase=row["phase"], kind=row["kind"],
                      name=row.get("name"), decision=row.get("decision"), fingerprint=row.get("fingerprint"),
                      payload=dict(row.get("payload") or {}))
+
+
+class GivenDecision(TypedDict):
+    """A person's approval decision the workflow received (by approval step id in
+    :attr:`RunInput.decisions`): applied to its journal when the loop reaches the step, and carried
+    across continue-as-new so nobody is asked twice. ``fingerprint``, when given, must match the
+    pending call's (a decision about other arguments is refused)."""
+
+    approve: bool
+    fingerprint: str | None
+    approver: str | None
+    reason: str | None
 
 
 class JournalMark(TypedDict):
@@ -117,7 +129,7 @@ class RunInput:
     agent: str
     task: str
     tenant: str = "default"
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[str, GivenDecision] = field(default_factory=dict[str, GivenDecision])
     max_history_events: int = 0
     """Continue-as-new once the history holds this many events (0: when the server suggests it)."""
     mark: JournalMark | None = None

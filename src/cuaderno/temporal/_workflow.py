@@ -49,6 +49,7 @@ from cuaderno.temporal._names import (
     REPLAY_RUN,
     WORKFLOW,
     EarlierSteps,
+    GivenDecision,
     JournalMark,
     RecordInput,
     ReplayInput,
@@ -111,7 +112,7 @@ class CuadernoWorkflow:
     def __init__(self) -> None:
         self.store = MemoryCheckpointer()
         self.run_id = ""
-        self.decisions: dict[str, dict[str, Any]] = {}
+        self.decisions: dict[str, GivenDecision] = {}
         self.queued: list[Decision] = []
         self.cancel_reason: str | None = None
         self.cancel_by = "temporal"
@@ -265,7 +266,7 @@ class CuadernoWorkflow:
                 self.decisions[d.step_id] = {"approve": d.approve, "fingerprint": d.fingerprint,
                                              "approver": d.approver, "reason": d.reason}
 
-    def _apply(self, step_id: str, d: dict[str, Any]) -> None:
+    def _apply(self, step_id: str, d: GivenDecision) -> None:
         decide = harness.approve if d["approve"] else harness.deny
         decide(self.store, self.run_id, step_id, fingerprint=d.get("fingerprint"), approver=d.get("approver"),
                reason=d.get("reason"))

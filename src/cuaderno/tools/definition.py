@@ -12,7 +12,7 @@ is an :class:`~cuaderno.errors.UncertainEffect`, never a silent second execution
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints, overload
 
@@ -105,7 +105,7 @@ class Tool:
         extra = {"effect_free": True} if self.effect_free else {}
         return fingerprint({**self.schema(), "idempotent": self.idempotent, "effect_type": self.effect_type, **extra})
 
-    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
         """Check arguments against the schema; return them as the function will receive them.
 
         Raises:
@@ -120,11 +120,11 @@ class Tool:
                                                    for p in problems), data={"errors": problems}) from None
         return {k: getattr(model, k) for k in type(model).model_fields}
 
-    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def call(self, arguments: Mapping[str, object], ctx: ToolContext) -> Any:
         """Validate and run the tool; return its JSON-able result."""
         return await self.invoke(self.validate(arguments), ctx)
 
-    async def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, kwargs: Mapping[str, object], ctx: ToolContext) -> Any:
         """Run the tool on arguments already returned by :meth:`validate`.
 
         Sync tools run inline on the event loop (no thread hop: a thread costs more than most

@@ -97,7 +97,7 @@ class McpTool(Tool):
     def _unused(**_: Any) -> None:  # pragma: no cover - McpTool overrides invoke
         raise AssertionError("an MCP tool runs through invoke")
 
-    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+    def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
         """Check arguments against the server's input schema (before any intent is written).
 
         Raises:
@@ -111,7 +111,7 @@ class McpTool(Tool):
                                                    for p in problems), data={"errors": problems})
         return dict(arguments)
 
-    async def invoke(self, kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, kwargs: Mapping[str, object], ctx: ToolContext) -> Any:
         """Call the tool on the server, with the effect key in ``_meta``; classify how it ended."""
         return await self.server.call(self.name, kwargs, ctx)
 
@@ -188,7 +188,7 @@ class McpServer:
             out.append(McpTool(self, spec, declared))
         return out
 
-    async def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def call(self, name: str, arguments: Mapping[str, object], ctx: ToolContext) -> Any:
         """Call one tool; return its journalable result or raise a classified ToolError."""
         if self._lost is not None:
             raise ToolError(f"MCP tool {name!r} was not called: the server's connection is closed ({self._lost})",
@@ -198,7 +198,7 @@ class McpServer:
         timeout = datetime.timedelta(seconds=self.timeout) if self.timeout is not None else None
         try:
             faults.point("tool.K3")  # about to write the request
-            result = await session.call_tool(name, arguments, read_timeout_seconds=timeout, meta=meta)
+            result = await session.call_tool(name, dict(arguments), read_timeout_seconds=timeout, meta=meta)
         except Exception as exc:
             # The request may have reached the server: whether the tool ran is unknown.
             self._lost = f"{type(exc).__name__}: {exc}"
