@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
-from cuaderno.events import StepEvent
+from cuaderno.events import EventHeader, StepEvent
 
 if TYPE_CHECKING:
     from cuaderno.operations import RunState
@@ -150,16 +150,10 @@ class RunSummary(StateFields):
     uncertain: int
 
 
-class TimelineRow(TypedDict):
+class TimelineRow(EventHeader):
     """One event of ``show --json``'s ``timeline``: the row's header, never its payload."""
 
     seq: int
-    step_id: str
-    phase: str
-    kind: str
-    name: str | None
-    decision: str | None
-    fingerprint: str | None
     created_at: str
     """ISO 8601, UTC, to the millisecond."""
 

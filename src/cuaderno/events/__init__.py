@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypedDict
 
 from cuaderno.events.names import KINDS, PHASES, Kind, Phase, family
 from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
@@ -36,6 +36,7 @@ from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_asci
 __all__ = [
     "CODEC_JSON",
     "Decision",
+    "EventHeader",
     "KINDS",
     "PHASES",
     "Kind",
@@ -128,6 +129,20 @@ def not_happened_since_sent(journal: Keyed, step_id: str) -> bool:
 def approval_step_id(tool_step: str) -> str:
     """The step id of the approval a tool step waits for."""
     return f"{tool_step}.approval"
+
+
+class EventHeader(TypedDict):
+    """The header of one journal row as it leaves the journal in JSON (a ``show --json`` timeline
+    row, an event crossing Temporal's data converter): what identifies the step and what was
+    decided, never the payload. Each carrier adds its own fields (a row's seq and time, an
+    event's payload)."""
+
+    step_id: str
+    phase: str
+    kind: str
+    name: str | None
+    decision: str | None
+    fingerprint: str | None
 
 
 class StepEvent:

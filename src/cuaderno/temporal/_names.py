@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Required, TypedDict
 
-from cuaderno.events import StepEvent
+from cuaderno.events import EventHeader, StepEvent
 from cuaderno.events.payloads import Response
 from cuaderno.loop.agent import RetryPolicy
 
@@ -35,17 +35,11 @@ WORKER_SHUTDOWN: Final = "WorkerShutdown"
 """The failure type an activity reports when its worker shuts down under it (a deploy)."""
 
 
-class EventRow(TypedDict):
+class EventRow(EventHeader):
     """A journal event as an activity input or result carries it (workflow to journal, journal to
     workflow): the row without its run, seq, time and hash, which the receiving journal assigns.
     The row is found again by ``(step_id, phase)``: an event already there is not written twice."""
 
-    step_id: str
-    phase: str
-    kind: str
-    name: str | None
-    decision: str | None
-    fingerprint: str | None
     payload: Mapping[str, Any]
     """The event's payload as journaled; held to its (kind, phase) type before it is written."""
 
