@@ -85,11 +85,7 @@ def test_a_second_writer_is_found() -> None:
 
 APPROVAL_PHASES = ("request", "decision")
 APPROVAL_WRITERS = {
-    "request": {PROTOCOL / "approval.py",
-                # The loop's own request, written before cuaderno.durable.approval existed, in the
-                # shape that module keeps (tests/durable/test_approval.py compares the two). It
-                # moves to the module once loop/ is free to change (it is being restructured).
-                SRC / "loop" / "_tool_steps.py"},
+    "request": {PROTOCOL / "approval.py"},  # the loop's and every integration's request
     "decision": {SRC / "operations.py"},  # a person's decision: `cuaderno approve`/`deny`, the page
 }
 """Who may build an approval event of each phase."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from cuaderno import faults
+from cuaderno.durable.approval import Approval
 from cuaderno.durable.effect import BodyBug, Effect, Settled, result_payload, stage_result
 from cuaderno.errors import ErrorClass, ReplayDivergence, ToolError
 from cuaderno.events import approval_step_id, tool_step_id
@@ -163,13 +164,13 @@ class ToolSteps:
                               policy_version=policy.version)
             return "deny"
         if verdict.decision == "require_approval":
-            shown = {"tool_step": step_id, "arguments": call.arguments, "reason": verdict.reason,
-                     "policy_version": policy.version}
             self.log.stage(self.log.event(step_id, "decision", "tool", name=call.name, decision="require_approval",
-                                    fingerprint=args_fp, payload={"policy_version": policy.version,
-                                                                  "reason": verdict.reason}), "approval.K1")
-            self.log.stage(self.log.event(appr_id, "request", "approval", name=call.name, decision="require_approval",
-                                    fingerprint=args_fp, payload=shown))
+                                          fingerprint=args_fp, payload={"policy_version": policy.version,
+                                                                        "reason": verdict.reason}))
+            # The request in the protocol's shape (what an integration writes too); it names the
+            # transaction's crash point, approval.K1, which holds the decision and the request.
+            Approval(self.log, step_id, call.name, call.arguments, args_fp).request(
+                verdict.reason, extra={"policy_version": policy.version})
             faults.point("approval.K0")
             self.log.commit()
             faults.point("approval.K7")
