@@ -3,7 +3,9 @@
 ``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text]`` runs (or
 resumes) the run and prints one JSON line: ``{"status": "completed", "final": ...}``,
 ``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}`` or
-``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point.
+``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point. ``OAI_STREAM=1``
+runs it through ``DurableRunner.run_streamed`` (a completed run then also says how many raw
+response events it handed on: ``raw_events``).
 
 The agent: three function tools taking the SDK's ``RunContextWrapper`` (the bank account and the
 ledger's address come from the run context), a structured ``output_type``, and the SDK's own
@@ -115,8 +117,17 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     try:
         effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
         runner = DurableRunner(store, effects=effects)
-        result = await runner.run(agent, "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", run_id=run_id,
-                                  context=Bank("treasury", ledger_url))
+        task, bank = "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", Bank("treasury", ledger_url)
+        streamed = None
+        if os.environ.get("OAI_STREAM"):  # through Runner.run_streamed: count the events handed on
+            stream = runner.run_streamed(agent, task, run_id=run_id, context=bank)
+            streamed = 0
+            async for event in stream.stream_events():
+                streamed += event.type == "raw_response_event"
+            assert stream.result is not None
+            result = stream.result
+        else:
+            result = await runner.run(agent, task, run_id=run_id, context=bank)
     except UncertainEffect as exc:
         return {"status": "needs_human", "step": exc.step_id}
     except Exception as exc:  # report it: the test decides whether it is allowed
@@ -131,8 +142,9 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     if result.status == "suspended":
         return {"status": "suspended", "pending": sorted(result.pending)}
     final = result.final_output
-    return {"status": "completed", "final": final.model_dump() if isinstance(final, BaseModel) else final,
-            "replayed": result.replayed}
+    out = {"status": "completed", "final": final.model_dump() if isinstance(final, BaseModel) else final,
+           "replayed": result.replayed}
+    return out if streamed is None else {**out, "raw_events": streamed}
 
 
 if __name__ == "__main__":

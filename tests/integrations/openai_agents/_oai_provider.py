@@ -19,7 +19,9 @@ gets the same answer): the number of assistant messages in the conversation is t
 
 A request with ``X-Kill-At-Turn: T`` and ``X-Client-Pid: P`` headers, at turn T, is billed and then
 its client is SIGKILLed before it reads the answer (a kill in a model call's flight, the same for
-any runner). A request for the model ``status-NNN`` is answered with that HTTP error, unbilled.
+any runner). A request for the model ``status-NNN`` is answered with that HTTP error, unbilled. A request with
+``"stream": true`` gets the same answer as server-sent chunks (billed once, like any request);
+with ``X-Cut-Stream-At-Turn: T``, at turn T the stream stops after its first chunk.
 """
 
 from __future__ import annotations
@@ -97,12 +99,45 @@ class _Handler(BaseHTTPRequestHandler):
             # Billed, then the client dies before it reads the answer: a model call's K4, from outside.
             os.kill(int(pid), signal.SIGKILL)
             return
+        if body.get("stream"):
+            self._stream(reply, cut=self.headers.get("X-Cut-Stream-At-Turn") == str(turn))
+            return
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _stream(self, reply: dict[str, Any], *, cut: bool) -> None:
+        """The same answer as server-sent chunks, the way the Chat Completions API streams it:
+        the text in pieces, each tool call's name then its arguments in two pieces, the finish
+        reason, then (the SDK asks for ``include_usage``) a last chunk with the usage. ``cut``:
+        the connection closes after the first chunk, in the middle of the body it announced
+        (billed, never finished: the client's HTTP layer sees a body cut short)."""
+        message = reply["choices"][0]["message"]
+        base = {"id": reply["id"], "object": "chat.completion.chunk", "created": 0, "model": reply["model"]}
+        deltas: list[dict[str, Any]] = [{"role": "assistant"}]
+        text = message.get("content") or ""
+        deltas += [{"content": text[i:i + 8]} for i in range(0, len(text), 8)]
+        for i, call in enumerate(message.get("tool_calls") or []):
+            args = call["function"]["arguments"]
+            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": args[:5]}}]})
+            deltas.append({"tool_calls": [{"index": i, "function": {"arguments": args[5:]}}]})
+        chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply["choices"][0]["finish_reason"]}]})
+        chunks.append({**base, "choices": [], "usage": reply["usage"]})
+        body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        first = len(b"data: " + json.dumps(chunks[0]).encode() + b"\n\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body[:first] if cut else body)
+        self.wfile.flush()
+        self.close_connection = True
 
 
 class _Server(ThreadingHTTPServer):

@@ -78,10 +78,14 @@ def _settle_by_hand(journal: Path, run_id: str, step: str, ledger_db: Path) -> b
 
 
 def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str | None,
-         kill_after: float | None = None, model_turn: int | None = None) -> dict[str, Any]:
+         kill_after: float | None = None, model_turn: int | None = None, stream: str = "") -> dict[str, Any]:
     """One case: a kill (at ``crash_at``, or by the parent after ``kill_after`` seconds), then
     resumes until the run ends; returns its figures after checking them against the truth.
-    ``model_turn``: the fake provider kills the first process in that model call's flight."""
+    ``model_turn``: the fake provider kills the first process in that model call's flight.
+    ``stream``: ``"first"`` runs the killed process through ``run_streamed``, ``"resume"`` the
+    resumes (a run may be driven either way, step by step)."""
+    first_env = {"OAI_STREAM": "1"} if stream == "first" else {}
+    resume_env = {"OAI_STREAM": "1"} if stream == "resume" else None
     d: Path = world["dir"]
     provider: ProviderProcess = world["provider"]
     journal, run_id = d / f"{name}.db", f"run-{name}"
@@ -98,8 +102,9 @@ def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str 
         out_s, err_s = child.communicate(timeout=60)
         first = outcome(subprocess.CompletedProcess(child.args, child.returncode, out_s, err_s))
     else:
+        kill_env = {"OAI_KILL_AT_TURN": str(model_turn)} if model_turn is not None else {}
         first = outcome(run_agent(journal, provider.url, ledger.url, run_id, crash_at=crash_at,
-                                  extra_env={"OAI_KILL_AT_TURN": str(model_turn)} if model_turn is not None else None))
+                                  extra_env={**kill_env, **first_env}))
         kills += first["status"] == "killed"
     out, uncertain = first, []
     for _ in range(6):
@@ -109,7 +114,7 @@ def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str 
             uncertain.append(out["step"])
             _settle_by_hand(journal, run_id, out["step"], ledger.db_path)
         assert out["status"] in ("killed", "needs_human"), out
-        out = outcome(run_agent(journal, provider.url, ledger.url, run_id))
+        out = outcome(run_agent(journal, provider.url, ledger.url, run_id, extra_env=resume_env))
     assert out == {"status": "completed", "final": FINAL, "replayed": False} or \
         (out["status"] == "completed" and out["final"] == FINAL), out
     t = truth(journal, run_id, ledger.db_path, provider.bills())
@@ -120,7 +125,8 @@ def play(world: dict[str, Any], ledger: LedgerProcess, name: str, crash_at: str 
                "receipts": t.receipts, "billed": t.billed, "rebilled_journaled": t.rebilled_journaled,
                "rebilled_in_flight": t.rebilled_in_flight, "counted_twice": t.counted_twice, "unkeyed": t.unkeyed,
                "status": "needs_human" if uncertain else "completed", "uncertain": uncertain,
-               "not_reached": int(kills == 0), "violations": 0, "slow_ack": ledger is world["slow"]}
+               "not_reached": int(kills == 0), "violations": 0, "slow_ack": ledger is world["slow"],
+               "stream": stream}
     violations = []
     if t.duplicated:
         violations.append("duplicated receipts")
@@ -175,6 +181,36 @@ def test_kill_at_a_random_moment(world: dict[str, Any], seed: int, slow: bool) -
     rng = random.Random(seed)
     play(world, world["slow"] if slow else world["ledger"], f"random-{int(slow)}-{seed}", None,
          kill_after=rng.uniform(1.5, 8.0 if slow else 6.5))  # the child takes seconds to import on a busy machine
+
+
+@pytest.mark.parametrize(("crash_at", "stream"), [("model.K2:2", "first"), ("model.K6:2", "first"),
+                                                   ("tool.K4:5", "first"), ("model.K7:3", "resume")])
+def test_a_streamed_run_killed_at_a_named_point_resumes(world: dict[str, Any], crash_at: str, stream: str) -> None:
+    """``run_streamed``: killed while streaming (or killed unstreamed and resumed streaming), the
+    same truth: no receipt twice, no journaled call billed again, every request keyed."""
+    figures = play(world, world["ledger"], f"stream-{stream}-{_safe(crash_at)}", crash_at, stream=stream)
+    assert figures["kills"] == 1, f"{crash_at} was not reached"
+
+
+def test_a_streamed_run_killed_in_a_model_calls_flight(world: dict[str, Any]) -> None:
+    figures = play(world, world["ledger"], "stream-provider-turn-2", None, model_turn=2, stream="first")
+    assert figures["kills"] == 1 and figures["rebilled_in_flight"] == 1 and figures["counted_twice"] == 1
+
+
+def test_a_streamed_run_hands_on_the_providers_events_and_bills_each_step_once(world: dict[str, Any]) -> None:
+    """Unkilled, streamed: the provider's chunks reach the caller as the SDK's raw events, each
+    step is billed once with its key; streamed again, the ended run answers from its journal."""
+    d, provider, ledger = world["dir"], world["provider"], world["ledger"]
+    journal, env = d / "streamed.db", {"OAI_STREAM": "1"}
+    first = outcome(run_agent(journal, provider.url, ledger.url, "run-streamed", extra_env=env))
+    assert first["status"] == "completed" and first["final"] == FINAL and not first["replayed"], first
+    # Five steps of chunks: well past one completed event per step (what a replay hands on).
+    assert first["raw_events"] > 5 * 4, first
+    t = truth(journal, "run-streamed", ledger.db_path, provider.bills())
+    assert (t.billed, t.receipts, t.duplicated, t.unkeyed) == (5, 6, 0, 0)
+    again = outcome(run_agent(journal, provider.url, ledger.url, "run-streamed", extra_env=env))
+    assert again == {"status": "completed", "final": FINAL, "replayed": True, "raw_events": 0}
+    assert truth(journal, "run-streamed", ledger.db_path, provider.bills()).billed == 5
 
 
 def test_an_unkilled_run_bills_each_step_once_and_answers_from_the_journal_after(world: dict[str, Any]) -> None:

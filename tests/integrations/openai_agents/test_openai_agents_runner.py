@@ -43,7 +43,7 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProviderProce
 
 
 def agent(provider: ProviderProcess, *, model: str = "fake-model", transfer: Any = None, notify: Any = None,
-          instructions: str = "Make the transfers.") -> Agent[Any]:
+          instructions: str = "Make the transfers.", headers: dict[str, str] | None = None) -> Agent[Any]:
     sent: list[tuple[str, int, str]] = []
 
     @function_tool
@@ -66,7 +66,7 @@ def agent(provider: ProviderProcess, *, model: str = "fake-model", transfer: Any
     t.name = "transfer"
     n = notify or notify_ok
     n.name = "notify"
-    client = AsyncOpenAI(base_url=provider.url, api_key="k")
+    client = AsyncOpenAI(base_url=provider.url, api_key="k", default_headers=headers)
     a = Agent(name="treasurer", instructions=instructions, tools=[t, balance, n], output_type=Summary,
               model=OpenAIChatCompletionsModel(model=model, openai_client=client))
     a.sent = sent  # type: ignore[attr-defined]
@@ -140,6 +140,44 @@ def test_a_model_failure_past_the_bounds_leaves_the_run_as_the_runner_does(
     billed = len(provider.bills())
     result = run(store, agent(provider), run_id=run_id, agent_version="treasurer")  # fixed: the same run goes on
     assert result.status == "completed" and len(provider.bills()) > billed
+
+
+async def _streamed(store: SqliteCheckpointer, a: Agent[Any], run_id: str, **kw: Any) -> Any:
+    stream = DurableRunner(store, effects={"balance": "effect_free"}, **kw).run_streamed(a, "pay", run_id=run_id)
+    async for _ in stream.stream_events():
+        pass
+    return stream.result
+
+
+def test_a_cut_stream_is_sent_again_with_its_key_and_counted(provider: ProviderProcess, store: SqliteCheckpointer,
+                                                             tmp_path: Path) -> None:
+    """The provider cuts turn 1's stream after its first chunk, every time: the step is sent
+    again with the same key within the re-send bound (counted possibly billed twice), then the
+    failure is journaled and raised, the run left open; with the stream healed, the same run goes
+    on and sends turn 1 once more, with that key."""
+    run_id, before = "cut", len(provider.bills())
+    with pytest.raises(GatewayError) as err:
+        asyncio.run(_streamed(store, agent(provider, headers={"X-Cut-Stream-At-Turn": "1"}), run_id, retry=_NoWait()))
+    assert err.value.error_class is ErrorClass.AMBIGUOUS and err.value.sent
+    turn1 = [b for b in provider.bills()[before:] if b["turn"] == 1]
+    assert len(turn1) == 1 + _NoWait.max_resends and len({b["key"] for b in turn1}) == 1 and turn1[0]["key"]
+    cp = store.checkpoint(run_id)
+    assert cp is not None and (cp.status, held(store, run_id)) == ("running", False)
+    model_phases = [e.phase for e in store.load(run_id) if e.step_id == "t0001.model"]
+    assert model_phases[-1].startswith("error") and "intent.2" in model_phases  # the re-send, journaled
+    result = asyncio.run(_streamed(store, agent(provider), run_id))
+    assert result.status == "completed" and result.final_output == Summary(transfers=5, total=150)
+    turn1 = [b for b in provider.bills()[before:] if b["turn"] == 1]
+    assert len(turn1) == 2 + _NoWait.max_resends and len({b["key"] for b in turn1}) == 1
+
+
+def test_run_and_run_streamed_drive_one_run_step_by_step(provider: ProviderProcess, store: SqliteCheckpointer) -> None:
+    """A run that failed unstreamed goes on streamed (and the reverse), from its journal."""
+    with pytest.raises(GatewayError):
+        run(store, agent(provider, model="status-503"), run_id="mixed", retry=_NoWait(), agent_version="t")
+    result = asyncio.run(_streamed(store, agent(provider), "mixed", agent_version="t"))
+    assert result.status == "completed" and result.final_output == Summary(transfers=5, total=150)
+    assert run(store, agent(provider), run_id="mixed", agent_version="t").replayed
 
 
 def _released(store: SqliteCheckpointer, run_id: str) -> None:

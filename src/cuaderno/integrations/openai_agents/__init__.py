@@ -10,7 +10,8 @@
 Model calls go through the model-call protocol (journaled, keyed with ``Idempotency-Key`` through
 the SDK's own client, counted), function tools through the effect protocol (with the effect
 class declared per tool), ``needs_approval`` tools become cuaderno approvals. A crashed run goes
-on in another process by calling ``run`` again with the same run id. See
+on in another process by calling ``run`` again with the same run id. ``run_streamed`` is the
+same run through the SDK's ``Runner.run_streamed`` (each model step still journaled whole). See
 ``docs/integrations/openai-agents.md``.
 """
 
@@ -24,7 +25,8 @@ from cuaderno.integrations.openai_agents._effects import (
     lookup,
 )
 from cuaderno.integrations.openai_agents._model import KEY_HEADERS, DurableModel, DurableModelProvider
-from cuaderno.integrations.openai_agents._runner import DurableResult, DurableRunner
+from cuaderno.integrations.openai_agents._runner import DurableResult, DurableRunner, DurableStream
 
-__all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "DurableResult", "DurableRunner", "EffectCall",
+__all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "DurableResult", "DurableRunner", "DurableStream",
+           "EffectCall",
            "EffectKind", "Lookup", "ToolEffect", "current_effect", "effect_key", "lookup"]

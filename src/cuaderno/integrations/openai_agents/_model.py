@@ -19,10 +19,11 @@ by this wrapper's first release hold the payload as ``sdk``, and are read from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from agents import Model, ModelProvider, ModelSettings, ModelTracing
@@ -33,18 +34,25 @@ from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStrea
 from agents.models._retry_runtime import provider_managed_retries_disabled
 from agents.tool import Tool
 from agents.usage import Usage as SdkUsage
-from openai.types.responses import ResponseOutputItem
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseOutputItem,
+    ResponseOutputItemDoneEvent,
+    ResponseUsage,
+)
 from openai.types.responses.response_prompt_param import ResponsePromptParam
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import TypeAdapter
 
 from cuaderno.durable import FrameworkPayload, ModelCall
-from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
+from cuaderno.errors import GatewayError, ReplayDivergence, StreamInterrupted, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway.base import ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.integrations.openai_agents._state import RunShared
 
-__all__ = ["FRAMEWORK", "KEY_HEADERS", "DurableModel", "DurableModelProvider", "jsonable", "plain"]
+__all__ = ["FRAMEWORK", "KEY_HEADERS", "DurableModel", "DurableModelProvider", "completed_event", "jsonable", "plain"]
 
 KEY_HEADERS = ("Idempotency-Key", "X-Idempotency-Key")
 """The headers the step's key is sent in (the gateways' defaults: see ``cuaderno.gateway.openai``)."""
@@ -143,9 +151,41 @@ def summary(response: SdkResponse, model: str | None) -> ModelResponse:
                          response_id=response.response_id)
 
 
+@contextlib.contextmanager
+def _classified() -> Iterator[None]:
+    """The SDK's client raised: classify it the one way cuaderno does (a ``GatewayError`` as is)."""
+    try:
+        yield
+    except GatewayError:
+        raise
+    except Exception as exc:
+        raise from_exception(exc, provider="openai") from exc
+
+
+def _usage(usage: ResponseUsage | None) -> SdkUsage:
+    """A streamed response's usage as the SDK counts it (one request; zero when not reported)."""
+    if usage is None:
+        return SdkUsage(requests=1)
+    return SdkUsage(requests=1, input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                    total_tokens=usage.total_tokens)
+
+
+def completed_event(response: SdkResponse, model: str) -> ResponseCompletedEvent:
+    """The one stream event a journaled answer replays as: ``response.completed`` holding the
+    journaled output, usage and response id (all the SDK's streamed loop reads from it)."""
+    u = response.usage
+    usage = ResponseUsage(input_tokens=u.input_tokens, output_tokens=u.output_tokens, total_tokens=u.total_tokens,
+                          input_tokens_details=InputTokensDetails(cached_tokens=0, cache_write_tokens=0),
+                          output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
+    full = Response(id=response.response_id or "", created_at=0, model=model, object="response",
+                    output=list(response.output), parallel_tool_calls=False, tool_choice="auto", tools=[],
+                    usage=usage)
+    return ResponseCompletedEvent(response=full, sequence_number=0, type="response.completed")
+
+
 class DurableModel(Model):
-    """A :class:`agents.Model` whose every ``get_response`` is a journaled model step (see the
-    module docstring). Streaming is not durable here: ``stream_response`` raises."""
+    """A :class:`agents.Model` whose every ``get_response`` and ``stream_response`` is a
+    journaled model step (see the module docstring)."""
 
     def __init__(self, inner: Model, shared: RunShared, name: str | None = None) -> None:
         self.inner = inner
@@ -157,6 +197,95 @@ class DurableModel(Model):
                            handoffs: list[Handoff[Any, Any]], tracing: ModelTracing, *,
                            previous_response_id: str | None, conversation_id: str | None,
                            prompt: ResponsePromptParam | None) -> SdkResponse:
+        call, journaled = self._step(system_instructions, input, tools, output_schema, handoffs)
+        if journaled is not None:
+            response = journaled  # paid for once: never asked again
+        else:
+            settings = self._keyed(model_settings, call)
+            got: list[SdkResponse] = []
+
+            async def request() -> ModelResponse:
+                with _classified(), provider_managed_retries_disabled(True):
+                    response = await self.inner.get_response(
+                        system_instructions, input, settings, tools, output_schema, handoffs, tracing,
+                        previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
+                got.append(response)
+                return summary(response, self.name)
+
+            await self._journal(call, request, lambda: got[-1])
+            response = got[-1]
+        self._answered(call)
+        return response
+
+    async def stream_response(self, system_instructions: str | None, input: str | list[TResponseInputItem],
+                              model_settings: ModelSettings, tools: list[Tool],
+                              output_schema: AgentOutputSchemaBase | None, handoffs: list[Handoff[Any, Any]],
+                              tracing: ModelTracing, *, previous_response_id: str | None,
+                              conversation_id: str | None,
+                              prompt: ResponsePromptParam | None) -> AsyncIterator[TResponseStreamEvent]:
+        """The step as a stream: live, the inner model's events as they arrive, except its
+        ``response.completed``, which is handed on only once the whole answer is journaled (the
+        SDK acts on it: tools must not run on an answer a crash could lose). A step answered in
+        the journal streams that one event, rebuilt from the journal: nothing is sent.
+
+        A stream cut before its end is :class:`~cuaderno.errors.StreamInterrupted` (ambiguous:
+        maybe billed); the protocol sends the step again with the same key, counted, and the
+        events of the cut attempt, already handed on, are followed by the new attempt's."""
+        call, journaled = self._step(system_instructions, input, tools, output_schema, handoffs)
+        if journaled is not None:
+            self._answered(call)
+            yield completed_event(journaled, self.name)
+            return
+        settings = self._keyed(model_settings, call)
+        events: asyncio.Queue[TResponseStreamEvent] = asyncio.Queue()
+        got: list[tuple[SdkResponse, TResponseStreamEvent]] = []
+
+        async def request() -> ModelResponse:
+            completed: ResponseCompletedEvent | None = None
+            items: list[TResponseOutputItem] = []
+            with _classified(), provider_managed_retries_disabled(True):
+                async for event in self.inner.stream_response(
+                        system_instructions, input, settings, tools, output_schema, handoffs, tracing,
+                        previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt):
+                    if isinstance(event, ResponseCompletedEvent):
+                        completed = event  # held back until journaled
+                    elif isinstance(event, ResponseOutputItemDoneEvent):
+                        items.append(event.item)
+                        events.put_nowait(event)
+                    else:
+                        events.put_nowait(event)
+            if completed is None:
+                raise StreamInterrupted(f"{self.name}: the stream ended without response.completed")
+            response = completed.response
+            # Some backends leave the final response's output empty and send the items only in
+            # their item.done events (the SDK's own streamed loop fills it the same way).
+            output = list(response.output) or items
+            got.append((SdkResponse(output=output, usage=_usage(response.usage), response_id=response.id), completed))
+            return summary(got[-1][0], self.name)
+
+        sending = asyncio.ensure_future(self._journal(call, request, lambda: got[-1][0]))
+        try:
+            while not sending.done() or not events.empty():
+                if events.empty():
+                    waiting = asyncio.ensure_future(events.get())
+                    await asyncio.wait({sending, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                    if not waiting.done():
+                        waiting.cancel()
+                        continue
+                    yield waiting.result()
+                else:
+                    yield events.get_nowait()
+            sending.result()  # raises what the protocol raised (journaled as it journals it)
+        finally:
+            if not sending.done():  # the consumer stopped reading: the send stops with it
+                sending.cancel()
+        self._answered(call)
+        yield got[-1][1]
+
+    def _step(self, system_instructions: str | None, input: str | list[TResponseInputItem], tools: list[Tool],
+              output_schema: AgentOutputSchemaBase | None,
+              handoffs: list[Handoff[Any, Any]]) -> tuple[ModelCall, SdkResponse | None]:
+        """The step this request is (the next model step of the run), and its journaled answer."""
         shared = self.shared
         n = shared.model_steps
         step_id = f"t{n:04d}.model"
@@ -172,52 +301,27 @@ class DurableModel(Model):
         answered = call.answered()
         if journaled is None and answered is not None:
             journaled = answered.payload.get("sdk")  # journaled by this wrapper's first release
-        if isinstance(journaled, dict):
-            response = from_journal(journaled)  # paid for once: never asked again
-        else:
-            response = await self._send(call, system_instructions, input, model_settings, tools,
-                                        output_schema, handoffs, tracing, previous_response_id, conversation_id,
-                                        prompt)
+        return call, from_journal(journaled) if isinstance(journaled, dict) else None
+
+    def _answered(self, call: ModelCall) -> None:
         # Counted only once answered: a runner-managed retry of a failed call is the same step,
         # sent again with the same key (the protocol counts it), not a new one.
-        shared.model_steps = n + 1
-        shared.turn = n
-        return response
+        self.shared.model_steps = call.turn + 1
+        self.shared.turn = call.turn
 
-    async def _send(self, call: ModelCall, system_instructions: str | None,
-                    input: str | list[TResponseInputItem], model_settings: ModelSettings, tools: list[Tool],
-                    output_schema: AgentOutputSchemaBase | None, handoffs: list[Handoff[Any, Any]],
-                    tracing: ModelTracing, previous_response_id: str | None, conversation_id: str | None,
-                    prompt: ResponsePromptParam | None) -> SdkResponse:
-        shared = self.shared
+    @staticmethod
+    def _keyed(model_settings: ModelSettings, call: ModelCall) -> ModelSettings:
         headers = {**(model_settings.extra_headers or {}), **{h: call.key for h in KEY_HEADERS}}
-        settings = dataclasses.replace(model_settings, extra_headers=headers)
-        got: list[SdkResponse] = []
+        return dataclasses.replace(model_settings, extra_headers=headers)
 
-        async def request() -> ModelResponse:
-            try:
-                with provider_managed_retries_disabled(True):
-                    response = await self.inner.get_response(
-                        system_instructions, input, settings, tools, output_schema, handoffs, tracing,
-                        previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
-            except GatewayError:
-                raise
-            except Exception as exc:  # the SDK's client raised: classify it the one way cuaderno does
-                raise from_exception(exc, provider="openai") from exc
-            got.append(response)
-            return summary(response, self.name)
-
+    async def _journal(self, call: ModelCall, request: Callable[[], Awaitable[ModelResponse]],
+                       answer: Callable[[], SdkResponse]) -> None:
+        """Send through the protocol (intent, send, re-sends with the key) and journal the answer,
+        with ``answer()``, the SDK's response the last send kept, as the framework payload."""
+        shared = self.shared
         sent = await call.send(request, retry=shared.retry, sleep=asyncio.sleep, rng=random.Random())
-        call.finish(sent, framework=FrameworkPayload(FRAMEWORK, to_journal(got[-1])))
+        call.finish(sent, framework=FrameworkPayload(FRAMEWORK, to_journal(answer())))
         shared.log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
-        return got[-1]
-
-    def stream_response(self, system_instructions: str | None, input: str | list[TResponseInputItem],
-                        model_settings: ModelSettings, tools: list[Tool], output_schema: AgentOutputSchemaBase | None,
-                        handoffs: list[Handoff[Any, Any]], tracing: ModelTracing, *,
-                        previous_response_id: str | None, conversation_id: str | None,
-                        prompt: ResponsePromptParam | None) -> AsyncIterator[TResponseStreamEvent]:
-        raise UsageError("DurableRunner journals whole responses: streaming is not supported (use run())")
 
 
 class DurableModelProvider(ModelProvider):

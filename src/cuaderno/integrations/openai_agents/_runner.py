@@ -29,14 +29,15 @@ import dataclasses
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agents import Agent, AgentOutputSchemaBase, Handoff, Model, RunConfig, Runner, RunResult
+from agents import Agent, AgentOutputSchemaBase, Handoff, Model, RunConfig, Runner, RunResult, RunResultStreaming
 from agents.items import ToolApprovalItem
 from agents.models.multi_provider import MultiProvider
 from agents.run import DEFAULT_MAX_TURNS
+from agents.stream_events import StreamEvent
 from agents.tool import FunctionTool, Tool
 from pydantic import TypeAdapter
 
@@ -60,7 +61,7 @@ from cuaderno.integrations.openai_agents._tools import arguments_of, call_finger
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["DurableResult", "DurableRunner"]
+__all__ = ["DurableResult", "DurableRunner", "DurableStream"]
 
 @dataclass(slots=True)
 class DurableResult:
@@ -69,14 +70,14 @@ class DurableResult:
     ``status``: ``completed`` or ``suspended`` (approvals pending, listed in ``pending`` by
     approval step id with the tool, arguments and fingerprint ``cuaderno approve`` binds).
     ``final_output``: the agent's final output (the ``output_type`` value, rebuilt from the
-    journal when the run had already ended). ``result``: the SDK's own ``RunResult`` of this
-    process (``None`` when the run was answered from its journal: nothing ran)."""
+    journal when the run had already ended). ``result``: the SDK's own ``RunResult`` (or
+    ``RunResultStreaming``) of this process (``None`` when the run was answered from its journal: nothing ran)."""
 
     run_id: str
     status: Literal["completed", "suspended"]
     final_output: Any = None
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    result: RunResult | None = None
+    result: RunResult | RunResultStreaming | None = None
 
     @property
     def replayed(self) -> bool:
@@ -125,6 +126,24 @@ class DurableRunner:
 
         ``input`` is a string or the SDK's list of input items (a multi-turn conversation); it is
         the run's task: another input under the same run id is a ``ReplayDivergence``."""
+        stream = self._stream(agent, input, run_id, context, max_turns, run_config, streamed=False)
+        async for _ in stream.stream_events():
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def run_streamed(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
+                     max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableStream:
+        """:meth:`run` through the SDK's ``Runner.run_streamed``: iterate
+        :meth:`DurableStream.stream_events` for the SDK's stream events, then read
+        :attr:`DurableStream.result`. The same run id may be run either way: each model step is
+        journaled whole (its ``response.completed`` is handed on once journaled), and a step
+        already journaled streams as that one event. Bad arguments raise here, before anything
+        is written."""
+        return self._stream(agent, input, run_id, context, max_turns, run_config, streamed=True)
+
+    def _stream(self, agent: Agent[Any], input: str | list[Any], run_id: str, context: Any, max_turns: int,
+                run_config: RunConfig | None, *, streamed: bool) -> DurableStream:
         if not isinstance(agent, Agent):
             raise UsageError(f"agent must be an agents.Agent, got {type(agent).__name__}")
         if not isinstance(run_id, str) or not run_id:
@@ -134,47 +153,88 @@ class DurableRunner:
         unknown = sorted(set(self.effects) - _tool_names(agent))
         if unknown:
             raise UsageError(f"effects declared for tools the agent does not have: {', '.join(unknown)}")
+        return DurableStream(self, agent, input, run_id, context, max_turns, run_config, streamed=streamed)
+
+    def _open(self, agent: Agent[Any], input: str | list[Any], run_id: str) -> Opened:
         task_json = jsonable(input)
         versions = {"openai_agents": self.agent_version or agent_fingerprint(agent, self.effects)}
-        opened = open_run(self.store, run_id, task=input if isinstance(input, str) else json.dumps(task_json),
-                          task_fingerprint=fingerprint({"input": task_json}), versions=versions, tenant=self.tenant,
-                          owner=self.owner, name=agent.name, start={"framework": "openai-agents"},
-                          on_version_mismatch=self.on_version_mismatch)
+        return open_run(self.store, run_id, task=input if isinstance(input, str) else json.dumps(task_json),
+                        task_fingerprint=fingerprint({"input": task_json}), versions=versions, tenant=self.tenant,
+                        owner=self.owner, name=agent.name, start={"framework": "openai-agents"},
+                        on_version_mismatch=self.on_version_mismatch)
+
+
+class DurableStream:
+    """One :meth:`DurableRunner.run_streamed` call: :meth:`stream_events` drives the run and
+    yields the SDK's stream events; :attr:`result` is how it left the run (set when the events
+    end). Stopping early (leaving the loop, a cancellation) leaves the run open and released:
+    the next run with its run id goes on from its journal."""
+
+    def __init__(self, runner: DurableRunner, agent: Agent[Any], input: str | list[Any], run_id: str, context: Any,
+                 max_turns: int, run_config: RunConfig | None, *, streamed: bool = True) -> None:
+        self.run_id = run_id
+        self.result: DurableResult | None = None
+        self._runner, self._agent, self._input, self._context = runner, agent, input, context
+        self._max_turns, self._run_config = max_turns, run_config
+        self._streamed = streamed
+        self._started = False
+
+    async def stream_events(self) -> AsyncIterator[StreamEvent]:
+        """The run's events (see the class docstring); once only.
+
+        Raises:
+            UsageError: called a second time.
+        """
+        if self._started:
+            raise UsageError(f"run {self.run_id!r}: stream_events() was already called on this stream")
+        self._started = True
+        runner, agent = self._runner, self._agent
+        opened = runner._open(agent, self._input, self.run_id)
         if opened.closed:
-            return _answered(opened, agent)
-        shared = RunShared(log=opened.log, run_id=run_id, tenant=self.tenant, retry=self.retry)
+            self.result = _answered(opened, agent)
+            return
+        shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry)
         try:
-            return await self._drive(opened, shared, agent, input, context, max_turns, run_config)
+            async for event in self._drive(opened, shared):
+                yield event
         finally:
             try:
                 opened.release()
             except JournalError:  # fenced out or gone: the next holder takes it over regardless
                 pass
 
-    async def _drive(self, opened: Opened, shared: RunShared, agent: Agent[Any], input: str | list[Any],
-                     context: Any, max_turns: int, run_config: RunConfig | None) -> DurableResult:
-        config = run_config or RunConfig()
+    async def _drive(self, opened: Opened, shared: RunShared) -> AsyncIterator[StreamEvent]:
+        config = self._run_config or RunConfig()
         provider = config.model_provider if config.model_provider is not None else MultiProvider()
         changes: dict[str, Any] = {"model_provider": DurableModelProvider(provider, shared)}
         if isinstance(config.model, Model):
             changes["model"] = DurableModel(config.model, shared)
         config = dataclasses.replace(config, **changes)
-        wrapped = _wrap_agent(agent, shared, self.effects, {})
-        step: Any = list(input) if isinstance(input, list) else input
+        wrapped = _wrap_agent(self._agent, shared, self._runner.effects, {})
+        step: Any = list(self._input) if isinstance(self._input, list) else self._input
+        kwargs = {"context": self._context, "max_turns": self._max_turns, "run_config": config}
         try:
             while True:
-                result = await Runner.run(wrapped, step, context=context, max_turns=max_turns, run_config=config)
+                result: RunResult | RunResultStreaming
+                if self._streamed:
+                    result = Runner.run_streamed(wrapped, step, **kwargs)
+                    async for event in result.stream_events():
+                        yield event
+                else:
+                    result = await Runner.run(wrapped, step, **kwargs)
                 if not result.interruptions:
                     final = result.final_output
                     faults.point("final.K0")
                     opened.finish(final if isinstance(final, str) else json.dumps(jsonable(final)),
                                   structured=jsonable(final), agent=result.last_agent.name)
                     faults.point("final.K7")
-                    return DurableResult(opened.run_id, "completed", final, result=result)
+                    self.result = DurableResult(opened.run_id, "completed", final, result=result)
+                    return
                 state = result.to_state()
                 pending = _ask(opened, shared, state, result.interruptions)
                 if pending:
-                    return DurableResult(opened.run_id, "suspended", pending=pending, result=result)
+                    self.result = DurableResult(opened.run_id, "suspended", pending=pending, result=result)
+                    return
                 step = state
         except BaseException as exc:
             try:
