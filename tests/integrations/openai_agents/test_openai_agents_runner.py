@@ -16,7 +16,7 @@ from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, functio
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from cuaderno import SqliteCheckpointer
+from cuaderno import PriceTable, SqliteCheckpointer
 from cuaderno.errors import (
     ErrorClass,
     GatewayError,
@@ -95,6 +95,21 @@ def test_completes_with_structured_output_and_answers_again_from_the_journal(pro
     again = run(store, agent(provider))
     assert again.replayed and again.final_output == Summary(transfers=5, total=150)
     assert len(provider.bills()) == billed  # nothing sent
+
+
+def test_each_step_is_priced_with_the_prices_given_and_unpriced_otherwise(provider: ProviderProcess,
+                                                                           store: SqliteCheckpointer) -> None:
+    """Five answered steps, priced once each at the table's price for the agent's model (the fake
+    provider's usage: 100 + 10 per message in, 20 out); an unknown model is counted unpriced."""
+    run(store, agent(provider), run_id="priced", prices=PriceTable({"fake-model": {"input": 1.0, "output": 2.0}}))
+    run(store, agent(provider), run_id="unknown", prices=PriceTable({"other": {"input": 1.0, "output": 2.0}}))
+    priced, unknown = store.checkpoint("priced"), store.checkpoint("unknown")
+    assert priced is not None and unknown is not None
+    results = [e.payload["response"]["usage"] for e in store.load("priced") if e.kind == "model" and e.phase == "result"]
+    expected = sum(u["input_tokens"] * 1.0 + u["output_tokens"] * 2.0 for u in results) / 1e6
+    assert len(results) == 5 and expected > 0 and priced.cost_usd == pytest.approx(expected)
+    assert priced.counters.get("calls_paid") == 5 and not priced.counters.get("unpriced_calls")
+    assert unknown.cost_usd == 0 and unknown.counters.get("unpriced_calls") == 5
 
 
 def test_keys_are_the_same_in_a_resume(provider: ProviderProcess, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from cuaderno import RetryPolicy, SqliteCheckpointer
+from cuaderno import PriceTable, RetryPolicy, SqliteCheckpointer
 from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, UsageError, VersionMismatch
 from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
 
@@ -47,13 +47,14 @@ def world(tmp_path: Path, servers: tuple[Provider, Receipts], request: pytest.Fi
     return World(tmp_path, *servers, name=request.node.name.replace("[", "-").replace("]", ""))
 
 
-def _run(w: World, run_id: str = "r1", prompt: str = PROMPT, retry: RetryPolicy | None = None, **kwargs: Any) -> Any:
+def _run(w: World, run_id: str = "r1", prompt: str = PROMPT, retry: RetryPolicy | None = None,
+         prices: PriceTable | None = None, **kwargs: Any) -> Any:
     async def go() -> Any:
         receipts = w.receipts.base_url(w.name)
         async with httpx.AsyncClient() as http:
             with SqliteCheckpointer(w.tmp / "runs.db") as store:
                 durable = DurableAgent(build_agent(w.provider.base_url(w.name)), journal=store,
-                                       effects=effects("lookup", receipts, http), retry=retry)
+                                       effects=effects("lookup", receipts, http), retry=retry, prices=prices)
                 return await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http), **kwargs)
 
     return asyncio.run(go())
@@ -76,6 +77,20 @@ def test_a_run_completes_with_structured_output_and_every_request_carries_its_jo
     assert [r["to"] for r in world.paid()] == ["ana", "bob"]
     effect_keys = [e.payload["effect_key"] for e in events if e.kind == "tool" and e.phase == "intent"]
     assert [r["key"] for r in world.paid()] == effect_keys
+
+
+def test_each_step_is_priced_with_the_prices_given_and_unpriced_otherwise(world: World) -> None:
+    """The run's cost is what ``cuaderno show`` and the cost counters read: each answered step
+    priced once (10 input and 5 output tokens a step, at 1 and 2 USD per million), and a model
+    the prices do not know is counted unpriced, never as free."""
+    _run(world, run_id="priced", prices=PriceTable({"fake-model": {"input": 1.0, "output": 2.0}}))
+    _run(world, run_id="unknown", prices=PriceTable({"another-model": {"input": 1.0, "output": 2.0}}))
+    with SqliteCheckpointer(world.tmp / "runs.db", readonly=True) as store:
+        priced, unknown = store.checkpoint("priced"), store.checkpoint("unknown")
+    assert priced is not None and unknown is not None
+    assert priced.cost_usd == pytest.approx(3 * (10 * 1.0 + 5 * 2.0) / 1e6)
+    assert priced.counters.get("calls_paid") == 3 and not priced.counters.get("unpriced_calls")
+    assert unknown.cost_usd == 0 and unknown.counters.get("unpriced_calls") == 3
 
 
 def test_a_closed_run_answers_from_its_journal_and_sends_nothing(world: World) -> None:

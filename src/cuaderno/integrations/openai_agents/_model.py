@@ -50,6 +50,7 @@ from cuaderno.errors import GatewayError, ReplayDivergence, StreamInterrupted, U
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway.base import ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
+from cuaderno.gateway.pricing import Prices
 from cuaderno.integrations.openai_agents._state import RunShared
 
 __all__ = ["FRAMEWORK", "KEY_HEADERS", "DurableModel", "DurableModelProvider", "completed_event", "jsonable", "plain"]
@@ -129,9 +130,10 @@ def from_journal(sdk: dict[str, Any]) -> SdkResponse:
     return SdkResponse(output=output, usage=usage, response_id=sdk.get("response_id"))
 
 
-def summary(response: SdkResponse, model: str | None) -> ModelResponse:
+def summary(response: SdkResponse, model: str | None, prices: Prices | None = None) -> ModelResponse:
     """The protocol's view of the SDK's answer: its text and tool calls (what ``cuaderno show``
-    prints and the empty-answer verdict reads) and its usage (the run's token counters)."""
+    prints and the empty-answer verdict reads), its usage (the run's token counters) and its cost
+    at ``prices`` (``None``, unpriced, when they do not know the model)."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for item in response.output:
@@ -146,9 +148,12 @@ def summary(response: SdkResponse, model: str | None) -> ModelResponse:
                 calls.append(ToolCall(id=item.call_id, name=item.name, arguments_error=str(exc),
                                       raw_arguments=item.arguments))
     u = response.usage
-    return ModelResponse(text="".join(texts), tool_calls=tuple(calls), finish_reason="stop",
-                         usage=Usage(input_tokens=u.input_tokens, output_tokens=u.output_tokens), model=model,
-                         response_id=response.response_id)
+    usage = Usage(input_tokens=u.input_tokens, output_tokens=u.output_tokens,
+                  cached_tokens=u.input_tokens_details.cached_tokens or 0,
+                  reasoning_tokens=u.output_tokens_details.reasoning_tokens or 0)
+    return ModelResponse(text="".join(texts), tool_calls=tuple(calls), finish_reason="stop", usage=usage,
+                         model=model, response_id=response.response_id,
+                         cost=prices.cost(usage, model) if prices is not None else None)
 
 
 @contextlib.contextmanager
@@ -210,7 +215,7 @@ class DurableModel(Model):
                         system_instructions, input, settings, tools, output_schema, handoffs, tracing,
                         previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
                 got.append(response)
-                return summary(response, self.name)
+                return summary(response, self.name, self.shared.prices)
 
             await self._journal(call, request, lambda: got[-1])
             response = got[-1]
@@ -261,7 +266,7 @@ class DurableModel(Model):
             # their item.done events (the SDK's own streamed loop fills it the same way).
             output = list(response.output) or items
             got.append((SdkResponse(output=output, usage=_usage(response.usage), response_id=response.id), completed))
-            return summary(got[-1][0], self.name)
+            return summary(got[-1][0], self.name, self.shared.prices)
 
         sending = asyncio.ensure_future(self._journal(call, request, lambda: got[-1][0]))
         try:

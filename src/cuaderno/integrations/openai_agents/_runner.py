@@ -53,6 +53,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.fingerprint import fingerprint
+from cuaderno.gateway.pricing import Prices, default_prices
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._model import DurableModel, DurableModelProvider, jsonable
@@ -100,12 +101,16 @@ class DurableRunner:
             definition's fingerprint, so a changed agent is a ``VersionMismatch``; a label you
             choose keeps runs resumable across changes you declare compatible.
         on_version_mismatch: ``"refuse"`` or ``"drain"`` (see :func:`cuaderno.durable.open_run`).
+        prices: what each model step's cost is priced with (a :class:`~cuaderno.PriceTable`, or
+            any :class:`~cuaderno.gateway.pricing.Prices`). ``None``: the maintained
+            ``genai-prices`` table when the ``[prices]`` extra is installed, found by the model's
+            name; unknown models are unpriced and counted as such (``cuaderno show``).
     """
 
     def __init__(self, store: Checkpointer, *, effects: Mapping[str, ToolEffect | str] | None = None,
                  tenant: str = "default", owner: str | None = None, retry: Retrying | None = None,
                  agent_version: str | None = None,
-                 on_version_mismatch: Literal["refuse", "drain"] = "refuse") -> None:
+                 on_version_mismatch: Literal["refuse", "drain"] = "refuse", prices: Prices | None = None) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
         if not isinstance(tenant, str) or not tenant:
@@ -119,6 +124,7 @@ class DurableRunner:
         self.retry: Retrying = retry or RetryPolicy()
         self.agent_version = agent_version
         self.on_version_mismatch = on_version_mismatch
+        self.prices = prices if prices is not None else default_prices()
 
     async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:
@@ -193,7 +199,8 @@ class DurableStream:
         if opened.closed:
             self.result = _answered(opened, agent)
             return
-        shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry)
+        shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry,
+                           prices=runner.prices)
         try:
             async for event in self._drive(opened, shared):
                 yield event

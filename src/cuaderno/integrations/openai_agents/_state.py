@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cuaderno.durable import JournalLog
 from cuaderno.durable.model_call import Retrying
+from cuaderno.gateway.pricing import Prices
 
 __all__ = ["POLICY_VERSION", "RunShared"]
 
@@ -30,5 +31,7 @@ class RunShared:
     run_id: str
     tenant: str
     retry: Retrying
+    prices: Prices | None = None
+    """What a model step's cost is priced with (``None``: every step unpriced, counted as such)."""
     model_steps: int = 0
     turn: int = -1

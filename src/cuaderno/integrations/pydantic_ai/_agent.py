@@ -44,6 +44,7 @@ from cuaderno.durable.approval import Approval
 from cuaderno.durable.opening import Mismatch, Opened, open_run
 from cuaderno.errors import UncertainEffect, UsageError
 from cuaderno.fingerprint import fingerprint
+from cuaderno.gateway.pricing import Prices
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
@@ -122,6 +123,10 @@ class DurableAgent(Generic[OutputT]):
         on_version_mismatch: what a run started by another agent definition does: ``refuse``
             (:class:`~cuaderno.errors.VersionMismatch`), ``drain``, or a callable (see
             :func:`~cuaderno.durable.open_run`).
+        prices: what each model step's cost is priced with (a :class:`~cuaderno.PriceTable`, or
+            any :class:`~cuaderno.gateway.pricing.Prices`). ``None``: the maintained
+            ``genai-prices`` table for the model's endpoint when the ``[prices]`` extra is
+            installed; unknown models are unpriced and counted as such (``cuaderno show``).
 
     Raises:
         UsageError: a model whose OpenAI client retries on its own (``max_retries`` must be 0:
@@ -132,7 +137,8 @@ class DurableAgent(Generic[OutputT]):
                  effects: Mapping[str, ToolEffect] | None = None, tenant: str = "default",
                  owner: str | None = None, retry: RetryPolicy | None = None,
                  key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
-                 on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse") -> None:
+                 on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse",
+                 prices: Prices | None = None) -> None:
         if not isinstance(agent, Agent):
             raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
         if not isinstance(journal, Checkpointer):
@@ -147,6 +153,7 @@ class DurableAgent(Generic[OutputT]):
         self.key_headers = tuple(key_headers)
         self.on_version_mismatch = on_version_mismatch
         self.definition = definition_fingerprint(agent, self.effects)
+        self.prices = prices
 
     async def run(self, user_prompt: str | None = None, *, run_id: str,
                   message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
@@ -181,7 +188,7 @@ class DurableAgent(Generic[OutputT]):
     async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
         state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
-                         retry=self.retry, key_headers=self.key_headers, rng=random.Random())
+                         retry=self.retry, key_headers=self.key_headers, prices=self.prices, rng=random.Random())
         capability = CuadernoJournal(state)
         prompt: str | None = user_prompt
         deferred: DeferredToolResults | None = None

@@ -22,6 +22,7 @@ from pydantic_ai.messages import (
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.base import ToolCall, Usage
+from cuaderno.gateway.pricing import Prices
 
 __all__ = ["content", "dump", "load_response", "messages_fingerprint", "to_journal"]
 
@@ -58,10 +59,10 @@ def messages_fingerprint(messages: Sequence[ModelMessage]) -> str:
     return fingerprint(content(dump(messages)))
 
 
-def to_journal(response: ModelResponse) -> JournalResponse:
+def to_journal(response: ModelResponse, prices: Prices | None = None) -> JournalResponse:
     """The response in cuaderno's own shape, for what reads every run alike (``cuaderno show``,
-    the empty/refused verdict, usage and cost). The framework's own dump is journaled beside it
-    and is what replay uses."""
+    the empty/refused verdict, usage and cost at ``prices``: ``None``, unpriced, when they do not
+    know the model). The framework's own dump is journaled beside it and is what replay uses."""
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
     calls = []
     for p in response.parts:
@@ -74,4 +75,5 @@ def to_journal(response: ModelResponse) -> JournalResponse:
     usage = Usage(input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
                   cached_tokens=response.usage.cache_read_tokens)
     return JournalResponse(text=text, tool_calls=tuple(calls), finish_reason=response.finish_reason, usage=usage,
-                           model=response.model_name, response_id=response.provider_response_id)
+                           model=response.model_name, response_id=response.provider_response_id,
+                           cost=prices.cost(usage, response.model_name) if prices is not None else None)

@@ -31,6 +31,7 @@ from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.errors import from_exception, from_status
+from cuaderno.gateway.pricing import default_prices
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
 
@@ -90,7 +91,8 @@ class JournaledModel(WrapperModel):
                 # intent, counted.
                 raise _classified(exc) from exc
             answered.append(response)
-            return to_journal(response)
+            prices = state.prices if state.prices is not None else default_prices(self.wrapped.base_url)
+            return to_journal(response, prices)
 
         sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         response = answered[-1]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from cuaderno.durable.log import JournalLog
 from cuaderno.errors import ReplayDivergence
+from cuaderno.gateway.pricing import Prices
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect
 from cuaderno.loop.agent import RetryPolicy
 
@@ -29,6 +30,8 @@ class RunState:
     effects: dict[str, ToolEffect]
     retry: RetryPolicy
     key_headers: tuple[str, ...]
+    prices: Prices | None = None
+    """What a model step's cost is priced with (``None``: every step unpriced, counted as such)."""
     rng: random.Random = field(default_factory=random.Random)
     model_steps: int = 0
     """Model requests made (or replayed) so far in this process's pass over the run."""
