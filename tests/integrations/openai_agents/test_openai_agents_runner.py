@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from _oai_harness import ProviderProcess, journal_events
 from _runner_end import held, runner_end
+from _spans_seen import span_names
 from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 
 from cuaderno import PriceTable, SqliteCheckpointer
@@ -110,6 +112,26 @@ def test_each_step_is_priced_with_the_prices_given_and_unpriced_otherwise(provid
     assert len(results) == 5 and expected > 0 and priced.cost_usd == pytest.approx(expected)
     assert priced.counters.get("calls_paid") == 5 and not priced.counters.get("unpriced_calls")
     assert unknown.cost_usd == 0 and unknown.counters.get("unpriced_calls") == 5
+
+
+def test_each_send_and_each_tool_body_is_a_span_and_a_replay_is_none(provider: ProviderProcess,
+                                                                      store: SqliteCheckpointer,
+                                                                      spans: InMemorySpanExporter) -> None:
+    """The GenAI spans cuaderno's own loop emits: one ``chat`` per send, one ``execute_tool`` per
+    tool body, with the run and step; answering the ended run again sends nothing and traces
+    nothing."""
+    run(store, agent(provider), run_id="traced", prices=PriceTable({"fake-model": {"input": 1.0, "output": 2.0}}))
+    names = span_names(spans)
+    chats = [step for name, step in names if name == "chat fake-model"]
+    tools = sorted(name for name, _ in names if name.startswith("execute_tool"))
+    assert chats == [f"t{n:04d}.model" for n in range(5)]
+    assert tools == sorted(["execute_tool transfer"] * 5 + ["execute_tool balance", "execute_tool notify"])
+    assert {(s.attributes or {}).get("cuaderno.run_id") for s in spans.get_finished_spans()} == {"traced"}
+    chat = next(s for s in spans.get_finished_spans() if s.name == "chat fake-model")
+    attributes = chat.attributes or {}
+    assert attributes["gen_ai.usage.output_tokens"] == 20 and attributes["cuaderno.cost_usd"] > 0
+    spans.clear()
+    assert run(store, agent(provider), run_id="traced").replayed and span_names(spans) == []
 
 
 def test_keys_are_the_same_in_a_resume(provider: ProviderProcess, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _program import Deps, Paid, build_agent, effects
 from _runner_end import held, runner_end
 from _servers import Provider, Receipts
+from _spans_seen import span_names
 
 PROMPT = 'PAY: [["transfer", "ana", 10], ["transfer", "bob", 20]]'
 
@@ -91,6 +93,19 @@ def test_each_step_is_priced_with_the_prices_given_and_unpriced_otherwise(world:
     assert priced.cost_usd == pytest.approx(3 * (10 * 1.0 + 5 * 2.0) / 1e6)
     assert priced.counters.get("calls_paid") == 3 and not priced.counters.get("unpriced_calls")
     assert unknown.cost_usd == 0 and unknown.counters.get("unpriced_calls") == 3
+
+
+def test_each_send_and_each_tool_body_is_a_span_and_a_replay_is_none(world: World,
+                                                                      spans: InMemorySpanExporter) -> None:
+    _run(world, run_id="traced")
+    names = span_names(spans)
+    assert [step for name, step in names if name == "chat fake-model"] == ["t0000.model", "t0001.model", "t0002.model"]
+    assert sorted(name for name, _ in names if name.startswith("execute_tool")) == ["execute_tool transfer"] * 2
+    chat = next(s for s in spans.get_finished_spans() if s.name == "chat fake-model")
+    attributes = chat.attributes or {}
+    assert attributes["gen_ai.provider.name"] == "openai" and attributes["gen_ai.usage.input_tokens"] == 10
+    spans.clear()
+    assert _run(world, run_id="traced").replayed and span_names(spans) == []
 
 
 def test_a_closed_run_answers_from_its_journal_and_sends_nothing(world: World) -> None:

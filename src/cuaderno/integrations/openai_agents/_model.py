@@ -45,10 +45,11 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 from pydantic import TypeAdapter
 
+from cuaderno import telemetry
 from cuaderno.durable import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, StreamInterrupted, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
-from cuaderno.gateway.base import ModelResponse, ToolCall, Usage
+from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.gateway.pricing import Prices
 from cuaderno.integrations.openai_agents._state import RunShared
@@ -210,12 +211,14 @@ class DurableModel(Model):
             got: list[SdkResponse] = []
 
             async def request() -> ModelResponse:
-                with _classified(), provider_managed_retries_disabled(True):
+                with self._span(call, settings) as span, _classified(), provider_managed_retries_disabled(True):
                     response = await self.inner.get_response(
                         system_instructions, input, settings, tools, output_schema, handoffs, tracing,
                         previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
-                got.append(response)
-                return summary(response, self.name, self.shared.prices)
+                    got.append(response)
+                    answer = summary(response, self.name, self.shared.prices)
+                    span.response(answer)
+                return answer
 
             await self._journal(call, request, lambda: got[-1])
             response = got[-1]
@@ -248,7 +251,7 @@ class DurableModel(Model):
         async def request() -> ModelResponse:
             completed: ResponseCompletedEvent | None = None
             items: list[TResponseOutputItem] = []
-            with _classified(), provider_managed_retries_disabled(True):
+            with self._span(call, settings) as span, _classified(), provider_managed_retries_disabled(True):
                 async for event in self.inner.stream_response(
                         system_instructions, input, settings, tools, output_schema, handoffs, tracing,
                         previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt):
@@ -259,14 +262,17 @@ class DurableModel(Model):
                         events.put_nowait(event)
                     else:
                         events.put_nowait(event)
-            if completed is None:
-                raise StreamInterrupted(f"{self.name}: the stream ended without response.completed")
-            response = completed.response
-            # Some backends leave the final response's output empty and send the items only in
-            # their item.done events (the SDK's own streamed loop fills it the same way).
-            output = list(response.output) or items
-            got.append((SdkResponse(output=output, usage=_usage(response.usage), response_id=response.id), completed))
-            return summary(got[-1][0], self.name, self.shared.prices)
+                if completed is None:
+                    raise StreamInterrupted(f"{self.name}: the stream ended without response.completed")
+                response = completed.response
+                # Some backends leave the final response's output empty and send the items only in
+                # their item.done events (the SDK's own streamed loop fills it the same way).
+                output = list(response.output) or items
+                got.append((SdkResponse(output=output, usage=_usage(response.usage), response_id=response.id),
+                            completed))
+                answer = summary(got[-1][0], self.name, self.shared.prices)
+                span.response(answer)
+            return answer
 
         sending = asyncio.ensure_future(self._journal(call, request, lambda: got[-1][0]))
         try:
@@ -313,6 +319,12 @@ class DurableModel(Model):
         # sent again with the same key (the protocol counts it), not a new one.
         self.shared.model_steps = call.turn + 1
         self.shared.turn = call.turn
+
+    def _span(self, call: ModelCall, settings: ModelSettings) -> telemetry.ModelCallSpan:
+        """The ``chat`` span of one send (a replayed answer is not a call: never traced)."""
+        asked = ModelRequest(instructions="", messages=(), model=self.name, max_output_tokens=settings.max_tokens,
+                             temperature=settings.temperature)
+        return telemetry.model_call(asked, run_id=self.shared.run_id, step_id=call.step_id, provider="openai")
 
     @staticmethod
     def _keyed(model_settings: ModelSettings, call: ModelCall) -> ModelSettings:

@@ -36,6 +36,7 @@ from agents.tool import (
 )
 from agents.tool_context import ToolContext
 
+from cuaderno import telemetry
 from cuaderno.durable import Approval, Effect
 from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ReplayDivergence, ToolError
@@ -102,7 +103,8 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
         async def body(attempt: int) -> Any:
             token = enter(call(attempt))
             try:
-                value = await raw.on_invoke_tool(ctx, input)
+                with telemetry.tool_call(name, run_id=shared.run_id, step_id=step_id, call_id=ctx.tool_call_id):
+                    value = await raw.on_invoke_tool(ctx, input)
             except ToolError:
                 raise
             except Exception as exc:

@@ -26,9 +26,11 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 
+from cuaderno import telemetry
 from cuaderno.durable.model_call import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
+from cuaderno.gateway.base import ModelRequest as JournalRequest
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.errors import from_exception, from_status
 from cuaderno.gateway.pricing import default_prices
@@ -78,21 +80,29 @@ class JournaledModel(WrapperModel):
                                      **{name: call.key for name in state.key_headers}}
         answered: list[ModelResponse] = []
 
+        asked_of = JournalRequest(instructions="", messages=(), model=self.wrapped.model_name,
+                                max_output_tokens=settings.get("max_tokens"), temperature=settings.get("temperature"))
+
         async def send() -> JournalResponse:
-            try:
-                response = await self.wrapped.request(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
-                                                      model_request_parameters)
-            except GatewayError:
-                raise
-            except Exception as exc:
-                # Classified once, by cuaderno's mapping of the SDK's exceptions (pydantic-ai keeps
-                # the openai error as the cause): a refused connection provably left nothing; a
-                # read timeout or a 5xx may have been billed, and is re-sent only after a new
-                # intent, counted.
-                raise _classified(exc) from exc
-            answered.append(response)
-            prices = state.prices if state.prices is not None else default_prices(self.wrapped.base_url)
-            return to_journal(response, prices)
+            # The chat span of this send (a replayed answer is not a call: never traced).
+            with telemetry.model_call(asked_of, run_id=state.run_id, step_id=step_id,
+                                      provider=self.wrapped.system) as span:
+                try:
+                    response = await self.wrapped.request(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
+                                                          model_request_parameters)
+                except GatewayError:
+                    raise
+                except Exception as exc:
+                    # Classified once, by cuaderno's mapping of the SDK's exceptions (pydantic-ai
+                    # keeps the openai error as the cause): a refused connection provably left
+                    # nothing; a read timeout or a 5xx may have been billed, and is re-sent only
+                    # after a new intent, counted.
+                    raise _classified(exc) from exc
+                answered.append(response)
+                prices = state.prices if state.prices is not None else default_prices(self.wrapped.base_url)
+                answer = to_journal(response, prices)
+                span.response(answer)
+            return answer
 
         sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         response = answered[-1]

@@ -24,6 +24,7 @@ from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from cuaderno import telemetry
 from cuaderno.durable.approval import Approval
 from cuaderno.durable.effect import BodyBug, Effect, effect_key
 from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
@@ -79,7 +80,8 @@ class JournaledToolset(WrapperToolset[Any]):
         async def body(attempt: int) -> Any:
             token = _EFFECT_KEY.set(effect.key)
             try:
-                value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+                with telemetry.tool_call(name, run_id=state.run_id, step_id=step_id, call_id=ctx.tool_call_id):
+                    value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
             except ModelRetry as retry:
                 # The tool asks the model to try again: a classified outcome, journaled and
                 # raised again on replay (the model is told the same thing on every pass).
