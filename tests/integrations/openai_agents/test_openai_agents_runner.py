@@ -13,12 +13,22 @@ import pytest
 from _oai_harness import ProviderProcess, journal_events
 from _runner_end import held, runner_end
 from _spans_seen import span_names
-from agents import Agent, OpenAIChatCompletionsModel, RunContextWrapper, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    InputGuardrailTripwireTriggered,
+    OpenAIChatCompletionsModel,
+    RunContextWrapper,
+    function_tool,
+    input_guardrail,
+    output_guardrail,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 
-from cuaderno import PriceTable, SqliteCheckpointer
+from cuaderno import PriceTable, SqliteCheckpointer, harness
 from cuaderno.errors import (
     ErrorClass,
     GatewayError,
@@ -258,6 +268,65 @@ def test_an_ambiguous_failure_of_a_tool_without_lookup_stops_needs_human(provide
     cp = store.checkpoint("u")
     assert cp is not None and cp.status == "needs_human"
     _released(store, "u")
+
+
+def test_guardrails_are_journaled_once_and_a_resume_does_not_ask_them_again(provider: ProviderProcess,
+                                                                            store: SqliteCheckpointer) -> None:
+    """A guardrail that would decide otherwise the second time (it trips on every call after its
+    first) is asked once: a resume after needs_human hands back its journaled decision, so the
+    resumed run does not trip where the first pass did not."""
+    asked: list[str] = []
+
+    @input_guardrail
+    async def screen(ctx: RunContextWrapper[Any], agent: Agent[Any], value: Any) -> GuardrailFunctionOutput:
+        asked.append("in")
+        return GuardrailFunctionOutput(output_info={"calls": len(asked)}, tripwire_triggered=asked.count("in") > 1)
+
+    @output_guardrail
+    async def review(ctx: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> GuardrailFunctionOutput:
+        asked.append("out")
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered=asked.count("out") > 1)
+
+    @function_tool
+    async def lost(to: str, amount: int) -> str:
+        """Send money."""
+        raise ToolError("reply lost", error_class=ErrorClass.AMBIGUOUS, sent=True)
+
+    guarded = agent(provider, transfer=lost)
+    guarded.input_guardrails, guarded.output_guardrails = [screen], [review]
+    with pytest.raises(UncertainEffect) as stopped:
+        run(store, guarded, run_id="g", agent_version="guarded")
+    assert asked == ["in"]
+    uncertain = [e.step_id for e in store.load("g") if e.phase == "uncertain"]
+    assert stopped.value.step_id in uncertain  # the two parallel transfers of turn 0
+    for step in uncertain:
+        harness.resolve(store, "g", step, happened=True, result={"ok": True}, by="test", note="found it")
+    ok = agent(provider)
+    ok.input_guardrails, ok.output_guardrails = [screen], [review]
+    result = run(store, ok, run_id="g", agent_version="guarded")  # another tool body: the version is chosen
+    assert result.status == "completed" and asked == ["in", "out"]
+    guards = {e.step_id: e.payload["value"] for e in store.load("g") if e.step_id.startswith("guard.")
+              and e.phase == "result"}
+    assert guards == {"guard.in.00.screen": {"output_info": {"calls": 1}, "tripwire_triggered": False},
+                      "guard.out.00.review": {"output_info": None, "tripwire_triggered": False}}
+    assert run(store, ok, run_id="g", agent_version="guarded").replayed and asked == ["in", "out"]
+
+
+def test_a_guardrail_that_trips_ends_the_run_failed_with_its_decision_journaled(provider: ProviderProcess,
+                                                                                store: SqliteCheckpointer) -> None:
+    @input_guardrail
+    async def refuse(ctx: RunContextWrapper[Any], agent: Agent[Any], value: Any) -> GuardrailFunctionOutput:
+        return GuardrailFunctionOutput(output_info="no", tripwire_triggered=True)
+
+    a = agent(provider)
+    a.input_guardrails = [refuse]
+    with pytest.raises(InputGuardrailTripwireTriggered):
+        run(store, a, run_id="tripped")
+    cp = store.checkpoint("tripped")
+    assert cp is not None and cp.status == "failed"
+    [judged] = [e.payload["value"] for e in store.load("tripped") if e.step_id == "guard.in.00.refuse"
+                and e.phase == "result"]
+    assert judged == {"output_info": "no", "tripwire_triggered": True}
 
 
 def test_multi_turn_input_list(provider: ProviderProcess, store: SqliteCheckpointer) -> None:

@@ -56,6 +56,7 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices, default_prices
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
+from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
 from cuaderno.integrations.openai_agents._model import DurableModel, DurableModelProvider, jsonable
 from cuaderno.integrations.openai_agents._state import RunShared
 from cuaderno.integrations.openai_agents._tools import arguments_of, call_fingerprint, tool_step_id, wrap_tool
@@ -213,7 +214,10 @@ class DurableStream:
     async def _drive(self, opened: Opened, shared: RunShared) -> AsyncIterator[StreamEvent]:
         config = self._run_config or RunConfig()
         provider = config.model_provider if config.model_provider is not None else MultiProvider()
-        changes: dict[str, Any] = {"model_provider": DurableModelProvider(provider, shared)}
+        changes: dict[str, Any] = {
+            "model_provider": DurableModelProvider(provider, shared),
+            "input_guardrails": [journaled_input_guardrail(g, shared) for g in config.input_guardrails or []],
+            "output_guardrails": [journaled_output_guardrail(g, shared) for g in config.output_guardrails or []]}
         if isinstance(config.model, Model):
             changes["model"] = DurableModel(config.model, shared)
         config = dataclasses.replace(config, **changes)
@@ -274,7 +278,9 @@ def _wrap_agent(agent: Agent[Any], shared: RunShared, effects: Mapping[str, Tool
         return done[id(agent)]
     tools: list[Tool] = [wrap_tool(t, effects.get(t.name, ToolEffect()), shared) if isinstance(t, FunctionTool) else t
                          for t in agent.tools]
-    clone = agent.clone(tools=tools)
+    clone = agent.clone(tools=tools,
+                        input_guardrails=[journaled_input_guardrail(g, shared) for g in agent.input_guardrails],
+                        output_guardrails=[journaled_output_guardrail(g, shared) for g in agent.output_guardrails])
     done[id(agent)] = clone
     if isinstance(agent.model, Model) and not isinstance(agent.model, DurableModel):
         clone.model = DurableModel(agent.model, shared)

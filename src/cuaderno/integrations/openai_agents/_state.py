@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cuaderno.durable import JournalLog
 from cuaderno.durable.model_call import Retrying
@@ -33,5 +33,7 @@ class RunShared:
     retry: Retrying
     prices: Prices | None = None
     """What a model step's cost is priced with (``None``: every step unpriced, counted as such)."""
+    guards: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Calls of each guardrail (``in``/``out``, name) in this pass: the number in its step id."""
     model_steps: int = 0
     turn: int = -1
