@@ -34,6 +34,7 @@ from cuaderno.errors import (
     MigrationFailed,
     NotUncertain,
     NotWaitingForApproval,
+    RateLimitWaitTooLong,
     ReplayDivergence,
     RunBusy,
     RunCancelled,
@@ -54,6 +55,7 @@ from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse, Too
 from cuaderno.gateway.empty import classify_response
 from cuaderno.gateway.ladder import Escalate, FittingTools, Ladder, NamedTool, RelaxToolChoice, Resend
 from cuaderno.gateway.pricing import PriceTable
+from cuaderno.gateway.rate import RateLimit
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
 from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer, open_journal
@@ -136,6 +138,8 @@ __all__ = [
     "Policy",
     "PolicyDecision",
     "PriceTable",
+    "RateLimit",
+    "RateLimitWaitTooLong",
     "RelaxToolChoice",
     "ReplayDivergence",
     "Resend",

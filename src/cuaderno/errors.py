@@ -38,7 +38,8 @@ The tree::
     ├── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
     │   └── LadderExhausted        every rung of the empty-generation ladder was tried or skipped
     ├── MessageUnfinished          a conversation's last message has not finished; finish it first
-    └── ConversationClosed         the conversation was closed; it takes no new message
+    ├── ConversationClosed         the conversation was closed; it takes no new message
+    └── RateLimitWaitTooLong       a model request would wait for its provider's rate limit past max_wait
 
 Errors never carry live objects: every field is plain data, so they can be journaled as evidence
 and read back by the CLI or a later version. A message quotes what it was given through
@@ -87,6 +88,7 @@ __all__ = [
     "ToolArgumentsInvalid",
     "ToolError",
     "ToolResultInvalid",
+    "RateLimitWaitTooLong",
     "UncertainEffect",
     "UsageError",
     "VersionMismatch",
@@ -620,3 +622,26 @@ class LadderExhausted(BudgetExceeded):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.rungs, self.skipped))
+
+
+class RateLimitWaitTooLong(CuadernoError):
+    """A model request would have to wait longer than its rate limit's ``max_wait`` for its turn
+    (:class:`cuaderno.RateLimit`, shared by every worker on the journal).
+
+    Raised *before* the step's intent is written: nothing was sent, no idempotency key was used,
+    nothing is counted; the run stays where it was and a later resume asks again.
+
+    Attributes:
+        bucket: the limit's shared name (a hash of the endpoint and key or model, never the key).
+        wait: seconds the request would have waited.
+        max_wait: the configured bound.
+    """
+
+    def __init__(self, bucket: str, wait: float, max_wait: float) -> None:
+        self.bucket, self.wait, self.max_wait = bucket, float(wait), float(max_wait)
+        super().__init__(f"rate limit {quoted(bucket)}: this model request would wait {self.wait:.1f} s for its turn, "
+                         f"more than max_wait={self.max_wait:g} s; nothing was sent or journaled; raise max_wait, "
+                         "lower the workers' concurrency, or ask the provider for a higher limit")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.bucket, self.wait, self.max_wait))

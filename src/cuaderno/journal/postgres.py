@@ -213,6 +213,12 @@ class PostgresCheckpointer(PgServer, SqlWriter):
             self._close_quietly()
             raise
 
+    def side_connection(self) -> psycopg.Connection[Any]:
+        """A new connection of the caller's own to this journal's database and schema (autocommit),
+        for what keeps its own table beside the journal (the shared rate limiter,
+        :mod:`cuaderno.flow.ratelimit`). The caller closes it."""
+        return self._connect()
+
     @classmethod
     def from_url(cls, url: str, *, create: bool = True, readonly: bool = False) -> PostgresCheckpointer:
         """Open the journal a ``postgresql://`` URL names. Besides libpq's own query parameters

@@ -1,0 +1,366 @@
+"""A provider's rate limit, shared by every worker on the journal (issue 36, part 2).
+
+A provider limits requests and tokens per minute **per API key**: N workers that each retry on
+429 make a storm, and each one's retries make the others' 429s. So the budget lives in one row
+per key (or model) of the journal's own database, in the limiter's own table
+``cuaderno_rate_limits`` (created here on first use, on SQLite and PostgreSQL alike: it is not
+part of the journal's schema and needs no migration; dropping it loses nothing but pacing), and
+every worker takes its turn from that row.
+
+The algorithm is GCRA ("virtual scheduling"): the row keeps, per budget, the *theoretical
+arrival time* (TAT) of the next request, in the database's clock. A request of ``c`` tokens may
+start at ``max(now, req_tat - burst, tok_tat - burst, paused_until)``; taking that turn moves
+``req_tat`` on by ``60 / requests_per_minute`` and ``tok_tat`` by ``c * 60 / tokens_per_minute``.
+One short transaction reserves a turn, and the caller then sleeps *outside* it until its turn:
+no polling, no lock held while waiting, no thundering herd when a pause ends (the turns after it
+are handed out one by one, in order).
+
+- **Clock**: the database's (``julianday('now')`` on SQLite, ``clock_timestamp()`` on
+  PostgreSQL). A turn comes back as a wait in seconds, which each host sleeps on its own
+  monotonic clock: hosts whose clocks disagree still agree on the order and spacing of turns.
+- **Transactions**: SQLite takes the row under ``BEGIN IMMEDIATE`` (the file's write lock, for
+  the microseconds the row update takes: never while anyone waits); PostgreSQL under
+  ``SELECT ... FOR UPDATE`` of the one row. The limiter's connection commits without a sync
+  (``synchronous=NORMAL`` / ``synchronous_commit=off``): a turn lost to a power cut makes one
+  request early, never a journal row wrong; the journal's own commits keep their durability.
+- **Feedback** (:class:`RateGate.sending`): what the provider's answers report (a 429's
+  ``Retry-After``, ``x-ratelimit-remaining-*`` at 0 with their reset) sets ``paused_until`` for
+  everyone; a worker that reserved a turn before the pause checks it after its sleep and takes a
+  new turn after the pause.
+- **Tokens**: counted before the call at an estimate (prompt characters / 4 + the output bound)
+  and set right from the usage the answer reports (:meth:`RateGate.answered`).
+
+What the wait holds: nothing of the journal. It happens before the step's intent is staged
+(:meth:`cuaderno.durable.ModelCall.send`), so no idempotency key is used, nothing is counted as
+possibly billed twice, and no journal transaction is open; the run's hold (the worker's lock on
+the run) is kept, since the worker is in the middle of the run and will send as soon as its turn
+comes. A wait longer than ``max_wait`` is refused at once (:class:`~cuaderno.RateLimitWaitTooLong`)
+without taking the turn; a cancelled wait leaves its turn unused (one request's worth of budget
+lost, never a request over the limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sqlite3
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from cuaderno.errors import RateLimitWaitTooLong, UsageError
+from cuaderno.gateway import rate
+from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.gateway.rate import RateLimit
+
+__all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "next_turn", "rate_gate"]
+
+TABLE = "cuaderno_rate_limits"
+
+# Every statement is a constant: only bound parameters reach the SQL (R12). The clock is the
+# database's: julianday('now') on SQLite (the host's), clock_timestamp() on PostgreSQL (the
+# server's, read when the statement runs, after the row lock: now() is the transaction's start).
+_SQLITE = {
+    "table": "CREATE TABLE IF NOT EXISTS cuaderno_rate_limits (bucket TEXT PRIMARY KEY, "
+             "req_tat REAL NOT NULL DEFAULT 0, tok_tat REAL NOT NULL DEFAULT 0, paused_until REAL NOT NULL DEFAULT 0)",
+    "now": "SELECT (julianday('now') - 2440587.5) * 86400.0",
+    "row": "SELECT req_tat, tok_tat, paused_until FROM cuaderno_rate_limits WHERE bucket = ?",
+    "take": "INSERT INTO cuaderno_rate_limits (bucket, req_tat, tok_tat, paused_until) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (bucket) DO UPDATE SET req_tat = excluded.req_tat, tok_tat = excluded.tok_tat",
+    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until) "
+             "VALUES (?, (julianday('now') - 2440587.5) * 86400.0 + ?) "
+             "ON CONFLICT (bucket) DO UPDATE SET paused_until = MAX(paused_until, excluded.paused_until)",
+    "paused": "SELECT paused_until - (julianday('now') - 2440587.5) * 86400.0 FROM cuaderno_rate_limits "
+              "WHERE bucket = ?",
+    "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + ? WHERE bucket = ?",
+}
+_PG = {
+    "table": "CREATE TABLE IF NOT EXISTS cuaderno_rate_limits (bucket TEXT PRIMARY KEY, "
+             "req_tat DOUBLE PRECISION NOT NULL DEFAULT 0, tok_tat DOUBLE PRECISION NOT NULL DEFAULT 0, "
+             "paused_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
+    "now": "SELECT extract(epoch from clock_timestamp())::double precision",
+    "row": "SELECT req_tat, tok_tat, paused_until FROM cuaderno_rate_limits WHERE bucket = %s FOR UPDATE",
+    "new": "INSERT INTO cuaderno_rate_limits (bucket) VALUES (%s) ON CONFLICT DO NOTHING",
+    "take": "UPDATE cuaderno_rate_limits SET req_tat = %s, tok_tat = %s WHERE bucket = %s",
+    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until) "
+             "VALUES (%s, extract(epoch from clock_timestamp())::double precision + %s) "
+             "ON CONFLICT (bucket) DO UPDATE SET "
+             "paused_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until)",
+    "paused": "SELECT paused_until - extract(epoch from clock_timestamp())::double precision "
+              "FROM cuaderno_rate_limits WHERE bucket = %s",
+    "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + %s WHERE bucket = %s",
+}
+
+
+class Reserved(NamedTuple):
+    """A turn taken: seconds from now until it (``<= 0``: at once), and when it is, in the
+    database's clock (what orders turns across hosts)."""
+
+    wait: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A budget's row: the next free turn for requests and for tokens, and the pause."""
+
+    req_tat: float = 0.0
+    tok_tat: float = 0.0
+    paused_until: float = 0.0
+
+
+def next_turn(row: Turn, now: float, limit: RateLimit, tokens: int) -> tuple[float, Turn]:
+    """GCRA: the seconds until a request of ``tokens`` may start, and the row once it has taken
+    that turn (pure; see the module docstring)."""
+    burst = limit.burst_seconds
+    rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
+    start = max(now, row.paused_until)
+    if rpm is not None:
+        start = max(start, row.req_tat - burst)
+    if tpm is not None:
+        start = max(start, row.tok_tat - burst)
+    req_tat = row.req_tat if rpm is None else max(row.req_tat, start) + 60.0 / rpm
+    tok_tat = row.tok_tat if tpm is None else max(row.tok_tat, start) + tokens * 60.0 / tpm
+    return start - now, Turn(req_tat, tok_tat, row.paused_until)
+
+
+class _Store(Protocol):
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved: ...
+
+    def pause(self, bucket: str, seconds: float) -> None: ...
+
+    def paused_for(self, bucket: str) -> float: ...
+
+    def add_tokens(self, bucket: str, seconds: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Sqlite:
+    """The row on SQLite: one host, every process on the journal file."""
+
+    def __init__(self, path: str) -> None:
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA synchronous=NORMAL")  # this connection's commits only (see the module docstring)
+        self._lock = threading.Lock()
+        with self._txn():
+            self._db.execute(_SQLITE["table"])
+
+    @contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+        with self._txn() as db:
+            now = db.execute(_SQLITE["now"]).fetchone()[0]
+            got = db.execute(_SQLITE["row"], (bucket,)).fetchone()
+            wait, row = next_turn(Turn(*got) if got else Turn(), now, limit, tokens)
+            if wait > limit.max_wait:
+                raise RateLimitWaitTooLong(bucket, wait, limit.max_wait)
+            db.execute(_SQLITE["take"], (bucket, row.req_tat, row.tok_tat, row.paused_until))
+            return Reserved(wait, now + wait)
+
+    def pause(self, bucket: str, seconds: float) -> None:
+        with self._txn() as db:
+            db.execute(_SQLITE["pause"], (bucket, seconds))
+
+    def paused_for(self, bucket: str) -> float:
+        with self._lock:
+            got = self._db.execute(_SQLITE["paused"], (bucket,)).fetchone()
+        return max(got[0], 0.0) if got else 0.0
+
+    def add_tokens(self, bucket: str, seconds: float) -> None:
+        with self._txn() as db:
+            db.execute(_SQLITE["tokens"], (seconds, bucket))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _Postgres:
+    """The row on PostgreSQL: workers on several hosts, the server's clock."""
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        import psycopg
+
+        self._errors = psycopg.errors
+        self._conn = connect()
+        self._conn.execute("SET synchronous_commit TO off")  # this session only (see the module docstring)
+        self._lock = threading.Lock()
+        try:
+            self._conn.execute(_PG["table"])
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            pass  # another worker created it at the same moment (CREATE ... IF NOT EXISTS races on pg_type)
+
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+        with self._lock, self._conn.transaction():
+            got = self._locked_row(bucket)
+            now = float(self._conn.execute(_PG["now"]).fetchone()[0])  # read once the row is ours
+            wait, row = next_turn(Turn(*got), now, limit, tokens)
+            if wait > limit.max_wait:
+                raise RateLimitWaitTooLong(bucket, wait, limit.max_wait)
+            self._conn.execute(_PG["take"], (row.req_tat, row.tok_tat, bucket))
+            return Reserved(wait, now + wait)
+
+    def _locked_row(self, bucket: str) -> tuple[float, float, float]:
+        got = self._conn.execute(_PG["row"], (bucket,)).fetchone()
+        if got is None:
+            self._conn.execute(_PG["new"], (bucket,))
+            got = self._conn.execute(_PG["row"], (bucket,)).fetchone()
+        return float(got[0]), float(got[1]), float(got[2])
+
+    def pause(self, bucket: str, seconds: float) -> None:
+        with self._lock:
+            self._conn.execute(_PG["pause"], (bucket, seconds))
+
+    def paused_for(self, bucket: str) -> float:
+        with self._lock:
+            got = self._conn.execute(_PG["paused"], (bucket,)).fetchone()
+        return max(float(got[0]), 0.0) if got else 0.0
+
+    def add_tokens(self, bucket: str, seconds: float) -> None:
+        with self._lock:
+            self._conn.execute(_PG["tokens"], (seconds, bucket))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class SharedLimits:
+    """The limiter's rows on one journal's database, with this process's connection to them.
+
+    One per store and process (:meth:`of`): SQLite opens the journal's file again (its own
+    connection: the limiter never waits on, or holds, the journal's writer); PostgreSQL opens one
+    connection of its own to the journal's database and schema. A memory journal gets a
+    per-process table (it has no second process to share with).
+    """
+
+    def __init__(self, store: object) -> None:
+        side = getattr(store, "side_connection", None)
+        path = getattr(store, "path", None)
+        if callable(side):
+            self._rows: _Store = _Postgres(side)
+        elif isinstance(path, str) and path:
+            self._rows = _Sqlite(path)
+        elif type(store).__name__ == "MemoryCheckpointer":
+            self._rows = _Sqlite(":memory:")
+        else:
+            raise UsageError(f"a shared rate limit needs a SQLite or PostgreSQL journal, not a {type(store).__name__}")
+        # The connection lives as long as the store: closed when the store is collected.
+        self._finalizer = weakref.finalize(store, self._rows.close)
+
+    def close(self) -> None:
+        """Close this process's connection to the rows (a later use of this object fails)."""
+        self._finalizer()
+
+    _of: weakref.WeakKeyDictionary[object, SharedLimits] = weakref.WeakKeyDictionary()
+    _of_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, store: object) -> SharedLimits:
+        """The limits on ``store``'s database (opened, and the table created, on first use)."""
+        with cls._of_lock:
+            found = cls._of.get(store)
+            if found is None:
+                found = cls._of[store] = cls(store)
+            return found
+
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+        """Take the next turn of ``bucket`` for a request of ``tokens``.
+
+        Raises:
+            RateLimitWaitTooLong: the turn is more than ``limit.max_wait`` away; it was not taken.
+        """
+        return self._rows.reserve(bucket, limit, tokens)
+
+    def pause(self, bucket: str, seconds: float) -> None:
+        """Nobody sends on ``bucket`` for ``seconds`` from now (the database's now)."""
+        self._rows.pause(bucket, seconds)
+
+    def paused_for(self, bucket: str) -> float:
+        """Seconds left of ``bucket``'s pause (0: none)."""
+        return self._rows.paused_for(bucket)
+
+    def add_tokens(self, bucket: str, limit: RateLimit, tokens: int) -> None:
+        """Count ``tokens`` more (or fewer, when negative) than a request reserved."""
+        if limit.tokens_per_minute is not None and tokens:
+            self._rows.add_tokens(bucket, tokens * 60.0 / limit.tokens_per_minute)
+
+
+def estimate_tokens(request: ModelRequest, limit: RateLimit) -> int:
+    """What a request is counted at before it is sent: its prompt at four characters a token
+    (generous: the JSON around the text counts too) plus the output it may generate."""
+    prompt = len(json.dumps([request.instructions, request.messages, request.tools], ensure_ascii=False,
+                            default=str))
+    output = request.max_output_tokens if request.max_output_tokens is not None else limit.output_tokens
+    return math.ceil(prompt / 4) + output
+
+
+class RateGate:
+    """One model request's turn under a shared :class:`~cuaderno.RateLimit` (the gate
+    :meth:`cuaderno.durable.ModelCall.send` passes before the intent and around each send)."""
+
+    __slots__ = ("bucket", "limit", "limits", "sleep", "tokens")
+
+    def __init__(self, limits: SharedLimits, bucket: str, limit: RateLimit, tokens: int,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.limits, self.bucket, self.limit, self.tokens, self.sleep = limits, bucket, limit, tokens, sleep
+
+    async def admit(self) -> None:
+        """Wait for this request's turn (before its intent is written).
+
+        Raises:
+            RateLimitWaitTooLong: its turn is further than ``max_wait``.
+        """
+        while True:
+            wait = self.limits.reserve(self.bucket, self.limit, self.tokens).wait
+            if wait <= 0:
+                return
+            await self.sleep(wait)
+            # Another worker may have been told to back off while this one slept: its turn was
+            # handed out before the pause, so it takes a new one after it.
+            if self.limits.paused_for(self.bucket) <= 0:
+                return
+
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around one send: what its answer says about the limit pauses every worker."""
+        with rate.watching() as watch:
+            try:
+                yield
+            finally:
+                pause = max((s.pause() for s in watch.signals), default=0.0)
+                if pause > 0:
+                    self.limits.pause(self.bucket, pause)
+
+    def answered(self, response: ModelResponse) -> None:
+        """Set the reserved token count right from the usage the answer reports (when it does)."""
+        used = response.usage.input_tokens + response.usage.output_tokens
+        if used:
+            self.limits.add_tokens(self.bucket, self.limit, used - self.tokens)
+
+
+def rate_gate(store: object, gateway: object, request: ModelRequest,
+              sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> RateGate | None:
+    """The gate a model request of ``gateway`` passes on ``store``'s database, or ``None`` when
+    the gateway declares no :class:`~cuaderno.RateLimit` (its ``rate_limit`` attribute)."""
+    limit = getattr(gateway, "rate_limit", None)
+    if not isinstance(limit, RateLimit):
+        return None
+    label = getattr(gateway, "rate_bucket", None)
+    bucket = label(request) if callable(label) else rate.bucket_label(
+        limit, endpoint=type(gateway).__name__, api_key=None, model=request.model)
+    return RateGate(SharedLimits.of(store), bucket, limit, estimate_tokens(request, limit), sleep)

@@ -1,0 +1,193 @@
+"""The shared limiter's algorithm and its rows on SQLite and PostgreSQL, across processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuaderno import MemoryCheckpointer, RateLimit, RateLimitWaitTooLong, SqliteCheckpointer, UsageError
+from cuaderno.flow.ratelimit import SharedLimits, Turn, next_turn
+from cuaderno.gateway.rate import bucket_label, parse_duration, read_rate_headers
+
+
+def test_turns_are_spaced_by_the_request_limit() -> None:
+    limit = RateLimit(requests_per_minute=60)
+    row, waits = Turn(), []
+    for _ in range(4):
+        wait, row = next_turn(row, 100.0, limit, 0)
+        waits.append(wait)
+    assert waits == [0.0, 1.0, 2.0, 3.0]
+    # Time passing frees the turns: at 110 s the next request goes at once.
+    assert next_turn(row, 110.0, limit, 0)[0] == 0.0
+
+
+def test_burst_lets_that_many_seconds_of_budget_go_at_once() -> None:
+    limit = RateLimit(requests_per_minute=60, burst_seconds=2)
+    row, waits = Turn(), []
+    for _ in range(5):
+        wait, row = next_turn(row, 0.0, limit, 0)
+        waits.append(wait)
+    assert waits == [0.0, 0.0, 0.0, 1.0, 2.0]
+
+
+def test_tokens_space_requests_by_their_cost_and_a_pause_holds_everyone() -> None:
+    limit = RateLimit(tokens_per_minute=6000)  # 100 tokens a second
+    wait, row = next_turn(Turn(), 0.0, limit, 500)
+    assert wait == 0.0 and row.tok_tat == 5.0
+    assert next_turn(row, 0.0, limit, 100)[0] == 5.0
+    paused = Turn(row.req_tat, row.tok_tat, paused_until=30.0)
+    assert next_turn(paused, 0.0, limit, 100)[0] == 30.0
+
+
+@pytest.mark.parametrize("bad", [
+    {}, {"requests_per_minute": 0}, {"requests_per_minute": float("nan")}, {"tokens_per_minute": -1},
+    {"requests_per_minute": True}, {"requests_per_minute": 1, "per": "user"}, {"requests_per_minute": 1, "max_wait": -1},
+    {"requests_per_minute": 1, "output_tokens": 1.5},
+])
+def test_a_bad_rate_limit_is_a_usage_error(bad: dict[str, Any]) -> None:
+    with pytest.raises(UsageError):
+        RateLimit(**bad)
+
+
+def test_headers_of_openai_and_anthropic_are_read() -> None:
+    assert parse_duration("6m0s") == 360.0 and parse_duration("20ms") == 0.02 and parse_duration("1h2m3.5s") == 3723.5
+    assert parse_duration("soon") is None
+    sig = read_rate_headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s",
+                             "x-ratelimit-remaining-tokens": "900", "x-ratelimit-reset-tokens": "6ms"})
+    assert sig is not None and sig.pause() == 1.5
+    sig = read_rate_headers({"retry-after-ms": "2500", "retry-after": "9"}, status=429)
+    assert sig is not None and sig.retry_after == 2.5 and sig.pause() == 2.5
+    assert read_rate_headers({"retry-after": "9"}, status=200) is None  # only a 429/503 asks to wait
+    sig = read_rate_headers({"anthropic-ratelimit-requests-remaining": "0",
+                             "anthropic-ratelimit-requests-reset": "2030-01-01T00:00:10Z"},
+                            now=1893456000.0)  # 2030-01-01T00:00:00Z
+    assert sig is not None and sig.pause() == pytest.approx(10.0)
+
+
+def test_the_bucket_is_a_hash_never_the_key() -> None:
+    limit = RateLimit(requests_per_minute=1)
+    label = bucket_label(limit, endpoint="http://h/v1", api_key="sk-secret", model="m")
+    assert "sk-secret" not in label and label.startswith("key:")
+    assert label != bucket_label(limit, endpoint="http://h/v1", api_key="sk-other", model="m")
+    by_model = RateLimit(requests_per_minute=1, per="model")
+    assert bucket_label(by_model, endpoint="e", api_key="a", model="m") == bucket_label(
+        by_model, endpoint="e", api_key="b", model="m")
+
+
+def _stores(tmp_path: Path, backend: str, schemas: list[str]) -> tuple[Any, Any]:
+    if backend == "sqlite":
+        path = tmp_path / "j.db"
+        return SqliteCheckpointer(path), SqliteCheckpointer(path)
+    from _pg import new_schema, schema_url
+
+    from cuaderno.journal.postgres import PostgresCheckpointer
+
+    schemas.append(new_schema())
+    url = schema_url(schemas[-1])
+    return PostgresCheckpointer.from_url(url), PostgresCheckpointer.from_url(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def two_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    schemas: list[str] = request.getfixturevalue("pg_schemas") if request.param == "postgres" else []
+    a, b = _stores(tmp_path, request.param, schemas)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_two_stores_on_one_journal_share_the_turns(two_stores: Any) -> None:
+    a, b = (SharedLimits.of(s) for s in two_stores)
+    limit = RateLimit(requests_per_minute=600, max_wait=5)
+    waits = [a.reserve("k", limit, 0).wait, b.reserve("k", limit, 0).wait, a.reserve("k", limit, 0).wait]
+    assert waits[0] <= 0.0
+    assert waits[1] == pytest.approx(0.1, abs=0.02) and waits[2] == pytest.approx(0.2, abs=0.02)
+    assert a.reserve("other", limit, 0).wait <= 0.0  # another key, another budget
+
+
+def test_a_wait_past_max_wait_is_refused_and_takes_no_turn(two_stores: Any) -> None:
+    a, b = (SharedLimits.of(s) for s in two_stores)
+    limit = RateLimit(requests_per_minute=60, max_wait=1.5)
+    a.reserve("k", limit, 0)
+    a.reserve("k", limit, 0)
+    with pytest.raises(RateLimitWaitTooLong) as caught:
+        b.reserve("k", limit, 0)
+    assert caught.value.wait == pytest.approx(2.0, abs=0.05) and "max_wait=1.5" in str(caught.value)
+    with pytest.raises(RateLimitWaitTooLong) as again:
+        b.reserve("k", limit, 0)
+    assert again.value.wait == pytest.approx(caught.value.wait, abs=0.05)  # the refusal took nothing
+
+
+def test_a_pause_seen_by_one_holds_the_other_and_tokens_are_set_right(two_stores: Any) -> None:
+    a, b = (SharedLimits.of(s) for s in two_stores)
+    a.pause("k", 3.0)
+    assert b.paused_for("k") == pytest.approx(3.0, abs=0.1)
+    assert b.reserve("k", RateLimit(requests_per_minute=600), 0).wait == pytest.approx(3.0, abs=0.1)
+    limit = RateLimit(tokens_per_minute=60_000, max_wait=60)  # 1000 tokens a second
+    assert a.reserve("t", limit, 5000).wait <= 0.0
+    b.add_tokens("t", limit, -4000)  # the answer used 1000 of the 5000 reserved
+    assert a.reserve("t", limit, 100).wait == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_memory_journal_gets_a_limiter_of_its_own_and_other_stores_are_refused() -> None:
+    store = MemoryCheckpointer()
+    limits = SharedLimits.of(store)
+    assert limits.reserve("k", RateLimit(requests_per_minute=60), 0).wait <= 0.0
+    with pytest.raises(UsageError):
+        SharedLimits(object())
+
+
+def test_the_table_holds_no_key_and_the_journal_still_opens(tmp_path: Path) -> None:
+    store = SqliteCheckpointer(tmp_path / "j.db")
+    SharedLimits.of(store).reserve(bucket_label(RateLimit(requests_per_minute=1), endpoint="e", api_key="sk-secret",
+                                                model=None), RateLimit(requests_per_minute=1), 0)
+    store.close()
+    assert b"sk-secret" not in (tmp_path / "j.db").read_bytes() + (tmp_path / "j.db-wal").read_bytes()
+    rows = sqlite3.connect(tmp_path / "j.db").execute("SELECT bucket FROM cuaderno_rate_limits").fetchall()
+    assert len(rows) == 1
+    SqliteCheckpointer(tmp_path / "j.db").close()  # the journal's own checks accept the extra table
+
+
+def _take_turns(url: str, n: int, out: Any) -> None:
+    from cuaderno import open_journal
+
+    store = open_journal(url)
+    limits = SharedLimits(store)
+    limit = RateLimit(requests_per_minute=1200, max_wait=60)
+    starts = []
+    for _ in range(n):
+        starts.append(limits.reserve("shared", limit, 0).at)
+    out.put(starts)
+    store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_four_processes_never_get_turns_closer_than_the_limit(backend: str, tmp_path: Path,
+                                                              request: pytest.FixtureRequest) -> None:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'j.db'}"
+    else:
+        from _pg import new_schema, schema_url
+
+        schemas = request.getfixturevalue("pg_schemas")
+        schemas.append(new_schema())
+        url = schema_url(schemas[-1])
+    from cuaderno import open_journal
+
+    open_journal(url).close()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_take_turns, args=(url, 25, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    starts = sorted(s for _ in procs for s in out.get(timeout=60))
+    for p in procs:
+        p.join(30)
+    assert len(starts) == 100
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # 1200 a minute is one turn every 50 ms, in the database's clock: no two turns closer.
+    assert min(gaps) >= 0.05 - 1e-6, sorted(gaps)[:5]
