@@ -58,7 +58,10 @@ def test_headers_of_openai_and_anthropic_are_read() -> None:
     assert parse_duration("soon") is None
     sig = read_rate_headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1.5s",
                              "x-ratelimit-remaining-tokens": "900", "x-ratelimit-reset-tokens": "6ms"})
-    assert sig is not None and sig.pause() == 1.5
+    assert sig is not None and sig.pause() == 1.5  # the whole reset: the budget's size is not given
+    sig = read_rate_headers({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "6s",
+                             "x-ratelimit-limit-requests": "60"})
+    assert sig is not None and sig.pause() == pytest.approx(0.1)  # one request's refill, not the whole budget's
     sig = read_rate_headers({"retry-after-ms": "2500", "retry-after": "9"}, status=429)
     assert sig is not None and sig.retry_after == 2.5 and sig.pause() == 2.5
     assert read_rate_headers({"retry-after": "9"}, status=200) is None  # only a 429/503 asks to wait

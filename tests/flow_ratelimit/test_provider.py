@@ -46,16 +46,16 @@ def test_tokens_are_charged_at_arrival_and_the_unused_output_given_back(tmp_path
         client = openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)
         used = []
         for _ in range(3):
-            answer = await _ask(client, "x" * 40, max_tokens=50)  # 10 prompt + 50 bound = 60 charged
+            answer = await _ask(client, "x" * 40, max_tokens=50)  # 18 prompt + 50 bound = 68 charged
             assert answer.usage is not None
             used.append(answer.usage.total_tokens)
         with pytest.raises(openai.RateLimitError):
-            await _ask(client, "x" * 40, max_tokens=100)  # 110 > what is left of 100 + refills
+            await _ask(client, "x" * 40, max_tokens=100)  # 118 > what is left of 120 + refills
         await client.close()
         return used
 
-    with ProviderProcess(tmp_path / "log.jsonl", tpm=100, completion_tokens=5) as provider:
+    with ProviderProcess(tmp_path / "log.jsonl", tpm=120, completion_tokens=5) as provider:
         used = asyncio.run(go(provider.base_url))
-    assert used == [15, 15, 15]  # 60 charged, 45 given back each: three fit in a budget of 100
+    assert used == [23, 23, 23]  # 68 charged, 45 given back each: three fit in a budget of 120
     log = read_log(tmp_path / "log.jsonl")
-    assert [(line["status"], line["charged"]) for line in log] == [(200, 60), (200, 60), (200, 60), (429, 110)]
+    assert [(line["status"], line["charged"]) for line in log] == [(200, 68), (200, 68), (200, 68), (429, 118)]

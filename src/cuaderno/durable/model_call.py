@@ -26,6 +26,12 @@ What replay needs from each journaled field:
 
 The runner (:mod:`cuaderno.loop`), the Temporal model activity and any other caller write model
 steps only through :class:`ModelCall`.
+
+A provider's shared rate limit (:class:`Gate`, :mod:`cuaderno.flow.ratelimit`) is passed
+*before* a send's intent is staged: a request that must wait for its turn has written nothing,
+used no key and counts as no send, and one refused for waiting too long leaves the journal as it
+was. A retry under the same intent, or before an ambiguous re-send's intent, takes its turn
+again (no bound then: the intent is already written, and waiting is what a retry does).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,7 +52,7 @@ from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
 from cuaderno.plainjson import not_plain, shown
 
-__all__ = ["FrameworkPayload", "ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
+__all__ = ["FrameworkPayload", "Gate", "ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 
 
 class Retrying(Protocol):
@@ -58,6 +65,24 @@ class Retrying(Protocol):
     def max_resends(self) -> int: ...
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float | None: ...
+
+
+class Gate(Protocol):
+    """A model request's turn under a rate limit shared with other workers
+    (:class:`cuaderno.flow.ratelimit.RateGate`)."""
+
+    async def admit(self, *, bounded: bool = True) -> None:
+        """Wait for the request's turn. ``bounded``: refuse a wait past the limit's ``max_wait``
+        (:class:`~cuaderno.errors.RateLimitWaitTooLong`) instead of waiting."""
+        ...
+
+    def sending(self) -> AbstractContextManager[None]:
+        """Around one send: what the provider's answer says about the limit is shared."""
+        ...
+
+    def answered(self, response: ModelResponse) -> None:
+        """The send was answered: its usage sets the counted tokens right."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,15 +236,23 @@ class ModelCall:
     async def send(self, request: Callable[[], Awaitable[ModelResponse]], *, retry: Retrying,
                    sleep: Callable[[float], Awaitable[None]], rng: random.Random,
                    charge: Callable[[dict[str, int]], None] = lambda counters: None,
-                   extra: Mapping[str, Any] | None = None) -> Sent:
+                   extra: Mapping[str, Any] | None = None, gate: Gate | None = None) -> Sent:
         """Send the step's request once its intent is durable, trying again as ``retry`` allows.
 
         ``request`` makes one send (with :attr:`key`). A transient failure that provably did not
         reach the provider is retried under the same intent; an ambiguous one is sent again after
         a new intent; any other, or one past the bounds, is journaled (:meth:`failed`) and raised.
         ``charge`` is told what a failed step spent before it is journaled; ``extra`` goes on this
-        process's first intent (the ladder's rung)."""
+        process's first intent (the ladder's rung); ``gate``: the provider's shared rate limit,
+        passed before the intent (see the module docstring).
+
+        Raises:
+            RateLimitWaitTooLong: the gate's turn is further than its ``max_wait``; nothing was
+                staged or sent.
+        """
         sends, after = self.next_send()
+        if gate is not None:
+            await gate.admit()
         self.intend(sends, after=after, extra=extra)
         retries = resends = 0
         left = False  # did any attempt of this send leave the process (or may it have)?
@@ -228,7 +261,8 @@ class ModelCall:
             await self.log.commit_before_acting()
             faults.point("model.K2")
             try:
-                response = plain_calls(await request())
+                with gate.sending() if gate is not None else nullcontext():
+                    response = plain_calls(await request())
                 break
             except GatewayError as err:
                 left = left or err.sent is not False
@@ -243,13 +277,17 @@ class ModelCall:
                         counters = {**counters, "model_sends": -1}
                     self.failed(sends, err, counters)
                     raise
+                await sleep(wait)
+                if gate is not None:
+                    await gate.admit(bounded=False)
                 if err.error_class is ErrorClass.AMBIGUOUS:
                     resends += 1
                     sends += 1
                     self.intend(sends, after="ambiguous")
                 else:
                     retries += 1
-                await sleep(wait)
+        if gate is not None:
+            gate.answered(response)
         faults.point("model.K5")
         return Sent(response, sends, retries)
 

@@ -27,7 +27,7 @@ are handed out one by one, in order).
   ``Retry-After``, ``x-ratelimit-remaining-*`` at 0 with their reset) sets ``paused_until`` for
   everyone; a worker that reserved a turn before the pause checks it after its sleep and takes a
   new turn after the pause.
-- **Tokens**: counted before the call at an estimate (prompt characters / 4 + the output bound)
+- **Tokens**: counted before the call at an estimate (prompt characters / 3.6 + the output bound)
   and set right from the usage the answer reports (:meth:`RateGate.answered`).
 
 What the wait holds: nothing of the journal. It happens before the step's intent is staged
@@ -129,7 +129,7 @@ def next_turn(row: Turn, now: float, limit: RateLimit, tokens: int) -> tuple[flo
 
 
 class _Store(Protocol):
-    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved: ...
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int, max_wait: float) -> Reserved: ...
 
     def pause(self, bucket: str, seconds: float) -> None: ...
 
@@ -161,13 +161,13 @@ class _Sqlite:
                 raise
             self._db.execute("COMMIT")
 
-    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int, max_wait: float) -> Reserved:
         with self._txn() as db:
             now = db.execute(_SQLITE["now"]).fetchone()[0]
             got = db.execute(_SQLITE["row"], (bucket,)).fetchone()
             wait, row = next_turn(Turn(*got) if got else Turn(), now, limit, tokens)
-            if wait > limit.max_wait:
-                raise RateLimitWaitTooLong(bucket, wait, limit.max_wait)
+            if wait > max_wait:
+                raise RateLimitWaitTooLong(bucket, wait, max_wait)
             db.execute(_SQLITE["take"], (bucket, row.req_tat, row.tok_tat, row.paused_until))
             return Reserved(wait, now + wait)
 
@@ -204,13 +204,13 @@ class _Postgres:
         except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
             pass  # another worker created it at the same moment (CREATE ... IF NOT EXISTS races on pg_type)
 
-    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int, max_wait: float) -> Reserved:
         with self._lock, self._conn.transaction():
             got = self._locked_row(bucket)
             now = float(self._conn.execute(_PG["now"]).fetchone()[0])  # read once the row is ours
             wait, row = next_turn(Turn(*got), now, limit, tokens)
-            if wait > limit.max_wait:
-                raise RateLimitWaitTooLong(bucket, wait, limit.max_wait)
+            if wait > max_wait:
+                raise RateLimitWaitTooLong(bucket, wait, max_wait)
             self._conn.execute(_PG["take"], (row.req_tat, row.tok_tat, bucket))
             return Reserved(wait, now + wait)
 
@@ -278,13 +278,14 @@ class SharedLimits:
                 found = cls._of[store] = cls(store)
             return found
 
-    def reserve(self, bucket: str, limit: RateLimit, tokens: int) -> Reserved:
+    def reserve(self, bucket: str, limit: RateLimit, tokens: int, *, bounded: bool = True) -> Reserved:
         """Take the next turn of ``bucket`` for a request of ``tokens``.
 
         Raises:
-            RateLimitWaitTooLong: the turn is more than ``limit.max_wait`` away; it was not taken.
+            RateLimitWaitTooLong: ``bounded`` and the turn is more than ``limit.max_wait`` away;
+                it was not taken.
         """
-        return self._rows.reserve(bucket, limit, tokens)
+        return self._rows.reserve(bucket, limit, tokens, limit.max_wait if bounded else math.inf)
 
     def pause(self, bucket: str, seconds: float) -> None:
         """Nobody sends on ``bucket`` for ``seconds`` from now (the database's now)."""
@@ -300,13 +301,20 @@ class SharedLimits:
             self._rows.add_tokens(bucket, tokens * 60.0 / limit.tokens_per_minute)
 
 
+_CHARS_PER_TOKEN = 3.6
+"""A little under the usual 4 characters a token: the wire form a provider counts (roles, tool
+call wrappers, schemas) is longer than the neutral request measured here. An estimate below the
+provider's count lets a request through early (a 429); one above it only slows the pace until
+the answer's usage sets the count right."""
+
+
 def estimate_tokens(request: ModelRequest, limit: RateLimit) -> int:
-    """What a request is counted at before it is sent: its prompt at four characters a token
-    (generous: the JSON around the text counts too) plus the output it may generate."""
+    """What a request is counted at before it is sent: its prompt's characters (as JSON, tools
+    included) / 3.6, plus the output it may generate."""
     prompt = len(json.dumps([request.instructions, request.messages, request.tools], ensure_ascii=False,
                             default=str))
     output = request.max_output_tokens if request.max_output_tokens is not None else limit.output_tokens
-    return math.ceil(prompt / 4) + output
+    return math.ceil(prompt / _CHARS_PER_TOKEN) + output
 
 
 class RateGate:
@@ -319,14 +327,14 @@ class RateGate:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.limits, self.bucket, self.limit, self.tokens, self.sleep = limits, bucket, limit, tokens, sleep
 
-    async def admit(self) -> None:
+    async def admit(self, *, bounded: bool = True) -> None:
         """Wait for this request's turn (before its intent is written).
 
         Raises:
-            RateLimitWaitTooLong: its turn is further than ``max_wait``.
+            RateLimitWaitTooLong: ``bounded`` and its turn is further than ``max_wait``.
         """
         while True:
-            wait = self.limits.reserve(self.bucket, self.limit, self.tokens).wait
+            wait = self.limits.reserve(self.bucket, self.limit, self.tokens, bounded=bounded).wait
             if wait <= 0:
                 return
             await self.sleep(wait)

@@ -22,6 +22,7 @@ from typing import Any
 import httpx2
 
 from cuaderno.errors import GatewayError
+from cuaderno.gateway import rate
 from cuaderno.gateway._common import (
     KeyHeaders,
     enforce_size,
@@ -31,8 +32,9 @@ from cuaderno.gateway._common import (
     sdk_http_client,
 )
 from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.gateway.rate import RateLimit
 
-__all__ = ["SdkGateway"]
+__all__ = ["SdkGateway", "report_failure"]
 
 
 class _Attempt:
@@ -73,6 +75,16 @@ class SdkGateway:
     _timeout: Any
     idempotency_header: KeyHeaders
     max_body_bytes: int
+    rate_limit: RateLimit | None = None
+    """The provider's limit this gateway's requests share with every worker on the journal
+    (:mod:`cuaderno.flow.ratelimit`); ``None``: none is kept."""
+
+    def rate_bucket(self, request: ModelRequest) -> str:
+        """The shared budget a request of this gateway counts against: its endpoint and API key
+        (or model), hashed."""
+        limit = self.rate_limit or RateLimit(requests_per_minute=1)
+        return rate.bucket_label(limit, endpoint=self.endpoint, api_key=getattr(self._client, "api_key", None),
+                                 model=request.model or getattr(self, "model", None))
 
     @property
     def endpoint(self) -> str:
@@ -109,9 +121,11 @@ class SdkGateway:
         token = _ATTEMPT.set(attempt)
         try:
             raw = await self._create(kwargs, headers)
+            rate.report(raw.http_response.headers, status=raw.http_response.status_code)
             body = await raw.http_response.aread()
             enforce_size(body, self.max_body_bytes)
         except Exception as exc:
+            report_failure(exc)
             err = reraise(exc, self.provider_name)
             raise (err if attempt.handed_over else _not_sent(err)) from exc
         finally:
@@ -126,6 +140,14 @@ class SdkGateway:
 
     def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
         raise NotImplementedError
+
+
+def report_failure(exc: BaseException) -> None:
+    """Hand the rate signal of a refused request (a 429's ``Retry-After`` and ``x-ratelimit-*``)
+    to the send that watches it: the SDKs keep the answer on their status errors."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, httpx2.Response):
+        rate.report(response.headers, status=response.status_code)
 
 
 def _not_sent(err: GatewayError) -> GatewayError:

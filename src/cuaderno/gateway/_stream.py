@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cuaderno.errors import GatewayError, StreamInterrupted, clipped
+from cuaderno.gateway import rate
 from cuaderno.gateway._common import (
     LITELLM_COST_HEADER,
     enforce_size,
@@ -45,7 +46,7 @@ from cuaderno.gateway._common import (
     sha256_hex,
 )
 from cuaderno.gateway._errors import ResponseTooLarge, malformed_body
-from cuaderno.gateway._sdk import _ATTEMPT, SdkGateway, _Attempt, _not_sent, _watch_sends
+from cuaderno.gateway._sdk import _ATTEMPT, SdkGateway, _Attempt, _not_sent, _watch_sends, report_failure
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 
 __all__ = ["AnthropicEvents", "OnToken", "OpenAIEvents", "SseDecoder", "stream_call"]
@@ -129,6 +130,7 @@ async def stream_call(gateway: SdkGateway, request: ModelRequest, idempotency_ke
     try:
         async with open_stream(headers) as raw:
             http = raw.http_response
+            rate.report(http.headers, status=http.status_code)
             received = bytearray()
             decoder = SseDecoder()
             try:
@@ -151,6 +153,7 @@ async def stream_call(gateway: SdkGateway, request: ModelRequest, idempotency_ke
     except StreamInterrupted:
         raise
     except Exception as exc:
+        report_failure(exc)
         err = reraise(exc, gateway.provider_name)
         raise (err if attempt.handed_over else _not_sent(err)) from exc
     finally:

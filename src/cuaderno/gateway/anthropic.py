@@ -52,6 +52,7 @@ from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway._stream import AnthropicEvents, OnToken, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.pricing import PriceTable
+from cuaderno.gateway.rate import RateLimit
 
 __all__ = ["AnthropicGateway"]
 
@@ -89,6 +90,9 @@ class AnthropicGateway(SdkGateway):
             client sends ``anthropic-version`` 2026-10-21 or later (this SDK's default), which
             answers 400 to any sampling parameter; ``"send"`` otherwise (a custom ``base_url``, or
             a ``client=`` whose ``default_headers`` pin an older version).
+        rate_limit: the provider's requests and tokens per minute for this key, shared by every
+            worker on the journal (:class:`~cuaderno.RateLimit`, :mod:`cuaderno.flow.ratelimit`):
+            a request waits for its turn before its intent is written; ``None``: no limit kept.
     """
 
     provider_name = _PROVIDER
@@ -99,13 +103,15 @@ class AnthropicGateway(SdkGateway):
                  idempotency_header: str | None = "Idempotency-Key", prices: PriceTable | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, zero_cost_is_unpriced: bool = True,
-                 on_temperature: TemperatureRule | None = None) -> None:
+                 on_temperature: TemperatureRule | None = None,
+                 rate_limit: RateLimit | None = None) -> None:
         if not model:
             raise UsageError("AnthropicGateway needs a default model")
         if on_temperature is not None and on_temperature not in _TEMPERATURE_RULES:
             raise UsageError(f"on_temperature must be one of {', '.join(_TEMPERATURE_RULES)} or None, "
                              f"got {on_temperature!r}")
         self.model = model
+        self.rate_limit = rate_limit
         self.idempotency_header = idempotency_header
         self.prices = prices
         self.default_max_tokens = default_max_tokens

@@ -48,6 +48,7 @@ from cuaderno.gateway._sdk import SdkGateway
 from cuaderno.gateway._stream import OnToken, OpenAIEvents, stream_call
 from cuaderno.gateway.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.pricing import Prices
+from cuaderno.gateway.rate import RateLimit
 
 __all__ = ["DEFAULT_KEY_HEADERS", "OpenAIGateway"]
 
@@ -84,6 +85,9 @@ class OpenAIGateway(SdkGateway):
         max_tokens_field: ``"max_completion_tokens"`` or ``"max_tokens"``; by default the former
             for api.openai.com and the latter for other servers (older vLLM/llama.cpp only know it).
         zero_cost_is_unpriced: do not believe a *reported* cost of 0 for a call that used tokens.
+        rate_limit: the provider's requests and tokens per minute for this key, shared by every
+            worker on the journal (:class:`~cuaderno.RateLimit`, :mod:`cuaderno.flow.ratelimit`):
+            a request waits for its turn before its intent is written; ``None``: no limit kept.
     """
 
     provider_name = _PROVIDER
@@ -93,10 +97,12 @@ class OpenAIGateway(SdkGateway):
                  client: openai.AsyncOpenAI | None = None, http_client: httpx2.AsyncClient | None = None,
                  idempotency_header: KeyHeaders = DEFAULT_KEY_HEADERS, prices: Prices | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
-                 max_tokens_field: str | None = None, zero_cost_is_unpriced: bool = True) -> None:
+                 max_tokens_field: str | None = None, zero_cost_is_unpriced: bool = True,
+                 rate_limit: RateLimit | None = None) -> None:
         if not model:
             raise UsageError("OpenAIGateway needs a default model")
         self.model = model
+        self.rate_limit = rate_limit
         self.idempotency_header = key_header_names(idempotency_header)  # a bad name fails here, not per call
         self.prices = prices
         self.zero_cost_is_unpriced = zero_cost_is_unpriced

@@ -41,7 +41,7 @@ class RateLimit:
     Args:
         requests_per_minute: requests per minute; ``None``: no request limit.
         tokens_per_minute: tokens (prompt + output) per minute; ``None``: no token limit. A
-            request is counted before it leaves at an estimate (its prompt's characters / 4,
+            request is counted before it leaves at an estimate (its prompt's characters / 3.6,
             plus ``max_output_tokens``, else ``output_tokens``) and set right from the usage
             its answer reports.
         per: ``"key"``: one budget per API key and endpoint (the provider's own rule); ``"model"``:
@@ -105,17 +105,23 @@ class RateSignal:
     remaining_tokens: float | None = None
     reset_tokens: float | None = None
     """Seconds until the token budget is whole again."""
+    limit_requests: float | None = None
+    limit_tokens: float | None = None
 
     def pause(self) -> float:
-        """Seconds every sender should now wait: the ``Retry-After``, or the reset of a budget
-        the provider says is spent (0 when nothing is spent)."""
+        """Seconds every sender should now wait: the ``Retry-After``, or, for a budget the
+        provider says is spent, the time it takes to refill one request (or one token): its
+        reset (the time to refill it all) divided by its size, or the whole reset when the
+        provider does not say the size (0 when nothing is spent)."""
         waits = [0.0]
         if self.retry_after is not None:
             waits.append(self.retry_after)
-        if self.remaining_requests is not None and self.remaining_requests <= 0 and self.reset_requests is not None:
-            waits.append(self.reset_requests)
-        if self.remaining_tokens is not None and self.remaining_tokens <= 0 and self.reset_tokens is not None:
-            waits.append(self.reset_tokens)
+        for remaining, reset, size in ((self.remaining_requests, self.reset_requests, self.limit_requests),
+                                       (self.remaining_tokens, self.reset_tokens, self.limit_tokens)):
+            if remaining is not None and remaining <= 0 and reset is not None:
+                # OpenAI's reset is the time until the budget is *whole*: waiting all of it after
+                # every spent budget would halve the pace of a fleet that runs at the limit.
+                waits.append(reset / size if size and size > 0 else reset)
         return max(waits)
 
 
@@ -170,13 +176,17 @@ def read_rate_headers(headers: Mapping[str, str], *, status: int | None = None,
                             remaining_requests=_number(headers.get("x-ratelimit-remaining-requests")),
                             reset_requests=parse_duration(headers.get("x-ratelimit-reset-requests") or ""),
                             remaining_tokens=_number(headers.get("x-ratelimit-remaining-tokens")),
-                            reset_tokens=parse_duration(headers.get("x-ratelimit-reset-tokens") or ""))
+                            reset_tokens=parse_duration(headers.get("x-ratelimit-reset-tokens") or ""),
+                            limit_requests=_number(headers.get("x-ratelimit-limit-requests")),
+                            limit_tokens=_number(headers.get("x-ratelimit-limit-tokens")))
     elif "anthropic-ratelimit-requests-remaining" in headers or "anthropic-ratelimit-tokens-remaining" in headers:
         signal = RateSignal(retry_after=retry_after,
                             remaining_requests=_number(headers.get("anthropic-ratelimit-requests-remaining")),
                             reset_requests=_until(headers.get("anthropic-ratelimit-requests-reset"), now),
                             remaining_tokens=_number(headers.get("anthropic-ratelimit-tokens-remaining")),
-                            reset_tokens=_until(headers.get("anthropic-ratelimit-tokens-reset"), now))
+                            reset_tokens=_until(headers.get("anthropic-ratelimit-tokens-reset"), now),
+                            limit_requests=_number(headers.get("anthropic-ratelimit-requests-limit")),
+                            limit_tokens=_number(headers.get("anthropic-ratelimit-tokens-limit")))
     elif retry_after is not None:
         signal = RateSignal(retry_after=retry_after)
     else:

@@ -9,6 +9,7 @@ from cuaderno.durable.model_call import ModelCall, accepted
 from cuaderno.events import model_step_id
 from cuaderno.events.payloads import ModelResult, view
 from cuaderno.fingerprint import idempotency_key
+from cuaderno.flow.ratelimit import rate_gate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.ladder import climb
 from cuaderno.gateway.structured import feedback_messages
@@ -108,10 +109,13 @@ class ModelSteps:
         run_id, model = st.run_id, st.model
         call = ModelCall(log, step_id, key=idempotency_key(run_id, step_id, plan.keyed(fp)), turn=turn,
                          fingerprint=fp)
+        # The provider's shared rate limit, if the gateway declares one: its turn is taken before
+        # the intent (a gateway without one, as the workflow's under Temporal, gives None).
+        gate = rate_gate(st.store, s.gateway, request, sleep=s.runtime.sleep)
         sent = await call.send(lambda: plan.routed(model.call(request, run_id=run_id, step_id=step_id,
                                                               idempotency_key=call.key)),
                                retry=s.retry, sleep=s.runtime.sleep, rng=s.runtime.random,
-                               charge=log.charge, extra=plan.intent_extra(first=call.sends() == 0))
+                               charge=log.charge, extra=plan.intent_extra(first=call.sends() == 0), gate=gate)
         payload = call.finish(sent, require_tool=request.require_tool, output_type=agent.output_type,
                               extra=plan.on_result())
         if payload["counters"]:

@@ -8,9 +8,10 @@ this process's log says how many requests each key sent, when, and how many were
 The limits are token buckets per API key, as OpenAI describes its own (a budget of N per minute
 refills continuously; ``x-ratelimit-reset-*`` is the time until it is whole again):
 
-- requests: ``--rpm N``, a bucket of N requests refilled at N/60 a second;
+- requests: ``--rpm N``, a bucket of N requests refilled at N/60 a second (``--window W``: N
+  refilled every W seconds instead of 60, for tests that need a 429 to end in a second);
 - tokens: ``--tpm T``, a bucket of T tokens. A request is charged at arrival its prompt (the
-  characters of its messages / 4, rounded up) plus its output bound (``max_tokens`` or
+  characters of its messages and tools as JSON / 4, rounded up) plus its output bound (``max_tokens`` or
   ``max_completion_tokens``, else ``--default-max-tokens``); once answered, the unused part of
   the output bound is given back, so a request costs what its ``usage`` reports.
 
@@ -81,6 +82,7 @@ class Limits:
     completion_tokens: int = 5
     answer: str = "done"
     latency: float = 0.0
+    window: float = 60.0
     start: float = field(default_factory=time.monotonic)
     _requests: dict[str, _Bucket] = field(default_factory=dict[str, _Bucket])
     _tokens: dict[str, _Bucket] = field(default_factory=dict[str, _Bucket])
@@ -89,7 +91,7 @@ class Limits:
     def _bucket(self, table: dict[str, _Bucket], key: str, per_minute: float, now: float) -> _Bucket:
         found = table.get(key)
         if found is None:
-            found = table[key] = _Bucket(per_minute, per_minute / 60.0, per_minute, now)
+            found = table[key] = _Bucket(per_minute, per_minute / self.window, per_minute, now)
         found.refill(now)
         return found
 
@@ -131,11 +133,11 @@ def _headers(req: _Bucket | None, tok: _Bucket | None) -> dict[str, str]:
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
-    """The prompt as the provider counts it: its messages' characters / 4, rounded up."""
-    chars = 0
-    for message in body.get("messages") or ():
-        content = message.get("content") if isinstance(message, dict) else None
-        chars += len(content) if isinstance(content, str) else len(json.dumps(content))
+    """The prompt as the provider counts it: the characters of its messages and tools, as JSON,
+    / 4, rounded up (a tokenizer reads the tool schemas too)."""
+    chars = len(json.dumps(body.get("messages") or [], separators=(",", ":")))
+    if body.get("tools"):
+        chars += len(json.dumps(body["tools"], separators=(",", ":")))
     return math.ceil(chars / 4)
 
 
@@ -218,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rpm", type=float, default=None)
     p.add_argument("--tpm", type=float, default=None)
     p.add_argument("--latency", type=float, default=0.0)
+    p.add_argument("--window", type=float, default=60.0)
     p.add_argument("--default-max-tokens", type=int, default=16)
     p.add_argument("--completion-tokens", type=int, default=5)
     p.add_argument("--answer", default="done")
     a = p.parse_args(argv)
     limits = Limits(rpm=a.rpm, tpm=a.tpm, default_max_tokens=a.default_max_tokens,
-                    completion_tokens=a.completion_tokens, answer=a.answer, latency=a.latency)
+                    completion_tokens=a.completion_tokens, answer=a.answer, latency=a.latency,
+                    window=a.window)
     with _Server(a.port, limits, Path(a.log)) as server:
         print(f"PROVIDER READY port={server.server_address[1]} pid={os.getpid()}", flush=True)
         server.serve_forever()
@@ -239,14 +243,23 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts and pace from a log: requests, 429s, and accepted requests per minute between the
-    first and the last accepted one."""
+    """Counts and pace from a log: requests, 429s, accepted requests per minute between the first
+    and the last accepted one (``per_minute``), and the same over the second half of them
+    (``steady_per_minute``: a fleet's first requests arrive late, behind their process's cold
+    start, and bunch up, which shortens the first span), and the tokens the accepted requests
+    used."""
     ok = [line["t"] for line in lines if line["status"] == 200]
     span = (ok[-1] - ok[0]) if len(ok) > 1 else 0.0
+    warm = ok[len(ok) // 2:]
+    steady = (warm[-1] - warm[0]) if len(warm) > 1 else 0.0
     return {"requests": len(lines), "ok": len(ok), "429": sum(1 for line in lines if line["status"] == 429),
             "span_s": round(span, 3), "per_minute": round((len(ok) - 1) * 60.0 / span, 2) if span else None,
+            "steady_per_minute": round((len(warm) - 1) * 60.0 / steady, 2) if steady else None,
             "tokens": sum(line["prompt_tokens"] + line["completion_tokens"] for line in lines
-                          if line["status"] == 200)}
+                          if line["status"] == 200),
+            "steady_tokens_per_minute": round(sum(line["prompt_tokens"] + line["completion_tokens"] for line in lines
+                                                  if line["status"] == 200 and line["t"] > warm[0])
+                                              * 60.0 / steady, 1) if steady else None}
 
 
 class ProviderProcess:
