@@ -26,6 +26,7 @@ from cuaderno import faults
 from cuaderno.errors import IdempotencyKeyReuse
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
+from cuaderno.gateway.rate import RateLimit
 from cuaderno.records import append_synced, read_records
 
 __all__ = ["ScriptedGateway"]
@@ -43,13 +44,16 @@ class ScriptedGateway:
         stripe: enforce Stripe idempotency semantics on the key.
         billing_log: append every billed generation to this JSON-lines file (see module docs).
         cost: the price reported per billed call (``None`` = unpriced).
+        rate_limit: a shared :class:`~cuaderno.RateLimit` its requests keep, as a real gateway's
+            do (tests and benchmarks of the limiter without a provider).
     """
 
     __test__ = False  # not a pytest test class
 
     def __init__(self, script: Script, *, stripe: bool = False, billing_log: str | os.PathLike[str] | None = None,
-                 cost: float | None = 0.001) -> None:
+                 cost: float | None = 0.001, rate_limit: RateLimit | None = None) -> None:
         self._script = script
+        self.rate_limit = rate_limit
         self.stripe = stripe
         self.cost = cost
         self.billing_log = Path(billing_log) if billing_log is not None else None

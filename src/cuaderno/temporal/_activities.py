@@ -32,7 +32,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -47,6 +47,7 @@ from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageErro
 from cuaderno.events import StepEvent
 from cuaderno.events.payloads import ModelIntent, ModelResult, PayloadMalformed, RunStart, ToolResult, check, view
 from cuaderno.fingerprint import fingerprint
+from cuaderno.flow.ratelimit import RateGate, rate_gate
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
 from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
@@ -263,6 +264,14 @@ class CuadernoActivities:
             steps.stage(begun)
             steps.commit()  # in ``journal`` now: the request's task message is read from it
         call = ModelCall(steps, step_id, key=inp.idempotency_key, turn=inp.turn, fingerprint=None)
+        if self._gateway is None:
+            self._gateway = self.gateway_factory()
+        gate = self._rate_gate(run_id, step_id, journal, inp)
+        if gate is not None:
+            # The provider's shared limit: the turn is taken before this send's intent, as the
+            # loop's ModelCall takes it (a first send may be refused for waiting past max_wait,
+            # nothing written; a re-send's intent may already be there: it waits unbounded).
+            await gate.admit(bounded=call.log.get(step_id, "intent") is None)
         sends = self._journal_send(inp, call, journal)
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
@@ -273,13 +282,14 @@ class CuadernoActivities:
         request = ModelRequest(instructions=a.instructions, messages=tuple(messages), tools=a.tool_schemas,
                                model=a.model, require_tool=a.require_tool, max_output_tokens=a.max_output_tokens,
                                temperature=a.temperature)
-        if self._gateway is None:
-            self._gateway = self.gateway_factory()
         try:
-            response = await TracedGateway(self._gateway).call(request, run_id=run_id, step_id=step_id,
-                                                               idempotency_key=inp.idempotency_key)
+            with gate.sending() if gate is not None else nullcontext():
+                response = await TracedGateway(self._gateway).call(request, run_id=run_id, step_id=step_id,
+                                                                   idempotency_key=inp.idempotency_key)
         except GatewayError as err:
             raise _failure("GatewayError", err) from None
+        if gate is not None:
+            gate.answered(response)
         faults.point("temporal.model.A1")  # billed, not journaled: the re-send carries the same key
         # The same verdict and counters the loop journals for the same response (empty
         # generations counted); the step's retries (failed sends the workflow tried again) come
@@ -288,6 +298,22 @@ class CuadernoActivities:
         call.log.commit()
         faults.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
         return slim_response(payload["response"])
+
+    def _rate_gate(self, run_id: str, step_id: str, journal: dict[tuple[str, str], StepEvent],
+                   inp: ModelTurnInput) -> RateGate | None:
+        """The gate of the gateway's shared rate limit, if it declares one. Its token estimate is
+        the request's conversation; before this step's intent is written, the conversation before
+        the step plus the step's literal new messages (a reference to a journaled response or
+        result is not counted then: the answer's usage sets the count right)."""
+        if getattr(self._gateway, "rate_limit", None) is None:
+            return None
+        a = self.agent
+        messages = self._conversation(run_id, step_id, journal)  # this step's part only once its intent is in
+        if (step_id, "intent") not in journal:
+            messages += [dict(m) for m in inp.new_messages if isinstance(m, dict) and "ref" not in m]
+        estimate = ModelRequest(instructions=a.instructions, messages=tuple(messages), tools=a.tool_schemas,
+                                model=a.model, max_output_tokens=a.max_output_tokens)
+        return rate_gate(self.store, self._gateway, estimate)
 
     def _journal_send(self, inp: ModelTurnInput, call: ModelCall, journal: dict[tuple[str, str], StepEvent]) -> int:
         """Journal this send's intent, as the loop journals it locally; return the step's sends.

@@ -1,0 +1,135 @@
+"""What the shared rate limiter costs per model call, on SQLite and PostgreSQL, side by side.
+
+Usage: ``python benchmarks/bench_ratelimit.py [--runs 200] [--rounds 5] [--pg URL | --no-pg]``
+
+One run = one agent run of one model call (a scripted gateway: no network), on a journal of
+each backend. In one process and interleaved round by round (so a busy machine slows every
+variant alike), each round times ``--runs`` runs of each variant; the figures are the medians of
+the per-run times over all rounds:
+
+- ``none``: the gateway declares no limit (``rate_gate`` returns ``None`` after one attribute
+  read): the floor the others are compared with.
+- ``rpm``: ``RateLimit(requests_per_minute=1e9)``: one turn taken per call (one short
+  transaction on the limiter's own connection), never a wait.
+- ``rpm+tpm``: requests and tokens: the turn, and the token count set right after the answer
+  (a second statement).
+- ``reserve alone``: the limiter's turn by itself, in a loop, and the empty transaction of the
+  same connection kind (``BEGIN IMMEDIATE; COMMIT`` / ``BEGIN; SELECT 1; COMMIT``): the floor of
+  any shared state kept in the journal's database.
+
+Ratios are against ``none`` in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cuaderno import Agent, RateLimit, ScriptedGateway, Session, SqliteCheckpointer
+from cuaderno.flow.ratelimit import SharedLimits
+
+AGENT = Agent(instructions="answer", name="bench-rl")
+LIMITS: dict[str, RateLimit | None] = {
+    "none": None,
+    "rpm": RateLimit(requests_per_minute=1e9),
+    "rpm+tpm": RateLimit(requests_per_minute=1e9, tokens_per_minute=1e12),
+}
+
+
+async def _runs(store: Any, limit: RateLimit | None, n: int, tag: str) -> list[float]:
+    out = []
+    for i in range(n):
+        gateway = ScriptedGateway([ScriptedGateway.text("done")], rate_limit=limit)
+        start = time.perf_counter()
+        await AGENT.run_to_end("q", session=Session(f"{tag}-{i}", gateway, store))
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _loop(body: Callable[[], object], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        body()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench(name: str, store: Any, empty_txn: Callable[[], object], runs: int, rounds: int) -> None:
+    per: dict[str, list[float]] = {k: [] for k in [*LIMITS, "reserve alone", "empty transaction"]}
+    limits = SharedLimits.of(store)
+    reserve_limit = RateLimit(requests_per_minute=1e9)
+    for r in range(rounds):
+        for key, limit in LIMITS.items():
+            per[key] += asyncio.run(_runs(store, limit, runs, f"{key}-{r}-{uuid.uuid4().hex[:6]}"))
+        per["reserve alone"] += _loop(lambda: limits.reserve("bench", reserve_limit, 0), runs)
+        per["empty transaction"] += _loop(empty_txn, runs)
+    floor = statistics.median(per["none"])
+    print(f"\n{name}: medians of {runs * rounds} each (ms); ratio to 'none'")
+    for key, values in per.items():
+        med = statistics.median(values)
+        extra = f"  x{med / floor:.3f}  (+{(med - floor) * 1e3:.3f} ms per call)" if key in LIMITS else ""
+        print(f"  {key:18s} {med * 1e3:8.3f}{extra}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pg", default=os.environ.get("CUADERNO_TEST_PG", "postgresql://127.0.0.1:5432/test"))
+    parser.add_argument("--no-pg", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqliteCheckpointer(Path(tmp) / "j.db")
+        import sqlite3
+
+        side = sqlite3.connect(Path(tmp) / "j.db", isolation_level=None)
+        side.execute("PRAGMA synchronous=NORMAL")
+
+        def sqlite_empty() -> None:
+            side.execute("BEGIN IMMEDIATE")
+            side.execute("COMMIT")
+
+        bench("SQLite (WAL, synchronous=FULL journal)", store, sqlite_empty, args.runs, args.rounds)
+        side.close()
+        store.close()
+    if args.no_pg:
+        return
+    try:
+        import psycopg
+        from psycopg import sql
+
+        from cuaderno.journal.postgres import PostgresCheckpointer
+    except ImportError:
+        print("PostgreSQL: not run (psycopg missing)", file=sys.stderr)
+        return
+    schema = f"bench_rl_{uuid.uuid4().hex[:10]}"
+    try:
+        store = PostgresCheckpointer(args.pg, schema=schema)
+    except Exception as exc:  # no server: say so, never a figure
+        print(f"PostgreSQL: not run ({exc})", file=sys.stderr)
+        return
+    conn = psycopg.connect(args.pg, autocommit=True)
+    try:
+        def pg_empty() -> None:
+            with conn.transaction():
+                conn.execute("SELECT 1")
+
+        bench("PostgreSQL (loopback)", store, pg_empty, args.runs, args.rounds)
+    finally:
+        store.close()
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()
