@@ -18,8 +18,8 @@ results only through these modules (a test reads every module of the package to 
 from cuaderno.durable.approval import Approval, Decided
 from cuaderno.durable.effect import BodyBug, Effect, Settled
 from cuaderno.durable.log import JournalLog, StepLog
-from cuaderno.durable.model_call import FrameworkPayload, ModelCall, Retrying, Sent
+from cuaderno.durable.model_call import FrameworkPayload, Gate, ModelCall, Retrying, Sent
 from cuaderno.durable.opening import Opened, open_run
 
-__all__ = ["Approval", "BodyBug", "Decided", "Effect", "FrameworkPayload", "JournalLog", "ModelCall", "Opened", "Retrying", "Sent", "Settled", "StepLog",
+__all__ = ["Approval", "BodyBug", "Decided", "Effect", "FrameworkPayload", "Gate", "JournalLog", "ModelCall", "Opened", "Retrying", "Sent", "Settled", "StepLog",
            "open_run"]

@@ -1,4 +1,4 @@
-"""A provider's rate limit, shared by every worker on the journal (issue 36, part 2).
+"""A provider's rate limit, shared by every worker on the journal.
 
 A provider limits requests and tokens per minute **per API key**: N workers that each retry on
 429 make a storm, and each one's retries make the others' 429s. So the budget lives in one row
@@ -56,6 +56,7 @@ from cuaderno.errors import RateLimitWaitTooLong, UsageError
 from cuaderno.gateway import rate
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.journal.memory import MemoryCheckpointer
 
 __all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "next_turn", "rate_gate"]
 
@@ -255,7 +256,7 @@ class SharedLimits:
             self._rows: _Store = _Postgres(side)
         elif isinstance(path, str) and path:
             self._rows = _Sqlite(path)
-        elif type(store).__name__ == "MemoryCheckpointer":
+        elif isinstance(store, MemoryCheckpointer):
             self._rows = _Sqlite(":memory:")
         else:
             raise UsageError(f"a shared rate limit needs a SQLite or PostgreSQL journal, not a {type(store).__name__}")

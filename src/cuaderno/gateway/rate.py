@@ -31,7 +31,8 @@ from typing import Literal
 from cuaderno.errors import UsageError
 from cuaderno.gateway._errors import retry_after_seconds
 
-__all__ = ["RateLimit", "RateSignal", "bucket_label", "read_rate_headers", "report", "watching"]
+__all__ = ["RateLimit", "RateSignal", "Watch", "bucket_label", "parse_duration", "read_rate_headers", "report",
+           "watching"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,6 +1,6 @@
 """A fake OpenAI-compatible provider that enforces rate limits per API key, with its own log.
 
-The ground truth of the rate-limit tests (issue 36): whatever cuaderno believes about its turns,
+The ground truth of the rate-limit tests: whatever cuaderno believes about its turns,
 this process's log says how many requests each key sent, when, and how many were refused with
 429. It is a real HTTP server on loopback (``http.server``), so a test goes through the official
 ``openai`` SDK's whole request path.
