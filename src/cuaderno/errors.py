@@ -39,7 +39,8 @@ The tree::
     │   └── LadderExhausted        every rung of the empty-generation ladder was tried or skipped
     ├── MessageUnfinished          a conversation's last message has not finished; finish it first
     ├── ConversationClosed         the conversation was closed; it takes no new message
-    └── RateLimitWaitTooLong       a model request would wait for its provider's rate limit past max_wait
+    ├── RateLimitWaitTooLong       a model request would wait for its provider's rate limit past max_wait
+    └── SubmitConflict             a submit names a run id the journal holds for another run
 
 Errors never carry live objects: every field is plain data, so they can be journaled as evidence
 and read back by the CLI or a later version. A message quotes what it was given through
@@ -85,6 +86,7 @@ __all__ = [
     "RunNotFound",
     "SchemaTooNew",
     "StreamInterrupted",
+    "SubmitConflict",
     "ToolArgumentsInvalid",
     "ToolError",
     "ToolResultInvalid",
@@ -645,3 +647,19 @@ class RateLimitWaitTooLong(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.bucket, self.wait, self.max_wait))
+class SubmitConflict(CuadernoError):
+    """A submit (:func:`cuaderno.flow.submit`) names a run id the journal holds for another run:
+    one queued with another task, or one started outside the queue. Nothing was written; submit
+    another id (or the same task to get a handle to the queued run).
+
+    Attributes:
+        run_id: the id submitted.
+        why: what the journal holds under it.
+    """
+
+    def __init__(self, run_id: str, why: str) -> None:
+        self.run_id, self.why = run_id, why
+        super().__init__(f"run {quoted(run_id)}: {clipped(why)}; nothing was written")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.why))

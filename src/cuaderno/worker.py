@@ -74,7 +74,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelGateway
-from cuaderno.journal import GroupCommit, open_journal, work_for
+from cuaderno.journal import GroupCommit, JournalQueue, canonical_versions, open_journal, queue_of, work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
@@ -160,6 +160,11 @@ class Worker:
         """Runs whose last drive failed: ``last_seq`` then, when to try again, the wait that was set."""
         self._no_cleanup: dict[str, int] = {}
         """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
+        self._queue: JournalQueue | None = None
+        self._claims: dict[str, int] = {}
+        """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives, by claim epoch."""
+        self._listen: Any = None
+        """PostgreSQL: the connection that LISTENs for submits and freed slots (``None``: polling only)."""
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -204,6 +209,7 @@ class Worker:
                 raise UsageError(f"{type(store).__name__} cannot be polled by a worker (it does not declare the "
                                  "SupportsClaims capability: open_runs and holders)")
             self._check_backlog(store)
+            self._queue = _queue(store)
             if handle_signals:
                 # A plain Python handler, not loop.add_signal_handler: that one runs only when the
                 # event loop gets control back, and a run whose steps never suspend (a tool that
@@ -222,6 +228,7 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self._unlisten()
             if group is not None:
                 group.close()  # its store stays open: closed below if this worker opened it
             if owned:
@@ -237,7 +244,9 @@ class Worker:
         try:
             while not self._stopping:
                 try:
-                    found = self._claimable(store, set(active), self.concurrency - len(active))
+                    self._listen_for_queue()
+                    found = self._claim_queued(set(active), self.concurrency - len(active))
+                    found += self._claimable(store, set(active), self.concurrency - len(active) - len(found))
                 except JournalError as exc:
                     # The journal did not answer (PostgreSQL restarting, a lost connection): the
                     # runs in flight go on or fail on their own; look again after a pause.
@@ -300,14 +309,102 @@ class Worker:
                     continue
             candidates.append((cp, work))
         self._seen_new = seen_new
+        if self._queue is not None and candidates:
+            # A queued run waiting for a worker is claimed through the queue only (its priority,
+            # start time and key's limit); here only what the queue does not do for it.
+            queued = self._queue.queued([cp.run_id for cp, work in candidates if work == "resume"
+                                         and cp.status == "running"])
+            candidates = [(cp, work) for cp, work in candidates if cp.run_id not in queued]
+            self._seen_new = {run_id: seq for run_id, seq in seen_new.items() if run_id not in queued}
         if not candidates:
             return []
         held = store.holders([cp.run_id for cp, _ in candidates])
         return [(cp, work) for cp, work in candidates if cp.run_id not in held][:free]
 
+    # -- the queue (cuaderno.flow) -----------------------------------------------------------------
+
+    def _claim_queued(self, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
+        """Submitted runs to drive now: claimed through the queue, which takes each over for
+        this worker (so no other worker can pick it) in priority order, within its key's limit."""
+        if self._queue is None or free <= 0 or self._stopping:
+            return []
+        now = asyncio.get_running_loop().time()
+        skip = active | {run_id for run_id, (_, until, _) in self._backoff.items() if until > now}
+        claim = self._queue.claim(versions=canonical_versions(self._versions), owner=self.name, free=free, skip=skip)
+        self.stats.busy += claim.lost
+        found: list[tuple[Checkpoint, str]] = []
+        assert self._store is not None
+        for run_id, epoch in claim.taken:
+            self._claims[run_id] = epoch
+            cp = self._store.checkpoint(run_id)
+            if cp is None:  # not reached: a claim takes only a run with a first event
+                self._let_go(self._store, run_id)
+                continue
+            found.append((cp, "resume"))
+        return found
+
+    def _let_go(self, store: Checkpointer, run_id: str) -> None:
+        """Release a queued run's claim once its drive ended (the loop released its own hold
+        already: this one is then stale and changes nothing), and tell the listening workers a
+        slot may be free."""
+        epoch = self._claims.pop(run_id, None)
+        if epoch is None:
+            return
+        try:
+            store.release(run_id, epoch)
+            if self._queue is not None:
+                self._queue.notify()
+        except CuadernoError as exc:  # the journal is away: the claim ends with this process's locks
+            self._say(f"{self.name}: could not release run {quoted(run_id)}: {str(exc)[:200]}")
+
+    def _listen_for_queue(self) -> None:
+        """On PostgreSQL, LISTEN for submits and freed slots, so an idle worker wakes at once
+        instead of polling faster. Reopened at the next poll when its connection dies (polling
+        every ``poll_interval`` goes on meanwhile)."""
+        if self._queue is None or self._listen is not None or self._loop is None:
+            return
+        conn = self._queue.listen()
+        if conn is None:
+            return
+        self._listen = conn
+        self._loop.add_reader(conn.fileno(), self._heard)
+
+    def _heard(self) -> None:
+        conn = self._listen
+        if conn is None:
+            return
+        try:
+            conn.pgconn.consume_input()
+            while conn.pgconn.notifies() is not None:
+                pass
+        except Exception:  # the connection died (a restart): poll until it is reopened
+            self._unlisten()
+        if self._wake is not None:
+            self._wake.set()
+
+    def _unlisten(self) -> None:
+        conn, self._listen = self._listen, None
+        if conn is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(conn.fileno())
+            except (ValueError, OSError):
+                pass
+        try:
+            conn.close()
+        except Exception:  # closing a dead connection may fail; it is gone either way
+            pass
+
     # -- driving one run --------------------------------------------------------------------------
 
     async def _drive(self, store: Checkpointer, cp: Checkpoint, work: str) -> None:
+        try:
+            await self._drive_one(store, cp, work)
+        finally:
+            self._let_go(store, cp.run_id)
+
+    async def _drive_one(self, store: Checkpointer, cp: Checkpoint, work: str) -> None:
         run_id = cp.run_id
         if self._stopping:
             return  # asked to stop between the poll and this drive: nothing in flight, nothing to start
@@ -435,6 +532,14 @@ class Worker:
     def _say(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
+
+
+def _queue(store: Checkpointer) -> JournalQueue | None:
+    """The journal's queue, if it has one (SQLite and PostgreSQL stores do)."""
+    try:
+        return queue_of(store)
+    except UsageError:
+        return None
 
 
 def _where(store: Checkpointer) -> str:

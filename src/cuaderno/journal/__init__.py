@@ -3,7 +3,7 @@
 Besides the backends, what the rest of cuaderno reads of a journal lives here: opening one from a
 URL (:func:`open_journal`, :func:`parse_journal_url`), what a run waits for and who may move it on
 (:func:`state_of`, :func:`work_for`), the group commit a loop appends through
-(:class:`GroupCommit`), a stored payload as shown to people (:func:`stored_payload`) and the
+(:class:`GroupCommit`), the queue of submitted runs (:func:`queue_of`, for :mod:`cuaderno.flow`), a stored payload as shown to people (:func:`stored_payload`) and the
 decoding of payloads read in one batch (:func:`decode_small_payloads`). The modules whose names
 start with ``_`` are the journal's own.
 """
@@ -15,6 +15,7 @@ from cuaderno.journal._claims import state_of, work_for
 from cuaderno.journal._compress import stored_payload
 from cuaderno.journal._group import GroupCommit
 from cuaderno.journal._open import JournalURL, open_journal, parse_journal_url
+from cuaderno.journal._queue_sql import Claim, JournalQueue, QueueEntry, canonical_versions, queue_of
 from cuaderno.journal._rows import decode_small_payloads
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, SCHEMA_VERSION, Checkpointer, SupportsRebuild
 from cuaderno.journal.memory import MemoryCheckpointer
@@ -23,9 +24,10 @@ from cuaderno.journal.sqlite import SqliteCheckpointer
 if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
 
-__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "GroupCommit", "JournalRolledBack", "JournalURL",
-           "MemoryCheckpointer", "PostgresCheckpointer", "SqliteCheckpointer", "SupportsRebuild",
-           "decode_small_payloads", "open_journal", "parse_journal_url", "state_of", "stored_payload", "work_for"]
+__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "GroupCommit", "JournalQueue",
+           "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry",
+           "SqliteCheckpointer", "SupportsRebuild", "canonical_versions", "decode_small_payloads", "open_journal",
+           "parse_journal_url", "queue_of", "state_of", "stored_payload", "work_for"]
 
 
 def __getattr__(name: str) -> Any:

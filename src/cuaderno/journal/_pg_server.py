@@ -28,7 +28,7 @@ from cuaderno.errors import (
     UsageError,
     quoted,
 )
-from cuaderno.journal import _lease
+from cuaderno.journal import _lease, _queue_sql
 from cuaderno.journal._rows import checked_epoch, schema_version
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
@@ -57,6 +57,9 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         # (two schemas) never share a run's lock.
         "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
     ),
+    # Issue 36, the queue (cuaderno.flow): submitted runs, idempotency keys and concurrency limits,
+    # three tables of their own; the events and runs tables are unchanged.
+    _queue_sql.PG_TABLES,
 ]
 
 

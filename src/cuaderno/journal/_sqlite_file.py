@@ -27,7 +27,7 @@ from cuaderno.errors import (
     SchemaTooNew,
     UsageError,
 )
-from cuaderno.journal import _anchor, _lease
+from cuaderno.journal import _anchor, _lease, _queue_sql
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal.base import SCHEMA_VERSION
 
@@ -53,6 +53,10 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # the number changes, so that a cuaderno that reads schema 1 refuses the file (SchemaTooNew)
     # instead of taking a compressed row for a tampered one.
     (),
+    # Schema 3 (issue 36, the queue: cuaderno.flow): three tables of their own, read only by the
+    # queue; the events and runs tables are unchanged. IF NOT EXISTS: an existing file is raised
+    # only as far as its tables need (see _migrate), so these statements may run at every open.
+    _queue_sql.SQLITE_TABLES,
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
