@@ -42,7 +42,7 @@ def begin(key: str, ctx: ToolContext) -> dict[str, Any]:
     return _post(ctx, "begin", key)
 
 
-@tool
+@tool(effect_free=True)
 async def work(seconds: float) -> str:
     """Hold the slot a while (no effect)."""
     await asyncio.sleep(seconds)
