@@ -233,3 +233,30 @@ def test_a_postgres_journal_of_the_previous_schema_migrates_forward() -> None:
             s.close()
     finally:
         drop_schemas([schema])
+
+
+def test_status_says_what_holds_a_queued_run_back(store: Any, fq_journal: str) -> None:
+    """``cuaderno status``: a queued run over its key's limit, or before its start time, says so."""
+    import subprocess
+    import sys
+
+    set_limit(store, "tenant-a", 1)
+    first = submit(store, agent, "one", concurrency_key="tenant-a")
+    second = submit(store, agent, "two", concurrency_key="tenant-a")
+    later = submit(store, agent, "later", start_at=queue_of(store).now() + 3600)
+    epoch = store.acquire(first.run_id, "a worker")  # in progress: held by a live process (this one)
+
+    def status(run_id: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "cuaderno", "--db", fq_journal, "status", run_id],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    try:
+        assert status(second.run_id) == (f"run {second.run_id}: queued, waiting for a slot of concurrency key "
+                                         "'tenant-a' (1 of 1 in progress)")
+        assert status(later.run_id).startswith(f"run {later.run_id}: queued, waiting for its start time (")
+        assert status(first.run_id).startswith(f"run {first.run_id}: running, held by a worker")
+    finally:
+        store.release(first.run_id, epoch)
+    assert status(second.run_id) == f"run {second.run_id}: waiting for a worker"

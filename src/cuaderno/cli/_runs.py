@@ -20,6 +20,7 @@ from cuaderno import operations, render
 from cuaderno.checkpoint import verified
 from cuaderno.cli._common import USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted
+from cuaderno.flow import queued_state
 from cuaderno.operations import STATUSES, run_state
 
 __all__ = ["list_runs", "rebuild_summary", "show", "status_command"]
@@ -68,7 +69,7 @@ def show(
             # --no-timeline prints the stored summary as it is (for a journal that no longer
             # checks out); approve and deny check it again before anything is written.
             cp, events = verified(store, run)
-        state = run_state(store, cp, events)
+        state = queued_state(store, run_state(store, cp, events), cp.run_id)
     if as_json:
         print_json(render.run_detail(cp, events, state))
     else:
@@ -104,7 +105,7 @@ def status_command(
         cp = store.checkpoint(run)
         if cp is None:
             raise NotFound(f"no run {quoted(run)} in {quoted(str(ctx.obj.db))}")
-        state = run_state(store, cp)
+        state = queued_state(store, run_state(store, cp), cp.run_id)  # a queued run says what holds it back
     if as_json:
         typer.echo(json.dumps({"run_id": cp.run_id, "status": cp.status, **state}, indent=2, ensure_ascii=True))
         return

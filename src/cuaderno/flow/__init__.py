@@ -11,7 +11,7 @@
 See ``docs/guide/flow-control.md`` and ``docs/guide/rate-limits.md``.
 """
 
-from cuaderno.flow.queue import Submitted, limits, set_limit, submit, waiting_for
+from cuaderno.flow.queue import Submitted, limits, queued_state, set_limit, submit, waiting_for
 from cuaderno.flow.ratelimit import RateGate, SharedLimits, rate_gate
 
-__all__ = ["RateGate", "SharedLimits", "Submitted", "limits", "rate_gate", "set_limit", "submit", "waiting_for"]
+__all__ = ["limits", "queued_state", "rate_gate", "RateGate", "set_limit", "SharedLimits", "submit", "Submitted", "waiting_for"]

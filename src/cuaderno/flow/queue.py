@@ -33,8 +33,9 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.journal import QueueEntry, canonical_versions, queue_of
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
+from cuaderno.operations import RunState
 
-__all__ = ["Submitted", "limits", "set_limit", "submit", "waiting_for"]
+__all__ = ["Submitted", "limits", "queued_state", "set_limit", "submit", "waiting_for"]
 
 _KEY_LIMIT = 200
 """Longest idempotency or concurrency key, in characters (a key is an index entry, not a payload)."""
@@ -150,6 +151,22 @@ def set_limit(store: Checkpointer, concurrency_key: str, limit: int | None) -> N
 def limits(store: Checkpointer) -> dict[str, int]:
     """Every concurrency limit the journal records, by key."""
     return queue_of(store).limits()
+
+
+def queued_state(store: Checkpointer, state: RunState, run_id: str) -> RunState:
+    """``state`` (:func:`cuaderno.operations.run_state`) with the queue's reason when it holds the
+    run back: a run that waits for a worker because its ``start_at`` has not come, or because
+    its key has K runs in progress, says so (``cuaderno status``, the run's page). Any other
+    state, or a store without a queue, is returned as it is."""
+    if state["waiting_for"] != "a worker":
+        return state
+    try:
+        why = queue_of(store).waiting_for(run_id)
+    except UsageError:
+        return state
+    if why is None:
+        return state
+    return {**state, "waiting_for": why, "summary": f"queued, waiting for {why}"}
 
 
 def waiting_for(store: Checkpointer, run_id: str) -> str | None:

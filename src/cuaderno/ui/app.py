@@ -71,6 +71,7 @@ from cuaderno.errors import (
     clipped,
 )
 from cuaderno.events import StepEvent
+from cuaderno.flow import queued_state
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.operations import STATUSES
 from cuaderno.ui import _timeline
@@ -285,7 +286,7 @@ class _UI:
         outcome_seq = next((ev.seq for ev in reversed(events)
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
-                         state=_badged(cp, operations.run_state(self.store, cp)),
+                         state=_badged(cp, queued_state(self.store, operations.run_state(self.store, cp), cp.run_id)),
                          task=start.payload.get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
