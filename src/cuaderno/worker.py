@@ -78,6 +78,7 @@ from cuaderno.journal import GroupCommit, JournalQueue, canonical_versions, open
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
+from cuaderno.loop.ownership import ProcessOwnership
 from cuaderno.loop.steps import FinalStep, Step
 from cuaderno.operations import cleanup_left
 
@@ -161,8 +162,8 @@ class Worker:
         self._no_cleanup: dict[str, int] = {}
         """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
         self._queue: JournalQueue | None = None
-        self._claims: dict[str, int] = {}
-        """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives, by claim epoch."""
+        self._claims: dict[str, _Claimed] = {}
+        """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives: the claim's takeover."""
         self._listen: Any = None
         """PostgreSQL: the connection that LISTENs for submits and freed slots (``None``: polling only)."""
 
@@ -245,7 +246,7 @@ class Worker:
             while not self._stopping:
                 try:
                     self._listen_for_queue()
-                    found = self._claim_queued(set(active), self.concurrency - len(active))
+                    found = await self._claim_queued(set(active), self.concurrency - len(active))
                     found += self._claimable(store, set(active), self.concurrency - len(active) - len(found))
                 except JournalError as exc:
                     # The journal did not answer (PostgreSQL restarting, a lost connection): the
@@ -323,19 +324,23 @@ class Worker:
 
     # -- the queue (cuaderno.flow) -----------------------------------------------------------------
 
-    def _claim_queued(self, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
+    async def _claim_queued(self, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
         """Submitted runs to drive now: claimed through the queue, which takes each over for
-        this worker (so no other worker can pick it) in priority order, within its key's limit."""
+        this worker (so no other worker can pick it) in priority order, within its key's limit.
+
+        In a thread: a claim waits for the journal's claim lock while another worker claims, and
+        takes each run over with a synced commit; the runs in flight on this loop go on meanwhile."""
         if self._queue is None or free <= 0 or self._stopping:
             return []
         now = asyncio.get_running_loop().time()
         skip = active | {run_id for run_id, (_, until, _) in self._backoff.items() if until > now}
-        claim = self._queue.claim(versions=canonical_versions(self._versions), owner=self.name, free=free, skip=skip)
+        claim = await asyncio.to_thread(self._queue.claim, versions=canonical_versions(self._versions),
+                                        owner=self.name, free=free, skip=skip)
         self.stats.busy += claim.lost
         found: list[tuple[Checkpoint, str]] = []
         assert self._store is not None
         for run_id, epoch in claim.taken:
-            self._claims[run_id] = epoch
+            self._claims[run_id] = _Claimed(epoch)
             cp = self._store.checkpoint(run_id)
             if cp is None:  # not reached: a claim takes only a run with a first event
                 self._let_go(self._store, run_id)
@@ -344,14 +349,15 @@ class Worker:
         return found
 
     def _let_go(self, store: Checkpointer, run_id: str) -> None:
-        """Release a queued run's claim once its drive ended (the loop released its own hold
-        already: this one is then stale and changes nothing), and tell the listening workers a
-        slot may be free."""
-        epoch = self._claims.pop(run_id, None)
-        if epoch is None:
+        """Release a queued run's claim once its drive ended, unless the loop took the claim's
+        takeover as its own (it released the run when it stopped), and tell the listening
+        workers a slot may be free."""
+        claimed = self._claims.pop(run_id, None)
+        if claimed is None:
             return
         try:
-            store.release(run_id, epoch)
+            if claimed.epoch is not None:  # the drive stopped before its loop took the run
+                store.release(run_id, claimed.epoch)
             if self._queue is not None:
                 self._queue.notify()
         except CuadernoError as exc:  # the journal is away: the claim ends with this process's locks
@@ -433,8 +439,9 @@ class Worker:
     async def _resume(self, store: Checkpointer, cp: Checkpoint) -> None:
         run_id = cp.run_id
         task = self._task(store, run_id)
+        claimed = self._claims.get(run_id)
         session = Session(run_id, self.gateway_factory(), store, tenant=cp.tenant or "default", owner=self.name,
-                          retry=self.retry)
+                          retry=self.retry, ownership=claimed)
         steps = cast(AsyncGenerator[Step, None], self.agent.run(task, session=session))
         self._say(f"{self.name}: claiming run {quoted(run_id)} ({cp.status}, at {cp.next_step})")
         stopped_early = took = False
@@ -532,6 +539,29 @@ class Worker:
     def _say(self, line: str) -> None:
         if self._log is not None:
             self._log(line)
+
+
+class _Claimed(ProcessOwnership):
+    """How a worker's loop holds a run the queue claimed for it: the claim took the run over
+    already (under the journal's claim lock, so that no other worker could pick it), and the
+    loop's own takeover takes that epoch instead of bumping it a second time (one synced
+    transaction per claimed run, as for a run found by polling). The claim took it with
+    ``open_only`` as the loop does; what the loop checks before its takeover (task, versions)
+    the claim matched too (a worker claims only runs of its versions). Any later takeover (a
+    forced one) is the process's, as usual."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__()
+        self.epoch: int | None = epoch
+        """The claim's epoch until the loop takes it (then ``None``: the loop releases the run)."""
+
+    def acquire(self, store: Checkpointer, run_id: str, owner: str, *, force: bool, open_only: bool = False) -> int:
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None and not force:
+            return epoch
+        if epoch is not None:
+            store.release(run_id, epoch)
+        return super().acquire(store, run_id, owner, force=force, open_only=open_only)
 
 
 def _queue(store: Checkpointer) -> JournalQueue | None:

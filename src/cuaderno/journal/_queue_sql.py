@@ -126,7 +126,10 @@ class Claim:
 
     taken: list[tuple[str, int]] = field(default_factory=list[tuple[str, int]])
     lost: int = 0
-    """Runs picked that another process held at the takeover (outside the queue)."""
+    """Runs picked that another process held at the takeover (one that took it outside the queue)."""
+    stale: int = 0
+    """Runs picked that ended between the claim's read and its takeover (their holder finished
+    them meanwhile): refused by the takeover's own check, nothing written."""
     at_limit: dict[str, int] = field(default_factory=dict[str, int])
     """Concurrency keys with runs waiting because K of them are in progress: key -> waiting."""
 
@@ -305,6 +308,10 @@ class JournalQueue:
         if free <= 0:
             return out
         with self._claim_lock() as db:
+            # PostgreSQL: the holds are read before the candidates, so a run seen running and
+            # unheld was unheld after it was last seen held (a holder that finished it meanwhile
+            # closed it first: it is not a candidate).
+            locked = self._pg_locked(db) if self._pg else None
             now = time.time() if not self._pg else float(
                 db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
             rows = db.execute(self._sql(_PICK.format(not_done=self._not_done)), (versions, now, _CANDIDATES)).fetchall()
@@ -315,7 +322,7 @@ class JournalQueue:
             if not live:
                 return out
             keyed = db.execute(_IN_PROGRESS.format(not_done=self._not_done.replace("q.", ""))).fetchall()
-            held = self._held(db, [(r[0], int(r[2])) for r in live] + [(r[0], int(r[2])) for r in keyed])
+            held = self._held(db, [(r[0], int(r[2])) for r in live] + [(r[0], int(r[2])) for r in keyed], locked)
             limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
             running: dict[str, int] = {}
             for run_id, key, _ in keyed:
@@ -336,8 +343,10 @@ class JournalQueue:
                 # Under the claim lock: the next claimer reads the holds after this takeover.
                 try:
                     out.taken.append((run_id, self.store.acquire(run_id, owner, open_only=True)))
-                except (RunBusy, RunClosed, RunNotFound):
+                except RunBusy:
                     out.lost += 1
+                except (RunClosed, RunNotFound):
+                    out.stale += 1
         return out
 
     def _mark_done(self, db: _Exec, run_ids: list[str]) -> None:
@@ -349,16 +358,21 @@ class JournalQueue:
             for run_id in run_ids:
                 lite.execute("UPDATE cuaderno_queue SET done = 1 WHERE run_id = ?", (run_id,))
 
-    def _held(self, db: _Exec, runs: Sequence[tuple[str, int]]) -> set[str]:
+    @staticmethod
+    def _pg_locked(db: _Exec) -> set[int]:
+        """The run lock keys held now in this database (PostgreSQL: a session's advisory lock
+        ends with its session, so a SIGKILLed holder's runs are free once the server sees it go)."""
+        return {int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
+                for high, low in db.execute(
+                    "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+                    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")}
+
+    def _held(self, db: _Exec, runs: Sequence[tuple[str, int]], locked: set[int] | None = None) -> set[str]:
         """Which of these queued runs a live process holds now (the journal's liveness)."""
         if not runs:
             return set()
         if self._pg:
-            locked = {
-                int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
-                for high, low in db.execute(
-                    "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-                    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")}
+            locked = self._pg_locked(db) if locked is None else locked
             return {run_id for run_id, key in runs if key in locked}
         lite: SqliteCheckpointer = self.store  # type: ignore[assignment]
         return set(lite.holders([run_id for run_id, _ in runs]))

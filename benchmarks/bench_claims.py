@@ -1,0 +1,212 @@
+"""Claims of a fleet of workers (issue 36 part 5): attempts, lost claims and worker CPU per run,
+before (runs an application started and left, found by polling) and after (runs submitted to the
+queue, claimed under the journal's claim lock), beside the cost of flow control per claim.
+
+Usage: ``python benchmarks/bench_claims.py [--runs 300] [--tools 4] [--backends sqlite,postgres]
+[--shapes 1x32,4x8] [--modes poll,queue,keyed] [--pg URL] [--json out.json]``
+
+Each cell: a new journal with ``--runs`` runs of an agent that calls ``--tools`` effect-free
+tools, one per turn, on a canned model that answers at once (the loop and the journal are all
+that costs); then W worker processes of concurrency C (shape ``WxC``) start together and drive
+every run to its end (``Worker.run(until_idle=True)``). Modes:
+
+- ``poll``: the runs are started as an application starts one and goes away (their first event
+  written, nobody holds them): workers find them by polling ``open_runs`` and race to take them
+  over; a takeover another worker won is a lost claim (``WorkerStats.busy``). This is how every
+  run was claimed before the queue.
+- ``queue``: the runs are submitted (:func:`cuaderno.flow.submit`): workers claim them through
+  the queue, one claimer at a time per journal.
+- ``keyed``: as ``queue``, each run with one of 8 concurrency keys, each limited to 1000 (never
+  binding: what counting in-progress runs per key costs).
+
+Reported per cell, from outside the workers: claim attempts (runs taken + claims lost), lost
+claims and their share, worker CPU per run (user + system of the worker processes, from
+``resource.getrusage`` in each, summed, over the runs), wall time; and from inside, the time a
+worker spends in the queue's ``claim`` per call and per run taken (the cost of flow control per
+claim: its reads, the holds, the limits and the takeover).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cuaderno import Agent, ModelRequest, ModelResponse, ScriptedGateway, StepEvent, open_journal, tool
+from cuaderno.fingerprint import fingerprint
+from cuaderno.flow import set_limit, submit
+from cuaderno.journal import JournalQueue
+from cuaderno.worker import Worker
+
+PG_URL = os.environ.get("CUADERNO_TEST_PG", "postgresql://127.0.0.1:5432/test")
+KEYS = 8
+
+
+@tool(effect_free=True)
+def step(n: int) -> str:
+    """Do nothing much."""
+    return f"step {n} done"
+
+
+def _agent() -> Agent:
+    return Agent(instructions="take your steps", tools=[step], name="claims-bench")
+
+
+def _gateway(tools: int) -> ScriptedGateway:
+    def script(request: ModelRequest) -> ModelResponse:
+        turn = sum(1 for m in request.messages if m.get("role") == "assistant")
+        return ScriptedGateway.call("step", n=turn) if turn < tools else ScriptedGateway.text("done")
+    return ScriptedGateway(script, cost=None)
+
+
+def _prepare(url: str, mode: str, runs: int) -> None:
+    agent = _agent()
+    store = open_journal(url)
+    try:
+        if mode == "keyed":
+            for k in range(KEYS):
+                set_limit(store, f"key-{k}", 1000)
+        for i in range(runs):
+            task = f"run {i}"
+            if mode == "poll":  # an application's first event, then it went away
+                start = {"task": task, "versions": agent.versions(), "tenant": "default"}
+                store.append([StepEvent(run_id=f"r{i:05d}", step_id="run", phase="start", kind="run", name=agent.name,
+                                        fingerprint=fingerprint({"task": task}), payload=start)])
+            else:
+                submit(store, agent, task, run_id=f"r{i:05d}",
+                       concurrency_key=f"key-{i % KEYS}" if mode == "keyed" else None)
+    finally:
+        store.close()
+
+
+def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any) -> None:
+    timing = {"calls": 0, "taken": 0, "stale": 0, "seconds": 0.0}
+    original = JournalQueue.claim
+
+    def timed(self: JournalQueue, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        found = original(self, **kwargs)
+        timing["seconds"] += time.perf_counter() - t0
+        timing["calls"] += 1
+        timing["taken"] += len(found.taken)
+        timing["stale"] += found.stale
+        return found
+
+    JournalQueue.claim = timed  # type: ignore[method-assign]
+    worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, poll_interval=0.05, log=None)
+    barrier.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    stats = worker.run_sync(until_idle=True)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out.put({"claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
+             "cpu_s": cpu, **{f"claim_{k}": v for k, v in timing.items()}})
+
+
+def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: int) -> dict[str, Any]:
+    _prepare(url, mode, runs)
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(url, concurrency, tools, barrier, out)) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    results = [out.get(timeout=900) for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    store = open_journal(url)
+    try:
+        done = sum(1 for cp in store.list_runs(limit=runs + 10) if cp.status == "completed")
+    finally:
+        store.close()
+    taken = sum(r["claimed"] for r in results)
+    lost = sum(r["busy"] for r in results)
+    calls = sum(r["claim_calls"] for r in results)
+    claim_s = sum(r["claim_seconds"] for r in results)
+    return {"mode": mode, "shape": f"{workers}x{concurrency}", "runs": runs, "completed": done,
+            "attempts": taken + lost + sum(r["claim_stale"] for r in results), "lost": lost,
+            "stale": sum(r["claim_stale"] for r in results), "lost_share": lost / max(1, taken + lost + sum(r["claim_stale"] for r in results)),
+            "cpu_ms_per_run": 1000 * sum(r["cpu_s"] for r in results) / max(1, done), "wall_s": wall,
+            "claim_calls": calls, "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
+            "claim_ms_per_run": 1000 * claim_s / max(1, done) if calls else None,
+            "errors": sum(r["errors"] for r in results)}
+
+
+def _new_url(backend: str, directory: str, schemas: list[str]) -> str:
+    if backend == "sqlite":
+        return str(Path(directory) / f"claims-{uuid.uuid4().hex[:8]}.db")
+    schema = f"bench_claims_{uuid.uuid4().hex[:10]}"
+    schemas.append(schema)
+    return f"{PG_URL}?schema={schema}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--tools", type=int, default=4)
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--shapes", default="1x32,4x8")
+    parser.add_argument("--modes", default="poll,queue,keyed")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--pg", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    global PG_URL
+    PG_URL = args.pg or PG_URL
+    schemas: list[str] = []
+    cells: list[dict[str, Any]] = []
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-claims-") as directory:
+        try:
+            for backend in args.backends.split(","):
+                for mode in args.modes.split(","):
+                    for shape in args.shapes.split(","):
+                        w, c = (int(x) for x in shape.split("x"))
+                        found = [cell(_new_url(backend, directory, schemas), mode, w, c, args.runs, args.tools)
+                                 for _ in range(args.repeats)]
+                        row = dict(found[0], backend=backend,
+                                   cpu_ms_per_run=statistics.median(f["cpu_ms_per_run"] for f in found),
+                                   wall_s=statistics.median(f["wall_s"] for f in found))
+                        cells.append(row)
+                        print(_line(row), flush=True)
+        finally:
+            if schemas:
+                import psycopg
+                from psycopg import sql
+
+                with psycopg.connect(PG_URL, autocommit=True) as conn:
+                    for schema in schemas:
+                        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    for backend in args.backends.split(","):
+        for mode in args.modes.split(","):
+            one = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "1x32")), None)
+            four = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "4x8")), None)
+            if one and four:
+                print(f"{backend} {mode}: CPU per run 4x8 / 1x32 = {four['cpu_ms_per_run'] / one['cpu_ms_per_run']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(cells, indent=2))
+    return 0
+
+
+def _line(c: dict[str, Any]) -> str:
+    per_call = f"{c['claim_ms_per_call']:.2f}" if c["claim_ms_per_call"] is not None else "-"
+    per_run = f"{c['claim_ms_per_run']:.2f}" if c["claim_ms_per_run"] is not None else "-"
+    return (f"{c['backend']:8} {c['mode']:6} {c['shape']:5} runs {c['completed']}/{c['runs']}  attempts "
+            f"{c['attempts']:4}  lost {c['lost']:4} ({100 * c['lost_share']:.1f}%), stale {c['stale']}  CPU/run {c['cpu_ms_per_run']:6.1f} ms"
+            f"  wall {c['wall_s']:5.1f} s  claim {per_call} ms/call, {per_run} ms/run  errors {c['errors']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
