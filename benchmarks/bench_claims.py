@@ -102,7 +102,7 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any) -> N
         return found
 
     JournalQueue.claim = timed  # type: ignore[method-assign]
-    worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, poll_interval=0.05, log=None)
+    worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, log=None)  # the default poll_interval
     barrier.wait()
     before = resource.getrusage(resource.RUSAGE_SELF)
     stats = worker.run_sync(until_idle=True)

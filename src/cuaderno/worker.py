@@ -164,6 +164,8 @@ class Worker:
         self._queue: JournalQueue | None = None
         self._claims: dict[str, _Claimed] = {}
         """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives: the claim's takeover."""
+        self._scanned = float("-inf")
+        """When the open runs were last looked through (see :meth:`_scan_due`)."""
         self._listen: Any = None
         """PostgreSQL: the connection that LISTENs for submits and freed slots (``None``: polling only)."""
 
@@ -247,7 +249,8 @@ class Worker:
                 try:
                     self._listen_for_queue()
                     found = await self._claim_queued(set(active), self.concurrency - len(active))
-                    found += self._claimable(store, set(active), self.concurrency - len(active) - len(found))
+                    if self._scan_due(bool(active)):
+                        found += self._claimable(store, set(active), self.concurrency - len(active) - len(found))
                 except JournalError as exc:
                     # The journal did not answer (PostgreSQL restarting, a lost connection): the
                     # runs in flight go on or fail on their own; look again after a pause.
@@ -322,6 +325,18 @@ class Worker:
         held = store.holders([cp.run_id for cp, _ in candidates])
         return [(cp, work) for cp, work in candidates if cp.run_id not in held][:free]
 
+    def _scan_due(self, busy: bool) -> bool:
+        """Whether to look through the open runs now (runs nobody holds: a dead holder's, an
+        approved one's, a cancellation to close). Always when idle; while driving runs, at most
+        once per ``poll_interval``: the queue is asked at every wake (a run ended here, a submit
+        was heard), and reading every open run's summary at each of them cost more CPU than the
+        runs' own steps with a busy fleet (measured: ``benchmarks/bench_claims.py``)."""
+        now = asyncio.get_running_loop().time()
+        if busy and self._queue is not None and now - self._scanned < self.poll_interval:
+            return False
+        self._scanned = now
+        return True
+
     # -- the queue (cuaderno.flow) -----------------------------------------------------------------
 
     async def _claim_queued(self, active: set[str], free: int) -> list[tuple[Checkpoint, str]]:
@@ -340,7 +355,7 @@ class Worker:
         found: list[tuple[Checkpoint, str]] = []
         assert self._store is not None
         for run_id, epoch in claim.taken:
-            self._claims[run_id] = _Claimed(epoch)
+            self._claims[run_id] = _Claimed(epoch, keyed=run_id in claim.keyed)
             cp = self._store.checkpoint(run_id)
             if cp is None:  # not reached: a claim takes only a run with a first event
                 self._let_go(self._store, run_id)
@@ -358,8 +373,8 @@ class Worker:
         try:
             if claimed.epoch is not None:  # the drive stopped before its loop took the run
                 store.release(run_id, claimed.epoch)
-            if self._queue is not None:
-                self._queue.notify()
+            if self._queue is not None and claimed.keyed:
+                self._queue.notify()  # a slot of its key is free: a waiting worker may take it
         except CuadernoError as exc:  # the journal is away: the claim ends with this process's locks
             self._say(f"{self.name}: could not release run {quoted(run_id)}: {str(exc)[:200]}")
 
@@ -550,8 +565,10 @@ class _Claimed(ProcessOwnership):
     the claim matched too (a worker claims only runs of its versions). Any later takeover (a
     forced one) is the process's, as usual."""
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, *, keyed: bool = False) -> None:
         super().__init__()
+        self.keyed = keyed
+        """Counted against a concurrency key: its end frees a slot other workers may wait for."""
         self.epoch: int | None = epoch
         """The claim's epoch until the loop takes it (then ``None``: the loop releases the run)."""
 

@@ -125,6 +125,8 @@ class Claim:
     """What one claim did: the runs it took over (with their epochs) and why others wait."""
 
     taken: list[tuple[str, int]] = field(default_factory=list[tuple[str, int]])
+    keyed: set[str] = field(default_factory=set[str])
+    """The runs taken that count against a concurrency key."""
     lost: int = 0
     """Runs picked that another process held at the takeover (one that took it outside the queue)."""
     stale: int = 0
@@ -339,6 +341,7 @@ class JournalQueue:
                     picked.append(run_id)
                     if key is not None:
                         running[key] = running.get(key, 0) + 1
+                        out.keyed.add(run_id)
             for run_id in picked:
                 # Under the claim lock: the next claimer reads the holds after this takeover.
                 try:
