@@ -81,16 +81,28 @@ PG_TABLES: Final[tuple[str, ...]] = (
 _CANDIDATES: Final = 512
 """How many queued runs a claim reads, best first (held ones included: they are skipped)."""
 
-_PICK = ("SELECT q.run_id, q.concurrency_key, q.lock_key, r.status FROM cuaderno_queue q "
-         "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE {not_done} AND q.versions = ? AND q.start_at <= ? "
-         "ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT ?")
-_IN_PROGRESS = ("SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
-                "WHERE {not_done} AND concurrency_key IS NOT NULL")
+_PICK = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status FROM cuaderno_queue q "
+                "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE q.done = 0 AND q.versions = ? "
+                "AND q.start_at <= ? ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT ?",
+         True: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status FROM cuaderno_queue q "
+               "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE NOT q.done AND q.versions = %s "
+               "AND q.start_at <= %s ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT %s"}
+"""The best candidates first (by dialect: ``True`` for PostgreSQL)."""
+_IN_PROGRESS = {False: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
+                       "WHERE done = 0 AND concurrency_key IS NOT NULL",
+                True: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
+                      "WHERE NOT done AND concurrency_key IS NOT NULL"}
+_KEY_IN_PROGRESS = {False: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
+                           "WHERE done = 0 AND concurrency_key = ?",
+                    True: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
+                          "WHERE NOT done AND concurrency_key = %s"}
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
            "concurrency_key, idempotency_key, lock_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-_KEY_LAST = "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = ?"
+_KEY_LAST = {False: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = ?",
+             # FOR UPDATE: submits of one key take turns (SQLite's BEGIN IMMEDIATE already does).
+             True: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = %s FOR UPDATE"}
 
 
 def canonical_versions(versions: dict[str, Any]) -> str:
@@ -147,7 +159,6 @@ class JournalQueue:
         self.store = store
         self._pg = type(store).__name__ == "PostgresCheckpointer"
         self._local = threading.Lock()
-        self._not_done = "NOT q.done" if self._pg else "q.done = 0"
 
     # -- SQL on the store's own connections -----------------------------------------------------------
 
@@ -201,9 +212,7 @@ class JournalQueue:
                 db.execute(self._sql("INSERT INTO cuaderno_queue_keys (idempotency_key, run_id, submitted_at) "
                                      "VALUES (?, ?, ?) ON CONFLICT DO NOTHING"),
                            (entry.idempotency_key, entry.run_id, now))
-                # FOR UPDATE (PostgreSQL): submits of one key take turns; SQLite's BEGIN IMMEDIATE already does.
-                last, at = db.execute(self._sql(_KEY_LAST + " FOR UPDATE") if self._pg else _KEY_LAST,
-                                      (entry.idempotency_key,)).fetchone()
+                last, at = db.execute(_KEY_LAST[self._pg], (entry.idempotency_key,)).fetchone()
                 if last != entry.run_id:
                     status = db.execute(self._sql("SELECT status FROM cuaderno_runs WHERE run_id = ?"),
                                         (last,)).fetchone()
@@ -316,14 +325,14 @@ class JournalQueue:
             locked = self._pg_locked(db) if self._pg else None
             now = time.time() if not self._pg else float(
                 db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
-            rows = db.execute(self._sql(_PICK.format(not_done=self._not_done)), (versions, now, _CANDIDATES)).fetchall()
+            rows = db.execute(_PICK[self._pg], (versions, now, _CANDIDATES)).fetchall()
             closed = [r[0] for r in rows if r[3] in CLOSED_STATUSES]
             live = [r for r in rows if r[3] == "running" and r[0] not in skip]
             if closed:
                 self._mark_done(db, closed)
             if not live:
                 return out
-            keyed = db.execute(_IN_PROGRESS.format(not_done=self._not_done.replace("q.", ""))).fetchall()
+            keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall()
             held = self._held(db, [(r[0], int(r[2])) for r in live] + [(r[0], int(r[2])) for r in keyed], locked)
             limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
             running: dict[str, int] = {}
@@ -435,8 +444,7 @@ class JournalQueue:
         if limit is None:
             return None
         with self._read() as db:
-            keyed = [(r, int(k)) for r, _, k in db.execute(self._sql(_IN_PROGRESS.format(
-                not_done=self._not_done.replace("q.", "")) + " AND concurrency_key = ?"), (key,)).fetchall()]
+            keyed = [(r, int(k)) for r, _, k in db.execute(_KEY_IN_PROGRESS[self._pg], (key,)).fetchall()]
             held = len(self._held(db, keyed))
         if held >= limit:
             return f"a slot of concurrency key {quoted(key)} ({held} of {limit} in progress)"
