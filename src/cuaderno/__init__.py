@@ -59,7 +59,7 @@ from cuaderno.gateway.pricing import PriceTable
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.gateway.scripted import ScriptedGateway
 from cuaderno.gateway.tiered import TieredGateway
-from cuaderno.journal import Checkpointer, MemoryCheckpointer, SqliteCheckpointer, open_journal
+from cuaderno.journal import Checkpointer, GroupCommit, MemoryCheckpointer, SqliteCheckpointer, open_journal
 from cuaderno.loop import (
     Agent,
     ApprovalStep,
@@ -114,6 +114,7 @@ __all__ = [
     "FinalStep",
     "FittingTools",
     "GatewayError",
+    "GroupCommit",
     "IdempotencyKeyReuse",
     "JournalConflict",
     "JournalCorrupt",
