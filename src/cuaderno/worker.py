@@ -164,6 +164,7 @@ class Worker:
         self._queue: JournalQueue | None = None
         self._claims: dict[str, _Claimed] = {}
         """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives: the claim's takeover."""
+        self._schedules_refused = False
         self._scanned = float("-inf")
         """When the open runs were last looked through (see :meth:`_scan_due`)."""
         self._listen: Any = None
@@ -250,6 +251,7 @@ class Worker:
                     self._listen_for_queue()
                     found = await self._claim_queued(set(active), self.concurrency - len(active))
                     if self._scan_due(bool(active)):
+                        await self._fire_schedules()
                         found += self._claimable(store, set(active), self.concurrency - len(active) - len(found))
                 except JournalError as exc:
                     # The journal did not answer (PostgreSQL restarting, a lost connection): the
@@ -362,6 +364,28 @@ class Worker:
                 continue
             found.append((cp, "resume"))
         return found
+
+    async def _fire_schedules(self) -> None:
+        """Submit the runs of this agent's schedules whose fire times have come (one run per fire
+        time however many workers do it: :mod:`cuaderno.flow.schedules`). The runs are then
+        claimed like any submitted run."""
+        if self._queue is None or self._stopping:
+            return
+        from cuaderno.flow.schedules import fire_due
+
+        assert self._store is not None
+        try:
+            fired = await asyncio.to_thread(fire_due, self._store, self.agent)
+        except JournalError:
+            raise  # the poll's own handling: the journal is away
+        except CuadernoError as exc:  # a schedule this worker cannot fire (croniter missing): said once
+            if not self._schedules_refused:
+                self._schedules_refused = True
+                self._say(f"{self.name}: schedules not fired: {str(exc)[:300]}")
+            return
+        for handle in fired:
+            if handle.created:
+                self._say(f"{self.name}: schedule fired run {quoted(handle.run_id)}")
 
     def _let_go(self, store: Checkpointer, run_id: str) -> None:
         """Release a queued run's claim once its drive ended, unless the loop took the claim's

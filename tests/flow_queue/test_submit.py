@@ -193,7 +193,7 @@ def test_a_schema_2_sqlite_journal_migrates_forward(tmp_path: Path) -> None:
     asyncio.run(agent.run_to_end("old", session=Session("old-run", _gateway(), s)))
     s.close()
     db = sqlite3.connect(path)
-    for table in ("cuaderno_queue", "cuaderno_queue_keys", "cuaderno_queue_limits"):
+    for table in ("cuaderno_queue", "cuaderno_queue_keys", "cuaderno_queue_limits", "cuaderno_schedules"):
         db.execute(f"DROP TABLE {table}")
     db.execute("UPDATE cuaderno_meta SET value='2' WHERE key='schema_version'")
     db.commit()
@@ -223,7 +223,7 @@ def test_a_postgres_journal_of_the_previous_schema_migrates_forward() -> None:
         s.close()
         with psycopg.connect(PG_URL, autocommit=True) as conn:  # back to the schema before the queue's step
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            conn.execute("DROP TABLE cuaderno_queue, cuaderno_queue_keys, cuaderno_queue_limits")
+            conn.execute("DROP TABLE cuaderno_queue, cuaderno_queue_keys, cuaderno_queue_limits, cuaderno_schedules")
             conn.execute("DELETE FROM cuaderno_migrations WHERE version = (SELECT max(version) FROM cuaderno_migrations)")
         s = open_journal(schema_url(schema))
         try:

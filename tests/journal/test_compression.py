@@ -410,7 +410,8 @@ def test_killed_while_creating_a_journal_the_file_is_empty_or_whole(tmp_path: Pa
             SqliteCheckpointer(path, create=False)
     else:
         assert tables == {"cuaderno_meta", "cuaderno_events", "cuaderno_runs",
-                          "cuaderno_queue", "cuaderno_queue_keys", "cuaderno_queue_limits"}  # schema 3: the queue
+                          "cuaderno_queue", "cuaderno_queue_keys", "cuaderno_queue_limits",
+                          "cuaderno_schedules"}  # schema 3: the queue
         assert _meta(path) == {"schema_version": str(SCHEMA_VERSION), "compress": "off"}
     _journal(path)  # a store that does not choose: compressed unless "off" committed
     big = CODEC_JSON_ZSTD if point == "open.M1" else CODEC_JSON

@@ -11,6 +11,8 @@ Three tables, next to the journal's own (created by one numbered migration of ea
 - ``cuaderno_queue_limits``: the most runs of a concurrency key in progress at once. In the
   journal, not on each worker: every worker then counts against the same K (two workers
   configured apart would each allow their own), and changing it needs no redeploy.
+- ``cuaderno_schedules``: cron schedules (:mod:`cuaderno.flow.schedules`) and the last fire time
+  each has started runs up to (``last_fire``, only ever moved forward).
 
 *In progress* is never a counter: it is the set of the key's queued runs a live process holds
 now (PostgreSQL's advisory locks, SQLite's hold file: the journal's own liveness). A worker
@@ -61,6 +63,11 @@ SQLITE_TABLES: Final[tuple[str, ...]] = (
     """CREATE TABLE IF NOT EXISTS cuaderno_queue_limits (
         concurrency_key TEXT PRIMARY KEY, max_running INTEGER NOT NULL
     ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS cuaderno_schedules (
+        name TEXT PRIMARY KEY, cron TEXT NOT NULL, agent TEXT NOT NULL, task TEXT NOT NULL, tenant TEXT NOT NULL,
+        priority INTEGER NOT NULL, concurrency_key TEXT, catch_up INTEGER NOT NULL, created_at REAL NOT NULL,
+        last_fire REAL NOT NULL
+    ) WITHOUT ROWID""",
 )
 
 PG_TABLES: Final[tuple[str, ...]] = (
@@ -76,6 +83,11 @@ PG_TABLES: Final[tuple[str, ...]] = (
         idempotency_key TEXT PRIMARY KEY, run_id TEXT NOT NULL, submitted_at DOUBLE PRECISION NOT NULL
     )""",
     "CREATE TABLE cuaderno_queue_limits (concurrency_key TEXT PRIMARY KEY, max_running INTEGER NOT NULL)",
+    """CREATE TABLE cuaderno_schedules (
+        name TEXT PRIMARY KEY, cron TEXT NOT NULL, agent TEXT NOT NULL, task TEXT NOT NULL, tenant TEXT NOT NULL,
+        priority INTEGER NOT NULL, concurrency_key TEXT, catch_up INTEGER NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, last_fire DOUBLE PRECISION NOT NULL
+    )""",
 )
 
 _CANDIDATES: Final = 512
@@ -99,7 +111,8 @@ _KEY_IN_PROGRESS = {False: "SELECT run_id, concurrency_key, lock_key FROM cuader
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
-           "concurrency_key, idempotency_key, lock_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+           "concurrency_key, idempotency_key, lock_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+           "ON CONFLICT (run_id) DO NOTHING")
 _KEY_LAST = {False: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = ?",
              # FOR UPDATE: submits of one key take turns (SQLite's BEGIN IMMEDIATE already does).
              True: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = %s FOR UPDATE"}
@@ -228,10 +241,16 @@ class JournalQueue:
                 return existing, False
             if db.execute(self._sql("SELECT 1 FROM cuaderno_runs WHERE run_id = ?"), (entry.run_id,)).fetchone():
                 raise SubmitConflict(entry.run_id, "the run was started outside the queue; submit another run id")
-            db.execute(self._sql(_INSERT),
+            # ON CONFLICT: another submit of this run id (PostgreSQL: the same fire time of a
+            # schedule, submitted by two workers at once) committed first; the row is then its.
+            inserted = db.execute(self._sql(_INSERT),
                        (entry.run_id, entry.agent, entry.versions, entry.tenant, entry.task, entry.priority,
                         entry.start_at, entry.submitted_at, entry.concurrency_key, entry.idempotency_key,
                         self.lock_key(entry.run_id)))
+            if inserted.rowcount == 0:
+                raced = self._entry(db, entry.run_id)
+                if raced is not None:
+                    return raced, False
         return entry, True
 
     def _entry(self, db: _Exec, run_id: str) -> QueueEntry | None:
@@ -408,6 +427,45 @@ class JournalQueue:
                 yield _Unlocked(lite)
             finally:
                 os.close(fd)
+
+    # -- schedules --------------------------------------------------------------------------------------
+
+    def add_schedule(self, row: tuple[Any, ...]) -> bool:
+        """Insert a schedule (the columns of ``cuaderno_schedules`` in order); ``False``: the name
+        is taken (nothing written)."""
+        with self._write() as db:
+            if db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (row[0],)).fetchone():
+                return False
+            db.execute(self._sql("INSERT INTO cuaderno_schedules (name, cron, agent, task, tenant, priority, "
+                                 "concurrency_key, catch_up, created_at, last_fire) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                       row)
+        return True
+
+    def remove_schedule(self, name: str) -> bool:
+        """Remove a schedule; ``False``: there was none of that name. Its runs stay."""
+        with self._write() as db:
+            if not db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (name,)).fetchone():
+                return False
+            db.execute(self._sql("DELETE FROM cuaderno_schedules WHERE name = ?"), (name,))
+        return True
+
+    def schedules(self) -> list[tuple[Any, ...]]:
+        """Every schedule's row, by name (empty on a journal without the queue's tables)."""
+        try:
+            with self._read() as db:
+                return [tuple(r) for r in db.execute(
+                    "SELECT name, cron, agent, task, tenant, priority, concurrency_key, catch_up, created_at, "
+                    "last_fire FROM cuaderno_schedules ORDER BY name").fetchall()]
+        except JournalError:
+            if self._has_tables():
+                raise
+            return []
+
+    def fired(self, name: str, up_to: float) -> None:
+        """Record that the schedule's runs up to fire time ``up_to`` are submitted (never backwards)."""
+        with self._write() as db:
+            db.execute(self._sql("UPDATE cuaderno_schedules SET last_fire = ? WHERE name = ? AND last_fire < ?"),
+                       (up_to, name, up_to))
 
     # -- for people and for the worker's other path ------------------------------------------------------
 
