@@ -143,3 +143,28 @@ def test_one_run_per_fire_time_with_workers_killed_at_random(fq_world: Any) -> N
     receipts = fq_world.receipts()
     begun = sorted(r["business_id"] for r in receipts if r["effect"] == "begin")
     assert begun == runs  # each fire time's run did its work once
+
+
+def test_the_schedule_commands(fq_journal: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    open_journal(fq_journal).close()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cuaderno", "--db", fq_journal, "schedule", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    added = cli("add", "nightly", "--cron", "0 3 * * *", "--agent", "flowq", "--task", "key=n report", "--catch-up", "2")
+    assert added.returncode == 0, added.stderr
+    listed = json.loads(cli("list", "--json").stdout)
+    assert [(s["name"], s["cron"], s["agent"], s["catch_up"]) for s in listed] == [("nightly", "0 3 * * *", "flowq", 2)]
+    refused = cli("add", "other", "--cron", "every day", "--agent", "flowq", "--task", "t")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: 'every day' is not a cron expression")
+    assert "Traceback" not in refused.stderr
+    assert [s["name"] for s in json.loads(cli("list", "--json").stdout)] == ["nightly"]
+    assert cli("remove", "nightly").returncode == 0
+    gone = cli("remove", "nightly")
+    assert gone.returncode == 2 and "no schedule named 'nightly'" in gone.stderr
+    assert json.loads(cli("list", "--json").stdout) == []
