@@ -414,7 +414,9 @@ class JournalQueue:
         with self._local:
             if self._pg:
                 pg: PostgresCheckpointer = self.store  # type: ignore[assignment]
-                with pg._conn() as conn, conn.transaction():
+                # _reading: a server that does not answer (restarting) is a JournalError, which a
+                # worker's poll waits out.
+                with pg._reading("*"), pg._conn() as conn, conn.transaction():
                     # Transaction-scoped: a claimer that dies (or loses its connection) lets go with it.
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (0x71756575, _int4(pg._journal_id)))
                     yield conn
