@@ -1,4 +1,4 @@
-"""Flow control for a fleet of workers (issue 36): a queue of submitted runs, with priorities,
+"""Flow control for a fleet of workers: a queue of submitted runs, with priorities,
 ``start_at``, idempotent starts and concurrency limits per key.
 
 An application submits a run (:func:`submit`) instead of starting it; every

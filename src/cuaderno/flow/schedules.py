@@ -1,4 +1,4 @@
-"""Cron schedules (issue 36 part 4): each fire time of a schedule starts exactly one run,
+"""Cron schedules: each fire time of a schedule starts exactly one run,
 whatever the number of workers and however many of them die.
 
 A schedule is a row in the journal (:func:`add_schedule`; ``cuaderno schedule add|list|remove``):

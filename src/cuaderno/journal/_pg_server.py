@@ -57,7 +57,7 @@ _MIGRATIONS: list[tuple[str, ...]] = [
         # (two schemas) never share a run's lock.
         "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
     ),
-    # Issue 36, the queue (cuaderno.flow): submitted runs, idempotency keys and concurrency limits,
+    # The queue (cuaderno.flow): submitted runs, idempotency keys and concurrency limits,
     # three tables of their own; the events and runs tables are unchanged.
     _queue_sql.PG_TABLES,
 ]

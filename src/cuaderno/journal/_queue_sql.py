@@ -19,7 +19,7 @@ now (PostgreSQL's advisory locks, SQLite's hold file: the journal's own liveness
 SIGKILLed with runs in hand frees their slots when the kernel (or the server) drops its locks;
 nothing is left to decrement, so nothing can leak or be counted twice.
 
-Claims do not race (issue 36, part 5): a claim is made under one lock per journal (PostgreSQL:
+Claims do not race: a claim is made under one lock per journal (PostgreSQL:
 a transaction-scoped advisory lock; SQLite: an exclusive ``flock`` on ``<journal>-queue``, one
 host), which covers reading the candidates, the holds and the limits, and the takeover
 (``acquire``) of the runs picked. The next claimer starts after those takeovers hold their

@@ -53,7 +53,7 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # the number changes, so that a cuaderno that reads schema 1 refuses the file (SchemaTooNew)
     # instead of taking a compressed row for a tampered one.
     (),
-    # Schema 3 (issue 36, the queue: cuaderno.flow): three tables of their own, read only by the
+    # Schema 3 (the queue: cuaderno.flow): three tables of their own, read only by the
     # queue; the events and runs tables are unchanged. IF NOT EXISTS: an existing file is raised
     # only as far as its tables need (see _migrate), so these statements may run at every open.
     _queue_sql.SQLITE_TABLES,
