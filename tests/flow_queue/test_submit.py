@@ -260,3 +260,11 @@ def test_status_says_what_holds_a_queued_run_back(store: Any, fq_journal: str) -
     finally:
         store.release(first.run_id, epoch)
     assert status(second.run_id) == f"run {second.run_id}: waiting for a worker"
+
+
+def test_submit_conflict_survives_a_round_trip() -> None:
+    import pickle
+
+    error = SubmitConflict("order-1", "the run is queued with another task")
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is SubmitConflict and str(again) == str(error) and again.run_id == "order-1"

@@ -93,21 +93,27 @@ PG_TABLES: Final[tuple[str, ...]] = (
 _CANDIDATES: Final = 512
 """How many queued runs a claim reads, best first (held ones included: they are skipped)."""
 
-_PICK = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status FROM cuaderno_queue q "
+_PICK = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch FROM cuaderno_queue q "
                 "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE q.done = 0 AND q.versions = ? "
                 "AND q.start_at <= ? ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT ?",
-         True: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status FROM cuaderno_queue q "
+         True: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch FROM cuaderno_queue q "
                "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE NOT q.done AND q.versions = %s "
                "AND q.start_at <= %s ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT %s"}
 """The best candidates first (by dialect: ``True`` for PostgreSQL)."""
-_IN_PROGRESS = {False: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
-                       "WHERE done = 0 AND concurrency_key IS NOT NULL",
-                True: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
-                      "WHERE NOT done AND concurrency_key IS NOT NULL"}
-_KEY_IN_PROGRESS = {False: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
-                           "WHERE done = 0 AND concurrency_key = ?",
-                    True: "SELECT run_id, concurrency_key, lock_key FROM cuaderno_queue "
-                          "WHERE NOT done AND concurrency_key = %s"}
+# Only a run taken over at least once (epoch > 0) can be held: every hold starts with a takeover,
+# which bumps the epoch. So the holds are probed for those only (on SQLite a probe per run).
+_IN_PROGRESS = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM cuaderno_queue q "
+                       "JOIN cuaderno_runs r ON r.run_id = q.run_id "
+                       "WHERE q.done = 0 AND q.concurrency_key IS NOT NULL AND r.epoch > 0",
+                True: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM cuaderno_queue q "
+                      "JOIN cuaderno_runs r ON r.run_id = q.run_id "
+                      "WHERE NOT q.done AND q.concurrency_key IS NOT NULL AND r.epoch > 0"}
+_KEY_IN_PROGRESS = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM cuaderno_queue q "
+                           "JOIN cuaderno_runs r ON r.run_id = q.run_id "
+                           "WHERE q.done = 0 AND q.concurrency_key = ? AND r.epoch > 0",
+                    True: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM cuaderno_queue q "
+                          "JOIN cuaderno_runs r ON r.run_id = q.run_id "
+                          "WHERE NOT q.done AND q.concurrency_key = %s AND r.epoch > 0"}
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
@@ -352,14 +358,14 @@ class JournalQueue:
             if not live:
                 return out
             keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall()
-            held = self._held(db, [(r[0], int(r[2])) for r in live] + [(r[0], int(r[2])) for r in keyed], locked)
+            held = self._held(db, [(r[0], int(r[2])) for r in live if r[4]] + [(r[0], int(r[2])) for r in keyed], locked)
             limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
             running: dict[str, int] = {}
             for run_id, key, _ in keyed:
                 if run_id in held:
                     running[key] = running.get(key, 0) + 1
             picked: list[str] = []
-            for run_id, key, _, _ in live:
+            for run_id, key, _, _, _ in live:
                 if run_id in held:
                     continue
                 if key is not None and key in limits and running.get(key, 0) >= limits[key]:
