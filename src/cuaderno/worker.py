@@ -85,6 +85,8 @@ from cuaderno.operations import cleanup_left
 __all__ = ["Worker", "WorkerStats", "load_agent"]
 
 _MAX_BACKOFF_S = 60.0
+_SCAN_WHILE_BUSY = 4
+"""While driving runs, the open runs are looked through once per this many poll intervals."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -330,11 +332,12 @@ class Worker:
     def _scan_due(self, busy: bool) -> bool:
         """Whether to look through the open runs now (runs nobody holds: a dead holder's, an
         approved one's, a cancellation to close). Always when idle; while driving runs, at most
-        once per ``poll_interval``: the queue is asked at every wake (a run ended here, a submit
-        was heard), and reading every open run's summary at each of them cost more CPU than the
-        runs' own steps with a busy fleet (measured: ``benchmarks/bench_claims.py``)."""
+        once per ``_SCAN_WHILE_BUSY`` poll intervals: the queue is asked at every wake (a run
+        ended here, a submit was heard), and reading up to 200 open runs' summaries at each wake
+        cost each of four workers more CPU than one worker of four times their concurrency
+        (``benchmarks/bench_claims.py``). A run left by a dead holder waits that much longer."""
         now = asyncio.get_running_loop().time()
-        if busy and self._queue is not None and now - self._scanned < self.poll_interval:
+        if busy and self._queue is not None and now - self._scanned < _SCAN_WHILE_BUSY * self.poll_interval:
             return False
         self._scanned = now
         return True
