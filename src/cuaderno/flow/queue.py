@@ -108,7 +108,7 @@ def submit(store: Checkpointer, agent: Agent, task: str, *, run_id: str | None =
     found, created = queue.enqueue(entry, debounce=debounce)
     if not created and run_id is not None and found.run_id == run_id and found.task != task:
         raise SubmitConflict(run_id, "the run is queued with another task")
-    faults.point("flow.S1")  # the queue row committed, the run's first event not yet written
+    faults.point("flow.S1")  # crash point: the queue row committed, the run's first event not yet written
     start: RunStart = {"task": found.task, "versions": agent.versions(), "tenant": found.tenant}
     if store.checkpoint(found.run_id) is None:
         # Equal to the loop's own first event: stored once however many submits write it.

@@ -25,6 +25,9 @@ host), which covers reading the candidates, the holds and the limits, and the ta
 (``acquire``) of the runs picked. The next claimer starts after those takeovers hold their
 runs, so it never picks a run another worker just picked: a claim is lost only to a process that
 takes a run outside the queue (an application resuming it itself).
+
+Crash point: ``queue.C1``, a claim's runs taken over, its lock still held, none driven yet (a
+worker SIGKILLed there leaves them to the next claim: its locks went with it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from cuaderno import faults
 from cuaderno.errors import JournalError, RunBusy, RunClosed, RunNotFound, SubmitConflict, UsageError, quoted
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
@@ -384,6 +388,8 @@ class JournalQueue:
                     out.lost += 1
                 except (RunClosed, RunNotFound):
                     out.stale += 1
+            if out.taken:
+                faults.point("queue.C1")  # runs taken over, the claim lock still held, none driven yet
         return out
 
     def _mark_done(self, db: _Exec, run_ids: list[str]) -> None:
@@ -428,6 +434,9 @@ class JournalQueue:
                     yield conn
                 return
             lite: SqliteCheckpointer = self.store  # type: ignore[assignment]
+            if lite.path == ":memory:":  # one connection of one process: nobody to race
+                yield _Unlocked(lite)
+                return
             fd = os.open(os.path.realpath(lite.path) + "-queue", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
                          0o600)
             try:
