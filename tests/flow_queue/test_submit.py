@@ -268,3 +268,24 @@ def test_submit_conflict_survives_a_round_trip() -> None:
     error = SubmitConflict("order-1", "the run is queued with another task")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is SubmitConflict and str(again) == str(error) and again.run_id == "order-1"
+
+
+def test_the_flow_limit_commands(fq_journal: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    open_journal(fq_journal).close()
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cuaderno", "--db", fq_journal, "flow", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    assert cli("limit", "tenant-a", "3").returncode == 0
+    assert cli("limit", "tenant-b", "1").returncode == 0
+    assert cli("limit", "tenant-b", "none").returncode == 0
+    assert json.loads(cli("limits", "--json").stdout) == {"tenant-a": 3}
+    for bad in ("0", "-2", "many"):
+        refused = cli("limit", "tenant-a", bad)
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ") and "Traceback" not in refused.stderr
+    assert json.loads(cli("limits", "--json").stdout) == {"tenant-a": 3}

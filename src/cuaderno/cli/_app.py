@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - typer without a bundled click
 
 from cuaderno.cli._common import DEFAULT_DB, ERROR_EXIT, USAGE_EXIT, Options, say_error
 from cuaderno.cli._decide import approve, cancel, deny, resolve
+from cuaderno.cli._flow import flow_app
 from cuaderno.cli._fork import export_command, fork_command
 from cuaderno.cli._runs import list_runs, rebuild_summary, show, status_command
 from cuaderno.cli._schedule import schedule_app
@@ -125,6 +126,7 @@ for _name, _command in (("list", list_runs), ("show", show), ("approve", approve
                         ("status", status_command), ("fork", fork_command), ("export", export_command)):
     app.command(_name)(_command)
 app.add_typer(schedule_app, name="schedule")
+app.add_typer(flow_app, name="flow")
 
 
 def _discard_stdout() -> None:
