@@ -50,6 +50,7 @@ class FlowWorld:
     dir: Path
     ledger: LedgerProcess
     children: list[subprocess.Popen[str]] = field(default_factory=list)
+    logs: int = 0
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
@@ -58,10 +59,13 @@ class FlowWorld:
         return env
 
     def worker(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        child = subprocess.Popen([sys.executable, "-m", "cuaderno", "worker", "--journal", self.journal,
-                                  "--agent", "flowq_agent:agent", "--poll-interval", "0.1", *args],
-                                 env=self.env(**env), cwd=self.dir, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
+        # Its log goes to a file: a pipe nobody reads would stop a long-lived worker once full.
+        self.logs += 1
+        with open(self.dir / f"worker-{self.logs}.log", "w") as log:
+            child = subprocess.Popen([sys.executable, "-m", "cuaderno", "worker", "--journal", self.journal,
+                                      "--agent", "flowq_agent:agent", "--poll-interval", "0.1", *args],
+                                     env=self.env(**env), cwd=self.dir, stdout=subprocess.DEVNULL, stderr=log,
+                                     text=True)
         self.children.append(child)
         return child
 
