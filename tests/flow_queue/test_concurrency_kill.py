@@ -44,6 +44,7 @@ def _max_in_progress(receipts: list[dict[str, Any]]) -> dict[str, int]:
     return dict(peak)
 
 
+@pytest.mark.timeout(900 if SOAK else 300)  # a soak runs for minutes on a shared machine
 def test_never_more_than_k_of_a_key_with_workers_killed_at_random(fq_world: Any) -> None:
     runs_per_key = 30 if SOAK else 8
     workers = 4 if SOAK else 3

@@ -101,6 +101,7 @@ def test_missed_fire_times_follow_catch_up(store: Any, catch_up: int, started: i
     assert list_schedules(store)[0].last_fire == fire_times[-1]
 
 
+@pytest.mark.timeout(900 if SOAK else 300)  # a soak runs for minutes on a shared machine
 def test_one_run_per_fire_time_with_workers_killed_at_random(fq_world: Any) -> None:
     every, length = (2, 120) if SOAK else (1, 12)
     rng = random.Random(4)

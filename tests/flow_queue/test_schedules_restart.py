@@ -28,6 +28,7 @@ SOAK = os.environ.get("CUADERNO_SOAK") == "1"
 pytestmark = pytest.mark.postgres
 
 
+@pytest.mark.timeout(900 if SOAK else 300)  # a soak runs for minutes on a shared machine
 def test_one_run_per_fire_time_across_kills_and_a_server_restart(
         private_cluster: PrivateCluster, tmp_path: Path) -> None:  # noqa: F811
     import flowq_agent
