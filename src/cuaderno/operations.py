@@ -8,6 +8,10 @@
 - **Stop**: :func:`cancel_run` (idempotent, from any process; see :mod:`cuaderno.cancellation`).
 - **Copy out**: :func:`fork` a run at a step, :func:`export_lines` its journal.
 - **Repair**: :func:`rebuild_summary` rewrites a summary from its journal, never the reverse.
+- **Keep**: :func:`prune` removes closed runs past a retention bound, whole
+  (:mod:`cuaderno.journal.retention`); :func:`backup` copies a SQLite journal while it is written and
+  :func:`restore` puts a copy back, saying what happens to runs past it
+  (:mod:`cuaderno.journal.backups`).
 - **Read**: :func:`run_state` / :func:`run_states` (what a run is doing now and who holds it),
   :func:`list_runs`, :func:`pending_approvals`.
 
@@ -45,11 +49,15 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
+from cuaderno.journal.retention import DEFAULT_BATCH, PruneReport, parse_duration
+from cuaderno.journal.retention import incremental as _incremental
+from cuaderno.journal.retention import prune as _prune
+from cuaderno.journal.retention import vacuum as _vacuum
 from cuaderno.plainjson import MAX_DEPTH, not_plain
 
 __all__ = ["STATUSES", "CancelOutcome", "RunRow", "RunState", "SummaryRebuilt", "approve", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
-           "list_runs", "pending_approvals", "read_receipt", "rebuild_summary", "resolve", "run_state", "run_states"]
+           "list_runs", "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "run_state", "run_states"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (a filter accepts only these: a typo would list nothing, silently)."""
@@ -517,3 +525,32 @@ def cleanup_left(cp: Checkpoint, events: Sequence[StepEvent]) -> int:
         and ev.decision == "resolved" and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok")
     total = len(entries) + confirmed
     return sum(1 for i in range(total) if f"cleanup{i:02d}" not in done)
+
+
+# -- keeping ---------------------------------------------------------------------------------------------
+
+
+def prune(store: Checkpointer, older_than: float | str, *, batch: int = DEFAULT_BATCH, dry_run: bool = False,
+          vacuum: bool | None = None, now: float | None = None, max_batches: int | None = None) -> PruneReport:
+    """Remove the closed runs (completed, failed, cancelled) last updated longer ago than
+    ``older_than`` (seconds, or ``"7d"``, ``"12h"``...), whole, ``batch`` runs per transaction;
+    never a run that is open, held, or has compensations left (see :mod:`cuaderno.journal.retention`).
+
+    Args:
+        vacuum: ``None``: nothing more (freed pages are reused by later appends; a SQLite file in
+            ``auto_vacuum=INCREMENTAL`` mode gives them back incrementally); ``False``: the
+            incremental vacuum only; ``True``: a full ``VACUUM`` of a SQLite file after pruning
+            (which switches it to incremental mode for later prunes). See
+            :func:`cuaderno.journal.retention.vacuum`.
+        now: the clock, for a test's simulated time.
+
+    Raises:
+        UsageError: a bound that is not a duration, a store that cannot prune; nothing was written.
+    """
+    check_store(store)
+    seconds = parse_duration(older_than) if isinstance(older_than, str) else older_than
+    report = _prune(store, seconds, cleanup_left=cleanup_left, batch=batch, dry_run=dry_run, now=now,
+                    max_batches=max_batches)
+    if not dry_run and (vacuum is not None or report.runs):
+        report.vacuum = _vacuum(store, full=bool(vacuum)) if vacuum is not None or _incremental(store) else None
+    return report

@@ -1,0 +1,67 @@
+"""The commands that keep a journal's size and copies: ``prune``, ``backup`` and ``restore``.
+
+::
+
+    cuaderno [--db URL] prune --older-than 7d [--batch N] [--dry-run] [--vacuum] [--json]
+    cuaderno backup JOURNAL DEST
+    cuaderno restore BACKUP JOURNAL --runs-after-backup needs-human|accept
+
+``prune`` removes closed runs past the bound, whole, a batch per transaction, while workers keep
+running (see :mod:`cuaderno.journal.retention`). ``backup`` copies a SQLite journal with SQLite's
+online backup API while it is written, and checks every run of the copy; ``restore`` puts a copy
+back at a journal's path so that the rollback check knows it for a restore (see
+:mod:`cuaderno.journal.backups`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cuaderno.cli._common import USAGE_EXIT, fail, opened, refusals
+from cuaderno.errors import UsageError
+
+__all__ = ["prune_command"]
+
+
+def prune_command(
+    ctx: typer.Context,
+    older_than: Annotated[str, typer.Option("--older-than", metavar="AGE",
+                                            help="Remove closed runs last updated longer ago than this "
+                                                 "(45s, 90m, 12h, 7d, 2w).")],
+    batch: Annotated[int, typer.Option("--batch", min=1, metavar="N", help="Runs removed per transaction.")] = 200,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed.")] = False,
+    vacuum: Annotated[bool, typer.Option("--vacuum", help="Then give the space back to the file system (SQLite: a "
+                                                          "full VACUUM, which also switches the file to incremental "
+                                                          "vacuum for later prunes).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Remove closed runs (completed, failed, cancelled) older than --older-than, whole; never a run that
+    is open, held, or has compensations left."""
+    from cuaderno.journal.retention import parse_duration
+    from cuaderno.operations import prune
+
+    try:
+        seconds = parse_duration(older_than)
+    except UsageError as exc:
+        fail(f"--older-than: {exc}", USAGE_EXIT)
+    with refusals(), opened(ctx, readonly=dry_run) as store:
+        report = prune(store, seconds, batch=batch, dry_run=dry_run, vacuum=True if vacuum else None)
+    if as_json:
+        typer.echo(json.dumps({**report.as_json(), "runs": report.runs}, indent=2, ensure_ascii=True))
+        return
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(f"{verb} {len(report.runs):,} closed run{'s' if len(report.runs) != 1 else ''} "
+               f"({report.events:,} events, {report.batches:,} batch{'es' if report.batches != 1 else ''})"
+               if not dry_run else f"{verb} {len(report.runs):,} closed run{'s' if len(report.runs) != 1 else ''}")
+    if report.kept:
+        typer.echo(f"kept {len(report.kept):,} closed run{'s' if len(report.kept) != 1 else ''} older than the bound:")
+        for run_id, why in sorted(report.kept.items())[:20]:
+            typer.echo(f"  {run_id}: {why}")
+        if len(report.kept) > 20:
+            typer.echo(f"  ... and {len(report.kept) - 20:,} more (--json lists them all)")
+    if report.vacuum is not None:
+        v = report.vacuum
+        typer.echo(f"vacuum: {v['how']}; {v['bytes_before']:,} -> {v['bytes_after']:,} bytes")
