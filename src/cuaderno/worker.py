@@ -76,6 +76,7 @@ from cuaderno.events import StepEvent
 from cuaderno.gateway.base import ModelGateway
 from cuaderno.journal import GroupCommit, JournalQueue, canonical_versions, open_journal, queue_of, work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
+from cuaderno.journal.retention import PeriodicPrune, parse_duration
 from cuaderno.loop.agent import Agent, RetryPolicy, Session
 from cuaderno.loop.cleanup import compensate
 from cuaderno.loop.ownership import ProcessOwnership
@@ -110,6 +111,8 @@ class WorkerStats:
     worker finished it between this worker's read and its takeover."""
     errors: int = 0
     """Drives that ended in an error the run's journal does not record (retried after a backoff)."""
+    pruned: int = 0
+    """Closed runs its prune schedule removed (``prune_older_than``)."""
     skipped_versions: set[str] = field(default_factory=set[str])
     """Runs it left alone because they were started under other versions of the agent."""
 
@@ -127,12 +130,15 @@ class Worker:
         name: names this worker in the runs' holder record (default ``worker@host:pid``).
         retry: the loop's retry bounds for every drive.
         log: where a line per claim, stop and error goes (default: standard error; ``None``: nowhere).
+        prune_older_than: also remove closed runs older than this (seconds, or ``"30d"``) every
+            ``prune_every`` seconds (:class:`~cuaderno.journal.retention.PeriodicPrune`).
     """
 
     def __init__(self, journal: str | os.PathLike[str] | Checkpointer, agent: Agent,
                  gateway_factory: Callable[[], ModelGateway], *, concurrency: int = 4, poll_interval: float = 0.5,
                  name: str | None = None, retry: RetryPolicy | None = None,
-                 log: Callable[[str], None] | None = print) -> None:
+                 log: Callable[[str], None] | None = print, prune_older_than: float | str | None = None,
+                 prune_every: float = 600.0) -> None:
         if not isinstance(agent, Agent):
             raise UsageError(f"agent must be an Agent, got {type(agent).__name__}")
         if not callable(gateway_factory):
@@ -141,6 +147,9 @@ class Worker:
             raise UsageError(f"concurrency must be a positive integer, got {concurrency!r:.40}")
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
             raise UsageError(f"poll_interval must be a positive number of seconds, got {poll_interval!r:.40}")
+        self._pruner = None if prune_older_than is None else PeriodicPrune(
+            parse_duration(str(prune_older_than)), _positive("prune_every", prune_every), cleanup_left,
+            lambda line: self._say(f"{self.name}: {line}"))
         self.agent = agent
         self.gateway_factory = gateway_factory
         self.concurrency = concurrency
@@ -230,7 +239,14 @@ class Worker:
                 # The runs this worker drives at once share their commits (one transaction and one
                 # sync for the steps that commit in the same turn of the event loop).
                 group = GroupCommit(store, close_store=False)
-            await self._poll(group if group is not None else store, until_idle)
+            pruning = None if self._pruner is None else asyncio.create_task(self._pruner.run(store, lambda: self._stopping))
+            try:
+                await self._poll(group if group is not None else store, until_idle)
+            finally:
+                if pruning is not None and self._pruner is not None:
+                    self._pruner.stop()
+                    await pruning  # a batch in flight commits (or not) before the store closes
+                    self.stats.pruned = self._pruner.pruned
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -614,6 +630,12 @@ def _queue(store: Checkpointer) -> JournalQueue | None:
         return queue_of(store)
     except UsageError:
         return None
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise UsageError(f"{name} must be a positive number of seconds, got {value!r:.40}")
+    return float(value)
 
 
 def _where(store: Checkpointer) -> str:

@@ -4,6 +4,7 @@
 
     cuaderno worker --journal URL --agent module:attr [--gateway module:attr] [--concurrency N]
                     [--poll-interval S] [--until-idle] [--name NAME]
+                    [--prune-older-than AGE [--prune-every S]]
 
 ``--agent`` names an :class:`~cuaderno.Agent`. The model gateway comes from ``--gateway``, a
 function of no arguments that returns a gateway (or a gateway object), and by default from the
@@ -62,6 +63,11 @@ def worker_command(
                                                                   "can move on (for a cron job or a test).")] = False,
     name: Annotated[str | None, typer.Option("--name", metavar="NAME",
                                              help="Names this worker in each run's holder record.")] = None,
+    prune_older_than: Annotated[str | None, typer.Option(
+        "--prune-older-than", metavar="AGE", help="Also remove closed runs older than this (30d), on a schedule "
+        "(see cuaderno prune).")] = None,
+    prune_every: Annotated[float, typer.Option("--prune-every", min=0.01, metavar="S",
+                                               help="Seconds between two prunes.")] = 600.0,
 ) -> None:
     """Claim runs that need progress (a dead holder, a decided approval, a cancellation to close,
     compensations to run) and drive them; SIGTERM finishes each step in flight, releases, exits 0."""
@@ -85,7 +91,8 @@ def worker_command(
                 raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent")
             factory = _gateway_factory(agent_ref, gateway_ref)
             worker = Worker(url, agent, factory, concurrency=concurrency, poll_interval=poll_interval, name=name,
-                            log=lambda line: print(line, file=sys.stderr, flush=True))
+                            log=lambda line: print(line, file=sys.stderr, flush=True),
+                            prune_older_than=prune_older_than, prune_every=prune_every)
             stats = worker.run_sync(until_idle=until_idle, handle_signals=True)
     except typer.Exit:
         raise
@@ -95,5 +102,6 @@ def worker_command(
                                 ("suspended", stats.suspended), ("needs_human", stats.needs_human),
                                 ("failed", stats.failed), ("cancelled", stats.cancelled),
                                 ("compensated", stats.compensated), ("released", stats.released),
-                                ("busy", stats.busy), ("errors", stats.errors))}
+                                ("busy", stats.busy), ("errors", stats.errors),
+                                ("pruned", stats.pruned))}
     print(json.dumps({"worker": worker.name, "stopped": True, **counts}), file=sys.stderr, flush=True)

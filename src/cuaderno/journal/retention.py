@@ -38,6 +38,7 @@ autovacuum makes dead tuples reusable, and only ``VACUUM FULL`` shrinks the tabl
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import time
@@ -55,7 +56,7 @@ from cuaderno.journal._append import check_chain
 from cuaderno.journal._claims import cleanup_scheduled
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
-__all__ = ["DEFAULT_BATCH", "SETTLE_S", "PruneReport", "incremental", "parse_duration", "prune", "vacuum"]
+__all__ = ["DEFAULT_BATCH", "SETTLE_S", "PeriodicPrune", "PruneReport", "incremental", "parse_duration", "prune", "vacuum"]
 
 DEFAULT_BATCH = 200
 """Runs removed per transaction: a batch's write lock (SQLite's, the whole journal's) lasts as long
@@ -335,8 +336,6 @@ def vacuum(store: Checkpointer, *, full: bool) -> dict[str, Any]:
 
 
 def _sqlite_vacuum(store: Any, full: bool) -> dict[str, Any]:
-    import os
-
     def size() -> int:
         return sum(os.stat(store.path + s).st_size for s in ("", "-wal") if os.path.exists(store.path + s))
 
@@ -384,3 +383,59 @@ def _pg_vacuum(store: Any) -> dict[str, Any]:
         conn.execute("VACUUM cuaderno_runs")
         elapsed = time.perf_counter() - started
         return {"how": "VACUUM", "bytes_before": before, "bytes_after": size(), "seconds": round(elapsed, 4)}
+
+
+class PeriodicPrune:
+    """A worker's prune on a schedule (``Worker(prune_older_than=...)``, ``cuaderno worker
+    --prune-older-than``): every ``every`` seconds, one :func:`prune` in a thread (the event loop
+    keeps driving runs) on the worker's own store. Not on a second store of the same SQLite file:
+    SQLite shares a file's ``-shm`` mapping among the connections of one process, and a worker's
+    store opened on a ``-wal`` with commits reads through a read-only mapping until its first
+    write, so a second store's writer in that process was refused ("attempt to write a readonly
+    database") for as long as the worker had claimed nothing. A SQLite batch holds the store's lock
+    while it runs (bounded by the batch size): the worker's commits wait for it, as they would for
+    the journal's write lock. Several workers pruning one journal do not conflict: SQLite runs their
+    batches one after the other (each under the write lock), PostgreSQL's skip the rows another has
+    locked. A prune that fails is said and tried again at the next interval."""
+
+    def __init__(self, older_than: float, every: float, cleanup_left: CleanupLeft, say: Callable[[str], None],
+                 batch: int = DEFAULT_BATCH) -> None:
+        self.older_than, self.every, self.batch = older_than, every, batch
+        self._cleanup_left, self._say = cleanup_left, say
+        self.pruned = 0
+        """Runs this schedule removed."""
+        self._wake: Any = None
+
+    def _once(self, store: Checkpointer) -> PruneReport:
+        report = prune(store, self.older_than, cleanup_left=self._cleanup_left, batch=self.batch)
+        if report.runs and incremental(store):
+            report.vacuum = vacuum(store, full=False)
+        return report
+
+    async def run(self, store: Checkpointer, stopping: Callable[[], bool]) -> None:
+        """Prune, then sleep ``every`` seconds, until ``stopping()`` (woken by :meth:`stop`). A prune in
+        flight is let finish (its batch commits or rolls back whole either way)."""
+        import asyncio
+
+        from cuaderno.errors import CuadernoError
+
+        self._wake = asyncio.Event()
+        while not stopping():
+            try:
+                report = await asyncio.to_thread(self._once, store)
+            except CuadernoError as exc:
+                self._say(f"prune failed: {str(exc)[:300]}; trying again in {self.every:g} s")
+            else:
+                self.pruned += len(report.runs)
+                if report.runs:
+                    self._say(f"pruned {len(report.runs)} closed run(s) older than {self.older_than:g} s "
+                              f"({report.events} events)")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.every)
+            except TimeoutError:
+                pass
+
+    def stop(self) -> None:
+        """Wake the schedule's sleep (from the worker's event loop) so :meth:`run` returns."""
+        if self._wake is not None:
+            self._wake.set()
