@@ -647,6 +647,8 @@ class RateLimitWaitTooLong(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.bucket, self.wait, self.max_wait))
+
+
 class SubmitConflict(CuadernoError):
     """A submit (:func:`cuaderno.flow.submit`) names a run id the journal holds for another run:
     one queued with another task, or one started outside the queue. Nothing was written; submit
@@ -663,3 +665,28 @@ class SubmitConflict(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.why))
+
+
+class PayloadTooLarge(JournalError):
+    """An event's payload is larger than the journal's per-payload limit (the store's
+    ``max_payload``, :data:`cuaderno.journal.base.DEFAULT_MAX_PAYLOAD` unless set): refused before
+    anything is written (the journal is left as it was).
+
+    A tool whose result is too large does not reach this: its step is journaled as a small error
+    record naming the size (the model is told, the run goes on or ends as it decides), so a
+    worker never retries a step whose result can never be stored.
+
+    Attributes:
+        run_id, step_id, phase: the event refused.
+        size: its payload's bytes (JSON, before compression).
+        limit: the limit it passed.
+    """
+
+    def __init__(self, run_id: str, step_id: str, phase: str, size: int, limit: int) -> None:
+        self.run_id, self.step_id, self.phase, self.size, self.limit = run_id, step_id, phase, size, limit
+        super().__init__(f"run {quoted(run_id)}, step {quoted(step_id)}:{clipped(phase, 40)}: the payload is "
+                         f"{size:,} bytes of JSON, more than the journal's limit of {limit:,} bytes per payload; "
+                         "nothing was written")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.phase, self.size, self.limit))

@@ -48,6 +48,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
+from cuaderno.journal.backups import BackupReport, RestoreReport, backup, restore, restore_record
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
 from cuaderno.journal.retention import DEFAULT_BATCH, PruneReport, parse_duration
 from cuaderno.journal.retention import incremental as _incremental
@@ -55,9 +56,11 @@ from cuaderno.journal.retention import prune as _prune
 from cuaderno.journal.retention import vacuum as _vacuum
 from cuaderno.plainjson import MAX_DEPTH, not_plain
 
-__all__ = ["STATUSES", "CancelOutcome", "RunRow", "RunState", "SummaryRebuilt", "approve", "cancel_run", "check_store",
+__all__ = ["STATUSES", "BackupReport", "CancelOutcome", "PruneReport", "RestoreReport", "RunRow", "RunState",
+           "SummaryRebuilt", "approve", "backup", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
-           "list_runs", "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "run_state", "run_states"]
+           "list_runs", "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "restore",
+           "restore_record", "run_state", "run_states"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (a filter accepts only these: a typo would list nothing, silently)."""

@@ -23,7 +23,7 @@ import typer
 from cuaderno.cli._common import USAGE_EXIT, fail, opened, refusals
 from cuaderno.errors import UsageError
 
-__all__ = ["prune_command"]
+__all__ = ["backup_command", "prune_command", "restore_command"]
 
 
 def prune_command(
@@ -65,3 +65,44 @@ def prune_command(
     if report.vacuum is not None:
         v = report.vacuum
         typer.echo(f"vacuum: {v['how']}; {v['bytes_before']:,} -> {v['bytes_after']:,} bytes")
+
+
+def backup_command(
+    journal: Annotated[str, typer.Argument(metavar="JOURNAL", help="The SQLite journal to copy (workers may be "
+                                                                     "writing to it).")],
+    dest: Annotated[str, typer.Argument(metavar="DEST", help="The copy to make (must not exist).")],
+) -> None:
+    """Copy a SQLite journal while it is written (SQLite's online backup), then check every run of the copy."""
+    from cuaderno.operations import backup
+
+    with refusals():
+        report = backup(journal, dest)
+    typer.echo(f"backed up {report.runs:,} run{'s' if report.runs != 1 else ''} ({report.events:,} events, "
+               f"{report.bytes:,} bytes) to {report.dest}; every run's journal verified")
+
+
+def restore_command(
+    backup_file: Annotated[str, typer.Argument(metavar="BACKUP", help="A copy made by cuaderno backup.")],
+    journal: Annotated[str, typer.Argument(metavar="JOURNAL", help="The journal path to restore it at (the "
+                                                                     "journal there is kept, renamed aside).")],
+    runs_after_backup: Annotated[str, typer.Option(
+        "--runs-after-backup", metavar="needs-human|accept",
+        help="What happens to runs that may have gone on after the backup: needs-human (each is marked, with "
+             "the evidence, for a person to settle) or accept (they go on from the backup; effects done after it "
+             "may be done again).")],
+) -> None:
+    """Put a backup back at a journal's path, as a restore the rollback check knows; stop the workers first."""
+    from cuaderno.operations import restore
+
+    if runs_after_backup not in ("needs-human", "accept"):
+        fail(f"--runs-after-backup must be needs-human or accept, got {runs_after_backup!r:.40}", USAGE_EXIT)
+    with refusals():
+        report = restore(backup_file, journal, runs_after_backup=runs_after_backup)  # type: ignore[arg-type]
+    typer.echo(f"restored {report.backup} at {report.journal}"
+               + (f"; the journal it replaced is kept as {report.kept_aside}" if report.kept_aside else ""))
+    if report.marked:
+        typer.echo(f"{len(report.marked):,} run(s) may have gone on after the backup and now wait for a person "
+                   f"(step restore): {', '.join(report.marked[:20])}{' ...' if len(report.marked) > 20 else ''}")
+    if report.lost:
+        typer.echo(f"{len(report.lost):,} run(s) started after the backup are not in it (they stay in the kept "
+                   f"journal): {', '.join(report.lost[:20])}{' ...' if len(report.lost) > 20 else ''}")

@@ -42,11 +42,12 @@ from typing import Any, Literal, NoReturn
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.durable.model_call import Retrying
-from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
-from cuaderno.events import StepEvent, not_happened_since_sent
+from cuaderno.errors import ErrorClass, PayloadTooLarge, ToolError, UncertainEffect
+from cuaderno.events import StepEvent, encode_payload, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
+from cuaderno.journal.base import payload_limit
 
-__all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "result_payload", "stage_result",
+__all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "result_payload", "stage_result", "too_large_instead",
            "stage_uncertain"]
 
 _AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.value: "replans",
@@ -99,6 +100,26 @@ def result_payload(outcome: str, value: Any = None, *, error: Mapping[str, Any] 
     if compensation:
         payload["compensation"] = dict(compensation)
     return payload
+
+
+def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_id: str, *,
+                      tells_the_model: bool = True) -> dict[str, Any]:
+    """``payload``, or, when it is larger than the journal's per-payload limit
+    (:func:`cuaderno.journal.base.payload_limit`), a small error record in its place: outcome
+    ``error``, error ``PayloadTooLarge`` with the size and the limit, the effect key and the
+    compensation kept (the effect happened: a cancellation must still undo it). The model is told
+    (a permanent error: sending the same call again would return the same result), and the step is
+    settled, so no resume or worker runs it again to meet the same refusal (pydantic-ai#7110).
+    Replay reads the record as it is: the value that was too large was never journaled."""
+    limit = payload_limit(store)
+    size = len(encode_payload(payload))
+    if size <= limit:
+        return payload
+    error = {"error_class": ErrorClass.PERMANENT.value, "sent": True, "type": "PayloadTooLarge", "size": size,
+             "limit": limit, "message": str(PayloadTooLarge(run_id, step_id, "result", size, limit)).replace(
+                 "nothing was written", "the result was not stored; the call itself was made")}
+    return result_payload("error", error=error, effect_key=payload.get("effect_key"), counters=payload.get("counters"),
+                          compensation=payload.get("compensation"), tells_the_model=tells_the_model)
 
 
 def stage_result(log: StepLog, step_id: str, tool: str, payload: Mapping[str, Any], *,
@@ -369,6 +390,8 @@ class Effect:
                 compensation: Mapping[str, Any] | None = None) -> Settled:
         payload = result_payload(outcome, value, error=error, effect_key=self.key, counters=counters,
                                  compensation=compensation, tells_the_model=self.tells_the_model)
+        payload = too_large_instead(payload, getattr(self.log, "store", None), self.log.run_id, self.step_id,
+                                    tells_the_model=self.tells_the_model)
         # The payload was built here for this event: staged as it is (stage_result copies a caller's).
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="tool",
                                  name=self.tool, decision=self.decision, fingerprint=self.fingerprint,

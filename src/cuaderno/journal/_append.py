@@ -24,7 +24,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent, row_hash, starts_a_step
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
-from cuaderno.journal.base import validate_event
+from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append", "plan_rebuild"]
 
@@ -35,6 +35,7 @@ def plan_append(
     existing: Callable[[StepEvent], StepEvent | None],
     epoch: int | None,
     expect_seq: int | None = None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD,
 ) -> tuple[list[tuple[StepEvent, bytes]], list[StepEvent]]:
     """Decide what an append writes, folding new events into ``cp`` (in place).
 
@@ -70,7 +71,7 @@ def plan_append(
     out: list[StepEvent] = []
     seen: dict[tuple[str, str, str], StepEvent] = {}
     for ev in events:
-        validate_event(ev)
+        validate_event(ev, max_payload)
         if ev.run_id != cp.run_id:
             raise UsageError("one append must hold the events of one run")
         prior = seen.get(ev.key) or existing(ev)

@@ -32,7 +32,7 @@ from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
 from cuaderno.journal._sql import SqlJournal
-from cuaderno.journal.base import validate_event
+from cuaderno.journal.base import payload_limit, validate_event
 
 __all__ = ["Lost", "SqlWriter", "first_line", "next_epoch", "planned_rebuild", "stored_rows"]
 
@@ -200,7 +200,8 @@ class SqlWriter(SqlJournal):
             row = db.execute(self._dialect.event, ev.key).fetchone()
             return None if row is None else decode_row(row)
 
-        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq)
+        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq,
+                               payload_limit(self))
         if new:
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD)
             try:

@@ -70,12 +70,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from cuaderno.checkpoint import Checkpoint
-from cuaderno.errors import UsageError
+from cuaderno.errors import PayloadTooLarge, UsageError
 from cuaderno.events import CODEC_JSON, StepEvent
 
-__all__ = ["CLOSED_STATUSES", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "CommitsInGroups",
+__all__ = ["CLOSED_STATUSES", "DEFAULT_MAX_PAYLOAD", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "CommitsInGroups",
            "ConfirmsHold", "KnowsEarlierHolders", "SupportsClaims", "SupportsRebuild", "SupportsTail", "Tail", "tail_base",
-           "validate_event"]
+           "payload_limit", "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
@@ -91,6 +91,17 @@ EVENT_SCHEMA_VERSION = 1
 ``schema`` in every run's versions, so resuming a run under another one needs an explicit choice
 (``on_version_mismatch``). How rows are stored is :data:`SCHEMA_VERSION`'s business: a run
 started before schema 2 resumes after it as it is."""
+
+DEFAULT_MAX_PAYLOAD = 16 * 1024 * 1024
+"""The largest payload (JSON bytes, before compression) a journal stores unless its store says
+otherwise (``store.max_payload = N``): far below what a row can hold
+(:data:`cuaderno.journal._compress.MAX_PAYLOAD`, about 1 GB), because every payload is read whole
+on a resume and held in memory with the rest of the run (a 180 MB step row took DBOS's recovery
+down, dbos-transact-py#138). 16 MB is some 4 million tokens of text: no model answer comes near it,
+and a tool result that does is data to keep elsewhere and refer to (an offload of large payloads
+is not built yet). Refused with :class:`~cuaderno.errors.PayloadTooLarge` before anything is
+written; a tool's result over it is journaled as a small error record instead (see
+:func:`cuaderno.durable.effect.result_payload`)."""
 
 MAX_ID_CHARS = 1024
 _MAX_DECISION_CHARS = 64
@@ -318,11 +329,30 @@ def tail_base(phase: str) -> int | None:
     return int(n) if head == "base" and n.isdigit() and len(n) < 19 else None
 
 
-def validate_event(ev: StepEvent) -> None:
-    """Refuse events that could not be stored and read back byte-exact.
+def payload_limit(store: object) -> int:
+    """The per-payload limit of ``store`` (its ``max_payload`` attribute, else
+    :data:`DEFAULT_MAX_PAYLOAD`).
+
+    Raises:
+        UsageError: a ``max_payload`` that is not a positive integer.
+    """
+    # A wrapper (GroupCommit) holds its store as ``store``: its limit is the store's.
+    limit = getattr(store, "max_payload", None)
+    if limit is None:
+        inner = getattr(store, "store", None)
+        limit = DEFAULT_MAX_PAYLOAD if inner is None or inner is store else payload_limit(inner)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise UsageError(f"max_payload must be a positive number of bytes, got {limit!r:.40}")
+    return limit
+
+
+def validate_event(ev: StepEvent, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    """Refuse events that could not be stored and read back byte-exact, or whose payload is larger
+    than ``max_payload`` bytes of JSON.
 
     Raises:
         UsageError: naming the field and the event's key; nothing is written.
+        PayloadTooLarge: naming the run, step, phase and size; nothing is written.
     """
     run_id, step_id, phase, kind = ev.run_id, ev.step_id, ev.phase, ev.kind
     name, decision, fp = ev.name, ev.decision, ev.fingerprint
@@ -345,9 +375,11 @@ def validate_event(ev: StepEvent) -> None:
         raise UsageError(f"StepEvent.payload at {ev.step_id}:{ev.phase} must be a JSON object, "
                          f"got {type(ev.payload).__name__}")
     try:
-        ev.encoded_payload()
+        size = len(ev.encoded_payload())
     except (TypeError, ValueError) as exc:
         raise UsageError(f"StepEvent.payload at {ev.step_id}:{ev.phase} is not plain JSON: {exc}") from exc
+    if size > max_payload:
+        raise PayloadTooLarge(ev.run_id, ev.step_id, ev.phase, size, max_payload)
 
 
 def _check_fields(ev: StepEvent) -> None:

@@ -11,7 +11,7 @@ from cuaderno.errors import RunClosed, RunNotFound
 from cuaderno.events import StepEvent
 from cuaderno.journal._append import RawRow, check_chain, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._claims import work_for
-from cuaderno.journal.base import CLOSED_STATUSES
+from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
 
 __all__ = ["MemoryCheckpointer"]
 
@@ -38,7 +38,7 @@ class MemoryCheckpointer:
                 row = rows.get((ev.step_id, ev.phase))
                 return None if row is None else decode_row(row)
 
-            new, out = plan_append(cp, events, existing, epoch, expect_seq)
+            new, out = plan_append(cp, events, existing, epoch, expect_seq, payload_limit(self))
             if new:
                 rows = self._rows.setdefault(run_id, {})
                 for ev, payload in new:

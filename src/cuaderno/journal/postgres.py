@@ -116,7 +116,7 @@ from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import SqlWriter, next_epoch, stored_rows
 from cuaderno.journal._sql_write import first_line as _first_line
-from cuaderno.journal.base import CLOSED_STATUSES
+from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
 
 __all__ = ["PostgresCheckpointer"]
 
@@ -321,7 +321,8 @@ class PostgresCheckpointer(PgServer, SqlWriter):
         for i in order:
             b = batches[i]
             run_id = b.events[0].run_id
-            new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq)
+            new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
+                                       payload_limit(self))
             if new:
                 rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD))
                 updated[run_id] = new[-1][0].created_at

@@ -1,0 +1,212 @@
+"""Issue 35, part 5: ``cuaderno backup`` copies a SQLite journal while a worker writes to it, and the
+copy verifies; ``cuaderno restore`` puts a copy back as a restore the rollback check knows, with the
+operator's explicit choice for runs past the backup. SIGKILL inside both leaves nothing half done."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prune_journals import closed_run, model, open_run
+
+from cuaderno import Agent, CuadernoError, ScriptedGateway, Session, open_journal, operations, tool
+from cuaderno.errors import JournalRolledBack, RunBusy, UsageError
+from cuaderno.journal import work_for
+from cuaderno.journal.sqlite import SqliteCheckpointer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+
+from _world import World
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _journal(tmp_path: Path) -> str:
+    db = str(tmp_path / "runs.db")
+    with SqliteCheckpointer(db) as store:
+        closed_run(store, "done")
+        open_run(store, "goes-on")
+        open_run(store, "stays")
+    return db
+
+
+def test_backup_while_a_worker_writes_opens_and_verifies(tmp_path: Path) -> None:
+    from cuaderno.testing.ledger import LedgerProcess
+
+    ledger = LedgerProcess(tmp_path / "ledger.sqlite3", mode="nodedup").start()
+    w = World(journal=str(tmp_path / "runs.db"), dir=tmp_path, ledger=ledger, backend="sqlite")
+    try:
+        runs = [f"live-{i}" for i in range(6)]
+        for run_id in runs:  # left running, unheld: the worker drives them while backups are taken
+            w.start_runs("agent", [run_id], CUADERNO_CRASH_AT="tool.K5:1", WORKER_TURNS="8").wait(timeout=120)
+        w.worker("worker_agent:agent", WORKER_TURNS="8")
+        copies = []
+        while not all(w.statuses().get(r) == "completed" for r in runs) and len(copies) < 40:
+            dest = tmp_path / f"copy-{len(copies)}.db"
+            report = operations.backup(w.journal, dest)  # verified inside: every chain, every summary
+            copies.append((dest, report))
+        w.wait_until(lambda: all(w.statuses().get(r) == "completed" for r in runs), what="runs to finish")
+        assert len(copies) >= 2
+        assert len({r.events for _, r in copies}) >= 2  # taken at different points of the runs
+        for dest, report in copies:
+            with SqliteCheckpointer(dest, readonly=True) as store:
+                assert len(store.list_runs(limit=100)) == report.runs == len(runs)
+                for cp in store.list_runs(limit=100):
+                    assert store.load(cp.run_id)
+        assert set(w.applied_per_key().values()) == {1}
+    finally:
+        w.reap()
+        ledger.stop()
+
+
+def test_an_old_copy_put_back_by_hand_is_refused_and_a_restore_is_recognised(tmp_path: Path) -> None:
+    db = _journal(tmp_path)
+    operations.backup(db, tmp_path / "b.db")
+    with SqliteCheckpointer(db) as store:
+        store.append([model("goes-on", 1)])
+        open_run(store, "after")
+    shutil.copy(db, tmp_path / "newer.db")
+    # By hand: refused, as before.
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    with SqliteCheckpointer(db) as store:
+        store.close()
+    report = operations.restore(tmp_path / "b.db", db, runs_after_backup="needs-human")
+    assert report.replaced_readable and report.marked == ["goes-on"] and report.lost == ["after"]
+    assert report.kept_aside is not None and os.path.exists(report.kept_aside)
+    with SqliteCheckpointer(db) as store:  # not JournalRolledBack
+        statuses = {cp.run_id: cp.status for cp in store.list_runs()}
+        assert statuses == {"done": "completed", "goes-on": "needs_human", "stays": "running"}
+        evidence = store.checkpoint("goes-on").uncertain["restore"]  # type: ignore[union-attr]
+        assert evidence["backup_last_seq"] == 2 and evidence["journal_last_seq"] == 3
+    record = operations.restore_record(db)
+    assert len(record) == 1 and record[0]["runs_after_backup"] == "needs-human"
+    assert record[0]["marked"] == ["goes-on"] and record[0]["runs_not_in_backup"] == ["after"]
+    # The replaced journal is whole, aside.
+    with SqliteCheckpointer(report.kept_aside, readonly=True, accept_rollback=True) as kept:
+        assert kept.checkpoint("after") is not None
+    # A real rollback after the restore is still refused.
+    with SqliteCheckpointer(db) as store:
+        open_run(store, "later")
+    with SqliteCheckpointer(db) as store:
+        store.close()
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(db + suffix):
+            os.unlink(db + suffix)
+    shutil.copy(tmp_path / "b.db", db)
+    with pytest.raises(JournalRolledBack):
+        SqliteCheckpointer(db)
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+def test_a_marked_run_is_never_resumed_silently_and_accept_marks_nothing(tmp_path: Path) -> None:
+    db = _journal(tmp_path)
+    operations.backup(db, tmp_path / "b.db")
+    os.unlink(db)  # the journal is lost: every open run of the backup may have gone on
+    report = operations.restore(tmp_path / "b.db", db, runs_after_backup="needs-human")
+    assert not report.replaced_readable and sorted(report.marked) == ["goes-on", "stays"]
+    agent = Agent(instructions="x", tools=[noop], name="a")
+    with SqliteCheckpointer(db) as store:
+        cp = store.checkpoint("stays")
+        assert cp is not None and cp.status == "needs_human" and work_for(cp) is None  # no worker claims it
+        assert "a person to settle restore" in operations.run_state(store, cp)["summary"]
+        size = len(store.load("stays"))
+        gateway = ScriptedGateway([ScriptedGateway.text("hi")])
+        with pytest.raises(CuadernoError):  # refused (UncertainEffect, or the version check before it)
+            asyncio.run(agent.run_to_end("t", session=Session("stays", gateway, store)))
+        assert len(store.load("stays")) == size and store.checkpoint("stays").status == "needs_human"  # type: ignore[union-attr]
+    again = operations.restore(tmp_path / "b.db", db, runs_after_backup="accept")
+    assert again.marked == [] and again.choice == "accept"
+    with SqliteCheckpointer(db) as store:
+        assert {cp.run_id: cp.status for cp in store.list_runs()}["stays"] == "running"
+    assert [r["runs_after_backup"] for r in operations.restore_record(db)] == ["accept"]
+
+
+def test_refusals_change_nothing(tmp_path: Path) -> None:
+    db = _journal(tmp_path)
+    operations.backup(db, tmp_path / "b.db")
+    before = _files(tmp_path)
+    with pytest.raises(UsageError, match="never overwrites"):
+        operations.backup(db, tmp_path / "b.db")
+    with pytest.raises(UsageError, match="needs-human"):
+        operations.restore(tmp_path / "b.db", db, runs_after_backup="yes")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="not a backup"):
+        operations.restore(db, tmp_path / "other.db", runs_after_backup="accept")
+    with pytest.raises(UsageError, match="no backup file"):
+        operations.restore(tmp_path / "nope.db", db, runs_after_backup="accept")
+    assert _files(tmp_path) == before
+    holder = SqliteCheckpointer(db)
+    try:
+        holder.acquire("stays", "a live worker")
+        before = _files(tmp_path)
+        with pytest.raises(RunBusy, match="stop the workers"):
+            operations.restore(tmp_path / "b.db", db, runs_after_backup="needs-human")
+        # The journal and its -wal byte-identical (SQLite's -shm index, and the lock file, are not the journal).
+        assert {k: v for k, v in _files(tmp_path).items() if not k.endswith(("-holds", "-shm"))} == \
+            {k: v for k, v in before.items() if not k.endswith(("-holds", "-shm"))}
+    finally:
+        holder.close()
+
+
+def _cli(*args: str, crash_at: str | None = None, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CUADERNO_CRASH_AT"}
+    env["PYTHONPATH"] = str(SRC)
+    if crash_at:
+        env["CUADERNO_CRASH_AT"] = crash_at
+    return subprocess.run([sys.executable, "-m", "cuaderno", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_killed_backup_leaves_no_copy_and_a_killed_restore_is_run_again(tmp_path: Path) -> None:
+    db = _journal(tmp_path)
+    killed = _cli("backup", db, str(tmp_path / "b.db"), crash_at="backup.C1", cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (tmp_path / "b.db").exists()  # never a half copy at DEST
+    done = _cli("backup", db, str(tmp_path / "b.db"), cwd=tmp_path)
+    assert done.returncode == 0 and "verified" in done.stdout, done.stderr
+    assert not (tmp_path / "b.db.partial").exists()
+    killed = _cli("restore", str(tmp_path / "b.db"), db, "--runs-after-backup", "needs-human",
+                  crash_at="restore.R1", cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    assert not os.path.exists(db) and any(p.name.startswith("runs.db.before-restore-") for p in tmp_path.iterdir())
+    again = _cli("restore", str(tmp_path / "b.db"), db, "--runs-after-backup", "needs-human", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    with SqliteCheckpointer(db) as store:  # the journal was missing: every open run marked
+        assert {cp.run_id: cp.status for cp in store.list_runs()} == {
+            "done": "completed", "goes-on": "needs_human", "stays": "needs_human"}
+
+
+def test_cli_messages_and_exit_codes(tmp_path: Path) -> None:
+    db = _journal(tmp_path)
+    ok = _cli("backup", db, str(tmp_path / "b.db"), cwd=tmp_path)
+    assert ok.returncode == 0 and "backed up 3 runs" in ok.stdout
+    again = _cli("backup", db, str(tmp_path / "b.db"), cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.startswith("error:") and "never overwrites" in again.stderr
+    bad = _cli("restore", str(tmp_path / "b.db"), db, "--runs-after-backup", "maybe", cwd=tmp_path)
+    assert bad.returncode == 2 and "needs-human or accept" in bad.stderr
+    missing = _cli("restore", str(tmp_path / "b.db"), db, cwd=tmp_path)
+    assert missing.returncode == 2 and "--runs-after-backup" in missing.stderr
+    restored = _cli("restore", str(tmp_path / "b.db"), db, "--runs-after-backup", "accept", cwd=tmp_path)
+    assert restored.returncode == 0 and "kept as" in restored.stdout, restored.stderr
+    pruned = _cli("--db", db, "prune", "--older-than", "7d", "--json", cwd=tmp_path)
+    assert pruned.returncode == 0 and '"pruned_runs": 0' in pruned.stdout
+    wrong = _cli("--db", db, "prune", "--older-than", "soon", cwd=tmp_path)
+    assert wrong.returncode == 2 and "not a duration" in wrong.stderr and "Traceback" not in wrong.stderr
+    with open_journal(db) as store:
+        assert store.checkpoint("done") is not None
