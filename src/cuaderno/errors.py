@@ -16,7 +16,8 @@ The tree::
     │   ├── JournalReplaced        the journal file was replaced or deleted while its runs are held
     │   ├── JournalLinked          the journal file has a second name (a hard link)
     │   ├── ConnectionLost         the connection to the journal's server was lost mid-write
-    │   └── JournalLocked          another connection's lock kept the journal from being read or opened
+    │   ├── JournalLocked          another connection's lock kept the journal from being read or opened
+    │   └── PayloadTooLarge        an event's payload is over the journal's per-payload limit
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
@@ -78,6 +79,7 @@ __all__ = [
     "MigrationFailed",
     "NotUncertain",
     "NotWaitingForApproval",
+    "PayloadTooLarge",
     "ReplayDivergence",
     "RunBusy",
     "RunCancelled",

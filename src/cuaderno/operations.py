@@ -27,14 +27,15 @@ re-exports.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, TypedDict
+from typing import Any, Final, Literal, NamedTuple, TypedDict
 
 from pydantic_core import to_jsonable_python
 
 from cuaderno.cancellation import cancel, check_store, check_strings
 from cuaderno.checkpoint import Checkpoint, rebuild, verified
-from cuaderno.durable.effect import resolved_result
+from cuaderno.durable.effect import resolved_result, restore_uncertain
 from cuaderno.errors import (
     ApprovalMismatch,
     JournalConflict,
@@ -48,7 +49,8 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
-from cuaderno.journal.backups import BackupReport, RestoreReport, backup, restore, restore_record
+from cuaderno.journal.backups import BackupReport, RestoreReport, backup, restore_record
+from cuaderno.journal.backups import restore as _restore
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
 from cuaderno.journal.retention import DEFAULT_BATCH, PruneReport, parse_duration
 from cuaderno.journal.retention import incremental as _incremental
@@ -557,3 +559,16 @@ def prune(store: Checkpointer, older_than: float | str, *, batch: int = DEFAULT_
     if not dry_run and (vacuum is not None or report.runs):
         report.vacuum = _vacuum(store, full=bool(vacuum)) if vacuum is not None or _incremental(store) else None
     return report
+
+
+def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str], *,
+            runs_after_backup: Literal["needs-human", "accept"]) -> RestoreReport:
+    """Put a backup made by :func:`backup` at ``journal``'s path as a restore the rollback check
+    knows, saying what happens to runs that may have gone on after the backup: ``"needs-human"``
+    (each is marked uncertain at step ``restore``, with the evidence) or ``"accept"`` (they go on
+    from the backup). See :mod:`cuaderno.journal.backups`; stop the workers first.
+
+    Raises:
+        UsageError, RunBusy, JournalCorrupt: nothing was changed.
+    """
+    return _restore(backup_path, journal, runs_after_backup=runs_after_backup, uncertain=restore_uncertain)

@@ -47,7 +47,8 @@ from cuaderno.events import StepEvent, encode_payload, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import payload_limit
 
-__all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "result_payload", "stage_result", "too_large_instead",
+__all__ = ["BodyBug", "Effect", "Settled", "effect_key", "intent_event", "resolved_result", "restore_uncertain", "result_payload", "stage_result",
+           "too_large_instead",
            "stage_uncertain"]
 
 _AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.value: "replans",
@@ -120,6 +121,14 @@ def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_
                  "nothing was written", "the result was not stored; the call itself was made")}
     return result_payload("error", error=error, effect_key=payload.get("effect_key"), counters=payload.get("counters"),
                           compensation=payload.get("compensation"), tells_the_model=tells_the_model)
+
+
+def restore_uncertain(run_id: str, evidence: dict[str, Any]) -> StepEvent:
+    """The ``uncertain`` record a restore gives a run that may have gone on after the backup
+    (:func:`cuaderno.operations.restore`): a tool step ``restore`` nobody can know the outcome of,
+    so the run is ``needs_human`` until a person settles it (``cuaderno resolve RUN restore``); it
+    names no tool, so no resume settles it by a lookup."""
+    return StepEvent(run_id=run_id, step_id="restore", phase="uncertain", kind="tool", payload=dict(evidence))
 
 
 def stage_result(log: StepLog, step_id: str, tool: str, payload: Mapping[str, Any], *,

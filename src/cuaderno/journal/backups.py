@@ -44,6 +44,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,7 +53,7 @@ from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
 from cuaderno.events import StepEvent
 from cuaderno.journal import _anchor, _claims
 
-__all__ = ["BackupReport", "RestoreReport", "backup", "restore", "restore_record"]
+__all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "restore", "restore_record"]
 
 RESTORE_STEP = "restore"
 """The step id of the ``uncertain`` record a restore gives a run that may have moved past the backup."""
@@ -168,7 +169,7 @@ def backup(journal: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Bac
 
 
 def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str], *,
-            runs_after_backup: Literal["needs-human", "accept"]) -> RestoreReport:
+            runs_after_backup: Literal["needs-human", "accept"], uncertain: Uncertain) -> RestoreReport:
     """Put the backup at ``journal``'s path as a restore the rollback check knows (see the module).
 
     Raises:
@@ -202,7 +203,7 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
     s.close()
     t.close()
     try:
-        _mark(tmp, src, float(backup_at), now_seqs, report)
+        _mark(tmp, src, float(backup_at), now_seqs, report, uncertain)
     except BaseException:
         for suffix in ("", "-wal", "-shm", "-anchor"):
             _remove(tmp + suffix)
@@ -251,7 +252,13 @@ def _current(path: str) -> dict[str, int] | None:
         store.close()
 
 
-def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None, report: RestoreReport) -> None:
+Uncertain = Callable[[str, dict[str, Any]], StepEvent]
+"""Builds the ``uncertain`` record of a run a restore marks (``cuaderno.durable`` owns how a tool
+step's uncertainty is written: :func:`cuaderno.durable.effect.restore_uncertain`)."""
+
+
+def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None, report: RestoreReport,
+          uncertain: Uncertain) -> None:
     """In the copy about to become the journal: the uncertain records and the restore's record."""
     from cuaderno.journal.base import CLOSED_STATUSES
     from cuaderno.journal.sqlite import SqliteCheckpointer
@@ -267,14 +274,12 @@ def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None,
                     cp.status not in CLOSED_STATUSES)
                 if not moved or RESTORE_STEP in cp.uncertain:
                     continue
-                store.append([StepEvent(
-                    run_id=run_id, step_id=RESTORE_STEP, phase="uncertain", kind="tool",
-                    payload={"tool": None, "effect_key": None, "restored_from": src, "backup_at": backup_at,
-                             "backup_last_seq": cp.last_seq, "journal_last_seq": later,
-                             "reason": "the journal was restored from a backup; this run may have gone on after "
-                                       "it (its effects after event "
-                                       f"{cp.last_seq} may have happened): check the systems it acts on, then "
-                                       "settle it (cuaderno resolve RUN restore --happened or --not-happened)"})])
+                store.append([uncertain(run_id, {
+                    "tool": None, "effect_key": None, "restored_from": src, "backup_at": backup_at,
+                    "backup_last_seq": cp.last_seq, "journal_last_seq": later,
+                    "reason": "the journal was restored from a backup; this run may have gone on after it (its "
+                              f"effects after event {cp.last_seq} may have happened): check the systems it acts "
+                              "on, then settle it (cuaderno resolve RUN restore --happened or --not-happened)"})])
                 report.marked.append(run_id)
         record = {"from": src, "backup_at": backup_at, "restored_at": time.time(), "runs_after_backup": report.choice,
                   "marked": report.marked, "runs_not_in_backup": report.lost,
