@@ -210,3 +210,23 @@ def test_cli_messages_and_exit_codes(tmp_path: Path) -> None:
     assert wrong.returncode == 2 and "not a duration" in wrong.stderr and "Traceback" not in wrong.stderr
     with open_journal(db) as store:
         assert store.checkpoint("done") is not None
+
+
+def test_a_wal_left_without_its_file_is_moved_aside_and_a_marked_run_can_be_cancelled(tmp_path: Path) -> None:
+    """The journal file lost, its -wal and -shm left (a killed writer's): beside the restored file
+    they were read as part of it ("database disk image is malformed")."""
+    db = _journal(tmp_path)
+    operations.backup(db, tmp_path / "b.db")
+    keep = SqliteCheckpointer(db)  # keeps the -wal there while the file is deleted under it
+    keep.append([model("goes-on", 1)])
+    os.unlink(db)
+    assert os.path.exists(db + "-wal")
+    keep.close()
+    report = operations.restore(tmp_path / "b.db", db, runs_after_backup="needs-human")
+    assert report.kept_aside is not None and os.path.exists(report.kept_aside + "-wal")
+    with SqliteCheckpointer(db) as store:
+        assert sorted(report.marked) == ["goes-on", "stays"]
+        cp, _ = operations.cancel_run(store, "stays", "restored from a backup", by="ops")
+        assert cp.status == "cancelled"
+        for run_id in ("done", "goes-on", "stays"):
+            assert store.load(run_id)

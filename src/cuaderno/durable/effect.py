@@ -126,8 +126,8 @@ def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_
 def restore_uncertain(run_id: str, evidence: dict[str, Any]) -> StepEvent:
     """The ``uncertain`` record a restore gives a run that may have gone on after the backup
     (:func:`cuaderno.operations.restore`): a tool step ``restore`` nobody can know the outcome of,
-    so the run is ``needs_human`` until a person settles it (``cuaderno resolve RUN restore``); it
-    names no tool, so no resume settles it by a lookup."""
+    so the run is ``needs_human``: no worker claims it, a resume raises ``UncertainEffect``. It
+    names no tool, so no resume settles it by a lookup; a person ends the run (cancel) or forks it."""
     return StepEvent(run_id=run_id, step_id="restore", phase="uncertain", kind="tool", payload=dict(evidence))
 
 

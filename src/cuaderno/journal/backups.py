@@ -21,7 +21,10 @@ explicitly what happens to those runs (``runs_after_backup``):
   silently. Which runs: when the journal being replaced can be read, those whose last event there
   is later than in the backup; when it cannot (the usual reason to restore), every run the backup
   holds open (it may have done anything since). A person checks the systems the run acts on and
-  settles it (``cuaderno resolve RUN restore --happened`` or ``--not-happened``).
+  then ends it (``cuaderno cancel RUN``: its compensations run) or goes on in a new run from a step
+  they know (``cuaderno fork RUN --at STEP``). Not yet: settling the ``restore`` step with
+  ``cuaderno resolve`` and resuming the same run (the loop does not know that step and refuses the
+  resume with :class:`~cuaderno.errors.ReplayDivergence`; nothing is written).
 - ``"accept"``: nothing is marked: the runs go on from the backup's steps, and effects done after it
   may be done again (as ``accept_rollback=True``).
 
@@ -208,7 +211,9 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
         for suffix in ("", "-wal", "-shm", "-anchor"):
             _remove(tmp + suffix)
         raise
-    if os.path.exists(dst):
+    # A -wal or -shm without its file too (the file deleted, its -wal left): beside the restored file
+    # it would be read as part of it (SQLite: "database disk image is malformed").
+    if any(os.path.exists(dst + suffix) for suffix in ("", "-wal", "-shm")):
         report.kept_aside = f"{dst}.before-restore-{time.strftime('%Y%m%dT%H%M%S')}"
         for suffix in ("-wal", "-shm", ""):  # the file last: a -wal left behind alone belongs to nothing
             if os.path.exists(dst + suffix):
@@ -279,7 +284,7 @@ def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None,
                     "backup_last_seq": cp.last_seq, "journal_last_seq": later,
                     "reason": "the journal was restored from a backup; this run may have gone on after it (its "
                               f"effects after event {cp.last_seq} may have happened): check the systems it acts "
-                              "on, then settle it (cuaderno resolve RUN restore --happened or --not-happened)"})])
+                              "on, then end it (cuaderno cancel RUN) or go on in a new run from a step you know (cuaderno fork)"})])
                 report.marked.append(run_id)
         record = {"from": src, "backup_at": backup_at, "restored_at": time.time(), "runs_after_backup": report.choice,
                   "marked": report.marked, "runs_not_in_backup": report.lost,
