@@ -278,8 +278,10 @@ def _pg_batch(store: Any, cutoff: float, after: tuple[float, str], batch: int, d
                            (cutoff, after[0], after[0], after[1], batch)).fetchall()
         if not rows:
             return [], None
-        for run_id, _updated, owner, text in rows:
-            free = cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (store._lock_key(run_id),)).fetchone()[0]
+        # Every candidate's run lock tried in one statement (one round trip, not one per run).
+        tried = cur.execute("SELECT pg_try_advisory_xact_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(k, i) "
+                            "ORDER BY i", ([store._lock_key(r[0]) for r in rows],)).fetchall()
+        for (run_id, _updated, owner, text), (free,) in zip(rows, tried, strict=True):
             holder = None if free else (_parse_owner(owner) or {"owner": None, "process": {}})
             cp = store._loads(run_id, text)
             why = _why_kept(cp, holder, partial(_events, cur, store, run_id, cp), cleanup_left)
