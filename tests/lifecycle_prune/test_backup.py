@@ -230,3 +230,42 @@ def test_a_wal_left_without_its_file_is_moved_aside_and_a_marked_run_can_be_canc
         assert cp.status == "cancelled"
         for run_id in ("done", "goes-on", "stays"):
             assert store.load(run_id)
+
+
+@pytest.mark.postgres
+def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
+    """The documented PostgreSQL backup: ``pg_dump --schema`` of the journal's schema, restored with
+    ``pg_restore`` after the schema was lost (here: renamed away); every run of the restored journal
+    verifies. Nothing refuses it as a rollback: PostgreSQL keeps no anchor (see the guide)."""
+    from _pg import PG_URL, drop_schemas, new_schema, schema_url, server_or_skip
+
+    server_or_skip()
+    if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
+        pytest.skip("pg_dump/pg_restore are not installed")
+    schema, away = new_schema(), new_schema()
+    try:
+        store = open_journal(schema_url(schema))
+        try:
+            closed_run(store, "done")
+            open_run(store, "open")
+        finally:
+            store.close()
+        dump = tmp_path / "journal.dump"
+        subprocess.run(["pg_dump", "--dbname", PG_URL, "--schema", schema, "--format", "custom", "--file", str(dump)],
+                       check=True, capture_output=True, timeout=120)
+        import psycopg
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{away}"')  # the schema is lost
+        subprocess.run(["pg_restore", "--dbname", PG_URL, str(dump)], check=True, capture_output=True, timeout=120)
+        store = open_journal(schema_url(schema))
+        try:
+            assert {cp.run_id: cp.status for cp in store.list_runs()} == {"done": "completed", "open": "running"}
+            for run_id in ("done", "open"):
+                from cuaderno.checkpoint import verified
+
+                verified(store, run_id)
+        finally:
+            store.close()
+    finally:
+        drop_schemas([schema, away])
