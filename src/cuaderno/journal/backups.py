@@ -1,4 +1,4 @@
-"""Backups of a SQLite journal, and restores the rollback check knows for what they are (issue 35, part 5).
+"""Backups of a SQLite journal, and restores the rollback check knows for what they are.
 
 **Backup** (:func:`backup`): SQLite's online backup API (``sqlite3.Connection.backup``) copies the
 journal while workers write to it. In one step (``pages=-1``): the copy is then one read

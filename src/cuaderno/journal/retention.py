@@ -1,4 +1,4 @@
-"""Retention: remove closed runs older than a bound, whole, in bounded batches (issue 35, part 1).
+"""Retention: remove closed runs older than a bound, whole, in bounded batches.
 
 What is removed: a run whose status is ``completed``, ``failed`` or ``cancelled`` and whose summary
 was last updated before the cutoff: its events and its summary row, in one transaction, so a kill
