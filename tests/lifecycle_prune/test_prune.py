@@ -278,3 +278,39 @@ def test_vacuum_gives_space_back_and_switches_to_incremental(tmp_path: Path) -> 
         assert store.load("newest2")
     with SqliteCheckpointer(db) as store:  # the anchor survived the rewrite
         assert store.load("newest2")
+
+
+def test_a_worker_refuses_a_bad_prune_schedule(tmp_path: Path) -> None:
+    from cuaderno import Agent, ScriptedGateway, Worker
+
+    agent = Agent(instructions="x", tools=[], name="a")
+    for bad in ({"prune_older_than": "soon"}, {"prune_older_than": -5}, {"prune_older_than": "1d", "prune_every": 0},
+                {"prune_older_than": "1d", "prune_every": True}):
+        with pytest.raises(UsageError):
+            Worker(str(tmp_path / "runs.db"), agent, lambda: ScriptedGateway([]), **bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "runs.db").exists()  # nothing was created
+
+
+def test_cli_dry_run_reads_only(tmp_path: Path) -> None:
+    import hashlib
+    import subprocess
+    import sys
+
+    db = str(tmp_path / "runs.db")
+    with SqliteCheckpointer(db) as store:
+        for i in range(3):
+            closed_run(store, f"r{i}")
+        closed_run(store, "newest")
+    age(db, 3 * DAY, ["r0", "r1", "r2"])
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-m", "cuaderno", "--db", db, "prune", "--older-than", "2d", "--dry-run"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "would remove 3 closed runs" in out.stdout, out.stderr
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir()}
+    assert after["runs.db"] == before["runs.db"]  # the journal byte-identical (a read-only open, as `list`,
+    assert os.path.getsize(db + "-wal") == 0  # may leave SQLite's empty -wal and its -shm index)
+    out = subprocess.run([sys.executable, "-m", "cuaderno", "--db", db, "prune", "--older-than", "2d", "--batch", "2"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "removed 3 closed runs (12 events, 2 batches)" in out.stdout, out.stdout
