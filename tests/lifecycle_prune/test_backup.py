@@ -51,6 +51,9 @@ def test_backup_while_a_worker_writes_opens_and_verifies(tmp_path: Path) -> None
         for run_id in runs:  # left running, unheld: the worker drives them while backups are taken
             w.start_runs("agent", [run_id], CUADERNO_CRASH_AT="tool.K5:1", WORKER_TURNS="8").wait(timeout=120)
         w.worker("worker_agent:agent", WORKER_TURNS="8")
+        # A backup SIGKILLed after its copy was checked, before the rename: no DEST, the worker unharmed.
+        killed = _cli("backup", w.journal, str(tmp_path / "killed.db"), crash_at="backup.C1", cwd=tmp_path)
+        assert killed.returncode == -signal.SIGKILL and not (tmp_path / "killed.db").exists()
         copies = []
         while not all(w.statuses().get(r) == "completed" for r in runs) and len(copies) < 40:
             dest = tmp_path / f"copy-{len(copies)}.db"
