@@ -49,7 +49,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal import state_of
-from cuaderno.journal.backups import BackupReport, RestoreReport, backup, restore_record
+from cuaderno.journal.backups import BackupReport, RestoreReport, backup, mark_runs, restore_record, restored_record
 from cuaderno.journal.backups import restore as _restore
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
 from cuaderno.journal.retention import DEFAULT_BATCH, PruneReport, parse_duration
@@ -62,7 +62,7 @@ __all__ = ["STATUSES", "BackupReport", "CancelOutcome", "PruneReport", "RestoreR
            "SummaryRebuilt", "approve", "backup", "cancel_run", "check_store",
            "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
            "list_runs", "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "restore",
-           "restore_record", "run_state", "run_states"]
+           "mark_restored", "restore_record", "restored_record", "run_state", "run_states"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (a filter accepts only these: a typo would list nothing, silently)."""
@@ -572,3 +572,26 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
         UsageError, RunBusy, JournalCorrupt: nothing was changed.
     """
     return _restore(backup_path, journal, runs_after_backup=runs_after_backup, uncertain=restore_uncertain)
+
+
+def mark_restored(store: Checkpointer, *, runs_after_backup: Literal["needs-human", "accept"],
+                  source: str = "a restore") -> RestoreReport:
+    """After a journal was restored by other means (PostgreSQL: ``pg_restore`` of a ``pg_dump``),
+    before any worker runs: say what happens to its runs that may have gone on after the dump, as
+    :func:`restore` does for SQLite. ``"needs-human"`` marks every open run (the journal the dump
+    replaced cannot be compared: it is gone) with an uncertain ``restore`` step and its evidence;
+    ``"accept"`` marks none. Either way the restore is recorded in the journal's ``cuaderno_meta``
+    (:func:`restored_record`). ``source`` names the dump, for the record.
+
+    Raises:
+        UsageError: a choice other than the two; nothing was written.
+    """
+    check_store(store)
+    if runs_after_backup not in ("needs-human", "accept"):
+        raise UsageError(f"runs_after_backup must be 'needs-human' or 'accept', got {runs_after_backup!r:.40}; "
+                         "nothing was written")
+    check_strings(("source", source))
+    report = RestoreReport(journal=str(getattr(store, "url", None) or getattr(store, "path", "")), backup=source,
+                           choice=runs_after_backup)
+    mark_runs(store, report, source, None, None, restore_uncertain)
+    return report

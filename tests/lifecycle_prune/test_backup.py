@@ -270,5 +270,37 @@ def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
                 verified(store, run_id)
         finally:
             store.close()
+        # Before any worker: the operator says what happens to the runs that may have gone on after the dump.
+        marked = _cli("--db", schema_url(schema), "mark-restored", "--runs-after-backup", "needs-human",
+                      "--from", "journal.dump", cwd=tmp_path)
+        assert marked.returncode == 0 and "1 open run(s) now wait for a person" in marked.stdout, marked.stderr
+        store = open_journal(schema_url(schema))
+        try:
+            assert {cp.run_id: cp.status for cp in store.list_runs()} == {"done": "completed", "open": "needs_human"}
+            record = operations.restored_record(store)
+            assert [(r["from"], r["runs_after_backup"], r["marked"]) for r in record] == [
+                ("journal.dump", "needs-human", ["open"])]
+            assert store.load("open")  # the chain still checks
+        finally:
+            store.close()
     finally:
         drop_schemas([schema, away])
+
+
+def test_mark_restored_refuses_a_vague_choice_and_accept_marks_nothing(journal_url: str) -> None:
+    store = open_journal(journal_url)
+    try:
+        closed_run(store, "done")
+        open_run(store, "open")
+        with pytest.raises(UsageError, match="needs-human"):
+            operations.mark_restored(store, runs_after_backup="sure")  # type: ignore[arg-type]
+        assert operations.restored_record(store) == []
+        report = operations.mark_restored(store, runs_after_backup="accept", source="dump-1")
+        assert report.marked == [] and store.checkpoint("open").status == "running"  # type: ignore[union-attr]
+        report = operations.mark_restored(store, runs_after_backup="needs-human", source="dump-2")
+        assert report.marked == ["open"]
+        again = operations.mark_restored(store, runs_after_backup="needs-human", source="dump-2")
+        assert again.marked == []  # already marked: not twice
+        assert [r["from"] for r in operations.restored_record(store)] == ["dump-1", "dump-2", "dump-2"]
+    finally:
+        store.close()

@@ -5,6 +5,7 @@
     cuaderno [--db URL] prune --older-than 7d [--batch N] [--dry-run] [--vacuum] [--json]
     cuaderno backup JOURNAL DEST
     cuaderno restore BACKUP JOURNAL --runs-after-backup needs-human|accept
+    cuaderno [--db URL] mark-restored --runs-after-backup needs-human|accept [--from NAME]
 
 ``prune`` removes closed runs past the bound, whole, a batch per transaction, while workers keep
 running (see :mod:`cuaderno.journal.retention`). ``backup`` copies a SQLite journal with SQLite's
@@ -23,7 +24,7 @@ import typer
 from cuaderno.cli._common import USAGE_EXIT, fail, opened, refusals
 from cuaderno.errors import UsageError
 
-__all__ = ["backup_command", "prune_command", "restore_command"]
+__all__ = ["backup_command", "mark_restored_command", "prune_command", "restore_command"]
 
 
 def prune_command(
@@ -106,3 +107,24 @@ def restore_command(
     if report.lost:
         typer.echo(f"{len(report.lost):,} run(s) started after the backup are not in it (they stay in the kept "
                    f"journal): {', '.join(report.lost[:20])}{' ...' if len(report.lost) > 20 else ''}")
+
+
+def mark_restored_command(
+    ctx: typer.Context,
+    runs_after_backup: Annotated[str, typer.Option(
+        "--runs-after-backup", metavar="needs-human|accept",
+        help="What happens to the open runs of a journal just restored by other means (pg_restore): needs-human "
+             "(each is marked, with the evidence, for a person to settle) or accept (they go on from the dump).")],
+    source: Annotated[str, typer.Option("--from", metavar="NAME", help="The dump restored, for the record.")]
+    = "a restore",
+) -> None:
+    """After pg_restore (before starting workers): mark the restored journal's open runs for a person, and
+    record the restore."""
+    from cuaderno.operations import mark_restored
+
+    if runs_after_backup not in ("needs-human", "accept"):
+        fail(f"--runs-after-backup must be needs-human or accept, got {runs_after_backup!r:.40}", USAGE_EXIT)
+    with refusals(), opened(ctx) as store:
+        report = mark_restored(store, runs_after_backup=runs_after_backup, source=source)  # type: ignore[arg-type]
+    typer.echo(f"recorded the restore from {report.backup}; {len(report.marked):,} open run(s) now wait for a "
+               f"person (step restore){': ' + ', '.join(report.marked[:20]) if report.marked else ''}")

@@ -38,7 +38,8 @@ live process holds in the journal being replaced refuses the restore
 (:class:`~cuaderno.errors.RunBusy`), nothing changed.
 
 PostgreSQL has no anchor and no online copy here: ``pg_dump --schema`` / ``pg_restore`` (see
-``docs/guide/retention-and-backups.md``).
+``docs/guide/retention-and-backups.md``), then :func:`mark_runs` through
+:func:`cuaderno.operations.mark_restored` (``cuaderno mark-restored``) before workers start.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ from cuaderno import faults
 from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
 from cuaderno.events import StepEvent
 from cuaderno.journal import _anchor, _claims
+from cuaderno.journal.base import Checkpointer
 
-__all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "restore", "restore_record"]
+__all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "mark_runs", "restore", "restore_record",
+           "restored_record"]
 
 RESTORE_STEP = "restore"
 """The step id of the ``uncertain`` record a restore gives a run that may have moved past the backup."""
@@ -265,37 +268,66 @@ step's uncertainty is written: :func:`cuaderno.durable.effect.restore_uncertain`
 def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None, report: RestoreReport,
           uncertain: Uncertain) -> None:
     """In the copy about to become the journal: the uncertain records and the restore's record."""
-    from cuaderno.journal.base import CLOSED_STATUSES
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
     with SqliteCheckpointer(tmp, accept_rollback=True) as store:
-        runs = {cp.run_id: cp for cp in store.list_runs(limit=2**62)}
-        if now_seqs is not None:
-            report.lost = sorted(set(now_seqs) - set(runs))
-        if report.choice == "needs-human":
-            for run_id, cp in sorted(runs.items()):
-                later = None if now_seqs is None else now_seqs.get(run_id)
-                moved = (later is not None and later > cp.last_seq) if now_seqs is not None else (
-                    cp.status not in CLOSED_STATUSES)
-                if not moved or RESTORE_STEP in cp.uncertain:
-                    continue
-                store.append([uncertain(run_id, {
-                    "tool": None, "effect_key": None, "restored_from": src, "backup_at": backup_at,
-                    "backup_last_seq": cp.last_seq, "journal_last_seq": later,
-                    "reason": "the journal was restored from a backup; this run may have gone on after it (its "
-                              f"effects after event {cp.last_seq} may have happened): check the systems it acts "
-                              "on, then end it (cuaderno cancel RUN) or go on in a new run from a step you know (cuaderno fork)"})])
-                report.marked.append(run_id)
-        record = {"from": src, "backup_at": backup_at, "restored_at": time.time(), "runs_after_backup": report.choice,
-                  "marked": report.marked, "runs_not_in_backup": report.lost,
-                  "replaced_journal_readable": report.replaced_readable}
+        mark_runs(store, report, src, backup_at, now_seqs, uncertain)
         with store._txn() as db:
-            history = json.loads(_meta(db, "restored") or "[]")
-            db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('restored', ?)",
-                       (json.dumps([*history, record][-20:]),))
             db.execute("DELETE FROM cuaderno_meta WHERE key IN ('backup_of', 'backup_at', 'backup_last_row')")
         store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         store._db.execute("PRAGMA journal_mode=WAL")
+
+
+def mark_runs(store: Checkpointer, report: RestoreReport, src: str, backup_at: float | None,
+              now_seqs: dict[str, int] | None, uncertain: Uncertain) -> None:
+    """Mark the runs of a restored journal that may have gone on after its backup (``report.choice``
+    ``"needs-human"``; see the module), and record the restore in its ``cuaderno_meta``
+    (``restored``, the last 20). ``now_seqs``: per run, its last seq in the journal the restore
+    replaced, when that one could be read (else every open run is marked). Either backend: a
+    PostgreSQL journal restored with ``pg_restore`` is marked by :func:`cuaderno.operations.mark_restored`."""
+    from cuaderno.journal.base import CLOSED_STATUSES
+
+    runs = {cp.run_id: cp for cp in store.list_runs(limit=2**62)}
+    if now_seqs is not None:
+        report.lost = sorted(set(now_seqs) - set(runs))
+    if report.choice == "needs-human":
+        for run_id, cp in sorted(runs.items()):
+            later = None if now_seqs is None else now_seqs.get(run_id)
+            moved = (later is not None and later > cp.last_seq) if now_seqs is not None else (
+                cp.status not in CLOSED_STATUSES)
+            if not moved or RESTORE_STEP in cp.uncertain:
+                continue
+            store.append([uncertain(run_id, {
+                "tool": None, "effect_key": None, "restored_from": src, "backup_at": backup_at,
+                "backup_last_seq": cp.last_seq, "journal_last_seq": later,
+                "reason": "the journal was restored from a backup; this run may have gone on after it (its effects "
+                          f"after event {cp.last_seq} may have happened): check the systems it acts on, then end it "
+                          "(cuaderno cancel RUN) or go on in a new run from a step you know (cuaderno fork)"})])
+            report.marked.append(run_id)
+    record = {"from": src, "backup_at": backup_at, "restored_at": time.time(), "runs_after_backup": report.choice,
+              "marked": report.marked, "runs_not_in_backup": report.lost,
+              "replaced_journal_readable": report.replaced_readable}
+    postgres = not hasattr(store, "path")
+    with store._txn() as db:  # type: ignore[attr-defined]
+        row = db.execute("SELECT value FROM cuaderno_meta WHERE key=%s" if postgres else
+                         "SELECT value FROM cuaderno_meta WHERE key=?", ("restored",)).fetchone()
+        history = json.loads(row[0]) if row is not None else []
+        value = json.dumps([*(history if isinstance(history, list) else []), record][-20:])
+        if postgres:
+            db.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('restored', %s) ON CONFLICT (key) DO UPDATE "
+                       "SET value = excluded.value", (value,))
+        else:
+            db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('restored', ?)", (value,))
+
+
+def restored_record(store: Checkpointer) -> list[dict[str, Any]]:
+    """The restores an open journal records (either backend; oldest first)."""
+    postgres = not hasattr(store, "path")
+    with store._reader("*") as db:  # type: ignore[attr-defined]
+        row = db.execute("SELECT value FROM cuaderno_meta WHERE key=%s" if postgres else
+                         "SELECT value FROM cuaderno_meta WHERE key=?", ("restored",)).fetchone()
+    found = json.loads(row[0]) if row is not None else []
+    return found if isinstance(found, list) else []
 
 
 def restore_record(journal: str | os.PathLike[str]) -> list[dict[str, Any]]:
