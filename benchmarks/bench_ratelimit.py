@@ -3,9 +3,9 @@
 Usage: ``python benchmarks/bench_ratelimit.py [--runs 200] [--rounds 5] [--pg URL | --no-pg]``
 
 One run = one agent run of one model call (a scripted gateway: no network), on a journal of
-each backend. In one process and interleaved round by round (so a busy machine slows every
-variant alike), each round times ``--runs`` runs of each variant; the figures are the medians of
-the per-run times over all rounds:
+each backend. In one process, the variants alternate run by run (so a busy machine, or a
+journal that grows, slows every variant alike); each round times ``--runs`` runs of each
+variant; the figures are the medians of the per-run times over all rounds:
 
 - ``none``: the gateway declares no limit (``rate_gate`` returns ``None`` after one attribute
   read): the floor the others are compared with.
@@ -45,13 +45,16 @@ LIMITS: dict[str, RateLimit | None] = {
 }
 
 
-async def _runs(store: Any, limit: RateLimit | None, n: int, tag: str) -> list[float]:
-    out = []
+async def _runs(store: Any, n: int, tag: str) -> dict[str, list[float]]:
+    """``n`` runs of each variant, alternating run by run (a drift of the machine or of the
+    journal's size then weighs on every variant alike)."""
+    out: dict[str, list[float]] = {key: [] for key in LIMITS}
     for i in range(n):
-        gateway = ScriptedGateway([ScriptedGateway.text("done")], rate_limit=limit)
-        start = time.perf_counter()
-        await AGENT.run_to_end("q", session=Session(f"{tag}-{i}", gateway, store))
-        out.append(time.perf_counter() - start)
+        for key, limit in LIMITS.items():
+            gateway = ScriptedGateway([ScriptedGateway.text("done")], rate_limit=limit)
+            start = time.perf_counter()
+            await AGENT.run_to_end("q", session=Session(f"{tag}-{key}-{i}", gateway, store))
+            out[key].append(time.perf_counter() - start)
     return out
 
 
@@ -69,8 +72,8 @@ def bench(name: str, store: Any, empty_txn: Callable[[], object], runs: int, rou
     limits = SharedLimits.of(store)
     reserve_limit = RateLimit(requests_per_minute=1e9)
     for r in range(rounds):
-        for key, limit in LIMITS.items():
-            per[key] += asyncio.run(_runs(store, limit, runs, f"{key}-{r}-{uuid.uuid4().hex[:6]}"))
+        for key, values in asyncio.run(_runs(store, runs, f"{r}-{uuid.uuid4().hex[:6]}")).items():
+            per[key] += values
         per["reserve alone"] += _loop(lambda: limits.reserve("bench", reserve_limit, 0), runs)
         per["empty transaction"] += _loop(empty_txn, runs)
     floor = statistics.median(per["none"])
