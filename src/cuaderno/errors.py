@@ -41,7 +41,9 @@ The tree::
     ├── MessageUnfinished          a conversation's last message has not finished; finish it first
     ├── ConversationClosed         the conversation was closed; it takes no new message
     ├── RateLimitWaitTooLong       a model request would wait for its provider's rate limit past max_wait
-    └── SubmitConflict             a submit names a run id the journal holds for another run
+    ├── SubmitConflict             a submit names a run id the journal holds for another run
+    ├── RunErased                  the run's content was erased: it cannot be resumed, forked or exported
+    └── RunStillOpen               the run has not ended (or has work left): it cannot be erased yet
 
 Errors never carry live objects: every field is plain data, so they can be journaled as evidence
 and read back by the CLI or a later version. A message quotes what it was given through
@@ -85,7 +87,9 @@ __all__ = [
     "RunCancelled",
     "RunChanged",
     "RunClosed",
+    "RunErased",
     "RunNotFound",
+    "RunStillOpen",
     "SchemaTooNew",
     "StreamInterrupted",
     "SubmitConflict",
@@ -692,3 +696,37 @@ class PayloadTooLarge(JournalError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.step_id, self.phase, self.size, self.limit))
+
+
+class RunErased(CuadernoError):
+    """The run's content was erased (``cuaderno erase``): its structure (steps, statuses,
+    counters, cost, who decided) is left, its task, messages, tool arguments and results and
+    answers are not. It cannot be resumed, forked or exported with its content.
+
+    Attributes:
+        run_id: the run ("" when the reader had only the row).
+        what: what was asked for (a ``step:phase``, an operation).
+    """
+
+    def __init__(self, run_id: str, what: str = "") -> None:
+        self.run_id, self.what = run_id, what
+        where = f" ({clipped(what, QUOTE_LIMIT)})" if what else ""
+        super().__init__(f"run {quoted(run_id)}: its content was erased{where}; only its structure is left, it "
+                         "cannot be resumed, forked or exported with its content")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.what))
+
+
+class RunStillOpen(CuadernoError):
+    """The run has not ended, or a worker still has work in it (a compensation to run): erasing
+    it would take the content its next step needs. Cancel it (and let its cleanup finish) first."""
+
+    def __init__(self, run_id: str, status: str) -> None:
+        self.run_id, self.status = run_id, status
+        super().__init__(f"run {quoted(run_id)} is {clipped(str(status), QUOTE_LIMIT)}: only an ended run with no "
+                         "work left is erased; cancel it first (`cuaderno cancel`) and let its cleanup finish. "
+                         "Nothing was changed")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.status))

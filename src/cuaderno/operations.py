@@ -43,12 +43,14 @@ from cuaderno.errors import (
     NotWaitingForApproval,
     RunChanged,
     RunClosed,
+    RunErased,
+    RunNotFound,
     UsageError,
     clipped,
     quoted,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal import state_of
+from cuaderno.journal import Erasure, SupportsErase, state_of
 from cuaderno.journal.backups import BackupReport, RestoreReport, backup, mark_runs, restore_record, restored_record
 from cuaderno.journal.backups import restore as _restore
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
@@ -59,10 +61,10 @@ from cuaderno.journal.retention import vacuum as _vacuum
 from cuaderno.plainjson import MAX_DEPTH, not_plain
 
 __all__ = ["STATUSES", "BackupReport", "CancelOutcome", "PruneReport", "RestoreReport", "RunRow", "RunState",
-           "SummaryRebuilt", "approve", "backup", "cancel_run", "check_store",
-           "check_strings", "cleanup_left", "deny", "export_lines", "fingerprint_mismatch", "fork", "holders",
-           "list_runs", "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "restore",
-           "mark_restored", "restore_record", "restored_record", "run_state", "run_states"]
+           "SummaryRebuilt", "approve", "backup", "cancel_run", "check_store", "check_strings", "cleanup_left", "deny",
+           "erase", "export_lines", "fingerprint_mismatch", "fork", "holders", "list_runs", "mark_restored",
+           "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "restore", "restore_record",
+           "restored_record", "run_state", "run_states", "shown"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
 """Every status a run can have (a filter accepts only these: a typo would list nothing, silently)."""
@@ -391,6 +393,40 @@ def _check_point(run_id: str, at: str, copies: list[StepEvent]) -> None:
         why = f"waiting for {waiting[0]!r}" if waiting else f"{cp.status}"
         raise UsageError(f"run {run_id!r} cannot be forked at {at!r}: the run was {why} there; fork at an earlier "
                          "step")
+
+
+def erase(store: Checkpointer, run_id: str, *, reason: str = "", thorough: bool = False) -> Erasure:
+    """Erase the run's content (task, messages, tool arguments and results, answers, evidence)
+    while its structure (steps, statuses, counters, cost, who decided) and hash chain stay; see
+    :mod:`cuaderno.journal._erase` and ``docs/guide/erasure-and-encryption.md``. Idempotent: a
+    second call (after a kill, or while another connection kept the files from being scrubbed)
+    finishes what the first left.
+
+    Raises:
+        RunNotFound: no such run.
+        RunStillOpen: the run has not ended, or has compensations to run; nothing was changed.
+        JournalCorrupt: its chain does not check out; nothing was changed.
+        UsageError: a journal that cannot erase (the in-memory one), or a bad ``reason``.
+    """
+    check_store(store)
+    check_strings(("run_id", run_id))
+    if not isinstance(store, SupportsErase):
+        raise UsageError(f"a {type(store).__name__} cannot erase a run (the SQLite and PostgreSQL journals can)")
+    return store.erase_run(run_id, reason=reason, thorough=thorough)
+
+
+def shown(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEvent]]:
+    """The run's summary and events as ``show`` and the page present them: :func:`verified`, or,
+    for an erased run (whose summary cannot be rebuilt from rows without content), the stored
+    summary and the events :meth:`~cuaderno.journal.base.Checkpointer.load` checked against its
+    chain head; its payloads show as erased (:func:`cuaderno.events.shown_payload`)."""
+    try:
+        return verified(store, run_id)
+    except RunErased:
+        cp = store.checkpoint(run_id)
+        if cp is None:
+            raise RunNotFound(run_id) from None
+        return cp, store.load(run_id)
 
 
 def export_lines(store: Checkpointer, run_id: str) -> Iterator[str]:

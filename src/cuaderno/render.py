@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
-from cuaderno.events import EventHeader, StepEvent
+from cuaderno.events import EventHeader, StepEvent, shown_payload
 
 if TYPE_CHECKING:
     from cuaderno.operations import RunState
@@ -442,7 +442,7 @@ def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[Compensat
         step_id = f"cleanup{index:02d}"
         result = by_key.get((step_id, "result"))
         if result is not None:
-            state = f"done: {result.payload.get('outcome')}"
+            state = f"done: {shown_payload(result).get('outcome')}"
         elif step_id in cp.uncertain:
             state = "uncertain: settle it (cuaderno resolve), then run compensate() again"
         elif (step_id, "intent") in by_key:
@@ -482,7 +482,7 @@ def _step_cost(ev: StepEvent) -> str:
     """What a model answer cost, as journaled: its price, ``unpriced``, or nothing for other events."""
     if ev.kind != "model" or ev.phase != "result":
         return ""
-    response = ev.payload.get("response")
+    response = shown_payload(ev).get("response")
     if not isinstance(response, dict):
         return ""
     cost = response.get("cost")
@@ -490,7 +490,8 @@ def _step_cost(ev: StepEvent) -> str:
 
 
 def _preview(ev: StepEvent) -> str:
-    text = clean(dumps(ev.payload)) if ev.payload else ""
+    payload = shown_payload(ev)
+    text = clean(dumps(payload)) if payload else ""
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 
@@ -530,7 +531,8 @@ def render_pending_call(console: Console, run_id: str, step_id: str, entry: Mapp
 
 def render_decision(console: Console, event: StepEvent) -> None:
     """The decision that was journaled."""
-    who = f" by {clean(str(event.payload.get('approver')))}" if event.payload.get("approver") else ""
+    payload = shown_payload(event)
+    who = f" by {clean(str(payload.get('approver')))}" if payload.get("approver") else ""
     _line(console, Text(clean(event.decision or "?"), style="bold"), who,
           f": journaled at seq {event.seq} ({clean(event.step_id)}:{clean(event.phase)}). "
           "The next resume of the run acts on it.")

@@ -21,7 +21,7 @@ def _rows(payloads: list[bytes], codec: str = "json") -> list[RawRow]:
     for seq, raw in enumerate(payloads, start=1):
         ev = StepEvent(run_id="r", step_id=f"s{seq}", phase="result", kind="tool", name="t", codec=codec, raw=raw)
         link = row_hash(prev, ev, seq, raw)
-        rows.append(("r", f"s{seq}", "result", seq, "tool", "t", None, None, codec, raw, 1.0, link))
+        rows.append(("r", f"s{seq}", "result", seq, "tool", "t", None, None, codec, raw, 1.0, link, None))
         prev = link
     return rows
 

@@ -304,7 +304,7 @@ def test_a_store_open_while_a_newer_cuaderno_migrates_the_file_refuses_to_read_o
         assert journal_files(path, MAIN_AND_WAL) == before
 
 
-# -- schema 1 files: raised to 2 by the first compressed row, and only then -------------------------
+# -- schema 1 files: raised to 3 by an open for writing (schema 2 was only the compressed codec) -----
 
 GOLDEN_V1 = Path(__file__).resolve().parents[1] / "golden" / "journals" / "schema_v1.sqlite"
 
@@ -321,27 +321,30 @@ def _v1(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_schema_1_file_stays_1_until_a_compressed_row_is_written(tmp_path: Path) -> None:
-    """A cuaderno of schema 1 can go on reading it while nothing it cannot read is in it: after an
-    open for writing, a refused write, or plain writes (``compress=False``)."""
+def test_a_schema_1_file_opened_for_writing_is_migrated_to_3_and_its_old_rows_still_verify(tmp_path: Path) -> None:
+    """Schema 3 (the rows' digest keys, issue 35) is taken by the open for writing: every new row
+    needs its column. The old rows keep their first-version hashes and still verify; the new rows
+    chain after them over keyed digests, compressed or not. A read-only store reads schema 1 as it
+    is (it cannot migrate)."""
     path = _v1(tmp_path)
     run = "golden-payments"
-    with SqliteCheckpointer(path) as store:
-        store.load(run)
-        with pytest.raises(Exception):  # noqa: B017 - any refusal: what matters is the schema after it
-            store.append([StepEvent(run_id=run, step_id="t9999.tool00.approval", phase="decision", kind="approval",
-                                    payload={})])
+    with SqliteCheckpointer(path, readonly=True) as reader:
+        old = reader.load(run)
     assert _schema(path) == 1
+    assert all(ev.salt is None for ev in old)
     with SqliteCheckpointer(path, compress=False) as store:
+        assert _schema(path) == 3
         store.append([StepEvent(run_id=run, step_id="note", phase="result", kind="tool", payload={"v": PROSE})])
-    assert _schema(path) == 1
     with SqliteCheckpointer(path, compress=True) as store:
         store.append([StepEvent(run_id=run, step_id="note2", phase="result", kind="tool", payload={"v": PROSE})])
-        assert _schema(path) == 2  # in the same transaction as the first compressed row
-        assert len(store.load(run)) > 2
+        events = store.load(run)
+    assert [ev.row_hash for ev in events[:len(old)]] == [ev.row_hash for ev in old]
+    assert [ev.salt is not None for ev in events[len(old):]] == [True, True]
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        assert db.execute("SELECT codec FROM cuaderno_events WHERE step_id='note2'").fetchone()[0] == CODEC_JSON_ZSTD
 
 
-@pytest.mark.parametrize(("point", "schema", "compressed"), [("append.W1", 1, 0), ("append.W2", 2, 1)])
+@pytest.mark.parametrize(("point", "schema", "compressed"), [("append.W1", 3, 0), ("append.W2", 3, 1)])
 def test_killed_around_the_first_compressed_row_the_file_is_at_the_schema_its_rows_need(
         tmp_path: Path, point: str, schema: int, compressed: int) -> None:
     path = _v1(tmp_path)

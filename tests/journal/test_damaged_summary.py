@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from cuaderno import Agent, BudgetExceeded, Budgets, Policy, ScriptedGateway, Session, harness, tool
 from cuaderno.cancellation import cancel
-from cuaderno.checkpoint import verified
+from cuaderno.checkpoint import rebuild, verified
 from cuaderno.cli import app
 from cuaderno.errors import JournalCorrupt, RunNotFound, UsageError
 from cuaderno.events import StepEvent
@@ -323,13 +323,10 @@ def test_an_older_summary_of_the_same_journal_is_replaced_only_when_told(tmp_pat
     row appended by something else looks like (the chain is not a signature), so the rows past
     its head count only once a person says they are the run's own."""
     path = tmp_path / "j.db"
-    with SqliteCheckpointer(path) as store:
-        store.append([StepEvent(run_id=RUN, step_id="run", phase="start", kind="run", fingerprint="f",
-                                payload={"task": "t", "versions": {}})])
-    with closing(sqlite3.connect(path)) as db:
-        older = db.execute("SELECT checkpoint FROM cuaderno_runs").fetchone()[0]
-    path.unlink()
     _suspended(path)
+    with SqliteCheckpointer(path) as store:
+        events = store.load(RUN)
+    older = rebuild(RUN, events[:1], epoch=0).dumps()  # the summary as it was after the first event
     with closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE cuaderno_runs SET checkpoint=?", (older,))
     with SqliteCheckpointer(path) as store:

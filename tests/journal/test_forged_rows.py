@@ -47,7 +47,7 @@ def _forge_result(path: Path, scratch: Path) -> None:
     with closing(sqlite3.connect(scratch)) as src:
         row = src.execute("SELECT * FROM cuaderno_events WHERE seq=3").fetchone()
     with closing(sqlite3.connect(path)) as db, db:
-        db.execute("INSERT INTO cuaderno_events VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row)
+        db.execute("INSERT INTO cuaderno_events VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
 
 
 def test_a_forged_result_is_not_accepted_by_rebuild_summary_without_trust(tmp_path: Path) -> None:

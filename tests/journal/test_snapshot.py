@@ -95,8 +95,8 @@ def test_resume_goes_on_from_the_snapshot_and_changes_nothing(
     finally:
         store.close()
     assert cp.status == "completed"
-    assert [(e.step_id, e.phase, e.payload) for e in events if e.kind != "run"] == \
-        [(e.step_id, e.phase, e.payload) for e in whole if e.kind != "run"]
+    assert [(e.step_id, e.phase, _unchained(e.payload)) for e in events if e.kind != "run"] == \
+        [(e.step_id, e.phase, _unchained(e.payload)) for e in whole if e.kind != "run"]
 
 
 def test_ready_without_reading_the_whole_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,3 +290,12 @@ def test_resume_after_a_sigkill_reads_the_tail(tmp_path: Path, monkeypatch: pyte
     assert asyncio.run(drive(world, url, "r", gateway)).output == "done"
     assert spy.used == [True]
     assert bodies(gateway) == want[119:]  # turn 119's request sent again (its answer was lost), none other
+
+
+def _unchained(payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload without the chain head a snapshot's base records: each row's digest key is random
+    (issue 35), so two journals of the same steps chain to other hashes."""
+    base = payload.get("base")
+    if not isinstance(base, dict) or "last_hash" not in base:
+        return payload
+    return {**payload, "base": {k: v for k, v in base.items() if k != "last_hash"}}

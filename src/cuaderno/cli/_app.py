@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - typer without a bundled click
 
 from cuaderno.cli._common import DEFAULT_DB, ERROR_EXIT, USAGE_EXIT, Options, say_error
 from cuaderno.cli._decide import approve, cancel, deny, resolve
+from cuaderno.cli._erase import erase_command
 from cuaderno.cli._flow import flow_app
 from cuaderno.cli._fork import export_command, fork_command
 from cuaderno.cli._prune import backup_command, mark_restored_command, prune_command, restore_command
@@ -126,7 +127,7 @@ for _name, _command in (("list", list_runs), ("show", show), ("approve", approve
                         ("ui", ui_command), ("ui-passwd", ui_passwd_command), ("worker", worker_command),
                         ("status", status_command), ("fork", fork_command), ("export", export_command),
                         ("prune", prune_command), ("backup", backup_command), ("restore", restore_command),
-                        ("mark-restored", mark_restored_command)):
+                        ("mark-restored", mark_restored_command), ("erase", erase_command)):
     app.command(_name)(_command)
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(flow_app, name="flow")

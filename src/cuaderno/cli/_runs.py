@@ -17,7 +17,6 @@ from typing import Annotated
 import typer
 
 from cuaderno import operations, render
-from cuaderno.checkpoint import verified
 from cuaderno.cli._common import USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted
 from cuaderno.flow import queued_state
@@ -68,7 +67,7 @@ def show(
             # against it: no half output, and no pending arguments other than the journal's.
             # --no-timeline prints the stored summary as it is (for a journal that no longer
             # checks out); approve and deny check it again before anything is written.
-            cp, events = verified(store, run)
+            cp, events = operations.shown(store, run)  # verified, or an erased run's structure
         state = queued_state(store, run_state(store, cp, events), cp.run_id)
     if as_json:
         print_json(render.run_detail(cp, events, state))

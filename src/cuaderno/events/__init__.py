@@ -27,6 +27,7 @@ read-only, in :mod:`cuaderno.events.payloads`.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Any, Final, Literal, Protocol, TypedDict
 
@@ -34,7 +35,9 @@ from cuaderno.events.names import KINDS, PHASES, Kind, Phase, family
 from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
+    "CODEC_ERASED",
     "CODEC_JSON",
+    "SALT_BYTES",
     "Decision",
     "EventHeader",
     "KINDS",
@@ -56,6 +59,15 @@ __all__ = [
 CODEC_JSON: Final = "json"
 """The only payload codec so far: UTF-8 JSON with sorted keys. Never pickle: the CLI and later
 versions must be able to read every journal."""
+
+CODEC_ERASED: Final = "erased"
+"""The codec of an event whose content was erased (:func:`cuaderno.operations.erase`): the row
+keeps its header and, in place of its payload, the keyed digest its hash chain links over (empty
+for a row written before digests, see :func:`row_hash`). Reading its payload raises
+:class:`~cuaderno.errors.RunErased`."""
+
+SALT_BYTES: Final = 16
+"""Bytes of a row's random digest key (see :func:`content_digest`)."""
 
 Decision = Literal["allow", "deny", "require_approval", "approved", "rejected"]
 
@@ -170,13 +182,17 @@ class StepEvent:
         created_at: wall-clock seconds when written. Informational only: order comes from ``seq``.
         row_hash: chains this row to the one before it; assigned on write and checked on load, so
             a rewritten or removed row is detected (the journal is append-only).
+        salt: the row's random digest key (:data:`SALT_BYTES`), assigned on write by a store
+            that chains over content digests (:func:`row_hash`, version 2); ``None`` for rows of
+            the first chain version, and for erased rows (their key is destroyed with their
+            content). Replay never reads it; the chain check does.
 
     Treat events as immutable values. Deduplication (:meth:`same_as`) ignores ``seq``,
     ``created_at`` and ``row_hash``, which are assigned on write.
     """
 
     __slots__ = ("_payload", "_raw", "codec", "created_at", "decision", "fingerprint", "kind", "name", "phase",
-                 "row_hash", "run_id", "seq", "step_id")
+                 "row_hash", "run_id", "salt", "seq", "step_id")
 
     def __init__(self, *, run_id: str, step_id: str, phase: str, kind: str, name: str | None = None,
                  decision: str | None = None, fingerprint: str | None = None,
@@ -195,11 +211,12 @@ class StepEvent:
         self.seq = seq
         self.created_at = created_at
         self.row_hash = row_hash
+        self.salt: bytes | None = None
 
     @classmethod
     def _stored(cls, run_id: str, step_id: str, phase: str, kind: str, name: str | None, decision: str | None,
                 fingerprint: str | None, codec: str, payload: dict[str, Any] | None, raw: bytes, seq: int,
-                created_at: float, row_hash: str) -> StepEvent:
+                created_at: float, row_hash: str, salt: bytes | None = None) -> StepEvent:
         """An event as the journal holds it, from positional fields (``raw`` is the stored payload).
 
         The journal's own paths build events this way: stamping on append, and every row of a load.
@@ -210,7 +227,7 @@ class StepEvent:
         ev = _new_event(cls)
         ev.run_id, ev.step_id, ev.phase, ev.kind, ev.name, ev.decision = run_id, step_id, phase, kind, name, decision
         ev.fingerprint, ev.codec, ev._payload, ev._raw = fingerprint, codec, payload, raw
-        ev.seq, ev.created_at, ev.row_hash = seq, created_at, row_hash
+        ev.seq, ev.created_at, ev.row_hash, ev.salt = seq, created_at, row_hash, salt
         return ev
 
     @property
@@ -218,6 +235,10 @@ class StepEvent:
         """The step's data (decoded from the stored bytes on first access)."""
         if self._payload is None:
             assert self._raw is not None
+            if self.codec == CODEC_ERASED:
+                from cuaderno.errors import RunErased
+
+                raise RunErased(self.run_id, f"{self.step_id}:{self.phase}")
             self._payload = decode_payload(self.codec, self._raw)
         return self._payload
 
@@ -238,11 +259,19 @@ class StepEvent:
                 and self.decision == other.decision and self.fingerprint == other.fingerprint
                 and self.codec == other.codec and self.encoded_payload() == other.encoded_payload())
 
-    def stamped(self, *, seq: int, created_at: float, prev_hash: str, payload_bytes: bytes) -> StepEvent:
-        """This event with its write-time fields assigned."""
-        return StepEvent._stored(self.run_id, self.step_id, self.phase, self.kind, self.name, self.decision,
-                                 self.fingerprint, self.codec, self._payload, payload_bytes, seq, created_at,
-                                 row_hash(prev_hash, self, seq, payload_bytes))
+    @property
+    def erased(self) -> bool:
+        """Whether the event's content was erased (only its header and digest are left)."""
+        return self.codec == CODEC_ERASED
+
+    def stamped(self, *, seq: int, created_at: float, prev_hash: str, payload_bytes: bytes,
+                salt: bytes | None = None) -> StepEvent:
+        """This event with its write-time fields assigned (``salt``: its digest key, see
+        :func:`row_hash`; ``None``: the first chain version, over the payload bytes)."""
+        ev = StepEvent._stored(self.run_id, self.step_id, self.phase, self.kind, self.name, self.decision,
+                               self.fingerprint, self.codec, self._payload, payload_bytes, seq, created_at, "", salt)
+        ev.row_hash = row_hash(prev_hash, ev, seq, payload_bytes)
+        return ev
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StepEvent):
@@ -278,8 +307,10 @@ def decode_payload(codec: str, data: bytes | str) -> dict[str, Any]:
     resuming a long run decodes thousands); anything else goes through ``json.loads`` itself.
     """
     if codec != CODEC_JSON:
-        from cuaderno.errors import JournalCorrupt
+        from cuaderno.errors import JournalCorrupt, RunErased
 
+        if codec == CODEC_ERASED:
+            raise RunErased("", "a stored row")
         raise JournalCorrupt(f"unknown payload codec {codec!r}; this journal needs a newer cuaderno")
     if type(data) is bytes:
         fast = loads_object(data)
@@ -297,11 +328,60 @@ def row_hash(prev_hash: str, event: StepEvent, seq: int, payload_bytes: bytes) -
     """The hash chain link for one row (hex, 32 chars: a tamper check, not a signature).
 
     Part of the journal format: changing what goes in, or in which order, is a schema change.
+    Two versions, told apart by the row itself:
+
+    - version 1 (``event.salt`` is ``None``, the event not erased): over the header and the
+      payload bytes. Rows written before schema 3 (SQLite) / 2 (PostgreSQL), and by stores that
+      never erase (the in-memory one).
+    - version 2: over the header without the fingerprint, and the row's *content digest*:
+      :func:`content_digest` of the fingerprint and the payload bytes under the row's own random
+      key (``event.salt``). The fingerprint goes with the content because it is a plain hash of
+      it (of the arguments, of the request chain), which would confirm a guessed short value.
+      Once a run is erased, its rows keep only the digest (``payload_bytes`` is then the stored
+      digest, :data:`CODEC_ERASED`; the fingerprint is gone), so the chain still verifies link
+      by link without the content, and the key is gone, so nothing can be confirmed by hashing
+      guesses.
+
+    An erased row of version 1 keeps no digest (``payload_bytes`` empty): its hash cannot be
+    recomputed, see :func:`verifiable`.
     """
+    erased = event.codec == CODEC_ERASED
+    if event.salt is None and not erased:
+        head = "\x00".join((prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name or "",
+                            event.decision or "", event.fingerprint or "", event.codec, str(seq), ""))
+        return _sha256(head.encode("utf-8", "surrogatepass") + b"\x01" + payload_bytes).hexdigest()[:32]
+    digest = (payload_bytes if erased or event.salt is None
+              else content_digest(event.salt, event.fingerprint, payload_bytes))
+    # The codec is the event's own (always json so far), never the storage state: erasing a row
+    # must not change its link.
     head = "\x00".join((prev_hash, event.run_id, event.step_id, event.phase, event.kind, event.name or "",
-                        event.decision or "", event.fingerprint or "", event.codec, str(seq), ""))
-    return _sha256(head.encode("utf-8", "surrogatepass") + b"\x01" + payload_bytes).hexdigest()[:32]
+                        event.decision or "", CODEC_JSON, str(seq), "2"))
+    return _sha256(head.encode("utf-8", "surrogatepass") + b"\x02" + digest).hexdigest()[:32]
+
+
+def content_digest(salt: bytes, fingerprint: str | None, payload_bytes: bytes) -> bytes:
+    """HMAC-SHA256, under a row's random key ``salt``, of its fingerprint and payload bytes (32
+    bytes): what a version-2 link hashes in their place, and all an erased row keeps of them.
+    The fingerprint is length-prefixed (``-`` for none), so no split of the two gives another's."""
+    fp = b"-" if fingerprint is None else b"%d:" % len(fingerprint) + fingerprint.encode("utf-8", "surrogatepass")
+    return _hmac_digest(salt, fp + payload_bytes, "sha256")
+
+
+def shown_payload(event: StepEvent) -> dict[str, Any]:
+    """The payload as shown to people (``show``, the page): an erased event's reads as
+    ``{"erased": true}`` instead of raising :class:`~cuaderno.errors.RunErased`. Never for replay,
+    a fork or an export, which must refuse an erased run."""
+    return {"erased": True} if event.codec == CODEC_ERASED else event.payload
+
+
+def verifiable(event: StepEvent) -> bool:
+    """Whether the event's row hash can be recomputed: every row except an erased row of the first
+    chain version (its hash covered the payload bytes, which are gone; erasure checks the run's
+    whole chain before it erases, and later checks take that row's hash as stored, checking that
+    the next row links to it)."""
+    return event.codec != CODEC_ERASED or bool(event._raw)
 
 
 _sha256 = hashlib.sha256
+_hmac_digest = hmac.digest
 _new_event = object.__new__

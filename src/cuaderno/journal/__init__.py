@@ -3,7 +3,8 @@
 Besides the backends, what the rest of cuaderno reads of a journal lives here: opening one from a
 URL (:func:`open_journal`, :func:`parse_journal_url`), what a run waits for and who may move it on
 (:func:`state_of`, :func:`work_for`), the group commit a loop appends through
-(:class:`GroupCommit`), the queue of submitted runs (:func:`queue_of`, for :mod:`cuaderno.flow`), a stored payload as shown to people (:func:`stored_payload`) and the
+(:class:`GroupCommit`), the queue of submitted runs (:func:`queue_of`, for :mod:`cuaderno.flow`),
+erasing a run's content (:class:`SupportsErase`), a stored payload as shown to people (:func:`stored_payload`) and the
 decoding of payloads read in one batch (:func:`decode_small_payloads`). The modules whose names
 start with ``_`` are the journal's own.
 """
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cuaderno.journal._anchor import JournalRolledBack
 from cuaderno.journal._claims import state_of, work_for
 from cuaderno.journal._compress import stored_payload
+from cuaderno.journal._erase import Erasure, SupportsErase
 from cuaderno.journal._group import GroupCommit
 from cuaderno.journal._open import JournalURL, open_journal, parse_journal_url
 from cuaderno.journal._queue_sql import Claim, JournalQueue, QueueEntry, canonical_versions, queue_of
@@ -24,10 +26,10 @@ from cuaderno.journal.sqlite import SqliteCheckpointer
 if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
 
-__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "GroupCommit", "JournalQueue",
+__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue",
            "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry",
-           "SqliteCheckpointer", "SupportsRebuild", "canonical_versions", "decode_small_payloads", "open_journal",
-           "parse_journal_url", "queue_of", "state_of", "stored_payload", "work_for"]
+           "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions", "decode_small_payloads",
+           "open_journal", "parse_journal_url", "queue_of", "state_of", "stored_payload", "work_for"]
 
 
 def __getattr__(name: str) -> Any:

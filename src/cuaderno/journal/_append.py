@@ -6,6 +6,7 @@ Backends differ in how they store rows and how they make a transaction atomic; w
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,9 +21,10 @@ from cuaderno.errors import (
     RunCancelled,
     RunChanged,
     RunClosed,
+    RunErased,
     UsageError,
 )
-from cuaderno.events import StepEvent, row_hash, starts_a_step
+from cuaderno.events import CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, validate_event
 
@@ -36,6 +38,7 @@ def plan_append(
     epoch: int | None,
     expect_seq: int | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD,
+    keyed: bool = False,
 ) -> tuple[list[tuple[StepEvent, bytes]], list[StepEvent]]:
     """Decide what an append writes, folding new events into ``cp`` (in place).
 
@@ -46,6 +49,9 @@ def plan_append(
         epoch: the writer's fencing epoch, or ``None`` for harness writes.
         expect_seq: when given, the append is refused unless the run's last event is still this
             one (compare-and-set, for a writer that decided from what it read).
+        keyed: chain the new rows over keyed content digests (row hash version 2, see
+            :func:`~cuaderno.events.row_hash`), each row with a fresh random key: what a store
+            that can erase a run writes.
 
     Returns:
         ``(rows to insert with their encoded payloads, the stored events to return)``.
@@ -54,9 +60,12 @@ def plan_append(
         FencedOut: ``epoch`` is not the run's current epoch.
         JournalConflict: a different event already sits under one of the keys.
         RunChanged: ``expect_seq`` is not the run's last event any more.
+        RunErased: the run's content was erased: nothing is appended to it.
         RunClosed, NotWaitingForApproval, ApprovalMismatch, NotUncertain: a decision that the run's
             state at commit time no longer admits (see :func:`_admit`).
     """
+    if is_erased(cp):
+        raise RunErased(cp.run_id, "append")
     if epoch is not None and epoch != cp.epoch:
         raise FencedOut(cp.run_id, epoch, cp.epoch)
     if expect_seq is not None and expect_seq != cp.last_seq:
@@ -84,12 +93,22 @@ def plan_append(
             _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
-                             payload_bytes=payload_bytes)
+                             payload_bytes=payload_bytes,
+                             salt=_urandom(SALT_BYTES) if keyed and ev.codec == CODEC_JSON else None)
         project(cp, stamped)
         seen[ev.key] = stamped
         new.append((stamped, payload_bytes))
         out.append(stamped)
     return new, out
+
+
+_urandom = os.urandom
+
+
+def is_erased(cp: Checkpoint) -> bool:
+    """Whether the run's summary records that its content was erased (see
+    :mod:`cuaderno.journal._erase`)."""
+    return cp.outcome is not None and isinstance(cp.outcome.get("erased"), dict)
 
 
 _GUARDED_PHASES = frozenset({"decision", "request", "end", "resolution"})
@@ -140,8 +159,11 @@ def _past_head(n: int) -> str:
             "was restored), `cuaderno rebuild-summary RUN --trust-journal` (trust_journal=True) counts them; "
             "nothing was written")
 
-RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str]
-"""(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash)"""
+RawRow = tuple[str, str, str, int, str, "str | None", "str | None", "str | None", str, "bytes | str", float, str,
+               "bytes | None"]
+"""(run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, row_hash,
+salt): ``salt`` is the row's digest key (:attr:`~cuaderno.events.StepEvent.salt`), ``None`` for a row
+of the first chain version and for an erased row."""
 
 
 def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq: int | None = None) -> list[StepEvent]:
@@ -160,7 +182,7 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
         ev = decode_row(row)
         if ev.seq != expected_seq or ev.run_id != run_id:
             raise JournalCorrupt(f"run {run_id!r}: journal row {expected_seq} is missing or out of order")
-        if row_hash(prev, ev, ev.seq, ev.encoded_payload()) != ev.row_hash:
+        if verifiable(ev) and row_hash(prev, ev, ev.seq, ev.encoded_payload()) != ev.row_hash:
             raise JournalCorrupt(f"run {run_id!r}: journal row {ev.seq} ({ev.step_id}:{ev.phase}) was altered")
         prev = ev.row_hash
         out.append(ev)
@@ -192,12 +214,15 @@ def decode_row(row: RawRow) -> StepEvent:
     Raises:
         JournalCorrupt: a compressed payload that does not decompress.
     """
-    run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash = row
+    run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash, salt = row
     raw = payload if type(payload) is bytes else str(payload).encode()
     if codec == CODEC_JSON_ZSTD:  # tested here too, so that plain rows do not build the message
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
+    if salt is not None and (type(salt) is not bytes or len(salt) != SALT_BYTES):
+        raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its digest key is not "
+                             f"{SALT_BYTES} bytes; the row was altered or damaged")
     return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
-                             rhash)
+                             rhash, salt)
 
 
 def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, epoch: int | None,

@@ -118,7 +118,11 @@ def unpack(codec: str, data: bytes, where: str) -> tuple[str, bytes]:
 
 def stored_payload(codec: str, data: bytes | str) -> dict[str, Any]:
     """The payload of a row read with plain SQL (``SELECT codec, payload ...``), decoded as the
-    store decodes it (no hash check: that needs the whole chain, which ``load`` does)."""
+    store decodes it (no hash check: that needs the whole chain, which ``load`` does).
+
+    Raises:
+        RunErased: the row's content was erased.
+    """
     raw = data if isinstance(data, bytes) else data.encode()
     codec, raw = unpack(codec, raw, "a stored row")
     return decode_payload(codec, raw)

@@ -60,6 +60,11 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # The queue (cuaderno.flow): submitted runs, idempotency keys and concurrency limits,
     # three tables of their own; the events and runs tables are unchanged.
     _queue_sql.PG_TABLES,
+    # Version 3 (erasure): each row's digest key. A row with one chains over its keyed
+    # content digest (row hash version 2), so that erasing its content (codec ``erased``, the
+    # payload replaced by that digest, the key set to NULL) leaves a chain that still verifies.
+    # Rows written before keep NULL and their version-1 hash.
+    ("ALTER TABLE cuaderno_events ADD COLUMN salt BYTEA",),
 ]
 
 

@@ -69,5 +69,5 @@ def decode_small_payloads(events: Sequence[StepEvent]) -> None:
     """Decode the payloads of a loaded journal's small events now, so that damage shows at load,
     not later (model responses and tool results, the large ones, decode on first use)."""
     for ev in events:
-        if ev.kind != "model" and ev.kind != "tool":
+        if ev.kind != "model" and ev.kind != "tool" and not ev.erased:
             ev.payload  # noqa: B018

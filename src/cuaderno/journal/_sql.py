@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from cuaderno.checkpoint import Checkpoint
@@ -26,7 +26,7 @@ from cuaderno.journal._append import RawRow, check_chain, decode_row
 from cuaderno.journal._rows import checked_epoch, decode_small_payloads, storable
 from cuaderno.journal.base import Tail, tail_base
 
-__all__ = ["POSTGRES", "SQLITE", "Dialect", "SqlJournal"]
+__all__ = ["POSTGRES", "SQLITE", "SQLITE_UNKEYED", "Dialect", "SqlJournal"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Dialect:
     event: str
     """One row by its key ``(run_id, step_id, phase)`` (an append's lookups)."""
     insert: str
-    """One new row of the events table (all twelve columns)."""
+    """One new row of the events table (all thirteen columns)."""
     upsert_run: str
     """The summary row an append writes, created or updated; a dialect that keeps a row version
     returns it (PostgreSQL's ``xmin``: the summary cache's key), else nothing."""
@@ -61,6 +61,9 @@ class Dialect:
     locks rows; the summary as bytes where a summary that is not even text must read as damage)."""
     rewrite_summary: str
     """A rebuild's ``(status, checkpoint)`` of one run."""
+    erase_row: str
+    """Erases one row's content: ``(codec, payload, run_id, step_id, phase)``, its fingerprint
+    and digest key set to NULL (see :mod:`._erase`)."""
     tail_index_found: str
     """A row when the ``(run_id, seq)`` index a tail read needs is there."""
     create_tail_index: tuple[str, ...]
@@ -74,7 +77,7 @@ SQLITE = Dialect(
     head="SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=?",
     summary="SELECT checkpoint FROM cuaderno_runs WHERE run_id=?",
     run_events=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-                "row_hash FROM cuaderno_events WHERE run_id=?"),
+                "row_hash, salt FROM cuaderno_events WHERE run_id=?"),
     list_runs=("SELECT run_id, epoch, checkpoint FROM cuaderno_runs WHERE (? IS NULL OR status = ?) "
                "ORDER BY updated_at DESC LIMIT ?"),
     open_runs=("SELECT run_id, epoch, checkpoint FROM cuaderno_runs WHERE status = 'running' "
@@ -83,28 +86,47 @@ SQLITE = Dialect(
                "ORDER BY updated_at LIMIT ?"),
     has_step="SELECT 1 FROM cuaderno_events WHERE run_id=? AND step_id=? LIMIT 1",
     last_mark=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-               "created_at, row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC LIMIT 1"),
+               "created_at, row_hash, salt FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC "
+               "LIMIT 1"),
     tail=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-          "row_hash FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq"),
+          "row_hash, salt FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq"),
     event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-           "row_hash FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
+           "row_hash, salt FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
-            "payload, created_at, row_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"),
+            "payload, created_at, row_hash, salt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint"),
     rebuild_head="SELECT epoch, CAST(checkpoint AS BLOB), status FROM cuaderno_runs WHERE run_id=?",
     rewrite_summary="UPDATE cuaderno_runs SET status=?, checkpoint=? WHERE run_id=?",
+    erase_row=("UPDATE cuaderno_events SET codec=?, payload=?, fingerprint=NULL, salt=NULL WHERE run_id=? AND "
+               "step_id=? AND phase=?"),
     tail_index_found="SELECT 1 FROM sqlite_master WHERE type='index' AND name='cuaderno_events_run_seq'",
     create_tail_index=("CREATE INDEX IF NOT EXISTS cuaderno_events_run_seq ON cuaderno_events (run_id, seq)",),
     duplicate=(sqlite3.IntegrityError,),
 )
 
+SQLITE_UNKEYED = replace(
+    SQLITE,
+    run_events=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+                "row_hash, NULL FROM cuaderno_events WHERE run_id=?"),
+    last_mark=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
+               "created_at, row_hash, NULL FROM cuaderno_events WHERE run_id=? AND step_id=? ORDER BY seq DESC "
+               "LIMIT 1"),
+    tail=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+          "row_hash, NULL FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq"),
+    event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
+           "row_hash, NULL FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
+)
+"""SQLite's reads of a file before schema 3, which has no ``salt`` column (every row of it is of
+the first chain version): what a read-only store, which cannot migrate the file, reads it with.
+A store that may write migrates the file at open and never uses it."""
+
 POSTGRES = Dialect(
     head="SELECT epoch, checkpoint FROM cuaderno_runs WHERE run_id=%s",
     summary="SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s",
     run_events=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-                "created_at, row_hash FROM cuaderno_events WHERE run_id=%s ORDER BY seq"),
+                "created_at, row_hash, salt FROM cuaderno_events WHERE run_id=%s ORDER BY seq"),
     list_runs=("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
                "WHERE (%s::text IS NULL OR status = %s) ORDER BY updated_at DESC LIMIT %s"),
     open_runs=("SELECT run_id, epoch, checkpoint FROM cuaderno_runs "
@@ -114,19 +136,21 @@ POSTGRES = Dialect(
                "ORDER BY updated_at LIMIT %s"),
     has_step="SELECT 1 FROM cuaderno_events WHERE run_id=%s AND step_id=%s LIMIT 1",
     last_mark=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-               "created_at, row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s ORDER BY seq DESC "
+               "created_at, row_hash, salt FROM cuaderno_events WHERE run_id=%s AND step_id=%s ORDER BY seq DESC "
                "LIMIT 1"),
     tail=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-          "row_hash FROM cuaderno_events WHERE run_id=%s AND seq>%s ORDER BY seq"),
+          "row_hash, salt FROM cuaderno_events WHERE run_id=%s AND seq>%s ORDER BY seq"),
     event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
-           "row_hash FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s"),
+           "row_hash, salt FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s"),
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
-            "payload, created_at, row_hash) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"),
+            "payload, created_at, row_hash, salt) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"),
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint RETURNING xmin::text"),
     rebuild_head="SELECT epoch, checkpoint, status FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
     rewrite_summary="UPDATE cuaderno_runs SET status=%s, checkpoint=%s WHERE run_id=%s",
+    erase_row=("UPDATE cuaderno_events SET codec=%s, payload=%s, fingerprint=NULL, salt=NULL WHERE run_id=%s "
+               "AND step_id=%s AND phase=%s"),
     tail_index_found="SELECT 1 WHERE to_regclass('cuaderno_events_run_seq') IS NOT NULL",
     # The lock is the migrations' (_pg_server._MIGRATE_LOCK, "migr"): one creator at a time.
     create_tail_index=("SELECT pg_advisory_xact_lock(1835624306)",

@@ -51,9 +51,10 @@ def first_line(exc: BaseException) -> str:
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
                 max_payload: int) -> list[tuple[Any, ...]]:
-    """The events table's columns of each new row, its payload compressed when ``compress`` (the
-    row hash and deduplication cover the JSON bytes; compression is how they rest). A payload over
-    ``max_payload`` is refused: compressed it would fit, and no reader could open it."""
+    """The events table's columns of each new row (the thirteen of :data:`RawRow`), its payload
+    compressed when ``compress`` (the row hash and deduplication cover the JSON bytes; compression
+    is how they rest). A payload over ``max_payload`` is refused: compressed it would fit, and no
+    reader could open it."""
     rows = []
     for e, payload in new:
         if len(payload) > max_payload:
@@ -62,7 +63,7 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
                                "was committed")
         codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
-                     stored, e.created_at, e.row_hash))
+                     stored, e.created_at, e.row_hash, e.salt))
     return rows
 
 
@@ -201,7 +202,7 @@ class SqlWriter(SqlJournal):
             return None if row is None else decode_row(row)
 
         new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq,
-                               payload_limit(self))
+                               payload_limit(self), keyed=True)
         if new:
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD)
             try:

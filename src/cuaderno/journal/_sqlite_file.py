@@ -29,6 +29,7 @@ from cuaderno.errors import (
 )
 from cuaderno.journal import _anchor, _lease, _queue_sql
 from cuaderno.journal._rows import schema_version as _schema_version
+from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
 from cuaderno.journal.base import SCHEMA_VERSION
 
 __all__ = ["SqliteFile"]
@@ -57,12 +58,21 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # queue; the events and runs tables are unchanged. IF NOT EXISTS: an existing file is raised
     # only as far as its tables need (see _migrate), so these statements may run at every open.
     _queue_sql.SQLITE_TABLES,
+    # Schema 4 (erasure): each row's digest key. A row with one chains over its keyed
+    # content digest (row hash version 2), so that erasing its content (codec ``erased``, the
+    # payload replaced by that digest, the key set to NULL) leaves a chain that still verifies.
+    # Rows written before keep NULL and their version-1 hash. Taken by every open for writing (a
+    # new row needs the column); a read-only store reads an older file as it is.
+    ("ALTER TABLE cuaderno_events ADD COLUMN salt BLOB",),
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 _COMPRESSED_SINCE = 2
 """The schema from which rows may be compressed (``json+zstd``)."""
+
+_KEYED_SINCE = 4
+"""The schema from which the events table has the ``salt`` column: rows may be keyed or erased."""
 
 
 _READ_AS_IS_FROM = 1
@@ -229,6 +239,7 @@ class SqliteFile:
     _compress_choice: bool | None
     _compress: bool
     _file_schema: int
+    _dialect: Dialect
     _accept_rollback: bool
     _ident: _lease.Identity | None
     _anchor: _anchor.Anchor | None
@@ -244,7 +255,8 @@ class SqliteFile:
     _index_unread: bool
     _mark: tuple[int, str] | None = None
     """The rowid and row hash of the last row the open append transaction inserted (the anchor's)."""
-    _bump = False
+    _bump = 0
+    """The schema an append's transaction raised the file to (0: none), recorded after its commit."""
     """Whether the open append transaction raised the file's schema (its first compressed row)."""
 
     def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
@@ -457,7 +469,8 @@ class SqliteFile:
             # tables need; the step to schema 2 is taken by the first transaction that writes a
             # compressed row (see _append), so that opening a file, a refused command, or a
             # journal kept plain leaves it readable by a cuaderno of schema 1.
-            target = SCHEMA_VERSION if version == 0 else max(version, _READ_AS_IS_FROM)
+            # Schema 4 is taken at once: every new row is keyed, and its column must be there.
+            target = SCHEMA_VERSION if version == 0 else max(version, _READ_AS_IS_FROM, _KEYED_SINCE)
             if version < target:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
                            (str(target),))
@@ -480,6 +493,9 @@ class SqliteFile:
         version = _schema_version(row[0]) if row is not None else 0
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(version, SCHEMA_VERSION)
+        # A file before schema 4 (read by a read-only store, which cannot migrate it) has no
+        # ``salt`` column: its rows are read as the first chain version's.
+        self._dialect = SQLITE if version >= _KEYED_SINCE or version == 0 else SQLITE_UNKEYED
         return version
 
     def _follow_meta(self, db: sqlite3.Connection) -> bool:
@@ -513,7 +529,7 @@ class SqliteFile:
                 self._start_writing()
             db = self._db
             if append:
-                self._mark, self._bump = None, False
+                self._mark, self._bump = None, 0
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -537,7 +553,7 @@ class SqliteFile:
             if not append:
                 return
             if self._bump:
-                self._file_schema = _COMPRESSED_SINCE  # committed
+                self._file_schema = self._bump  # committed
             if self._mark is not None and self._anchor is not None:
                 self._anchor.write(*self._mark)  # after the commit: the anchor may lag the journal, never lead it
 

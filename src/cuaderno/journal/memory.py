@@ -44,7 +44,7 @@ class MemoryCheckpointer:
                 for ev, payload in new:
                     rows[(ev.step_id, ev.phase)] = (ev.run_id, ev.step_id, ev.phase, ev.seq, ev.kind, ev.name,
                                                     ev.decision, ev.fingerprint, ev.codec, payload,
-                                                    ev.created_at, ev.row_hash)
+                                                    ev.created_at, ev.row_hash, ev.salt)
                 # Re-insert so that dict order is update order: list_runs() is newest first.
                 self._checkpoints.pop(run_id, None)
                 self._checkpoints[run_id] = cp.dumps()

@@ -98,6 +98,7 @@ from cuaderno.events import StepEvent
 from cuaderno.journal import _lease
 from cuaderno.journal._append import plan_append
 from cuaderno.journal._compress import MAX_PAYLOAD
+from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._open import _masked
 from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
@@ -114,8 +115,8 @@ from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
-from cuaderno.journal._sql_write import SqlWriter, next_epoch, stored_rows
 from cuaderno.journal._sql_write import first_line as _first_line
+from cuaderno.journal._sql_write import next_epoch, stored_rows
 from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
 
 __all__ = ["PostgresCheckpointer"]
@@ -142,7 +143,7 @@ _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
 
 
-class PostgresCheckpointer(PgServer, SqlWriter):
+class PostgresCheckpointer(PgServer, SqlEraser):
     """A :class:`~cuaderno.journal.base.Checkpointer` in a PostgreSQL database.
 
     Args:
@@ -322,7 +323,7 @@ class PostgresCheckpointer(PgServer, SqlWriter):
             b = batches[i]
             run_id = b.events[0].run_id
             new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
-                                       payload_limit(self))
+                                       payload_limit(self), keyed=True)
             if new:
                 rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD))
                 updated[run_id] = new[-1][0].created_at
@@ -577,6 +578,20 @@ class PostgresCheckpointer(PgServer, SqlWriter):
             del self._taken[run_id]
             self._earlier.pop(run_id, None)
             self._unlock_run(run_id)
+
+    def _scrub(self, thorough: bool) -> tuple[bool, str]:
+        """VACUUM the two tables an erasure rewrote, so that the old row versions (dead tuples,
+        their TOAST chunks included) leave the table files; ``thorough``: VACUUM FULL, which
+        writes each table into a new file and drops the old one (exclusive lock meanwhile). What
+        neither reaches: the server's WAL (``pg_wal``, until its segments are recycled), its
+        archive and replicas, and backups."""
+        statement = "VACUUM FULL cuaderno_events, cuaderno_runs" if thorough else "VACUUM cuaderno_events, cuaderno_runs"
+        try:
+            with self._conn() as conn:
+                conn.execute(statement)
+        except psycopg.Error as exc:
+            return False, f"{statement} failed ({_first_line(exc)}); run erase again"
+        return True, f"{statement} done; the server's WAL and backups still hold the old rows until recycled"
 
     def close(self) -> None:
         if self._closed:

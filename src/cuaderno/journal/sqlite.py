@@ -57,9 +57,10 @@ from cuaderno.errors import (
 )
 from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
+from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._sql import SQLITE
-from cuaderno.journal._sql_write import SqlWriter, next_epoch
+from cuaderno.journal._sql_write import next_epoch
 from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
     _OPEN_RACE_S,
@@ -80,7 +81,7 @@ _UPSERT_RUN = SQLITE.upsert_run
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
-class SqliteCheckpointer(SqliteFile, SqlWriter):
+class SqliteCheckpointer(SqliteFile, SqlEraser):
     """A :class:`~cuaderno.journal.base.Checkpointer` in one SQLite file.
 
     Args:
@@ -223,7 +224,36 @@ class SqliteCheckpointer(SqliteFile, SqlWriter):
         if self._file_schema < _COMPRESSED_SINCE and any(r[8] == CODEC_JSON_ZSTD for r in rows):
             # The first compressed row: from this commit on, schema 1 must refuse the file.
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_COMPRESSED_SINCE),))
-            self._bump = True
+            self._bump = _COMPRESSED_SINCE
+
+    # -- erasure (the algorithm is journal._erase's) --------------------------------------------------
+
+    def _before_erase(self, db: sqlite3.Connection) -> None:
+        # SQLite leaves a deleted or rewritten cell's bytes where they were, in its page or in a
+        # freed page, unless secure_delete is on: on, it overwrites them with zeros, in the pages
+        # the erasure's transaction writes (to the -wal, then the database file).
+        db.execute("PRAGMA secure_delete=ON")
+
+    def _scrub(self, thorough: bool) -> tuple[bool, str]:
+        """Copy the erasure's pages into the database file and truncate the -wal to nothing: until
+        then, the -wal holds the pages as they were before (and frames a checkpoint already copied
+        stay in it until it is reset). Waits, up to the busy timeout, for readers of older
+        snapshots; a reader that stays keeps it from finishing (the next ``erase`` retries)."""
+        with self._lock:
+            if self.path == ":memory:":
+                return True, "an in-memory journal: no file"
+            try:
+                self._db.execute("PRAGMA secure_delete=OFF")
+                if thorough:
+                    self._db.execute("VACUUM")  # a new file's pages, holding only live rows
+                busy, frames, copied = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error as exc:
+                return False, f"the -wal could not be checkpointed ({exc}); run erase again"
+        if busy:
+            return False, (f"another connection kept the -wal from being truncated ({copied} of {frames} frames "
+                           "copied): it may still hold the old content; run erase again when it is done")
+        how = "the database file rewritten (VACUUM)" if thorough else "erased pages zeroed (secure_delete)"
+        return True, f"{how} and written into the database file; -wal truncated"
 
     def rebuild_checkpoint(self, run_id: str, *, trust_journal: bool = False) -> tuple[Checkpoint, list[str]]:
         if self._writer is not None and self._id_ok(run_id):

@@ -1,0 +1,96 @@
+"""Erasing a run in a SQLite journal (issue 35, part 2): its content leaves every file the
+journal owns, its structure and chain stay, and it can be neither resumed, forked nor exported."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from _erase_world import grep_files, run_with_secret, secret
+
+from cuaderno import Agent, RunErased, ScriptedGateway, Session
+from cuaderno.errors import RunStillOpen, UsageError
+from cuaderno.events import StepEvent
+from cuaderno.journal import MemoryCheckpointer, SqliteCheckpointer
+from cuaderno.operations import erase, export_lines, fork
+
+
+def _files(path: Path) -> list[Path]:
+    """The database, its -wal and -shm, the anchor, and any other file the journal made beside it."""
+    named = {path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-anchor")}
+    return sorted(named | set(path.parent.glob(path.name + "*")))
+
+
+@pytest.mark.parametrize("thorough", [False, True])
+async def test_an_erased_run_leaves_no_byte_of_its_content_in_any_file(tmp_path: Path, thorough: bool) -> None:
+    path = tmp_path / "j.db"
+    gone, kept = secret(), secret()
+    with SqliteCheckpointer(path) as store:
+        await run_with_secret(store, "gone", gone)
+        await run_with_secret(store, "kept", kept)
+        before = store.load("gone")
+        cp_before = store.checkpoint("gone")
+        # Before: the secret is in the files (the test can fail).
+        assert sum(grep_files(_files(path), gone).values()) > 0
+        done = erase(store, "gone", reason="ticket 7", thorough=thorough)
+        assert (done.rows, done.already, done.scrubbed) == (len(before), False, True)
+        # The files as they are while the store is still open (nothing closed or folded them yet).
+        assert grep_files(_files(path), gone) == dict.fromkeys((f.name for f in _files(path)), 0)
+        after = store.load("gone")  # the chain still verifies, against the same head
+        cp = store.checkpoint("gone")
+    assert cp is not None and cp_before is not None
+    assert [(e.seq, e.step_id, e.phase, e.kind, e.name, e.decision, e.row_hash) for e in after] == \
+        [(e.seq, e.step_id, e.phase, e.kind, e.name, e.decision, e.row_hash) for e in before]
+    assert all(e.erased and e.fingerprint is None and e.salt is None for e in after)
+    assert any(e.fingerprint for e in before) and cp.task_fingerprint is None
+    assert (cp.status, cp.counters, cp.cost_usd, cp.last_hash) == \
+        (cp_before.status, cp_before.counters, cp_before.cost_usd, cp_before.last_hash)
+    assert cp.outcome is not None and cp.outcome["erased"]["reason"] == "ticket 7"
+    assert grep_files(_files(path), gone) == dict.fromkeys((f.name for f in _files(path)), 0)
+    # The other run is whole.
+    assert grep_files(_files(path), kept)["j.db"] > 0
+    with SqliteCheckpointer(path) as store:
+        assert any(kept in str(e.payload) for e in store.load("kept"))
+
+
+async def test_an_erased_run_cannot_be_resumed_forked_or_exported_and_erase_is_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    token = secret()
+    with SqliteCheckpointer(path) as store:
+        await run_with_secret(store, "r", token)
+        erase(store, "r")
+        again = erase(store, "r")
+        assert (again.rows, again.already, again.scrubbed) == (0, True, True)
+        gw = ScriptedGateway([])
+        with pytest.raises(RunErased):
+            async for _ in Agent(instructions="answer").run("t", session=Session("r", gw, store)):
+                pass
+        assert gw.calls == 0
+        with pytest.raises(RunErased):
+            fork(store, "r", at="t0000.tool00", new_run_id="copy")
+        with pytest.raises(RunErased):
+            list(export_lines(store, "r"))
+        with pytest.raises(RunErased):
+            store.append([StepEvent(run_id="r", step_id="note", phase="result", kind="tool", payload={})])
+        assert store.checkpoint("copy") is None
+
+
+def test_an_open_run_is_not_erased_and_nothing_changes(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    with SqliteCheckpointer(path) as store:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={"task": "keep me"})])
+    with SqliteCheckpointer(path) as store:
+        before = [f.read_bytes() if f.exists() else None for f in _files(path)]
+        with pytest.raises(RunStillOpen, match="running"):
+            erase(store, "r")
+        assert [f.read_bytes() if f.exists() else None for f in _files(path)] == before
+        assert store.load("r")[0].payload == {"task": "keep me"}
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT count(*) FROM cuaderno_events WHERE codec='erased'").fetchone()[0] == 0
+
+
+def test_a_journal_without_erasure_says_so() -> None:
+    with pytest.raises(UsageError, match="cannot erase"):
+        erase(MemoryCheckpointer(), "r")
