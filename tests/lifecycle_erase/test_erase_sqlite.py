@@ -94,3 +94,29 @@ def test_an_open_run_is_not_erased_and_nothing_changes(tmp_path: Path) -> None:
 def test_a_journal_without_erasure_says_so() -> None:
     with pytest.raises(UsageError, match="cannot erase"):
         erase(MemoryCheckpointer(), "r")
+
+
+async def test_the_command_line_erases_and_refuses_with_a_message_and_a_status(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cuaderno.cli import app
+
+    path = tmp_path / "j.db"
+    token = secret()
+    with SqliteCheckpointer(path) as store:
+        await run_with_secret(store, "r", token)
+        store.append([StepEvent(run_id="open", step_id="run", phase="start", kind="run", payload={"task": "t"})])
+    runner = CliRunner()
+    done = runner.invoke(app, ["--db", str(path), "erase", "r", "--reason", "ticket 3"])
+    assert done.exit_code == 0 and "content of its 8 journaled event(s) was erased" in done.output
+    again = runner.invoke(app, ["--db", str(path), "erase", "r"])
+    assert again.exit_code == 0 and "already erased" in again.output
+    shown = runner.invoke(app, ["--db", str(path), "show", "r"])
+    assert shown.exit_code == 0 and '"erased": true' in shown.output and token not in shown.output
+    refused = runner.invoke(app, ["--db", str(path), "erase", "open"])
+    assert refused.exit_code == 4 and refused.output.startswith("error: run 'open' is running")
+    missing = runner.invoke(app, ["--db", str(path), "erase", "nope"])
+    assert missing.exit_code == 3 and "Traceback" not in missing.output
+    exported = runner.invoke(app, ["--db", str(path), "export", "r"])
+    assert exported.exit_code == 4 and "its content was erased" in exported.output
+    assert sum(grep_files(_files(path), token).values()) == 0
