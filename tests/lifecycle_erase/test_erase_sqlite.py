@@ -120,3 +120,33 @@ async def test_the_command_line_erases_and_refuses_with_a_message_and_a_status(t
     exported = runner.invoke(app, ["--db", str(path), "export", "r"])
     assert exported.exit_code == 4 and "its content was erased" in exported.output
     assert sum(grep_files(_files(path), token).values()) == 0
+
+
+async def test_arguments_a_person_approved_leave_every_file_too(tmp_path: Path) -> None:
+    """Pending arguments live in the run's summary too, rewritten by every append of the run:
+    the erasure leaves none of their copies, and keeps who approved."""
+    from cuaderno import Policy, harness, tool
+
+    @tool
+    def transfer(to: str, amount: int) -> str:
+        """Move money."""
+        return "sent"
+
+    path = tmp_path / "j.db"
+    token = secret()
+    agent = Agent(instructions="i", tools=[transfer], policy=Policy({"transfer": "require_approval"}))
+    gw = ScriptedGateway([ScriptedGateway.call("transfer", to=token, amount=1), ScriptedGateway.text("done")])
+    with SqliteCheckpointer(path) as store:
+        async for _ in agent.run("t", session=Session("r", gw, store)):
+            pass
+        for i in range(20):  # other runs' rows between the approval and its decision
+            store.append([StepEvent(run_id=f"x{i}", step_id="run", phase="start", kind="run", payload={"n": i})])
+        harness.approve(store, "r", "t0000.tool00.approval", approver="alice")
+        async for _ in agent.run("t", session=Session("r", gw, store)):
+            pass
+        assert sum(grep_files(_files(path), token).values()) > 0
+        erase(store, "r")
+        cp = store.checkpoint("r")
+    assert cp is not None and cp.outcome is not None
+    assert cp.outcome["erased"]["approvers"] == {"t0000.tool00.approval": "alice"}
+    assert sum(grep_files(_files(path), token).values()) == 0

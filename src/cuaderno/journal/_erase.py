@@ -1,4 +1,4 @@
-"""Erasing a run's content while its structure and hash chain stay (issue 35, part 2).
+"""Erasing a run's content while its structure and hash chain stay.
 
 What a run's journal holds splits in two. Its *structure*: each row's header (run, step id,
 phase, kind, tool name, decision, fingerprint, seq, time) and the summary's status, counters,
