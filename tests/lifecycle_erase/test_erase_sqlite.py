@@ -11,7 +11,7 @@ import pytest
 from _erase_world import grep_files, run_with_secret, secret
 
 from cuaderno import Agent, RunErased, ScriptedGateway, Session
-from cuaderno.errors import RunStillOpen, UsageError
+from cuaderno.errors import JournalCorrupt, RunStillOpen, UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import MemoryCheckpointer, SqliteCheckpointer
 from cuaderno.operations import erase, export_lines, fork
@@ -150,3 +150,30 @@ async def test_arguments_a_person_approved_leave_every_file_too(tmp_path: Path) 
     assert cp is not None and cp.outcome is not None
     assert cp.outcome["erased"]["approvers"] == {"t0000.tool00.approval": "alice"}
     assert sum(grep_files(_files(path), token).values()) == 0
+
+
+@pytest.mark.parametrize("golden", ["schema_v1.sqlite", "schema_v2.sqlite"])
+def test_a_run_written_before_keyed_digests_is_checked_whole_then_erased(tmp_path: Path, golden: str) -> None:
+    """Rows of the first chain version linked over their payload: erase checks the whole chain
+    first; afterwards their hashes are kept as stored (not recomputable), and what is still
+    checked is the numbering and that the summary's head is the last row's hash."""
+    import shutil
+
+    path = tmp_path / "old.db"
+    shutil.copyfile(Path(__file__).resolve().parents[1] / "golden" / "journals" / golden, path)
+    with SqliteCheckpointer(path) as store:  # migrated to schema 3 at open
+        before = store.load("golden-support")
+        assert before and all(e.salt is None for e in before)
+        task = before[0].payload["task"]
+        assert sum(grep_files(_files(path), task).values()) > 0
+        done = erase(store, "golden-support", reason="old rows")
+        assert done.rows == len(before)
+        after = store.load("golden-support")
+        assert [e.row_hash for e in after] == [e.row_hash for e in before] and all(e.erased for e in after)
+        assert all(e.encoded_payload() == b"" for e in after)  # nothing to keep: no key, no digest
+        assert store.load("golden-research")[0].payload  # the other runs are whole
+    assert sum(grep_files(_files(path), task).values()) == 0
+    with closing(sqlite3.connect(path)) as db, db:  # removing its last row is still caught
+        db.execute("DELETE FROM cuaderno_events WHERE run_id='golden-support' AND seq=?", (len(before),))
+    with SqliteCheckpointer(path, accept_rollback=True) as store, pytest.raises(JournalCorrupt, match="rows removed"):
+        store.load("golden-support")

@@ -376,9 +376,11 @@ def shown_payload(event: StepEvent) -> dict[str, Any]:
 
 def verifiable(event: StepEvent) -> bool:
     """Whether the event's row hash can be recomputed: every row except an erased row of the first
-    chain version (its hash covered the payload bytes, which are gone; erasure checks the run's
-    whole chain before it erases, and later checks take that row's hash as stored, checking that
-    the next row links to it)."""
+    chain version (its hash covered the payload bytes, which are gone). Erasure checks the run's
+    whole chain before it erases; afterwards such a row's hash is taken as stored: a version-2
+    row after it still links to it, and the last row's hash must still be the summary's head,
+    but its own header fields are no longer checked (for a run of only such rows: its numbering
+    and its head)."""
     return event.codec != CODEC_ERASED or bool(event._raw)
 
 

@@ -17,10 +17,10 @@ number) cannot be confirmed by hashing guesses against the digest.
 A row of the first chain version (written before that schema) linked over its payload bytes,
 which erasure removes: its hash can no longer be recomputed. So erasure first checks the run's
 whole chain as it is (every row, both versions, against the summary's head), and only then
-erases; such a row keeps its stored hash, which later checks take as it is while still checking
-that the next row links to it, that ``seq`` has no gap and that the summary's head is the last
-row (:func:`cuaderno.events.verifiable`). What is lost for those rows is the check of their own
-header fields after erasure; nothing else.
+erases; such a row keeps its stored hash, which later checks take as it is: they still check
+that ``seq`` has no gap, that a version-2 row after it links to it and that the summary's head
+is the last row's hash (:func:`cuaderno.events.verifiable`), but no longer the row's own header
+fields (for a run of only such rows, nothing between its first row and its head).
 
 One transaction: the summary is rewritten (the outcome replaced by the erasure's record, with
 who decided each approval) and every row's payload replaced, or nothing is. A kill before the
