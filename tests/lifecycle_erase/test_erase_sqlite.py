@@ -177,3 +177,21 @@ def test_a_run_written_before_keyed_digests_is_checked_whole_then_erased(tmp_pat
         db.execute("DELETE FROM cuaderno_events WHERE run_id='golden-support' AND seq=?", (len(before),))
     with SqliteCheckpointer(path, accept_rollback=True) as store, pytest.raises(JournalCorrupt, match="rows removed"):
         store.load("golden-support")
+
+
+async def test_the_page_shows_an_erased_run_and_none_of_its_content(tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from cuaderno.ui.app import create_app
+
+    path = tmp_path / "j.db"
+    token = secret()
+    with SqliteCheckpointer(path) as store:
+        await run_with_secret(store, "r", token)
+        erase(store, "r", reason="ticket 5")
+    with TestClient(create_app(path, allowed_hosts=["testserver"]), headers={"origin": "http://testserver"}) as client:
+        page = client.get("/run", params={"id": "r"})
+        event = client.get("/run/event", params={"id": "r", "seq": "1"})
+    assert page.status_code == 200 and "ticket 5" in page.text and token not in page.text
+    assert event.status_code == 200 and "erased" in event.text and token not in event.text

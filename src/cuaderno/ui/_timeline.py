@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, shown_payload
 from cuaderno.render import dumps, money
 
 __all__ = ["INLINE_EVENTS", "PAYLOAD_SHOWN", "STEPS_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
@@ -153,7 +153,7 @@ def _mark(step: Step) -> None:
     counters: dict[str, int] = {}
     phases = [ev.phase for ev in step.events]
     for ev in step.events:
-        payload = ev.payload
+        payload = shown_payload(ev)
         for name, n in (payload.get("counters") or {}).items():
             if isinstance(n, int) and not isinstance(n, bool):
                 counters[name] = counters.get(name, 0) + n
@@ -223,7 +223,7 @@ def build(events: Sequence[StepEvent], *, start: int | None = None, count: int |
 def payload_text(ev: StepEvent) -> tuple[str, bool]:
     """The event's payload as indented JSON for people (unsafe characters escaped), and whether
     it was cut to :data:`PAYLOAD_SHOWN` characters."""
-    text = dumps(ev.payload, indent=2)
+    text = dumps(shown_payload(ev), indent=2)
     if len(text) <= PAYLOAD_SHOWN:
         return text, False
     return text[:PAYLOAD_SHOWN], True

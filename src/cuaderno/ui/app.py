@@ -58,7 +58,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cuaderno import operations, render
-from cuaderno.checkpoint import Checkpoint, verified
+from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ApprovalMismatch,
     CuadernoError,
@@ -70,7 +70,7 @@ from cuaderno.errors import (
     UsageError,
     clipped,
 )
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, shown_payload
 from cuaderno.flow import queued_state
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.operations import STATUSES
@@ -287,7 +287,7 @@ class _UI:
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
                          state=_badged(cp, queued_state(self.store, operations.run_state(self.store, cp), cp.run_id)),
-                         task=start.payload.get("task") if start is not None else None,
+                         task=shown_payload(start).get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
                          groups=render.counter_groups(cp), cost=render.cost_text(cp, short=False),
@@ -303,7 +303,7 @@ class _UI:
         if seq > len(events):
             raise _Refusal(404, "No such event", f"run {run_id!r} has {len(events)} events; there is no seq {seq}")
         ev = events[seq - 1]
-        return self.page(request, "event.html", cp_run=run_id, ev=ev, payload=render.dumps(ev.payload, indent=2))
+        return self.page(request, "event.html", cp_run=run_id, ev=ev, payload=render.dumps(shown_payload(ev), indent=2))
 
     # -- deciding -----------------------------------------------------------------------------------
 
@@ -472,7 +472,7 @@ def _next(target: str | None) -> str:
 
 def _forked_from(start: StepEvent | None) -> Mapping[str, object] | None:
     """Where a fork came from (``cuaderno fork`` records it in the run's start), if it is one."""
-    origin = start.payload.get("forked_from") if start is not None else None
+    origin = shown_payload(start).get("forked_from") if start is not None else None
     return origin if isinstance(origin, dict) and isinstance(origin.get("run_id"), str) else None
 
 
@@ -513,7 +513,8 @@ def _receipt(text: str, happened: bool) -> Any:
 
 
 def _verified(store: SqliteCheckpointer, run_id: str) -> tuple[Checkpoint, list[StepEvent]]:
-    found: tuple[Checkpoint, list[StepEvent]] = _refusing(verified, store, run_id)
+    # operations.shown: an erased run shows its structure, its payloads as erased.
+    found: tuple[Checkpoint, list[StepEvent]] = _refusing(operations.shown, store, run_id)
     return found
 
 
