@@ -17,7 +17,9 @@ The tree::
     │   ├── JournalLinked          the journal file has a second name (a hard link)
     │   ├── ConnectionLost         the connection to the journal's server was lost mid-write
     │   ├── JournalLocked          another connection's lock kept the journal from being read or opened
-    │   └── PayloadTooLarge        an event's payload is over the journal's per-payload limit
+    │   ├── PayloadTooLarge        an event's payload is over the journal's per-payload limit
+    │   ├── KeyMissing             encryption at rest needs a master key and none was given
+    │   └── KeyInvalid             a master key that is malformed, or not the one a stored data key needs
     ├── RunNotFound                no run with that id
     ├── RunClosed                  the run already ended (completed, failed, cancelled)
     ├── RunCancelled               the run was cancelled; carries what completed, what is uncertain
@@ -76,6 +78,8 @@ __all__ = [
     "JournalLocked",
     "JournalReplaced",
     "JournalRolledBack",
+    "KeyInvalid",
+    "KeyMissing",
     "LadderExhausted",
     "MessageUnfinished",
     "MigrationFailed",
@@ -730,3 +734,13 @@ class RunStillOpen(CuadernoError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.status))
+
+
+class KeyMissing(JournalError):
+    """Encryption at rest needs a master key and the key provider has none (an unset variable,
+    no key file); nothing was read or written."""
+
+
+class KeyInvalid(JournalError):
+    """A master key that is not 32 bytes of base64, a key file others can read, or a key that is
+    not the one a stored data key was wrapped with; nothing was read or written."""
