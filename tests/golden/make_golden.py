@@ -65,14 +65,19 @@ def event_record(ev: StepEvent) -> dict[str, Any]:
     """Every field of one event, the payload as a JSON object."""
     return {"seq": ev.seq, "run_id": ev.run_id, "step_id": ev.step_id, "phase": ev.phase, "kind": ev.kind,
             "name": ev.name, "decision": ev.decision, "fingerprint": ev.fingerprint, "codec": ev.codec,
-            "row_hash": ev.row_hash, "created_at": ev.created_at, "payload": ev.payload}
+            "row_hash": ev.row_hash, "created_at": ev.created_at, "payload": ev.payload,
+            "salt": ev.salt.hex() if ev.salt is not None else None}
 
 
 def event_from_record(rec: dict[str, Any]) -> StepEvent:
-    """The event as it was appended (``seq``, ``created_at`` and ``row_hash`` are assigned on write)."""
-    return StepEvent(run_id=rec["run_id"], step_id=rec["step_id"], phase=rec["phase"], kind=rec["kind"],
-                     name=rec["name"], decision=rec["decision"], fingerprint=rec["fingerprint"],
-                     payload=rec["payload"], codec=rec["codec"])
+    """The event as it was appended (``seq``, ``created_at`` and ``row_hash`` are assigned on write),
+    with its recorded digest key, so that an import reproduces the recorded chain: a record
+    without one (schemas 1 and 2) is stamped as version 1 (``b""``)."""
+    ev = StepEvent(run_id=rec["run_id"], step_id=rec["step_id"], phase=rec["phase"], kind=rec["kind"],
+                   name=rec["name"], decision=rec["decision"], fingerprint=rec["fingerprint"],
+                   payload=rec["payload"], codec=rec["codec"])
+    ev.salt = bytes.fromhex(rec["salt"]) if rec.get("salt") else b""
+    return ev
 
 
 def read_jsonl(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -140,20 +145,31 @@ async def record_sqlite(path: Path) -> None:
 
 
 def sqlite_content(path: Path) -> list[Any]:
-    """A SQLite journal's rows without the wall-clock and process columns (for ``--check``)."""
+    """A SQLite journal's rows without the wall-clock and process columns (for ``--check``), nor
+    the rows' digest keys and hashes, random since schema 3 (the summaries without their head)."""
     uri = f"file:{path}?mode=ro&immutable=1"
     with closing(sqlite3.connect(uri, uri=True)) as db:
         meta = db.execute("SELECT key, value FROM cuaderno_meta ORDER BY key").fetchall()
-        events = db.execute("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, "
-                            "row_hash FROM cuaderno_events ORDER BY run_id, seq").fetchall()
+        events = db.execute("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload "
+                            "FROM cuaderno_events ORDER BY run_id, seq").fetchall()
         runs = db.execute("SELECT run_id, status, epoch, checkpoint FROM cuaderno_runs ORDER BY run_id").fetchall()
-    return [meta, events, runs]
+    return [meta, events, [(*r[:3], _headless(json.loads(r[3]))) for r in runs]]
+
+
+def _headless(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in checkpoint.items() if k != "last_hash"}
 
 
 def _strip_times(text: str) -> list[dict[str, Any]]:
+    """A recording without its timestamps, nor (since schema 3) its random digest keys and the
+    hashes that depend on them."""
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     for row in rows:
         row.pop("created_at", None)
+        row.pop("salt", None)
+        row.pop("row_hash", None)
+        if isinstance(row.get("checkpoint"), dict):
+            row["checkpoint"] = _headless(row["checkpoint"])
     return rows
 
 

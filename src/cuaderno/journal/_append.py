@@ -51,7 +51,8 @@ def plan_append(
             one (compare-and-set, for a writer that decided from what it read).
         keyed: chain the new rows over keyed content digests (row hash version 2, see
             :func:`~cuaderno.events.row_hash`), each row with a fresh random key: what a store
-            that can erase a run writes.
+            that can erase a run writes. An event that carries its key (``salt``, set by an
+            importer reproducing a recorded chain) keeps it in any store.
 
     Returns:
         ``(rows to insert with their encoded payloads, the stored events to return)``.
@@ -93,8 +94,7 @@ def plan_append(
             _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
-                             payload_bytes=payload_bytes,
-                             salt=_urandom(SALT_BYTES) if keyed and ev.codec == CODEC_JSON else None)
+                             payload_bytes=payload_bytes, salt=_salt_for(ev, keyed))
         project(cp, stamped)
         seen[ev.key] = stamped
         new.append((stamped, payload_bytes))
@@ -103,6 +103,17 @@ def plan_append(
 
 
 _urandom = os.urandom
+
+
+def _salt_for(ev: StepEvent, keyed: bool) -> bytes | None:
+    """The digest key a new row is stamped with: the one the event carries, when an importer
+    reproduces a recorded chain (``b""``: a row recorded before keyed digests, stamped as version
+    1), else a fresh random one where the store keys rows."""
+    if ev.salt is not None:
+        if ev.salt and len(ev.salt) != SALT_BYTES:
+            raise UsageError(f"a digest key is {SALT_BYTES} bytes (or empty for a version-1 row)")
+        return ev.salt or None
+    return _urandom(SALT_BYTES) if keyed and ev.codec == CODEC_JSON else None
 
 
 def is_erased(cp: Checkpoint) -> bool:
