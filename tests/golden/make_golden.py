@@ -146,7 +146,7 @@ async def record_sqlite(path: Path) -> None:
 
 def sqlite_content(path: Path) -> list[Any]:
     """A SQLite journal's rows without the wall-clock and process columns (for ``--check``), nor
-    the rows' digest keys and hashes, random since schema 3 (the summaries without their head)."""
+    the rows' digest keys and hashes, random since schema 4 (the summaries without their head)."""
     uri = f"file:{path}?mode=ro&immutable=1"
     with closing(sqlite3.connect(uri, uri=True)) as db:
         meta = db.execute("SELECT key, value FROM cuaderno_meta ORDER BY key").fetchall()
@@ -161,7 +161,7 @@ def _headless(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def _strip_times(text: str) -> list[dict[str, Any]]:
-    """A recording without its timestamps, nor (since schema 3) its random digest keys and the
+    """A recording without its timestamps, nor (since schema 4) its random digest keys and the
     hashes that depend on them."""
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     for row in rows:

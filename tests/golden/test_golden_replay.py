@@ -401,8 +401,8 @@ async def test_committed_schema_journal_resumes_without_re_execution(fixture: Pa
         rows_before = set(db.execute("SELECT run_id, step_id, phase FROM cuaderno_events").fetchall())
     reexecuted = resumed = 0
     with SqliteCheckpointer(path) as store:  # migrates an older schema's tables, or opens the current one
-        # Schema 3 added the rows' digest keys (a column): an open for writing migrates to it.
-        assert schema_of(path) == max(file_version, 3)
+        # Schema 4 added the rows' digest keys (a column): an open for writing migrates to it.
+        assert schema_of(path) == max(file_version, 4)
         runs = store.list_runs()
         assert {cp.run_id for cp in runs} <= set(PROGRAM_BY_RUN_ID) and runs
         for cp in sorted(runs, key=lambda c: c.run_id):
