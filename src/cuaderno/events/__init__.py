@@ -331,7 +331,7 @@ def row_hash(prev_hash: str, event: StepEvent, seq: int, payload_bytes: bytes) -
     Two versions, told apart by the row itself:
 
     - version 1 (``event.salt`` is ``None``, the event not erased): over the header and the
-      payload bytes. Rows written before schema 3 (SQLite) / 2 (PostgreSQL), and by stores that
+      payload bytes. Rows written before schema 4 (SQLite) / 3 (PostgreSQL), and by stores that
       never erase (the in-memory one).
     - version 2: over the header without the fingerprint, and the row's *content digest*:
       :func:`content_digest` of the fingerprint and the payload bytes under the row's own random

@@ -7,7 +7,7 @@ arguments and results, answers, evidence) and the parts of the summary copied fr
 (the outcome, pending arguments, uncertain evidence, a cancellation's record). Erasing keeps the
 first and makes the second unreadable.
 
-How the chain survives: a row written since schema 3 (SQLite) / 2 (PostgreSQL) links over its
+How the chain survives: a row written since schema 4 (SQLite) / 3 (PostgreSQL) links over its
 *keyed content digest*, HMAC-SHA256 of its payload under a random key of its own (the row's
 ``salt``, see :func:`cuaderno.events.row_hash`), not over the payload. Erasing such a row
 replaces its payload with that digest and sets its key to NULL: every link still recomputes

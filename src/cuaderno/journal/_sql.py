@@ -118,7 +118,7 @@ SQLITE_UNKEYED = replace(
     event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
            "row_hash, NULL FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
 )
-"""SQLite's reads of a file before schema 3, which has no ``salt`` column (every row of it is of
+"""SQLite's reads of a file before schema 4, which has no ``salt`` column (every row of it is of
 the first chain version): what a read-only store, which cannot migrate the file, reads it with.
 A store that may write migrates the file at open and never uses it."""
 
