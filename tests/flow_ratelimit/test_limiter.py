@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cuaderno import MemoryCheckpointer, RateLimit, RateLimitWaitTooLong, SqliteCheckpointer, UsageError
+from cuaderno import JournalError, MemoryCheckpointer, RateLimit, RateLimitWaitTooLong, SqliteCheckpointer, UsageError
 from cuaderno.flow.ratelimit import SharedLimits, Turn, next_turn
 from cuaderno.gateway.rate import bucket_label, parse_duration, read_rate_headers
 
@@ -194,3 +194,35 @@ def test_four_processes_never_get_turns_closer_than_the_limit(backend: str, tmp_
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     # 1200 a minute is one turn every 50 ms, in the database's clock: no two turns closer.
     assert min(gaps) >= 0.05 - 1e-6, sorted(gaps)[:5]
+
+
+def test_a_broken_table_is_a_journal_error(tmp_path: Path) -> None:
+    store = SqliteCheckpointer(tmp_path / "j.db")
+    limits = SharedLimits.of(store)
+    limits.reserve("k", RateLimit(requests_per_minute=60), 0)
+    other = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+    other.execute("DROP TABLE cuaderno_rate_limits")
+    other.close()
+    with pytest.raises(JournalError, match="rate-limit table.*no such table.*nothing was sent"):
+        limits.reserve("k", RateLimit(requests_per_minute=60), 0)
+    store.close()
+
+
+def test_a_lost_postgres_connection_is_opened_again(tmp_path: Path, pg_schemas: list[str]) -> None:
+    import psycopg
+    from _pg import PG_URL, new_schema, schema_url
+
+    from cuaderno.journal.postgres import PostgresCheckpointer
+
+    pg_schemas.append(new_schema())
+    store = PostgresCheckpointer.from_url(schema_url(pg_schemas[-1]))
+    limits = SharedLimits.of(store)
+    limit = RateLimit(requests_per_minute=600)
+    assert limits.reserve("k", limit, 0).wait <= 0
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        # The limiter's session, as a server restart would end it (its last statement named the table).
+        killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                               "AND query LIKE %s", (f"%{'cuaderno_rate_limits'}%",)).fetchall()
+    assert killed
+    assert limits.reserve("k", limit, 0).wait == pytest.approx(0.1, abs=0.05)  # the row kept its turns
+    store.close()

@@ -50,9 +50,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-from cuaderno.errors import RateLimitWaitTooLong, UsageError
+from cuaderno.errors import JournalError, RateLimitWaitTooLong, UsageError
 from cuaderno.gateway import rate
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 from cuaderno.gateway.rate import RateLimit
@@ -61,6 +61,7 @@ from cuaderno.journal.memory import MemoryCheckpointer
 __all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "next_turn", "rate_gate"]
 
 TABLE = "cuaderno_rate_limits"
+_T = TypeVar("_T")
 
 # Every statement is a constant: only bound parameters reach the SQL (R12). The clock is the
 # database's: julianday('now') on SQLite (the host's), clock_timestamp() on PostgreSQL (the
@@ -140,6 +141,14 @@ class _Store(Protocol):
 
     def close(self) -> None: ...
 
+    def failure(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this database's own error."""
+        ...
+
+    def reconnect(self) -> bool:
+        """Open a new connection if the last one was lost; whether it did."""
+        ...
+
 
 class _Sqlite:
     """The row on SQLite: one host, every process on the journal file."""
@@ -189,6 +198,12 @@ class _Sqlite:
         with self._lock:
             self._db.close()
 
+    def failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.Error)
+
+    def reconnect(self) -> bool:
+        return False  # a local file's connection is not lost while the process lives
+
 
 class _Postgres:
     """The row on PostgreSQL: workers on several hosts, the server's clock."""
@@ -196,14 +211,30 @@ class _Postgres:
     def __init__(self, connect: Callable[[], Any]) -> None:
         import psycopg
 
-        self._errors = psycopg.errors
-        self._conn = connect()
-        self._conn.execute("SET synchronous_commit TO off")  # this session only (see the module docstring)
+        self._error = psycopg.Error
+        self._connect = connect
+        self._conn = self._open()
         self._lock = threading.Lock()
         try:
             self._conn.execute(_PG["table"])
         except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
             pass  # another worker created it at the same moment (CREATE ... IF NOT EXISTS races on pg_type)
+
+    def _open(self) -> Any:
+        conn = self._connect()
+        conn.execute("SET synchronous_commit TO off")  # this session only (see the module docstring)
+        return conn
+
+    def failure(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._error)
+
+    def reconnect(self) -> bool:
+        with self._lock:
+            if not (self._conn.closed or self._conn.broken):
+                return False
+            self._conn.close()
+            self._conn = self._open()
+            return True
 
     def reserve(self, bucket: str, limit: RateLimit, tokens: int, max_wait: float) -> Reserved:
         with self._lock, self._conn.transaction():
@@ -286,20 +317,41 @@ class SharedLimits:
             RateLimitWaitTooLong: ``bounded`` and the turn is more than ``limit.max_wait`` away;
                 it was not taken.
         """
-        return self._rows.reserve(bucket, limit, tokens, limit.max_wait if bounded else math.inf)
+        return self._guard(lambda: self._rows.reserve(bucket, limit, tokens, limit.max_wait if bounded else math.inf))
 
     def pause(self, bucket: str, seconds: float) -> None:
         """Nobody sends on ``bucket`` for ``seconds`` from now (the database's now)."""
-        self._rows.pause(bucket, seconds)
+        self._guard(lambda: self._rows.pause(bucket, seconds))
 
     def paused_for(self, bucket: str) -> float:
         """Seconds left of ``bucket``'s pause (0: none)."""
-        return self._rows.paused_for(bucket)
+        return self._guard(lambda: self._rows.paused_for(bucket))
 
     def add_tokens(self, bucket: str, limit: RateLimit, tokens: int) -> None:
         """Count ``tokens`` more (or fewer, when negative) than a request reserved."""
         if limit.tokens_per_minute is not None and tokens:
-            self._rows.add_tokens(bucket, tokens * 60.0 / limit.tokens_per_minute)
+            per_minute = limit.tokens_per_minute
+            self._guard(lambda: self._rows.add_tokens(bucket, tokens * 60.0 / per_minute))
+
+    def _guard(self, op: Callable[[], _T]) -> _T:
+        """``op``, with the database's errors as :class:`~cuaderno.errors.JournalError`; a lost
+        PostgreSQL connection (a server restart) is opened again and ``op`` tried once more (a
+        turn taken twice that way costs one request's budget, never a request over it)."""
+        try:
+            return op()
+        except Exception as exc:
+            if not self._rows.failure(exc):
+                raise
+            if self._rows.reconnect():
+                try:
+                    return op()
+                except Exception as again:
+                    if not self._rows.failure(again):
+                        raise
+                    exc = again
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise JournalError(f"the rate-limit table on the journal's database: {first[:300]}; "
+                               "nothing was sent for this request") from None
 
 
 _CHARS_PER_TOKEN = 3.6
