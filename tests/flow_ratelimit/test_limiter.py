@@ -187,7 +187,7 @@ def test_four_processes_never_get_turns_closer_than_the_limit(backend: str, tmp_
     procs = [ctx.Process(target=_take_turns, args=(url, 25, out)) for _ in range(4)]
     for p in procs:
         p.start()
-    starts = sorted(s for _ in procs for s in out.get(timeout=60))
+    starts = sorted(s for _ in procs for s in out.get(timeout=120))
     for p in procs:
         p.join(30)
     assert len(starts) == 100
