@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -52,3 +53,46 @@ def pg_schemas() -> Iterator[list[str]]:
     names: list[str] = []
     yield names
     drop_schemas(names)
+
+
+# Version 1's tables, as a cuaderno of that version created them (the first migration, verbatim).
+V1_TABLES = (
+
+    """CREATE TABLE cuaderno_events (
+        run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
+        seq BIGINT NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
+        codec TEXT NOT NULL, payload BYTEA NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        row_hash TEXT NOT NULL,
+        PRIMARY KEY (run_id, step_id, phase)
+    )""",
+    """CREATE TABLE cuaderno_runs (
+        run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch BIGINT NOT NULL, owner TEXT,
+        updated_at DOUBLE PRECISION NOT NULL, checkpoint TEXT NOT NULL
+    )""",
+    "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
+    "CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text))",
+    "CREATE TABLE cuaderno_migrations (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    "INSERT INTO cuaderno_migrations (version) VALUES (1)",
+)
+
+
+def version_1_journal(schema: str, source: Any) -> None:
+    """Create ``schema`` as version 1 of the journal's tables (before the queue's tables and the
+    rows' digest keys), holding every run of ``source`` (a ``MemoryCheckpointer``, whose rows are
+    hashed as version 1 wrote them), so that opening it migrates a real old journal forward."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        for statement in V1_TABLES:
+            conn.execute(statement)
+        for cp in source.list_runs(limit=10_000):
+            for e in source.load(cp.run_id):
+                conn.execute("INSERT INTO cuaderno_events VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                             (e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint,
+                              e.codec, e.encoded_payload(), e.created_at, e.row_hash))
+            conn.execute("INSERT INTO cuaderno_runs (run_id, status, epoch, owner, updated_at, checkpoint) VALUES "
+                         "(%s, %s, 0, NULL, 1.0, %s)", (cp.run_id, cp.status, cp.dumps()))

@@ -4,7 +4,7 @@ workers claim in, idempotent starts, and refusals that write nothing. Both backe
 from __future__ import annotations
 
 import hashlib
-import sqlite3
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,9 @@ from cuaderno.journal import queue_of
 from cuaderno.worker import Worker
 
 ORDER: list[str] = []
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "journals"
+"""Journal files as earlier releases wrote them."""
 
 
 @tool
@@ -184,24 +187,14 @@ def test_limits_are_stored_in_the_journal(store: Any) -> None:
 
 
 def test_a_schema_2_sqlite_journal_migrates_forward(tmp_path: Path) -> None:
-    """A journal written before the queue (schema 2: no queue tables) opens, keeps its runs
-    readable, and takes submits."""
-    import asyncio
-
+    """A journal written before the queue (schema 2, as that release wrote it: the golden file)
+    opens, keeps its runs readable, and takes submits."""
     path = tmp_path / "old.db"
-    s = open_journal(str(path))
-    asyncio.run(agent.run_to_end("old", session=Session("old-run", _gateway(), s)))
-    s.close()
-    db = sqlite3.connect(path)
-    for table in ("cuaderno_queue", "cuaderno_queue_keys", "cuaderno_queue_limits", "cuaderno_schedules"):
-        db.execute(f"DROP TABLE {table}")
-    db.execute("UPDATE cuaderno_meta SET value='2' WHERE key='schema_version'")
-    db.commit()
-    db.close()
+    shutil.copyfile(GOLDEN / "schema_v2.sqlite", path)
     s = open_journal(str(path))
     try:
-        assert s.checkpoint("old-run").status == "completed"  # type: ignore[union-attr]
-        assert len(s.load("old-run")) > 3
+        assert s.checkpoint("golden-support").status == "completed"  # type: ignore[union-attr]
+        assert len(s.load("golden-support")) > 3
         assert submit(s, agent, "new").created
     finally:
         s.close()
@@ -209,22 +202,20 @@ def test_a_schema_2_sqlite_journal_migrates_forward(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_a_postgres_journal_of_the_previous_schema_migrates_forward() -> None:
+    """A PostgreSQL journal of version 1 (before the queue's tables and the rows' digest keys),
+    holding a run this agent completed, opens, keeps that run, and takes submits."""
     import asyncio
 
-    import psycopg
-    from _pg import PG_URL, drop_schemas, new_schema, schema_url, server_or_skip
-    from psycopg import sql
+    from _pg import drop_schemas, new_schema, schema_url, server_or_skip, version_1_journal
+
+    from cuaderno.journal import MemoryCheckpointer
 
     server_or_skip()
     schema = new_schema()
     try:
-        s = open_journal(schema_url(schema))
-        asyncio.run(agent.run_to_end("old", session=Session("old-run", _gateway(), s)))
-        s.close()
-        with psycopg.connect(PG_URL, autocommit=True) as conn:  # back to the schema before the queue's step
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            conn.execute("DROP TABLE cuaderno_queue, cuaderno_queue_keys, cuaderno_queue_limits, cuaderno_schedules")
-            conn.execute("DELETE FROM cuaderno_migrations WHERE version = (SELECT max(version) FROM cuaderno_migrations)")
+        mem = MemoryCheckpointer()
+        asyncio.run(agent.run_to_end("old", session=Session("old-run", _gateway(), mem)))
+        version_1_journal(schema, mem)
         s = open_journal(schema_url(schema))
         try:
             assert s.checkpoint("old-run").status == "completed"  # type: ignore[union-attr]

@@ -321,11 +321,11 @@ def _v1(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_schema_1_file_opened_for_writing_is_migrated_to_3_and_its_old_rows_still_verify(tmp_path: Path) -> None:
-    """Schema 3 (the rows' digest keys, issue 35) is taken by the open for writing: every new row
-    needs its column. The old rows keep their first-version hashes and still verify; the new rows
-    chain after them over keyed digests, compressed or not. A read-only store reads schema 1 as it
-    is (it cannot migrate)."""
+def test_a_schema_1_file_opened_for_writing_is_migrated_to_4_and_its_old_rows_still_verify(tmp_path: Path) -> None:
+    """Schema 4 (the rows' digest keys; schema 3 added the queue's tables) is taken by the open for
+    writing: every new row needs its column. The old rows keep their first-version hashes and
+    still verify; the new rows chain after them over keyed digests, compressed or not. A
+    read-only store reads schema 1 as it is (it cannot migrate)."""
     path = _v1(tmp_path)
     run = "golden-payments"
     with SqliteCheckpointer(path, readonly=True) as reader:
@@ -333,7 +333,7 @@ def test_a_schema_1_file_opened_for_writing_is_migrated_to_3_and_its_old_rows_st
     assert _schema(path) == 1
     assert all(ev.salt is None for ev in old)
     with SqliteCheckpointer(path, compress=False) as store:
-        assert _schema(path) == 3
+        assert _schema(path) == 4
         store.append([StepEvent(run_id=run, step_id="note", phase="result", kind="tool", payload={"v": PROSE})])
     with SqliteCheckpointer(path, compress=True) as store:
         store.append([StepEvent(run_id=run, step_id="note2", phase="result", kind="tool", payload={"v": PROSE})])
@@ -344,7 +344,7 @@ def test_a_schema_1_file_opened_for_writing_is_migrated_to_3_and_its_old_rows_st
         assert db.execute("SELECT codec FROM cuaderno_events WHERE step_id='note2'").fetchone()[0] == CODEC_JSON_ZSTD
 
 
-@pytest.mark.parametrize(("point", "schema", "compressed"), [("append.W1", 3, 0), ("append.W2", 3, 1)])
+@pytest.mark.parametrize(("point", "schema", "compressed"), [("append.W1", 4, 0), ("append.W2", 4, 1)])
 def test_killed_around_the_first_compressed_row_the_file_is_at_the_schema_its_rows_need(
         tmp_path: Path, point: str, schema: int, compressed: int) -> None:
     path = _v1(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from _pg import PG_URL, new_schema, pg_schemas  # noqa: F401 - the fixture
+from _pg import PG_URL, new_schema, pg_schemas, version_1_journal  # noqa: F401 - the fixture
 from psycopg import sql
 
 from cuaderno.errors import JournalError
@@ -16,27 +16,6 @@ from cuaderno.journal.postgres import PostgresCheckpointer
 from cuaderno.operations import erase
 
 pytestmark = pytest.mark.postgres
-
-# Version 1's tables, as a cuaderno of that version created them (the first migration, verbatim).
-_V1 = (
-    """CREATE TABLE cuaderno_events (
-        run_id TEXT NOT NULL, step_id TEXT NOT NULL, phase TEXT NOT NULL,
-        seq BIGINT NOT NULL, kind TEXT NOT NULL, name TEXT, decision TEXT, fingerprint TEXT,
-        codec TEXT NOT NULL, payload BYTEA NOT NULL, created_at DOUBLE PRECISION NOT NULL,
-        row_hash TEXT NOT NULL,
-        PRIMARY KEY (run_id, step_id, phase)
-    )""",
-    """CREATE TABLE cuaderno_runs (
-        run_id TEXT PRIMARY KEY, status TEXT NOT NULL, epoch BIGINT NOT NULL, owner TEXT,
-        updated_at DOUBLE PRECISION NOT NULL, checkpoint TEXT NOT NULL
-    )""",
-    "CREATE INDEX cuaderno_runs_updated ON cuaderno_runs (updated_at)",
-    "CREATE TABLE cuaderno_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "INSERT INTO cuaderno_meta (key, value) VALUES ('journal_id', md5(random()::text))",
-    "CREATE TABLE cuaderno_migrations (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
-    "INSERT INTO cuaderno_migrations (version) VALUES (1)",
-)
-
 
 def _version_1_journal(schema: str) -> list[StepEvent]:
     """A version-1 journal holding one ended run, its rows hashed as version 1 wrote them (the
@@ -49,17 +28,7 @@ def _version_1_journal(schema: str) -> list[StepEvent]:
     events = mem.load("old")
     cp = mem.checkpoint("old")
     assert cp is not None and cp.status == "completed" and all(e.salt is None for e in events)
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        for statement in _V1:
-            conn.execute(statement)
-        for e in events:
-            conn.execute("INSERT INTO cuaderno_events VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                         (e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, e.codec,
-                          e.encoded_payload(), e.created_at, e.row_hash))
-        conn.execute("INSERT INTO cuaderno_runs (run_id, status, epoch, owner, updated_at, checkpoint) VALUES "
-                     "(%s, %s, 0, NULL, 1.0, %s)", ("old", cp.status, cp.dumps()))
+    version_1_journal(schema, mem)
     return events
 
 
@@ -79,7 +48,8 @@ def test_version_1_migrates_forward_and_its_runs_verify_and_erase(pg_schemas: li
         assert [e.row_hash for e in after] == [e.row_hash for e in old] and all(e.erased for e in after)
     with psycopg.connect(PG_URL) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        assert conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone() == (2,)
+        # Version 2 added the queue's tables, version 3 the rows' digest keys.
+        assert conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone() == (3,)
         blobs = conn.execute("SELECT payload FROM cuaderno_events WHERE run_id='old'").fetchall()
         summary = conn.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id='old'").fetchone()
     assert all(b"secret" not in bytes(b[0]) for b in blobs)
