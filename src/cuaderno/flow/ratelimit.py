@@ -58,7 +58,8 @@ from cuaderno.gateway.base import ModelRequest, ModelResponse
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.journal.memory import MemoryCheckpointer
 
-__all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "next_turn", "rate_gate"]
+__all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "framework_gate", "next_turn",
+           "rate_gate"]
 
 TABLE = "cuaderno_rate_limits"
 _T = TypeVar("_T")
@@ -425,3 +426,23 @@ def rate_gate(store: object, gateway: object, request: ModelRequest,
     bucket = label(request) if callable(label) else rate.bucket_label(
         limit, endpoint=type(gateway).__name__, api_key=None, model=request.model)
     return RateGate(SharedLimits.of(store), bucket, limit, estimate_tokens(request, limit), sleep)
+
+
+def framework_gate(store: object, limit: RateLimit, *, client: object, model: str | None, prompt: object,
+                   max_output_tokens: int | None,
+                   sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> RateGate:
+    """The gate of a model request an agent framework sends through its own ``openai`` client
+    (the Pydantic AI and OpenAI Agents integrations), on ``store``'s database.
+
+    Its budget is the one an :class:`~cuaderno.OpenAIGateway` with the same endpoint and API key
+    (or model, ``per="model"``) counts against, so a fleet mixing both shares one limit; a client
+    without ``base_url`` and ``api_key`` counts under the model alone. ``prompt`` (the
+    conversation as the framework holds it, any JSON-able value) is counted as a gateway's
+    request is: its characters / 3.6, plus ``max_output_tokens`` (else the limit's
+    ``output_tokens``)."""
+    base_url, api_key = getattr(client, "base_url", None), getattr(client, "api_key", None)
+    bucket = rate.bucket_label(limit, endpoint=str(base_url) if base_url is not None else "framework",
+                               api_key=api_key if isinstance(api_key, str) else None, model=model)
+    chars = len(json.dumps(prompt, ensure_ascii=False, default=str))
+    output = max_output_tokens if max_output_tokens is not None else limit.output_tokens
+    return RateGate(SharedLimits.of(store), bucket, limit, math.ceil(chars / _CHARS_PER_TOKEN) + output, sleep)

@@ -49,6 +49,8 @@ from cuaderno import telemetry
 from cuaderno.durable import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, StreamInterrupted, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
+from cuaderno.flow.ratelimit import RateGate, framework_gate
+from cuaderno.gateway import rate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.gateway.pricing import Prices
@@ -165,6 +167,10 @@ def _classified() -> Iterator[None]:
     except GatewayError:
         raise
     except Exception as exc:
+        answer = getattr(exc, "response", None)  # the SDK's HTTP error keeps the answer it read
+        if answer is not None and hasattr(answer, "headers"):
+            # A 429's Retry-After (and any x-ratelimit-*) pauses every worker of the key.
+            rate.report(answer.headers, status=getattr(answer, "status_code", None))
         raise from_exception(exc, provider="openai") from exc
 
 
@@ -220,7 +226,7 @@ class DurableModel(Model):
                     span.response(answer)
                 return answer
 
-            await self._journal(call, request, lambda: got[-1])
+            await self._journal(call, request, lambda: got[-1], self._gate(system_instructions, input, settings))
             response = got[-1]
         self._answered(call)
         return response
@@ -274,7 +280,8 @@ class DurableModel(Model):
                 span.response(answer)
             return answer
 
-        sending = asyncio.ensure_future(self._journal(call, request, lambda: got[-1][0]))
+        sending = asyncio.ensure_future(self._journal(call, request, lambda: got[-1][0],
+                                                      self._gate(system_instructions, input, settings)))
         try:
             while not sending.done() or not events.empty():
                 if events.empty():
@@ -331,12 +338,25 @@ class DurableModel(Model):
         headers = {**(model_settings.extra_headers or {}), **{h: call.key for h in KEY_HEADERS}}
         return dataclasses.replace(model_settings, extra_headers=headers)
 
+    def _gate(self, system_instructions: str | None, input: str | list[TResponseInputItem],
+              settings: ModelSettings) -> RateGate | None:
+        """The shared rate limit's gate for this request (``None`` without a limit)."""
+        limit = self.shared.rate_limit
+        if limit is None:
+            return None
+        # The SDK's models keep their openai client in ``_client`` (no public name): its base URL
+        # and key name the budget an OpenAIGateway of the same key counts against too.
+        return framework_gate(self.shared.store, limit, client=getattr(self.inner, "_client", None),
+                              model=self.name, prompt=[system_instructions, jsonable(input)],
+                              max_output_tokens=settings.max_tokens)
+
     async def _journal(self, call: ModelCall, request: Callable[[], Awaitable[ModelResponse]],
-                       answer: Callable[[], SdkResponse]) -> None:
+                       answer: Callable[[], SdkResponse], gate: RateGate | None = None) -> None:
         """Send through the protocol (intent, send, re-sends with the key) and journal the answer,
-        with ``answer()``, the SDK's response the last send kept, as the framework payload."""
+        with ``answer()``, the SDK's response the last send kept, as the framework payload.
+        ``gate``: the shared rate limit's turn, taken before the intent is written."""
         shared = self.shared
-        sent = await call.send(request, retry=shared.retry, sleep=asyncio.sleep, rng=random.Random())
+        sent = await call.send(request, retry=shared.retry, sleep=asyncio.sleep, rng=random.Random(), gate=gate)
         call.finish(sent, framework=FrameworkPayload(FRAMEWORK, to_journal(answer())))
         shared.log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
 

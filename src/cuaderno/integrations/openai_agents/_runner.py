@@ -54,6 +54,7 @@ from cuaderno.errors import (
 )
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices, default_prices
+from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
@@ -106,12 +107,16 @@ class DurableRunner:
             any :class:`~cuaderno.gateway.pricing.Prices`). ``None``: the maintained
             ``genai-prices`` table when the ``[prices]`` extra is installed, found by the model's
             name; unknown models are unpriced and counted as such (``cuaderno show``).
+        rate_limit: the provider's requests and tokens per minute, shared by every process on
+            the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
+            intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
     """
 
     def __init__(self, store: Checkpointer, *, effects: Mapping[str, ToolEffect | str] | None = None,
                  tenant: str = "default", owner: str | None = None, retry: Retrying | None = None,
                  agent_version: str | None = None,
-                 on_version_mismatch: Literal["refuse", "drain"] = "refuse", prices: Prices | None = None) -> None:
+                 on_version_mismatch: Literal["refuse", "drain"] = "refuse", prices: Prices | None = None,
+                 rate_limit: RateLimit | None = None) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
         if not isinstance(tenant, str) or not tenant:
@@ -126,6 +131,9 @@ class DurableRunner:
         self.agent_version = agent_version
         self.on_version_mismatch = on_version_mismatch
         self.prices = prices if prices is not None else default_prices()
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
+        self.rate_limit = rate_limit
 
     async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:
@@ -201,7 +209,7 @@ class DurableStream:
             self.result = _answered(opened, agent)
             return
         shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry,
-                           prices=runner.prices)
+                           prices=runner.prices, store=runner.store, rate_limit=runner.rate_limit)
         try:
             async for event in self._drive(opened, shared):
                 yield event

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from cuaderno.durable import JournalLog
 from cuaderno.durable.model_call import Retrying
 from cuaderno.gateway.pricing import Prices
+from cuaderno.gateway.rate import RateLimit
 
 __all__ = ["POLICY_VERSION", "RunShared"]
 
@@ -33,6 +34,10 @@ class RunShared:
     retry: Retrying
     prices: Prices | None = None
     """What a model step's cost is priced with (``None``: every step unpriced, counted as such)."""
+    store: object = None
+    """The journal (its database holds the shared rate limit's state)."""
+    rate_limit: RateLimit | None = None
+    """The provider's limit every worker on the journal shares (``None``: none)."""
     guards: dict[tuple[str, str], int] = field(default_factory=dict)
     """Calls of each guardrail (``in``/``out``, name) in this pass: the number in its step id."""
     model_steps: int = 0

@@ -45,6 +45,7 @@ from cuaderno.durable.opening import Mismatch, Opened, open_run
 from cuaderno.errors import UncertainEffect, UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices
+from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
@@ -127,6 +128,9 @@ class DurableAgent(Generic[OutputT]):
             any :class:`~cuaderno.gateway.pricing.Prices`). ``None``: the maintained
             ``genai-prices`` table for the model's endpoint when the ``[prices]`` extra is
             installed; unknown models are unpriced and counted as such (``cuaderno show``).
+        rate_limit: the provider's requests and tokens per minute, shared by every process on
+            the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
+            intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
 
     Raises:
         UsageError: a model whose OpenAI client retries on its own (``max_retries`` must be 0:
@@ -138,7 +142,7 @@ class DurableAgent(Generic[OutputT]):
                  owner: str | None = None, retry: RetryPolicy | None = None,
                  key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
                  on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse",
-                 prices: Prices | None = None) -> None:
+                 prices: Prices | None = None, rate_limit: RateLimit | None = None) -> None:
         if not isinstance(agent, Agent):
             raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
         if not isinstance(journal, Checkpointer):
@@ -154,6 +158,9 @@ class DurableAgent(Generic[OutputT]):
         self.on_version_mismatch = on_version_mismatch
         self.definition = definition_fingerprint(agent, self.effects)
         self.prices = prices
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
+        self.rate_limit = rate_limit
 
     async def run(self, user_prompt: str | None = None, *, run_id: str,
                   message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
@@ -188,7 +195,8 @@ class DurableAgent(Generic[OutputT]):
     async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
         state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
-                         retry=self.retry, key_headers=self.key_headers, prices=self.prices, rng=random.Random())
+                         retry=self.retry, key_headers=self.key_headers, prices=self.prices, store=self.journal,
+                         rate_limit=self.rate_limit, rng=random.Random())
         capability = CuadernoJournal(state)
         prompt: str | None = user_prompt
         deferred: DeferredToolResults | None = None

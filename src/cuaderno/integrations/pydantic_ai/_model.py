@@ -30,6 +30,8 @@ from cuaderno import telemetry
 from cuaderno.durable.model_call import FrameworkPayload, ModelCall
 from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
+from cuaderno.flow.ratelimit import framework_gate
+from cuaderno.gateway import rate
 from cuaderno.gateway.base import ModelRequest as JournalRequest
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.errors import from_exception, from_status
@@ -104,7 +106,14 @@ class JournaledModel(WrapperModel):
                 span.response(answer)
             return answer
 
-        sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
+        gate = None
+        if state.rate_limit is not None:
+            # The provider's limit, shared by every worker on the journal: the turn is taken
+            # before the intent. The model's openai client names the budget (endpoint and key).
+            gate = framework_gate(state.store, state.rate_limit, client=getattr(self.wrapped, "client", None),
+                                  model=self.wrapped.model_name, prompt=dump(messages),
+                                  max_output_tokens=settings.get("max_tokens"))
+        sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng, gate=gate)
         response = answered[-1]
         call.finish(sent, framework=FrameworkPayload(FRAMEWORK, dump([response])[0]))
         log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
@@ -125,6 +134,12 @@ def check_sdk_retries(model: object) -> None:
 
 
 def _classified(exc: Exception) -> GatewayError:
+    for err in (exc, exc.__cause__):
+        answer = getattr(err, "response", None)  # the openai SDK's HTTP error keeps the answer it read
+        if answer is not None and hasattr(answer, "headers"):
+            # A 429's Retry-After (and any x-ratelimit-*) pauses every worker of the key.
+            rate.report(answer.headers, status=getattr(answer, "status_code", None))
+            break
     if isinstance(exc, ModelHTTPError):
         # The framework's own HTTP error: the SDK's error (with the response headers) is its cause.
         cause = exc.__cause__

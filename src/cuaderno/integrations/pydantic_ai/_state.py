@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from cuaderno.durable.log import JournalLog
 from cuaderno.errors import ReplayDivergence
 from cuaderno.gateway.pricing import Prices
+from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect
 from cuaderno.loop.agent import RetryPolicy
 
@@ -32,6 +33,10 @@ class RunState:
     key_headers: tuple[str, ...]
     prices: Prices | None = None
     """What a model step's cost is priced with (``None``: every step unpriced, counted as such)."""
+    store: object = None
+    """The journal (its database holds the shared rate limit's state)."""
+    rate_limit: RateLimit | None = None
+    """The provider's limit every worker on the journal shares (``None``: none)."""
     rng: random.Random = field(default_factory=random.Random)
     model_steps: int = 0
     """Model requests made (or replayed) so far in this process's pass over the run."""
