@@ -22,7 +22,7 @@ import pytest
 from cuaderno import open_journal
 from cuaderno.errors import UsageError
 from cuaderno.flow import add_schedule, fire_due, list_schedules, remove_schedule, schedule_run_id
-from cuaderno.journal import queue_of
+from cuaderno.journal import queue_of, schedules_of
 
 SOAK = os.environ.get("CUADERNO_SOAK") == "1"
 
@@ -87,10 +87,10 @@ def test_two_workers_firing_at_once_make_one_run_per_fire_time(store: Any, fq_jo
 
 @pytest.mark.parametrize(("catch_up", "started"), [(1, 1), (3, 3), (100, 10)])
 def test_missed_fire_times_follow_catch_up(store: Any, catch_up: int, started: int) -> None:
-    queue = queue_of(store)
-    now = queue.now()
+    table = schedules_of(store)
+    now = table.now()
     down_since = float(int(now)) - 10.5  # the schedule's workers were all down for ten fire times
-    queue.add_schedule(("outage", "* * * * * *", "flowq", "key=o tick", "default", 0, None, catch_up,
+    table.add(("outage", "* * * * * *", "flowq", "key=o tick", "default", 0, None, catch_up,
                         down_since, down_since))
     fired = fire_due(store, _agent())
     fire_times = [h.start_at for h in fired]

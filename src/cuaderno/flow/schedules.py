@@ -32,7 +32,7 @@ from typing import Any
 
 from cuaderno.errors import UsageError, quoted
 from cuaderno.flow.queue import Submitted, submit
-from cuaderno.journal import queue_of
+from cuaderno.journal import schedules_of
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import Agent
 
@@ -99,10 +99,10 @@ def add_schedule(store: Checkpointer, name: str, cron: str, agent: Agent | str, 
         raise UsageError(f"priority must be a 32-bit integer, got {quoted(priority)}")
     if concurrency_key is not None and (not isinstance(concurrency_key, str) or not concurrency_key):
         raise UsageError(f"concurrency_key must be a non-empty string, got {quoted(concurrency_key)}")
-    queue = queue_of(store)
-    now = queue.now()
+    table = schedules_of(store)
+    now = table.now()
     row = (name, cron, agent_name, task, tenant, priority, concurrency_key, catch_up, now, now)
-    if not queue.add_schedule(row):
+    if not table.add(row):
         raise UsageError(f"a schedule named {quoted(name)} exists; remove it first (nothing was written)")
     return _schedule(row)
 
@@ -113,24 +113,24 @@ def remove_schedule(store: Checkpointer, name: str) -> None:
     Raises:
         UsageError: no schedule of that name (nothing is written).
     """
-    if not queue_of(store).remove_schedule(name):
+    if not schedules_of(store).remove(name):
         raise UsageError(f"no schedule named {quoted(name)}")
 
 
 def list_schedules(store: Checkpointer) -> list[Schedule]:
     """Every schedule, by name."""
-    return [_schedule(row) for row in queue_of(store).schedules()]
+    return [_schedule(row) for row in schedules_of(store).rows()]
 
 
 def fire_due(store: Checkpointer, agent: Agent) -> list[Submitted]:
     """Submit a run for each fire time that has come, of every schedule of ``agent`` (by name);
     return the handles (``created=False`` for a fire time another worker submitted first)."""
-    queue = queue_of(store)
+    table = schedules_of(store)
     handles: list[Submitted] = []
-    rows = [r for r in queue.schedules() if r[2] == agent.name]
+    rows = [r for r in table.rows() if r[2] == agent.name]
     if not rows:
         return handles
-    now = queue.now()
+    now = table.now()
     for schedule in map(_schedule, rows):
         due = _due(schedule, now)
         for fire_time in due[-schedule.catch_up:]:
@@ -138,7 +138,7 @@ def fire_due(store: Checkpointer, agent: Agent) -> list[Submitted]:
                                   tenant=schedule.tenant, priority=schedule.priority,
                                   concurrency_key=schedule.concurrency_key, start_at=fire_time))
         if due:
-            queue.fired(schedule.name, due[-1])  # after every run up to it was submitted
+            table.fired(schedule.name, due[-1])  # after every run up to it was submitted
     return handles
 
 

@@ -17,7 +17,15 @@ from cuaderno.journal._compress import stored_payload
 from cuaderno.journal._erase import Erasure, SupportsErase
 from cuaderno.journal._group import GroupCommit
 from cuaderno.journal._open import JournalURL, open_journal, parse_journal_url
-from cuaderno.journal._queue_sql import Claim, JournalQueue, QueueEntry, canonical_versions, queue_of
+from cuaderno.journal._queue_sql import (
+    Claim,
+    JournalQueue,
+    JournalSchedules,
+    QueueEntry,
+    canonical_versions,
+    queue_of,
+    schedules_of,
+)
 from cuaderno.journal._rows import decode_small_payloads
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, SCHEMA_VERSION, Checkpointer, SupportsRebuild
 from cuaderno.journal.memory import MemoryCheckpointer
@@ -26,10 +34,10 @@ from cuaderno.journal.sqlite import SqliteCheckpointer
 if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
 
-__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue",
+__all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue", "JournalSchedules",
            "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry",
            "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions", "decode_small_payloads",
-           "open_journal", "parse_journal_url", "queue_of", "state_of", "stored_payload", "work_for"]
+           "open_journal", "parse_journal_url", "queue_of", "schedules_of", "state_of", "stored_payload", "work_for"]
 
 
 def __getattr__(name: str) -> Any:

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
-__all__ = ["PG_TABLES", "SQLITE_TABLES", "Claim", "JournalQueue", "QueueEntry", "canonical_versions", "queue_of"]
+__all__ = ["PG_TABLES", "SQLITE_TABLES", "Claim", "JournalQueue", "JournalSchedules", "QueueEntry", "canonical_versions",
+           "queue_of", "schedules_of"]
 
 SQLITE_TABLES: Final[tuple[str, ...]] = (
     """CREATE TABLE IF NOT EXISTS cuaderno_queue (
@@ -175,8 +176,9 @@ class _Exec(Protocol):
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
 
 
-class JournalQueue:
-    """The queue of one open store (SQLite or PostgreSQL). Obtained through :func:`queue_of`."""
+class _OnStore:
+    """SQL on one open store's own connections (SQLite or PostgreSQL): what the queue and the
+    schedules share."""
 
     def __init__(self, store: Checkpointer) -> None:
         self.store = store
@@ -217,6 +219,19 @@ class JournalQueue:
             return time.time()
         with self._read() as db:
             return float(db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
+
+    def _has_tables(self) -> bool:
+        try:
+            with self._read() as db:
+                if self._pg:
+                    return bool(db.execute("SELECT to_regclass('cuaderno_queue') IS NOT NULL").fetchone()[0])
+                return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'cuaderno_queue'").fetchone() is not None
+        except JournalError:
+            return False
+
+
+class JournalQueue(_OnStore):
+    """The queue of one open store (SQLite or PostgreSQL). Obtained through :func:`queue_of`."""
 
     def lock_key(self, run_id: str) -> int:
         """The run's advisory lock key (PostgreSQL; 0 on SQLite), stored so a claim can tell from
@@ -445,45 +460,6 @@ class JournalQueue:
             finally:
                 os.close(fd)
 
-    # -- schedules --------------------------------------------------------------------------------------
-
-    def add_schedule(self, row: tuple[Any, ...]) -> bool:
-        """Insert a schedule (the columns of ``cuaderno_schedules`` in order); ``False``: the name
-        is taken (nothing written)."""
-        with self._write() as db:
-            if db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (row[0],)).fetchone():
-                return False
-            db.execute(self._sql("INSERT INTO cuaderno_schedules (name, cron, agent, task, tenant, priority, "
-                                 "concurrency_key, catch_up, created_at, last_fire) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                       row)
-        return True
-
-    def remove_schedule(self, name: str) -> bool:
-        """Remove a schedule; ``False``: there was none of that name. Its runs stay."""
-        with self._write() as db:
-            if not db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (name,)).fetchone():
-                return False
-            db.execute(self._sql("DELETE FROM cuaderno_schedules WHERE name = ?"), (name,))
-        return True
-
-    def schedules(self) -> list[tuple[Any, ...]]:
-        """Every schedule's row, by name (empty on a journal without the queue's tables)."""
-        try:
-            with self._read() as db:
-                return [tuple(r) for r in db.execute(
-                    "SELECT name, cron, agent, task, tenant, priority, concurrency_key, catch_up, created_at, "
-                    "last_fire FROM cuaderno_schedules ORDER BY name").fetchall()]
-        except JournalError:
-            if self._has_tables():
-                raise
-            return []
-
-    def fired(self, name: str, up_to: float) -> None:
-        """Record that the schedule's runs up to fire time ``up_to`` are submitted (never backwards)."""
-        with self._write() as db:
-            db.execute(self._sql("UPDATE cuaderno_schedules SET last_fire = ? WHERE name = ? AND last_fire < ?"),
-                       (up_to, name, up_to))
-
     # -- for people and for the worker's other path ------------------------------------------------------
 
     def queued(self, run_ids: Sequence[str]) -> set[str]:
@@ -525,14 +501,47 @@ class JournalQueue:
             return f"a slot of concurrency key {quoted(key)} ({held} of {limit} in progress)"
         return None
 
-    def _has_tables(self) -> bool:
+
+class JournalSchedules(_OnStore):
+    """The cron schedules of one open store (``cuaderno_schedules``). Obtained through
+    :func:`schedules_of`; :mod:`cuaderno.flow.schedules` fires them through the queue."""
+
+    def add(self, row: tuple[Any, ...]) -> bool:
+        """Insert a schedule (the columns of ``cuaderno_schedules`` in order); ``False``: the name
+        is taken (nothing written)."""
+        with self._write() as db:
+            if db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (row[0],)).fetchone():
+                return False
+            db.execute(self._sql("INSERT INTO cuaderno_schedules (name, cron, agent, task, tenant, priority, "
+                                 "concurrency_key, catch_up, created_at, last_fire) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                       row)
+        return True
+
+    def remove(self, name: str) -> bool:
+        """Remove a schedule; ``False``: there was none of that name. Its runs stay."""
+        with self._write() as db:
+            if not db.execute(self._sql("SELECT 1 FROM cuaderno_schedules WHERE name = ?"), (name,)).fetchone():
+                return False
+            db.execute(self._sql("DELETE FROM cuaderno_schedules WHERE name = ?"), (name,))
+        return True
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """Every schedule's row, by name (empty on a journal without the queue's tables)."""
         try:
             with self._read() as db:
-                if self._pg:
-                    return bool(db.execute("SELECT to_regclass('cuaderno_queue') IS NOT NULL").fetchone()[0])
-                return db.execute("SELECT 1 FROM sqlite_master WHERE name = 'cuaderno_queue'").fetchone() is not None
+                return [tuple(r) for r in db.execute(
+                    "SELECT name, cron, agent, task, tenant, priority, concurrency_key, catch_up, created_at, "
+                    "last_fire FROM cuaderno_schedules ORDER BY name").fetchall()]
         except JournalError:
-            return False
+            if self._has_tables():
+                raise
+            return []
+
+    def fired(self, name: str, up_to: float) -> None:
+        """Record that the schedule's runs up to fire time ``up_to`` are submitted (never backwards)."""
+        with self._write() as db:
+            db.execute(self._sql("UPDATE cuaderno_schedules SET last_fire = ? WHERE name = ? AND last_fire < ?"),
+                       (up_to, name, up_to))
 
 
 class _Unlocked:
@@ -579,3 +588,12 @@ def queue_of(store: Checkpointer) -> JournalQueue:
     if type(inner).__name__ not in ("SqliteCheckpointer", "PostgresCheckpointer"):
         raise UsageError(f"{type(inner).__name__} has no queue: submit runs to a SQLite or PostgreSQL journal")
     return JournalQueue(inner)
+
+
+def schedules_of(store: Checkpointer) -> JournalSchedules:
+    """The schedules of an open SQLite or PostgreSQL store (see :func:`queue_of`).
+
+    Raises:
+        UsageError: another kind of store (the in-memory one has no schedules).
+    """
+    return JournalSchedules(queue_of(store).store)
