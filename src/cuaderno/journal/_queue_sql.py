@@ -37,7 +37,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -129,7 +129,7 @@ _KEY_LAST = {False: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE 
              True: "SELECT run_id, submitted_at FROM cuaderno_queue_keys WHERE idempotency_key = %s FOR UPDATE"}
 
 
-def canonical_versions(versions: dict[str, Any]) -> str:
+def canonical_versions(versions: Mapping[str, object]) -> str:
     """The text a queued run's versions are stored and compared as (a worker claims only runs
     of its own versions, as :class:`~cuaderno.worker.Worker` resumes only those)."""
     return json.dumps(versions, sort_keys=True, separators=(",", ":"))

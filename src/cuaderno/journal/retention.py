@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, Required, TypedDict
 
 from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
@@ -56,7 +56,8 @@ from cuaderno.journal._append import check_chain
 from cuaderno.journal._claims import cleanup_scheduled
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
-__all__ = ["DEFAULT_BATCH", "SETTLE_S", "PeriodicPrune", "PruneReport", "incremental", "parse_duration", "prune", "vacuum"]
+__all__ = ["DEFAULT_BATCH", "SETTLE_S", "PeriodicPrune", "PruneReport", "VacuumReport", "incremental", "parse_duration", "prune",
+           "vacuum"]
 
 DEFAULT_BATCH = 200
 """Runs removed per transaction: a batch's write lock (SQLite's, the whole journal's) lasts as long
@@ -110,12 +111,25 @@ class PruneReport:
     kept: dict[str, str] = field(default_factory=dict)
     """Closed runs older than the cutoff that were kept, with why (held, compensations left, the
     anchor's, damaged)."""
-    vacuum: dict[str, Any] | None = None
+    vacuum: VacuumReport | None = None
     """What :func:`vacuum` gave back, when asked."""
 
     def as_json(self) -> dict[str, Any]:
         return {"cutoff": self.cutoff, "dry_run": self.dry_run, "pruned_runs": len(self.runs), "events": self.events,
                 "batches": self.batches, "kept": dict(sorted(self.kept.items())), "vacuum": self.vacuum}
+
+
+class VacuumReport(TypedDict, total=False):
+    """What :func:`vacuum` did, as ``prune --json`` prints it. ``how``, ``bytes_before``,
+    ``bytes_after`` and ``seconds`` always; SQLite adds ``free_pages_before`` and the file's
+    ``auto_vacuum`` mode after it (``none``, ``full``, ``incremental``)."""
+
+    how: Required[str]
+    bytes_before: Required[int]
+    bytes_after: Required[int]
+    seconds: Required[float]
+    free_pages_before: int
+    auto_vacuum: str | None
 
 
 def _backend(store: Checkpointer) -> Literal["sqlite", "postgres"]:
@@ -317,7 +331,7 @@ def incremental(store: Checkpointer) -> bool:
         return int(db.execute("PRAGMA auto_vacuum").fetchone()[0]) == 2
 
 
-def vacuum(store: Checkpointer, *, full: bool) -> dict[str, Any]:
+def vacuum(store: Checkpointer, *, full: bool) -> VacuumReport:
     """Give the space removed runs left back to the file system (SQLite), or say what PostgreSQL does.
 
     SQLite, ``full=False``: ``PRAGMA incremental_vacuum`` when the file is in
@@ -337,7 +351,7 @@ def vacuum(store: Checkpointer, *, full: bool) -> dict[str, Any]:
     return _sqlite_vacuum(store, full)
 
 
-def _sqlite_vacuum(store: Any, full: bool) -> dict[str, Any]:
+def _sqlite_vacuum(store: Any, full: bool) -> VacuumReport:
     def size() -> int:
         return sum(os.stat(store.path + s).st_size for s in ("", "-wal") if os.path.exists(store.path + s))
 
@@ -373,7 +387,7 @@ def _sqlite_vacuum(store: Any, full: bool) -> dict[str, Any]:
             "seconds": round(elapsed, 4), "auto_vacuum": {0: "none", 1: "full", 2: "incremental"}.get(mode_after)}
 
 
-def _pg_vacuum(store: Any) -> dict[str, Any]:
+def _pg_vacuum(store: Any) -> VacuumReport:
     with store._conn() as conn:  # autocommit: VACUUM cannot run inside a transaction
         def size() -> int:
             return int(conn.execute("SELECT pg_total_relation_size('cuaderno_events') + "

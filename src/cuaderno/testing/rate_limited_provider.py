@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -132,7 +133,7 @@ def _headers(req: _Bucket | None, tok: _Bucket | None) -> dict[str, str]:
     return out
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
+def prompt_tokens(body: Mapping[str, Any]) -> int:
     """The prompt as the provider counts it: the characters of its messages and tools, as JSON,
     / 4, rounded up (a tokenizer reads the tool schemas too)."""
     chars = len(json.dumps(body.get("messages") or [], separators=(",", ":")))
@@ -150,7 +151,7 @@ class _Server(ThreadingHTTPServer):
         self.log = log.open("a", encoding="utf-8")
         self.log_lock = threading.Lock()
 
-    def record(self, line: dict[str, Any]) -> None:
+    def record(self, line: Mapping[str, object]) -> None:
         with self.log_lock:
             self.log.write(json.dumps(line, sort_keys=True) + "\n")
             self.log.flush()  # in the OS before the reply leaves: a killed client cannot lose it
@@ -202,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
                             "total_tokens": prompt + completion}}
         self._send(200, answer, headers)
 
-    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+    def _send(self, status: int, body: Mapping[str, object], headers: Mapping[str, str]) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
