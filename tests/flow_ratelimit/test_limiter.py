@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -163,14 +164,18 @@ def test_the_table_holds_no_key_and_the_journal_still_opens(tmp_path: Path) -> N
 def _take_turns(url: str, n: int, out: Any) -> None:
     from cuaderno import open_journal
 
-    store = open_journal(url)
-    limits = SharedLimits(store)
-    limit = RateLimit(requests_per_minute=1200, max_wait=60)
-    starts = []
-    for _ in range(n):
-        starts.append(limits.reserve("shared", limit, 0).at)
-    out.put(starts)
-    store.close()
+    try:
+        store = open_journal(url)
+        limits = SharedLimits(store)
+        limit = RateLimit(requests_per_minute=1200, max_wait=60)
+        starts = []
+        for _ in range(n):
+            starts.append(limits.reserve("shared", limit, 0).at)
+        out.put(("ok", starts))
+        store.close()
+    except BaseException as exc:  # said to the test, which would otherwise wait for it in vain
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -192,9 +197,14 @@ def test_four_processes_never_get_turns_closer_than_the_limit(backend: str, tmp_
     procs = [ctx.Process(target=_take_turns, args=(url, 25, out)) for _ in range(4)]
     for p in procs:
         p.start()
-    starts = sorted(s for _ in procs for s in out.get(timeout=120))
+    try:
+        said = [out.get(timeout=90) for _ in procs]
+    except queue.Empty:
+        pytest.fail(f"a turn-taking process said nothing in 90 s (exit codes {[p.exitcode for p in procs]})")
     for p in procs:
         p.join(30)
+    assert [what for what, _ in said] == ["ok"] * 4, said
+    starts = sorted(s for _, turns in said for s in turns)
     assert len(starts) == 100
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     # 1200 a minute is one turn every 50 ms, in the database's clock: no two turns closer.
