@@ -4,10 +4,9 @@ the truth)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any
 
+from _rate_cases import KEY, a_429_pauses_the_other_runs, runs_sharing_a_key_take_turns
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -15,13 +14,9 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from cuaderno import RateLimit, SqliteCheckpointer
 from cuaderno.integrations.pydantic_ai import DurableAgent
-from cuaderno.testing.rate_limited_provider import ProviderProcess, read_log
-
-KEY = "sk-shared-key"
 
 
 async def _one(journal: Path, base_url: str, limit: RateLimit | None, run_id: str) -> list[str]:
-    """One run on its own store and client (as separate workers have); its model rows."""
     client = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
     agent = Agent(OpenAIChatModel("m", provider=OpenAIProvider(openai_client=client)), instructions="answer")
     try:
@@ -33,55 +28,9 @@ async def _one(journal: Path, base_url: str, limit: RateLimit | None, run_id: st
         await client.close()
 
 
-async def _three_runs_at_once(journal: Path, base_url: str, limit: RateLimit | None) -> list[list[str]]:
-    return list(await asyncio.gather(*(_one(journal, base_url, limit, f"r{i}") for i in range(3))))
-
-
 def test_runs_sharing_a_key_take_turns_before_their_intents(tmp_path: Path) -> None:
-    """A budget of 2 requests, one more a second: three runs at once with the shared limit (one a
-    second) meet no 429, each step sent once; without it the third request is refused."""
-    log = tmp_path / "provider.jsonl"
-    with ProviderProcess(log, rpm=2, window=2) as provider:
-        rows = asyncio.run(_three_runs_at_once(tmp_path / "j.db", provider.base_url, RateLimit(requests_per_minute=60)))
-    lines: list[dict[str, Any]] = read_log(log)
-    assert [line["status"] for line in lines] == [200, 200, 200], lines
-    gaps = [b["t"] - a["t"] for a, b in zip(lines, lines[1:], strict=False)]
-    assert min(gaps) >= 0.9, gaps  # one a second, as the limit says
-    assert rows == [["intent", "result"]] * 3  # no re-send, nothing counted as possibly billed twice
-
-    unlimited = tmp_path / "unlimited.jsonl"
-    with ProviderProcess(unlimited, rpm=2, window=2) as provider:
-        asyncio.run(_three_runs_at_once(tmp_path / "j2.db", provider.base_url, None))
-    assert 429 in [line["status"] for line in read_log(unlimited)]  # the test can fail
+    runs_sharing_a_key_take_turns(_one, tmp_path)
 
 
 def test_a_429_one_run_meets_pauses_the_others_before_their_intents(tmp_path: Path) -> None:
-    """Another client of the key spends the budget; the first run's request is refused with a 429
-    (Retry-After about 1 s), which pauses every run of the key: the second, started inside the
-    pause, has no model row until it ends, and nobody sends before it ends."""
-    log = tmp_path / "provider.jsonl"
-    journal = tmp_path / "j.db"
-
-    async def go(base_url: str) -> list[str]:
-        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-        for _ in range(2):
-            await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        await rogue.close()
-        # Far above the provider's budget: only the 429 it answers can hold the runs back.
-        limit = RateLimit(requests_per_minute=600)
-        first = asyncio.create_task(_one(journal, base_url, limit, "a1"))
-        while not any(line["status"] == 429 for line in read_log(log)):
-            await asyncio.sleep(0.01)
-        second = asyncio.create_task(_one(journal, base_url, limit, "b1"))
-        await asyncio.sleep(0.4)  # inside the pause the 429 asked for
-        with SqliteCheckpointer(journal, readonly=True) as reader:
-            waiting = [e.phase for e in reader.load("b1") if e.kind == "model"] if reader.checkpoint("b1") else []
-        await asyncio.gather(first, second)
-        return waiting
-
-    with ProviderProcess(log, rpm=2, window=2) as provider:
-        waiting = asyncio.run(go(provider.base_url))
-    lines: list[dict[str, Any]] = read_log(log)
-    assert [line["status"] for line in lines[:3]] == [200, 200, 429], lines
-    assert waiting == []  # no intent, no key used while it waited
-    assert min(line["t"] - lines[2]["t"] for line in lines[3:]) >= 0.9  # nobody sent inside the pause
+    a_429_pauses_the_other_runs(_one, tmp_path)
