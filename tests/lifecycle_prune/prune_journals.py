@@ -95,8 +95,12 @@ def counts(journal: str) -> tuple[dict[str, int], dict[str, int]]:
 
     db = _connect(journal)
     try:
+        # One snapshot for both reads: a worker driving a run between two autocommit reads would
+        # make a whole run look half (its rows counted before a commit, its summary after it).
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if journal.startswith("postgresql://") else "BEGIN")
         rows = dict(db.execute("SELECT run_id, count(*) FROM cuaderno_events GROUP BY run_id").fetchall())
         seqs = {r: json.loads(c)["last_seq"] for r, c in db.execute("SELECT run_id, checkpoint FROM cuaderno_runs")}
+        db.execute("COMMIT")
     finally:
         db.close()
     return rows, seqs

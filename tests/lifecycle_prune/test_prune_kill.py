@@ -87,10 +87,15 @@ def test_two_workers_prune_on_a_schedule_without_conflict(world: World) -> None:
                         WORKER_TURNS=str(TURNS)) for _ in range(2)]
     w.wait_until(lambda: all(w.statuses().get(r) == "completed" for r in runs)
                  and not any(r.startswith("old-") for r in w.statuses()), what="runs done and old runs pruned")
+    # One worker may have done everything while the other was still starting (a slow import on a
+    # busy machine): a SIGTERM before its handler is installed ends it by default (-15). Each is
+    # signalled once it says it polls.
+    started = [_polling_line(child) for child in workers]
     pruned = 0
-    for child in workers:
+    for child, first in zip(workers, started, strict=True):
         child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=60)
+        _, rest = child.communicate(timeout=60)
+        err = first + rest
         assert child.returncode == 0, err
         assert "prune failed" not in err, err
         pruned += json.loads(err.strip().splitlines()[-1])["pruned"]
@@ -98,3 +103,21 @@ def test_two_workers_prune_on_a_schedule_without_conflict(world: World) -> None:
     applied = w.applied_per_key()
     assert len(applied) == OPEN * TURNS and set(applied.values()) == {1}
     assert half_runs(w.journal) == []
+
+
+def _polling_line(child: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """What ``child`` (a ``cuaderno worker``) wrote to stderr up to its "polling" line (its signal
+    handlers are installed by then)."""
+    import selectors
+    import time
+
+    assert child.stderr is not None
+    seen = ""
+    with selectors.DefaultSelector() as sel:
+        sel.register(child.stderr, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while ": polling " not in seen:
+            assert time.monotonic() < deadline and child.poll() is None, f"the worker never polled: {seen}"
+            if sel.select(timeout=0.5):
+                seen += child.stderr.readline()
+    return seen
