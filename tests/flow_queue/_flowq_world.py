@@ -3,6 +3,7 @@ ledger whose receipts are the independent record, and child processes (workers, 
 
 from __future__ import annotations
 
+import calendar
 import os
 import signal
 import subprocess
@@ -84,6 +85,27 @@ class FlowWorld:
             return {cp.run_id: cp.status for cp in store.list_runs(limit=100_000)}
         finally:
             store.close()
+
+    def end_schedule(self, name: str, timeout: float) -> tuple[float, float, list[str], list[int]]:
+        """Remove schedule ``name``, wait for every run to finish, and return when the schedule was
+        created, when it was removed (the journal's clock), its runs' ids and their fire times (from
+        the run ids, ``sched:<name>:<UTC time>``), in order."""
+        from cuaderno.flow import list_schedules, remove_schedule
+        from cuaderno.journal import queue_of
+
+        store = open_journal(self.journal)
+        try:
+            created_at = next(s.created_at for s in list_schedules(store) if s.name == name)
+            remove_schedule(store, name)
+            removed_at = queue_of(store).now()
+        finally:
+            store.close()
+        self.wait_until(lambda: all(s == "completed" for s in self.statuses().values()), timeout=timeout,
+                        what="every scheduled run to finish")
+        prefix = f"sched:{name}:"
+        runs = sorted(r for r in self.statuses() if r.startswith(prefix))
+        stamps = sorted(calendar.timegm(time.strptime(r.removeprefix(prefix), "%Y-%m-%dT%H:%M:%SZ")) for r in runs)
+        return created_at, removed_at, runs, stamps
 
     def wait_until(self, done: Any, timeout: float = 120, what: str = "") -> None:
         deadline = time.monotonic() + timeout

@@ -9,7 +9,6 @@ none doubled. ``CUADERNO_SOAK=1``: every 2 s for 2 minutes.
 
 from __future__ import annotations
 
-import calendar
 import os
 import random
 import signal
@@ -22,7 +21,7 @@ import pytest
 from cuaderno import open_journal
 from cuaderno.errors import UsageError
 from cuaderno.flow import add_schedule, fire_due, list_schedules, remove_schedule, schedule_run_id
-from cuaderno.journal import queue_of, schedules_of
+from cuaderno.journal import schedules_of
 
 SOAK = os.environ.get("CUADERNO_SOAK") == "1"
 
@@ -122,17 +121,7 @@ def test_one_run_per_fire_time_with_workers_killed_at_random(fq_world: Any) -> N
             procs[victim].wait()
             kills += 1
         procs[victim] = fq_world.worker("--concurrency", "4", **env)
-    store = open_journal(fq_world.journal)
-    try:
-        created_at = list_schedules(store)[0].created_at
-        remove_schedule(store, "tick")
-        removed_at = queue_of(store).now()
-    finally:
-        store.close()
-    fq_world.wait_until(lambda: all(s == "completed" for s in fq_world.statuses().values()), timeout=120,
-                        what="every scheduled run to finish")
-    runs = sorted(r for r in fq_world.statuses() if r.startswith("sched:tick:"))
-    stamps = sorted(calendar.timegm(time.strptime(r.removeprefix("sched:tick:"), "%Y-%m-%dT%H:%M:%SZ")) for r in runs)
+    created_at, removed_at, runs, stamps = fq_world.end_schedule("tick", timeout=120)
     assert stamps, "no run was fired"
     print(f"\n{len(runs)} fire times, {kills} SIGKILLs, first {runs[0]}, last {runs[-1]}")
     # The first fire time after the schedule was added, then every one up to the last: none

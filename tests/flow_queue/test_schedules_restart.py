@@ -5,7 +5,6 @@ to the last has exactly one run, and each run's work was done once (the ledger's
 
 from __future__ import annotations
 
-import calendar
 import os
 import random
 import signal
@@ -16,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from cuaderno import open_journal
-from cuaderno.flow import add_schedule, list_schedules, remove_schedule
-from cuaderno.journal import queue_of
+from cuaderno.flow import add_schedule
 from cuaderno.testing.ledger import LedgerProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "crash"))
@@ -60,18 +58,7 @@ def test_one_run_per_fire_time_across_kills_and_a_server_restart(
                 procs[victim].wait()
                 kills += 1
             procs[victim] = world.worker("--concurrency", "4", **env)
-        store = open_journal(world.journal)
-        try:
-            created_at = list_schedules(store)[0].created_at
-            remove_schedule(store, "tick")
-            removed_at = queue_of(store).now()
-        finally:
-            store.close()
-        world.wait_until(lambda: all(s == "completed" for s in world.statuses().values()), timeout=180,
-                         what="every scheduled run to finish")
-        runs = sorted(r for r in world.statuses() if r.startswith("sched:tick:"))
-        stamps = sorted(calendar.timegm(time.strptime(r.removeprefix("sched:tick:"), "%Y-%m-%dT%H:%M:%SZ"))
-                        for r in runs)
+        created_at, removed_at, runs, stamps = world.end_schedule("tick", timeout=180)
         print(f"\n{len(runs)} fire times, {kills} SIGKILLs, 1 server restart, first {runs[0]}, last {runs[-1]}")
         assert restarted and kills >= 3
         assert created_at < stamps[0] <= created_at + every
