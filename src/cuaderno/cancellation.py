@@ -33,6 +33,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
+from cuaderno.events.payloads import InFlight
 from cuaderno.journal.base import Checkpointer, validate_event
 from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
@@ -261,7 +262,7 @@ def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:
     return StepEvent(run_id=run_id, step_id="run", phase="end", kind="run", payload=record)
 
 
-def in_flight(events: list[StepEvent]) -> list[dict[str, Any]]:
+def in_flight(events: list[StepEvent]) -> list[InFlight]:
     """Tool steps started and never recorded, with their evidence: effects nobody knows happened.
     Any record that closes a run lists them, so closing it never hides one."""
     by_key = {(e.step_id, e.phase): e for e in events}
@@ -282,7 +283,7 @@ def derived_cleanup(result: StepEvent, events: list[StepEvent],
             events, result.step_id), "value": result.payload.get("value")}, "status": "scheduled"}
 
 
-def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
+def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> InFlight:
     return {"step_id": intent.step_id, "tool": intent.name, "effect_key": intent.payload.get("effect_key"),
             "evidence": (by_key.get((intent.step_id, "uncertain")) or intent).payload}
 

@@ -17,17 +17,21 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import Kind, StepEvent
 from cuaderno.events.payloads import (
+    CancelState,
     Counters,
     Escalation,
     InFlight,
     ModelError,
     ModelIntent,
     ModelResult,
+    Outcome,
+    PendingApproval,
     RunCounters,
     RunEnd,
     RunMigrate,
     RunStart,
     ToolResult,
+    UncertainEvidence,
     UsageJSON,
 )
 from cuaderno.plainjson import compact, compact_ascii
@@ -90,13 +94,13 @@ class Checkpoint:
     counters: dict[str, int] = field(default_factory=dict[str, int])
     cost_usd: float = 0.0
     """Sum of priced calls only; unpriced calls are counted in ``counters['unpriced_calls']``."""
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    pending: dict[str, PendingApproval] = field(default_factory=dict[str, PendingApproval])
     """Approvals waiting for a person, by approval step id: tool, arguments, fingerprint."""
-    uncertain: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    uncertain: dict[str, UncertainEvidence] = field(default_factory=dict[str, UncertainEvidence])
     """Evidence for each step whose effect nobody can know happened, by step id."""
-    outcome: dict[str, Any] | None = None
+    outcome: Outcome | None = None
     """The final answer, failure or cancellation record once the run ended."""
-    cancel_requested: dict[str, Any] | None = None
+    cancel_requested: CancelState | None = None
     """Set when someone asked to cancel: from then on no intent is admitted (results still are,
     so an effect in flight is journaled)."""
 
@@ -312,7 +316,7 @@ def _on_run(cp: Checkpoint, ev: StepEvent) -> None:
     elif phase == "end":
         end = cast(RunEnd, ev.payload)
         cp.status = str(end.get("status", "failed"))
-        cp.outcome = ev.payload
+        cp.outcome = cast(Outcome, ev.payload)
         # Effects in flight when the run ended stay open questions a person can settle
         # (``resolve``), listed with the uncertain ones.
         for entry in end.get("uncertain") or ():
@@ -330,8 +334,9 @@ def _in_flight(cp: Checkpoint, entry: InFlight) -> None:
         cp._bump("uncertain")
     found = entry.get("evidence")
     evidence: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    cp.uncertain.setdefault(step_id, {**evidence, "tool": entry.get("tool"), "effect_key": entry.get("effect_key"),
-                                      "reason": evidence.get("reason") or "in flight when the run ended"})
+    cp.uncertain.setdefault(step_id, cast(UncertainEvidence, {
+        **evidence, "tool": entry.get("tool"), "effect_key": entry.get("effect_key"),
+        "reason": evidence.get("reason") or "in flight when the run ended"}))
 
 
 def _charge(cp: Checkpoint, counters: Counters | None) -> None:
@@ -423,7 +428,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
             cp.status = "running"
     elif phase.startswith("uncertain"):
         cp._bump("uncertain")
-        cp.uncertain[ev.step_id] = ev.payload  # the evidence, whole (a ToolUncertain)
+        cp.uncertain[ev.step_id] = cast(UncertainEvidence, ev.payload)  # the evidence, whole
         if cp.status in OPEN_STATUSES:  # a compensation of a cancelled run does not reopen it
             cp.status = "needs_human"
 
@@ -431,7 +436,7 @@ def _on_tool(cp: Checkpoint, ev: StepEvent) -> None:
 def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "request":
         cp._bump("approvals_requested")
-        cp.pending[ev.step_id] = {"tool": ev.name, "fingerprint": ev.fingerprint, **ev.payload}  # an ApprovalRequest
+        cp.pending[ev.step_id] = cast(PendingApproval, {"tool": ev.name, "fingerprint": ev.fingerprint, **ev.payload})
         cp.status = "suspended"
     elif ev.phase == "decision":
         cp.pending.pop(ev.step_id, None)
@@ -442,12 +447,12 @@ def _on_approval(cp: Checkpoint, ev: StepEvent) -> None:
 def _on_final(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "result":
         cp.status = "completed"
-        cp.outcome = ev.payload  # a FinalResult, whole
+        cp.outcome = cast(Outcome, ev.payload)  # a FinalResult, whole
 
 
 def _on_cancel(cp: Checkpoint, ev: StepEvent) -> None:
     if ev.phase == "request":
-        cp.cancel_requested = ev.payload  # a CancelRequest, whole
+        cp.cancel_requested = cast(CancelState, ev.payload)  # a CancelRequest, whole
 
 
 _HANDLERS = {Kind.RUN: _on_run, Kind.MODEL: _on_model, Kind.TOOL: _on_tool, Kind.APPROVAL: _on_approval,

@@ -56,6 +56,7 @@ output must not become a megabyte message (or a megabyte line on a terminal).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Any, Final
 
 __all__ = [
@@ -324,7 +325,7 @@ class RunCancelled(CuadernoError):
     ``record`` says what completed, what is still uncertain and what cleanup was scheduled.
     """
 
-    def __init__(self, run_id: str, record: dict[str, Any]) -> None:
+    def __init__(self, run_id: str, record: Mapping[str, Any]) -> None:
         self.run_id, self.record = run_id, record
         completed, cleanup = len(record.get("completed") or []), len(record.get("cleanup") or [])
         reason = clipped(str(record.get("reason") or "no reason given"))
@@ -364,7 +365,7 @@ class UncertainEffect(CuadernoError):
     attached and journaled; a person or a reconciliation lookup must decide.
     """
 
-    def __init__(self, run_id: str, step_id: str, evidence: dict[str, Any]) -> None:
+    def __init__(self, run_id: str, step_id: str, evidence: Mapping[str, Any]) -> None:
         self.run_id, self.step_id, self.evidence = run_id, step_id, evidence
         tool = evidence.get("tool", "?")
         super().__init__(

@@ -49,7 +49,8 @@ from cuaderno.errors import (
     clipped,
     quoted,
 )
-from cuaderno.events import StepEvent
+from cuaderno.events import RESTORE_STEP, StepEvent
+from cuaderno.events.payloads import PendingApproval
 from cuaderno.journal import Erasure, SupportsErase, state_of
 from cuaderno.journal.backups import BackupReport, RestoreReport, backup, mark_runs, restore_record, restored_record
 from cuaderno.journal.backups import restore as _restore
@@ -73,7 +74,7 @@ STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "
 # -- deciding ------------------------------------------------------------------------------------------
 
 
-def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, dict[str, Any]]:
+def pending_approvals(store: Checkpointer, run_id: str) -> dict[str, PendingApproval]:
     """The approvals a run is waiting for, by approval step id (tool, arguments, fingerprint)."""
     return dict(_open_run(store, run_id).pending)
 
@@ -211,6 +212,12 @@ def resolve(store: Checkpointer, run_id: str, step_id: str, *, happened: bool, r
     if evidence is None:
         raise NotUncertain(f"run {quoted(run_id)}: step {quoted(step_id)} is not uncertain "
                            f"(uncertain: {clipped(', '.join(sorted(cp.uncertain)) or 'none')})")
+    if happened and step_id == RESTORE_STEP:
+        # The run went on past the backup, and the journal lost what it did: no resume can know
+        # which of those effects to skip. It ends (cancel) or starts again from here (fork).
+        raise UsageError(f"run {quoted(run_id)} went on past the backup its journal was restored from, and what it "
+                         "did then is not in the journal: no resume can continue it without repeating or skipping "
+                         "effects. Cancel it (cuaderno cancel) or fork it (cuaderno fork); nothing was written")
     record = {"by": by, "note": note, "effect_key": evidence.get("effect_key")}
     # The uncertain event, or (for an effect in flight when the run was closed) its intent.
     uncertain = next((ev for ev in events if ev.step_id == step_id and ev.phase == "uncertain"), None) or next(

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prune_journals import closed_run, model, open_run
@@ -304,3 +305,53 @@ def test_mark_restored_refuses_a_vague_choice_and_accept_marks_nothing(journal_u
         assert [r["from"] for r in operations.restored_record(store)] == ["dump-1", "dump-2", "dump-2"]
     finally:
         store.close()
+
+
+class _Stop(BaseException):
+    """The process "dies" at a model call (the intent is journaled, the call never answered)."""
+
+
+def test_a_marked_run_settled_as_not_gone_on_resumes_from_the_backup_and_gone_on_is_refused(tmp_path: Path) -> None:
+    done: list[int] = []
+
+    @tool
+    def transfer(n: int) -> str:
+        """Move money."""
+        done.append(n)
+        return f"moved {n}"
+
+    agent = Agent(instructions="x", tools=[transfer], name="a", max_turns=6)
+    stop_at = [1]
+
+    def script(request: Any) -> Any:
+        turn = sum(1 for m in request.messages if m.get("role") == "assistant")
+        if turn == stop_at[0]:
+            raise _Stop
+        return [ScriptedGateway.call("transfer", n=1), ScriptedGateway.call("transfer", n=2),
+                ScriptedGateway.text("done")][turn]
+
+    db = str(tmp_path / "runs.db")
+    with SqliteCheckpointer(db) as store, pytest.raises(_Stop):
+        asyncio.run(agent.run_to_end("t", session=Session("r1", ScriptedGateway(script), store)))
+    operations.backup(db, tmp_path / "b.db")
+    for suffix in ("", "-wal", "-shm"):  # the journal is lost
+        if os.path.exists(db + suffix):
+            os.unlink(db + suffix)
+    assert operations.restore(tmp_path / "b.db", db, runs_after_backup="needs-human").marked == ["r1"]
+    with SqliteCheckpointer(db):  # the last close folds the -wal in: the files at rest
+        pass
+    before = _files(tmp_path)
+    gone_on = _cli("--db", db, "resolve", "r1", "restore", "--happened", cwd=tmp_path)
+    assert gone_on.returncode == 2 and "went on past the backup" in gone_on.stderr, gone_on.stderr
+    assert "cuaderno cancel" in gone_on.stderr and "Traceback" not in gone_on.stderr
+    assert _files(tmp_path) == before  # nothing written
+    settled = _cli("--db", db, "resolve", "r1", "restore", "--not-happened", "--by", "ops", cwd=tmp_path)
+    assert settled.returncode == 0, settled.stderr
+    stop_at[0] = 99
+    gateway = ScriptedGateway(script)
+    with SqliteCheckpointer(db) as store:
+        result = asyncio.run(agent.run_to_end("t", session=Session("r1", gateway, store)))
+        assert result.status == "completed" and result.text == "done"
+        assert done == [1, 2]  # transfer 1 was in the backup: not run again
+        assert gateway.calls == 2 and result.possibly_billed_twice == 1  # turn 1's call was in flight at the backup
+        assert not store.checkpoint("r1").uncertain  # type: ignore[union-attr]

@@ -43,7 +43,7 @@ from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import ErrorClass, PayloadTooLarge, ToolError, UncertainEffect
-from cuaderno.events import StepEvent, encode_payload, not_happened_since_sent
+from cuaderno.events import RESTORE_STEP, StepEvent, encode_payload, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import payload_limit
 
@@ -57,7 +57,7 @@ _AFTER_ERROR = {ErrorClass.INVALID_INPUT.value: "repairs", ErrorClass.CONFLICT.v
 replan on fresh state, or reflect on a refusal. Ambiguous errors are reconciled, bugs stop."""
 
 
-def effect_key(tenant: str, task_id: str, effect_type: str, arguments: dict[str, Any], policy_version: str) -> str:
+def effect_key(tenant: str, task_id: str, effect_type: str, arguments: Mapping[str, Any], policy_version: str) -> str:
     """``hash(tenant, task_id, effect_type, canonical_arguments, policy_version)``.
 
     Derived from the intent, never from the attempt: retries and resumes of one intent share it.
@@ -123,12 +123,12 @@ def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_
                           compensation=payload.get("compensation"), tells_the_model=tells_the_model)
 
 
-def restore_uncertain(run_id: str, evidence: dict[str, Any]) -> StepEvent:
+def restore_uncertain(run_id: str, evidence: Mapping[str, Any]) -> StepEvent:
     """The ``uncertain`` record a restore gives a run that may have gone on after the backup
     (:func:`cuaderno.operations.restore`): a tool step ``restore`` nobody can know the outcome of,
     so the run is ``needs_human``: no worker claims it, a resume raises ``UncertainEffect``. It
     names no tool, so no resume settles it by a lookup; a person ends the run (cancel) or forks it."""
-    return StepEvent(run_id=run_id, step_id="restore", phase="uncertain", kind="tool", payload=dict(evidence))
+    return StepEvent(run_id=run_id, step_id=RESTORE_STEP, phase="uncertain", kind="tool", payload=dict(evidence))
 
 
 def stage_result(log: StepLog, step_id: str, tool: str, payload: Mapping[str, Any], *,

@@ -43,6 +43,7 @@ __all__ = [
     "KINDS",
     "PHASES",
     "Kind",
+    "RESTORE_STEP",
     "Phase",
     "StepEvent",
     "approval_step_id",
@@ -136,6 +137,12 @@ def not_happened_since_sent(journal: Keyed, step_id: str) -> bool:
     sends = numbered(journal, step_id, "intent")
     return (bool(resolutions) and resolutions[-1].decision == "not_happened"
             and resolutions[-1].seq > (sends[-1].seq if sends else 0))
+
+
+RESTORE_STEP: Final = "restore"
+"""The step id of the ``uncertain`` record a restore gives a run that may have moved past the backup
+(:func:`cuaderno.operations.restore`). It stands outside the run's turns: a replay never reaches
+it, and once a person settles it (the run did not go on past the backup) it is passed over."""
 
 
 def approval_step_id(tool_step: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Required, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Required, TypedDict, TypeVar, cast
 
 from cuaderno.errors import JournalCorrupt
 from cuaderno.events.names import Kind, Phase, family
@@ -39,6 +39,7 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRequest",
     "CancelRequest",
+    "CancelState",
     "ConversationMessage",
     "Counters",
     "Escalation",
@@ -47,10 +48,12 @@ __all__ = [
     "ModelError",
     "ModelIntent",
     "ModelResult",
+    "Outcome",
     "PassDecision",
     "PassIntent",
     "PassResult",
     "PayloadMalformed",
+    "PendingApproval",
     "Response",
     "RunCounters",
     "RunEnd",
@@ -64,6 +67,7 @@ __all__ = [
     "ToolResolution",
     "ToolResult",
     "ToolUncertain",
+    "UncertainEvidence",
     "UsageJSON",
     "check",
     "type_of",
@@ -326,6 +330,9 @@ class FinalResult(TypedDict, total=False):
 
     output: ReadOnly[Any]
     """The answer as text, or the validated structured value."""
+    data: ReadOnly[Any]
+    """An ``output_type``'s accepted value as JSON: a replay rebuilds the answer from it, never
+    by parsing ``output`` again."""
     turn: ReadOnly[int]
 
 
@@ -393,6 +400,46 @@ class ConversationMessage(TypedDict, total=False):
     text: Required[ReadOnly[str]]
     run_id: Required[ReadOnly[str]]
     """The run that answers it."""
+
+
+# -- what the projection keeps of them (:class:`cuaderno.checkpoint.Checkpoint`) -----------------
+
+
+class PendingApproval(ApprovalRequest, total=False):
+    """An approval the projection lists as pending: its request's payload, whole, with the
+    request row's tool and fingerprint, which a decision must match (``cuaderno approve``)."""
+
+    tool: ReadOnly[str | None]
+    fingerprint: ReadOnly[str | None]
+    erased: ReadOnly[bool]
+    """The run was erased: only that an approval was pending is kept."""
+
+
+class UncertainEvidence(ToolUncertain, total=False):
+    """What a person decides an uncertain effect from: the ``uncertain`` payload, whole, or, for
+    an effect in flight when its run ended, the :class:`InFlight` evidence with its tool and key."""
+
+    erased: ReadOnly[bool]
+    """The run was erased: only that an effect was uncertain is kept."""
+
+
+class Outcome(RunEnd, FinalResult, total=False):
+    """How a run ended: its ``final`` result's payload (completed) or its ``run``/``end`` payload
+    (failed, cancelled, a closed conversation), whole; after an erasure, only ``erased``."""
+
+    erased: ReadOnly[Mapping[str, Any]]
+    """When, why, the status the run had and who approved what (:mod:`cuaderno.journal`'s erase)."""
+    episode_status: ReadOnly[Literal["applied", "discarded", "exhausted", "failed"]]
+    """An episode's parent run (its ``final`` or its ``end``): how the episode ended; a closed
+    parent answers from it, with ``proposal`` (the last valid one, as JSON) and ``receipt``."""
+    proposal: ReadOnly[Any]
+    receipt: ReadOnly[Any]
+
+
+class CancelState(CancelRequest, total=False):
+    """A cancellation asked for: the ``cancel``/``request`` payload, whole."""
+
+    erased: ReadOnly[bool]
 
 
 PAYLOADS: Final[Mapping[tuple[str, str], type]] = {

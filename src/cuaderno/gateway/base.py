@@ -65,7 +65,7 @@ class ToolCall:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ToolCall:
+    def from_json(cls, data: Mapping[str, Any]) -> ToolCall:
         """Rebuild from :meth:`to_json` output."""
         return cls(id=data["id"], name=data["name"], arguments=data.get("arguments") or {},
                    arguments_error=data.get("arguments_error"), raw_arguments=data.get("raw_arguments"))
@@ -89,7 +89,7 @@ class Usage:
                 "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Usage:
+    def from_json(cls, data: Mapping[str, Any] | None) -> Usage:
         """Rebuild from :meth:`to_json` output; missing fields are 0."""
         if not data:
             return cls()

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from cuaderno.checkpoint import Checkpoint
+from cuaderno.events.payloads import PendingApproval
 from cuaderno.journal import _lease
 
 try:
@@ -156,5 +157,5 @@ def state_of(cp: Checkpoint, holder: dict[str, Any] | None, *, cleanup_left: int
     return {"state": state, "waiting_for": waiting, "held_by": held_by, "summary": f"{verb} {waiting}"}
 
 
-def _pending(entries: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+def _pending(entries: Iterable[tuple[str, PendingApproval]]) -> list[str]:
     return [f"{step_id} ({entry.get('tool')})" if entry.get("tool") else step_id for step_id, entry in sorted(entries)]

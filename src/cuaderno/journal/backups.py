@@ -54,15 +54,13 @@ from typing import Any, Literal
 
 from cuaderno import faults
 from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
-from cuaderno.events import StepEvent
+from cuaderno.events import RESTORE_STEP, StepEvent
 from cuaderno.journal import _anchor, _claims
 from cuaderno.journal.base import Checkpointer
 
 __all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "mark_runs", "restore", "restore_record",
            "restored_record"]
 
-RESTORE_STEP = "restore"
-"""The step id of the ``uncertain`` record a restore gives a run that may have moved past the backup."""
 
 
 @dataclass

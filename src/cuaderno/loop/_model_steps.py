@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall, accepted
 from cuaderno.events import model_step_id
-from cuaderno.events.payloads import ModelResult, view
+from cuaderno.events.payloads import FinalResult, ModelResult, view
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.flow.ratelimit import rate_gate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
@@ -138,4 +138,4 @@ class ModelSteps:
             faults.point("final.K0")
             log.commit()
             faults.point("final.K7")
-        self._show(FinalStep(step_id="final", output=response.text, data=dict(record)))
+        self._show(FinalStep(step_id="final", output=response.text, data=cast(FinalResult, dict(record))))

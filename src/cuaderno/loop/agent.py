@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -267,7 +267,7 @@ class Agent:
             raise UsageError("session must be a Session")
         return Conversation(self, session, id)
 
-    def output_of(self, record: dict[str, Any]) -> Any:
+    def output_of(self, record: Mapping[str, Any]) -> Any:
         """The final answer of a journaled final record: its text, or for an ``output_type``
         the model instance rebuilt from the JSON journaled when the answer was accepted (never
         re-parsed from the text: the journal says what was accepted)."""

@@ -15,6 +15,7 @@ callers can never both find a compensation not started and both run its body.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from cuaderno.cancellation import derived_cleanup
@@ -108,7 +109,7 @@ def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
             and not ev.step_id.startswith("cleanup") and view(ev, ToolResult).get("outcome") == "ok"]
 
 
-def _check(agent: Agent, tools: ToolExecutor, entry: dict[str, Any]) -> None:
+def _check(agent: Agent, tools: ToolExecutor, entry: Mapping[str, Any]) -> None:
     """Refuse (writing nothing) an agent that cannot run this compensation: the next call, with
     the right agent, must still be able to."""
     name, arguments = _what(tools, entry)
@@ -156,7 +157,7 @@ class _Cleanup(ToolSteps):
         super().__init__(state, RunLog(state))
         self.for_step: dict[str, Any] = {}
 
-    async def run(self, step_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, step_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Run (or replay, or reconcile) one compensation; return its journaled result."""
         done = self.state.journal.get((step_id, "result"))
         if done is not None:
@@ -205,7 +206,7 @@ class _Cleanup(ToolSteps):
         raise exc
 
 
-def _what(tools: ToolExecutor, entry: dict[str, Any]) -> tuple[str | None, Any]:
+def _what(tools: ToolExecutor, entry: Mapping[str, Any]) -> tuple[str | None, Any]:
     """The compensation's tool and arguments. An entry for an effect a person settled carries
     what the original call was (``derive_from``): its compensation is worked out here, from the
     agent's declaration (``None``: the tool declares none)."""

@@ -17,12 +17,13 @@ would be by :meth:`Agent.run`: those are for the caller to act on, not states of
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import BudgetExceeded, RunCancelled, RunClosed, UncertainEffect, UsageError
+from cuaderno.events.payloads import Outcome, PendingApproval, UncertainEvidence
 from cuaderno.loop.steps import FinalStep, Step
 
 if TYPE_CHECKING:
@@ -81,9 +82,9 @@ class RunResult:
     unpriced_calls: int = 0
     possibly_billed_twice: int = 0
     steps: tuple[Step, ...] = ()
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
-    uncertain: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
-    outcome: dict[str, Any] | None = None
+    pending: dict[str, PendingApproval] = field(default_factory=dict[str, PendingApproval])
+    uncertain: dict[str, UncertainEvidence] = field(default_factory=dict[str, UncertainEvidence])
+    outcome: Outcome | None = None
     replayed: bool = False
     checkpoint: Checkpoint | None = None
 
@@ -116,7 +117,7 @@ def _result(agent: Agent, session: Session, steps: list[Step], final: FinalStep 
     output: Any = None
     text: str | None = None
     if cp.status == "completed":
-        record = final.data if final is not None else (cp.outcome or {})
+        record: Mapping[str, Any] = final.data if final is not None else (cp.outcome or {})
         text = str(record.get("output", ""))
         output = agent.output_of(record)
     return RunResult(run_id=session.run_id, status=cp.status, output=output, text=text,

@@ -53,7 +53,7 @@ from cuaderno.errors import (
     UncertainEffect,
     VersionMismatch,
 )
-from cuaderno.events import StepEvent, call_arguments, model_step_id
+from cuaderno.events import RESTORE_STEP, StepEvent, call_arguments, model_step_id
 from cuaderno.events.payloads import ModelIntent, RunMigrate, RunStart, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.loop import _snapshots
@@ -140,7 +140,9 @@ class Runner:
         migrate_seq = 0
         for ev in events:
             self.state.journal[(ev.step_id, ev.phase)] = ev
-            if ev.kind in ("model", "tool", "final"):
+            if ev.kind in ("model", "tool", "final") and ev.step_id != RESTORE_STEP:
+                # A restore's record is no turn's step: while it stands unsettled the opening
+                # refuses (UncertainEffect); settled, it is nothing to reach.
                 self.state.unvisited.setdefault(ev.step_id, ev.seq)
             elif ev.kind == "run" and ev.phase.startswith("migrate"):
                 migrate_seq = ev.seq
@@ -278,7 +280,7 @@ class Runner:
             return True  # finalized below, like any cancellation found on opening
         if isinstance(choice, Migration):
             for started in in_flight(events):
-                problem = self._refuses(started["tool"], call_arguments(events, started["step_id"]))
+                problem = self._refuses(str(started.get("tool")), call_arguments(events, started["step_id"]))
                 if problem is not None:
                     # Refused before the migration is recorded: the run would be left migrated
                     # to an agent that cannot settle an effect that may have happened.

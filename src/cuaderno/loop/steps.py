@@ -9,8 +9,9 @@ The full timeline is :meth:`Checkpointer.load <cuaderno.journal.base.Checkpointe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from cuaderno.events.payloads import FinalResult
 from cuaderno.gateway.base import ModelResponse
 
 __all__ = ["ApprovalStep", "FinalStep", "ModelStep", "Step", "ToolStep"]
@@ -69,7 +70,7 @@ class FinalStep:
     output: str
     replayed: bool = False
     """``True`` when the run was already closed: this is what happened, not a new answer."""
-    data: dict[str, Any] = field(default_factory=dict[str, Any])
+    data: FinalResult = field(default_factory=lambda: cast(FinalResult, {}))
     """The journaled final record (``output``, ``turn``), the same on the first answer and on
     every replay of the closed run."""
     version_mismatch: dict[str, Any] | None = None

@@ -37,6 +37,7 @@ from cuaderno.errors import (
     UncertainEffect,
     UsageError,
 )
+from cuaderno.events.payloads import PendingApproval
 from cuaderno.journal.base import Checkpointer
 from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import Agent, Session
@@ -271,7 +272,7 @@ class CuadernoWorkflow:
         decide(self.store, self.run_id, step_id, fingerprint=d.get("fingerprint"), approver=d.get("approver"),
                reason=d.get("reason"))
 
-    def _pending(self) -> dict[str, dict[str, Any]]:
+    def _pending(self) -> dict[str, PendingApproval]:
         cp = self.store.checkpoint(self.run_id) if self.run_id else None
         return cp.pending if cp is not None else {}
 
@@ -316,5 +317,7 @@ class CuadernoWorkflow:
 
     @workflow.query(name="pending")
     def pending(self) -> dict[str, dict[str, Any]]:
+        # Plain dicts across the query: the converter would read a TypedDict's hints, whose
+        # ``ReadOnly`` exists only for the type checker.
         cp = self.store.checkpoint(self.run_id) if self.run_id else None
-        return dict(cp.pending) if cp is not None else {}
+        return {step: dict(entry) for step, entry in cp.pending.items()} if cp is not None else {}
