@@ -51,7 +51,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import RESTORE_STEP, StepEvent
 from cuaderno.events.payloads import PendingApproval
-from cuaderno.journal import Erasure, SupportsErase, state_of
+from cuaderno.journal import Erasure, Rekeyed, SupportsErase, rekey_journal, state_of
 from cuaderno.journal.backups import BackupReport, RestoreReport, backup, mark_runs, restore_record, restored_record
 from cuaderno.journal.backups import restore as _restore
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
@@ -61,10 +61,10 @@ from cuaderno.journal.retention import prune as _prune
 from cuaderno.journal.retention import vacuum as _vacuum
 from cuaderno.plainjson import MAX_DEPTH, not_plain
 
-__all__ = ["STATUSES", "BackupReport", "CancelOutcome", "PruneReport", "RestoreReport", "RunRow", "RunState",
+__all__ = ["STATUSES", "BackupReport", "CancelOutcome", "PruneReport", "Rekeyed", "RestoreReport", "RunRow", "RunState",
            "SummaryRebuilt", "approve", "backup", "cancel_run", "check_store", "check_strings", "cleanup_left", "deny",
            "erase", "export_lines", "fingerprint_mismatch", "fork", "holders", "list_runs", "mark_restored",
-           "pending_approvals", "prune", "read_receipt", "rebuild_summary", "resolve", "restore", "restore_record",
+           "pending_approvals", "prune", "read_receipt", "rebuild_summary", "rekey", "resolve", "restore", "restore_record",
            "restored_record", "run_state", "run_states", "shown"]
 
 STATUSES: Final = ("running", "suspended", "completed", "failed", "cancelled", "needs_human")
@@ -420,6 +420,20 @@ def erase(store: Checkpointer, run_id: str, *, reason: str = "", thorough: bool 
     if not isinstance(store, SupportsErase):
         raise UsageError(f"a {type(store).__name__} cannot erase a run (the SQLite and PostgreSQL journals can)")
     return store.erase_run(run_id, reason=reason, thorough=thorough)
+
+
+def rekey(store: Checkpointer, *, batch: int = 200) -> Rekeyed:
+    """Re-wrap every run's data key of a journal encrypted at rest under its key provider's
+    current master key, in batches of ``batch`` runs, each its own transaction; resumable (a
+    second call after a kill finishes). No row is rewritten. See
+    :mod:`cuaderno.journal._rekey` and ``docs/guide/erasure-and-encryption.md``.
+
+    Raises:
+        UsageError: a store not opened with keys, or a bad ``batch``.
+        KeyInvalid: a data key wrapped by a master key the provider no longer holds.
+    """
+    check_store(store)
+    return rekey_journal(store, batch=batch)
 
 
 def shown(store: Checkpointer, run_id: str) -> tuple[Checkpoint, list[StepEvent]]:

@@ -28,6 +28,7 @@ from cuaderno.cli._erase import erase_command
 from cuaderno.cli._flow import flow_app
 from cuaderno.cli._fork import export_command, fork_command
 from cuaderno.cli._prune import backup_command, mark_restored_command, prune_command, restore_command
+from cuaderno.cli._rekey import rekey_command
 from cuaderno.cli._runs import list_runs, rebuild_summary, show, status_command
 from cuaderno.cli._schedule import schedule_app
 from cuaderno.cli._ui import ui_command, ui_passwd_command
@@ -71,7 +72,7 @@ class _OneLineUsageErrors(TyperGroup):
 
 
 def _db_first(args: list[str]) -> list[str]:
-    """``--db`` where the group reads it, wherever it was typed: ``cuaderno show run-1 --db x.db``
+    """``--db`` and ``--key-file`` where the group reads them, wherever they were typed: ``cuaderno show run-1 --db x.db``
     is ``cuaderno --db x.db show run-1`` (the option belongs to the group, so click would refuse it
     after the command). What follows ``--`` is left alone."""
     front: list[str] = []
@@ -82,11 +83,11 @@ def _db_first(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
-        if arg == "--db" and i + 1 < len(args):
+        if arg in ("--db", "--key-file") and i + 1 < len(args):
             front += args[i:i + 2]
             i += 2
             continue
-        (front if arg.startswith("--db=") else rest).append(arg)
+        (front if arg.startswith(("--db=", "--key-file=")) else rest).append(arg)
         i += 1
     return front + rest
 
@@ -115,10 +116,14 @@ def _root(
                                     help="The run journal: a path to an existing SQLite file, or a URL "
                                     "(sqlite:///runs.db, sqlite:////abs/runs.db); never created by this command.")]
     = DEFAULT_DB,
+    key_file: Annotated[str | None, typer.Option(
+        "--key-file", metavar="FILE",
+        help="The master key(s) of a journal encrypted at rest: one base64 key a line, the current one first "
+        "(chmod 600). Without it, CUADERNO_KEY or CUADERNO_KEY_FILE from the environment.")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print cuaderno's version and exit.")] = False,
 ) -> None:
-    ctx.obj = Options(db=db)
+    ctx.obj = Options(db=db, key_file=key_file)
 
 
 # In the order `cuaderno --help` lists them.
@@ -127,7 +132,8 @@ for _name, _command in (("list", list_runs), ("show", show), ("approve", approve
                         ("ui", ui_command), ("ui-passwd", ui_passwd_command), ("worker", worker_command),
                         ("status", status_command), ("fork", fork_command), ("export", export_command),
                         ("prune", prune_command), ("backup", backup_command), ("restore", restore_command),
-                        ("mark-restored", mark_restored_command), ("erase", erase_command)):
+                        ("mark-restored", mark_restored_command), ("erase", erase_command),
+                        ("rekey", rekey_command)):
     app.command(_name)(_command)
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(flow_app, name="flow")

@@ -21,6 +21,7 @@ from rich.console import Console
 from cuaderno.errors import CuadernoError, RunNotFound, UsageError, clipped, quoted
 from cuaderno.journal import open_journal, parse_journal_url
 from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.keys import KeyProvider, environment_keys, file_keys
 from cuaderno.operations import STATUSES
 from cuaderno.render import clean
 
@@ -51,6 +52,16 @@ class Options:
     """What the command group's own options say (``ctx.obj``)."""
 
     db: str
+    key_file: str | None = None
+    """``--key-file``: the master keys of an encrypted journal (else the environment's)."""
+
+    def keys(self) -> KeyProvider | None:
+        """The key provider ``--key-file`` names, or the environment's (``None``: none).
+
+        Raises:
+            KeyMissing, KeyInvalid: the file is missing, holds no key, or others can read it.
+        """
+        return file_keys(self.key_file) if self.key_file else environment_keys()
 
 
 class Refused(Exception):
@@ -117,7 +128,7 @@ def opened(ctx: typer.Context, *, readonly: bool = False) -> Iterator[Checkpoint
     target = parse_journal_url(options.db)
     if target.scheme == "sqlite" and target.path != ":memory:":
         check_sqlite_file(Path(target.path))
-    journal = open_journal(options.db, create=False, readonly=readonly)
+    journal = open_journal(options.db, create=False, readonly=readonly, keys=options.keys())
     try:
         yield journal
     finally:

@@ -28,7 +28,7 @@ __all__ = ["export_command", "fork_command"]
 def _open(ctx: typer.Context, *, readonly: bool) -> SqliteCheckpointer:
     from cuaderno.ui import open_journal  # the same checks as `cuaderno ui`: never creates a file
 
-    return open_journal(ctx.obj.db, readonly=readonly)
+    return open_journal(ctx.obj.db, readonly=readonly, keys=ctx.obj.keys())
 
 
 def fork_command(

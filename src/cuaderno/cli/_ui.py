@@ -103,7 +103,7 @@ def ui_command(
     try:
         auth = _auth(auth_file, proxy_header, trusted_proxy or [])
         app = create_app(source, allow_decisions=allow_decisions, allowed_hosts=allowed_hosts(host, allowed_host or []),
-                         auth=auth, public=not is_loopback(host))
+                         auth=auth, public=not is_loopback(host), keys=ctx.obj.keys())
     except CuadernoError as exc:
         fail(str(exc))
     except OSError as exc:

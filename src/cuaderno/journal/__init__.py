@@ -4,7 +4,8 @@ Besides the backends, what the rest of cuaderno reads of a journal lives here: o
 URL (:func:`open_journal`, :func:`parse_journal_url`), what a run waits for and who may move it on
 (:func:`state_of`, :func:`work_for`), the group commit a loop appends through
 (:class:`GroupCommit`), the queue of submitted runs (:func:`queue_of`, for :mod:`cuaderno.flow`),
-erasing a run's content (:class:`SupportsErase`), a stored payload as shown to people (:func:`stored_payload`) and the
+erasing a run's content (:class:`SupportsErase`), rotating the master key of a journal encrypted
+at rest (:func:`rekey_journal`), a stored payload as shown to people (:func:`stored_payload`) and the
 decoding of payloads read in one batch (:func:`decode_small_payloads`). The modules whose names
 start with ``_`` are the journal's own.
 """
@@ -26,6 +27,7 @@ from cuaderno.journal._queue_sql import (
     queue_of,
     schedules_of,
 )
+from cuaderno.journal._rekey import Rekeyed, rekey_journal
 from cuaderno.journal._rows import decode_small_payloads
 from cuaderno.journal.base import EVENT_SCHEMA_VERSION, SCHEMA_VERSION, Checkpointer, SupportsRebuild
 from cuaderno.journal.memory import MemoryCheckpointer
@@ -35,9 +37,10 @@ if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
 
 __all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue", "JournalSchedules",
-           "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry",
+           "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry", "Rekeyed",
            "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions", "decode_small_payloads",
-           "open_journal", "parse_journal_url", "queue_of", "schedules_of", "state_of", "stored_payload", "work_for"]
+           "open_journal", "parse_journal_url", "queue_of", "rekey_journal", "schedules_of", "state_of", "stored_payload",
+           "work_for"]
 
 
 def __getattr__(name: str) -> Any:

@@ -24,8 +24,9 @@ from cuaderno.errors import (
     RunErased,
     UsageError,
 )
-from cuaderno.events import CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
+from cuaderno.events import CODEC_ERASED, CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
+from cuaderno.journal._sealing import RunKeys, opened
 from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, validate_event
 
 __all__ = ["RawRow", "check_chain", "decode_row", "plan_append", "plan_rebuild"]
@@ -177,10 +178,11 @@ salt): ``salt`` is the row's digest key (:attr:`~cuaderno.events.StepEvent.salt`
 of the first chain version and for an erased row."""
 
 
-def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq: int | None = None) -> list[StepEvent]:
+def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq: int | None = None,
+                keys: RunKeys | None = None) -> list[StepEvent]:
     """Rebuild events from stored rows in seq order, checking the hash chain and its head.
 
-    Payloads decode on first use.
+    Payloads decode on first use; sealed ones are opened with ``keys`` (see :func:`decode_row`).
 
     Raises:
         JournalCorrupt: a gap in ``seq``, a row whose hash does not chain, or a chain head that
@@ -190,7 +192,7 @@ def check_chain(run_id: str, rows: Sequence[RawRow], head: str | None, head_seq:
     prev = ""
     out: list[StepEvent] = []
     for expected_seq, row in enumerate(rows, start=1):
-        ev = decode_row(row)
+        ev = decode_row(row, keys)
         if ev.seq != expected_seq or ev.run_id != run_id:
             raise JournalCorrupt(f"run {run_id!r}: journal row {expected_seq} is missing or out of order")
         if verifiable(ev) and row_hash(prev, ev, ev.seq, ev.encoded_payload()) != ev.row_hash:
@@ -217,18 +219,26 @@ def _seq_of(events: Sequence[StepEvent], row_hash: str) -> int | None:
     return next((ev.seq for ev in events if ev.row_hash == row_hash), None)
 
 
-def decode_row(row: RawRow) -> StepEvent:
+def decode_row(row: RawRow, keys: RunKeys | None = None) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use).
 
-    A compressed row is decompressed here, so the event holds its JSON bytes and codec as written.
+    A sealed row is opened (with its run's data key from ``keys``) and a compressed one
+    decompressed here, so the event holds its JSON bytes and codec as written.
 
     Raises:
-        JournalCorrupt: a compressed payload that does not decompress.
+        JournalCorrupt: a compressed payload that does not decompress, a seal that does not open.
+        KeyMissing, KeyInvalid: a sealed row and no key, or not the key that sealed it.
     """
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash, salt = row
     raw = payload if type(payload) is bytes else str(payload).encode()
+    codec, raw = opened(keys, run_id, step_id, phase, codec, raw)
     if codec == CODEC_JSON_ZSTD:  # tested here too, so that plain rows do not build the message
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
+    if codec != CODEC_JSON and codec != CODEC_ERASED:
+        # Appends store no other codec, and the chain does not cover the column: a damaged one
+        # is refused here, not when (or whether) the payload is first decoded.
+        raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its codec {codec!r:.40} is "
+                             "not one a journal stores; the row was altered or damaged")
     if salt is not None and (type(salt) is not bytes or len(salt) != SALT_BYTES):
         raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its digest key is not "
                              f"{SALT_BYTES} bytes; the row was altered or damaged")
@@ -237,7 +247,7 @@ def decode_row(row: RawRow) -> StepEvent:
 
 
 def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, epoch: int | None,
-                 trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+                 trust_journal: bool, keys: RunKeys | None = None) -> tuple[Checkpoint, list[str]]:
     """The summary to store for a run, rebuilt from its journal, and the fields in which the stored
     one differs (none: there is nothing to write).
 
@@ -265,7 +275,8 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
 
     Args:
         rows: the run's stored rows in ``seq`` order.
-        stored_text: the stored summary, as stored.
+        stored_text: the stored summary, as stored (its sealed content opened, see :mod:`._sealing`).
+        keys: the data keys that open sealed rows (``None``: the store does not encrypt).
         epoch: the run's fencing epoch where the backend keeps it beside the summary (``None``:
             the summary's own); kept as it is.
 
@@ -284,7 +295,7 @@ def plan_rebuild(run_id: str, rows: Sequence[RawRow], stored_text: str | bytes, 
         epoch = stored.epoch if stored is not None else 0
     elif stored is not None:
         stored.epoch = epoch
-    events = check_chain(run_id, rows, None)
+    events = check_chain(run_id, rows, None, keys=keys)
     if not trust_journal:
         anyway = (f"; nothing was written. If the journal is complete, rebuild it from the {len(events)} events the "
                   "journal holds with `cuaderno rebuild-summary RUN --trust-journal` (trust_journal=True)")

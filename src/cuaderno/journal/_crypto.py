@@ -15,9 +15,8 @@ The design, in the style of :mod:`._compress` (a storage form, invisible above t
 - The hash chain is computed over the plaintext's keyed digest (:func:`cuaderno.events.row_hash`)
   exactly as for a plain row: encryption changes how a row rests, not what it says.
 
-Status: built and tested here; the SQLite and PostgreSQL stores do not call it yet (the
-summary's content fields, the ``open_runs`` queries over the summary text and the page's index
-read plaintext), so nothing is encrypted at rest today.
+The stores call it through :mod:`._sealing` (which run's key seals what, the summary's content
+fields, the keys table).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ is the last row's hash (:func:`cuaderno.events.verifiable`), but no longer the r
 fields (for a run of only such rows, nothing between its first row and its head).
 
 One transaction: the summary is rewritten (the outcome replaced by the erasure's record, with
-who decided each approval) and every row's payload replaced, or nothing is. A kill before the
+who decided each approval) and every row's payload replaced, or nothing is; in a journal
+encrypted at rest (:mod:`._sealing`) the run's wrapped data key is deleted in it too. A kill before the
 commit leaves the run as it was; after it, the run is erased and a later ``erase`` (idempotent)
 finishes what follows the commit: making the files forget the old bytes (the backend's
 ``_scrub``: SQLite's ``secure_delete`` and a truncating WAL checkpoint, PostgreSQL's VACUUM).
@@ -165,12 +166,12 @@ class SqlEraser(SqlWriter):
             head = db.execute(self._dialect.rebuild_head, (run_id,)).fetchone()  # locked where rows lock
             if head is None:
                 raise RunNotFound(run_id)
-            cp = Checkpoint.loads(head[1])
+            cp = self._summary_of(db, run_id, head[1])
             cp.epoch = int(head[0])
             rows: list[RawRow] = db.execute(self._dialect.run_events, (run_id,)).fetchall()
             rows.sort(key=lambda r: r[3])
             already = is_erased(cp)
-            events = check_chain(run_id, rows, cp.last_hash, cp.last_seq)
+            events = check_chain(run_id, rows, cp.last_hash, cp.last_seq, self._keys(db))
             todo = [ev for ev in events if not ev.erased]
             if already and todo:
                 raise JournalCorrupt(f"run {run_id!r}: its summary says it was erased, yet {len(todo)} of its rows "
@@ -184,7 +185,14 @@ class SqlEraser(SqlWriter):
                 for ev in todo:
                     db.execute(self._dialect.erase_row, (CODEC_ERASED, erased_row(ev), run_id, ev.step_id, ev.phase))
                 faults.point("erase.E2")  # every row erased, before COMMIT
+            if self._sealer is not None:
+                # Encrypted: the run's data key is destroyed too (its summary is stored unsealed:
+                # nothing of the content is left in it), so a copy of the journal made before the
+                # erasure (a backup) no longer opens the run's rows once the master key that
+                # wrapped it is rotated away.
+                self._sealer.destroy(db, run_id)
             self._forget([run_id])
+            self._drop_keys([run_id])
         faults.point("erase.E3")  # committed, the files not scrubbed yet
         scrubbed, detail = self._scrub(thorough)
         faults.point("erase.E4")  # scrubbed

@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from cuaderno.errors import JournalError, UsageError
 from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.keys import KeyProvider, environment_keys
 
 __all__ = ["JournalURL", "open_journal", "parse_journal_url"]
 
@@ -117,7 +118,8 @@ def _parse_sqlite(url: str, shown: str) -> JournalURL:
     return JournalURL("sqlite", path, params, shown)
 
 
-def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: bool = False) -> Checkpointer:
+def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: bool = False,
+                 keys: KeyProvider | None = None) -> Checkpointer:
     """Open the journal a URL names (see the module docstring for the forms).
 
     Args:
@@ -125,8 +127,13 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
         create: ``False`` opens only an existing journal (the CLI never creates one).
         readonly: open for reading only; the journal is never changed. A SQLite URL's
             ``mode=ro`` says the same.
+        keys: encrypt at rest with this key provider (see :mod:`cuaderno.journal.keys`);
+            ``None``: the environment's (``CUADERNO_KEY``, ``CUADERNO_KEY_FILE``) when it names
+            one, else none. A memory journal ignores it (nothing of it rests anywhere).
 
     Raises:
+        KeyMissing, KeyInvalid: an encrypted journal and no key, or a wrong one; nothing was
+            read or written.
         UsageError: a URL this cuaderno cannot open (see :func:`parse_journal_url`), or one
             whose backend is not installed; nothing was opened.
         JournalError: the backend refused to open the journal (a missing file with
@@ -140,8 +147,10 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
         from cuaderno.journal.memory import MemoryCheckpointer
 
         return MemoryCheckpointer()
+    if keys is None:
+        keys = environment_keys()
     if target.scheme == "postgresql":
-        return _open_postgres(target, str(url), create=create, readonly=readonly)
+        return _open_postgres(target, str(url), create=create, readonly=readonly, keys=keys)
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
     mode = target.params.get("mode", "rwc")
@@ -154,18 +163,19 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
         options["synchronous"] = target.params["synchronous"]
     if "compress" in target.params:
         options["compress"] = target.params["compress"] == "on"
-    return SqliteCheckpointer(target.path, create=create, readonly=readonly or mode == "ro",
+    return SqliteCheckpointer(target.path, create=create, readonly=readonly or mode == "ro", keys=keys,
                               **options)
 
 
-def _open_postgres(target: JournalURL, url: str, *, create: bool, readonly: bool) -> Checkpointer:
+def _open_postgres(target: JournalURL, url: str, *, create: bool, readonly: bool,
+                   keys: KeyProvider | None) -> Checkpointer:
     """The Postgres backend, imported only now; ``url`` is the caller's, password and all."""
     try:
         module = importlib.import_module("cuaderno.journal.postgres")
     except ModuleNotFoundError as exc:
         raise UsageError(f"journal URL {target.url!r}: the PostgreSQL backend needs {exc.name!r}, which is not "
                          "installed: pip install 'cuaderno[postgres]'") from None
-    store: Checkpointer = module.PostgresCheckpointer.from_url(url, create=create, readonly=readonly)
+    store: Checkpointer = module.PostgresCheckpointer.from_url(url, create=create, readonly=readonly, keys=keys)
     return store
 
 

@@ -30,6 +30,7 @@ from cuaderno.errors import (
 )
 from cuaderno.journal import _lease, _queue_sql
 from cuaderno.journal._rows import checked_epoch, schema_version
+from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_PG, Sealer, check_journal
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
 
@@ -65,6 +66,9 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # payload replaced by that digest, the key set to NULL) leaves a chain that still verifies.
     # Rows written before keep NULL and their version-1 hash.
     ("ALTER TABLE cuaderno_events ADD COLUMN salt BYTEA",),
+    # Version 4 (encryption at rest): each run's data key, wrapped by a master key (see
+    # journal._sealing); empty in a journal that is not encrypted.
+    (KEYS_TABLE_PG,),
 ]
 
 
@@ -133,6 +137,7 @@ class PgServer:
     schema: str | None
     _readonly: bool
     _create: bool
+    _sealer: Sealer | None
     _keepalive: int
     _connect_timeout: int
     _closed: bool
@@ -237,6 +242,12 @@ class PgServer:
                 for statement in step:
                     conn.execute(statement)  # constant SQL of this module
                 conn.execute("INSERT INTO cuaderno_migrations (version) VALUES (%s)", (number,))
+            # An encrypted journal without a key, or a wrong key: refused here, and the
+            # transaction (migrations included) rolled back: nothing was written.
+            check_journal(conn, self._sealer, f"journal {self.url}", has_tables=True)
+            if self._sealer is not None and not self._readonly:
+                conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES (%s, 'aesgcm') ON CONFLICT (key) "
+                             "DO NOTHING", (ENCRYPTION_META,))
             if compress is not None and not self._readonly:
                 conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('compress', %s) ON CONFLICT (key) "
                              "DO UPDATE SET value = excluded.value", (_ON_OFF[compress],))

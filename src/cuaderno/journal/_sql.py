@@ -23,7 +23,9 @@ from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound, UsageErro
 from cuaderno.events import StepEvent
 from cuaderno.journal import _claims
 from cuaderno.journal._append import RawRow, check_chain, decode_row
+from cuaderno.journal._compress import stored_payload
 from cuaderno.journal._rows import checked_epoch, decode_small_payloads, storable
+from cuaderno.journal._sealing import RunKeys, Sealer, open_summary, opened
 from cuaderno.journal.base import Tail, tail_base
 
 __all__ = ["POSTGRES", "SQLITE", "SQLITE_UNKEYED", "Dialect", "SqlJournal"]
@@ -189,6 +191,42 @@ class SqlJournal:
     _readonly: bool
     _taken: dict[str, int]
     _tail_ready = False
+    _sealer: Sealer | None = None
+    """The store's keys when it encrypts at rest (see :mod:`._sealing`), else ``None``."""
+
+    # -- encryption at rest (journal._sealing's) ------------------------------------------------------
+
+    def _keys(self, db: Any) -> RunKeys | None:
+        """The data keys of runs, looked up on ``db``; ``None`` when the store does not encrypt."""
+        return None if self._sealer is None else self._sealer.bind(db)
+
+    def _summary_of(self, db: Any, run_id: str, text: Any) -> Checkpoint:
+        """A stored summary read back on ``db``, its sealed content opened."""
+        return open_summary(lambda: self._keys(db), run_id, text, self._loads)
+
+    def _opened_text(self, db: Any, run_id: str, text: Any) -> Any:
+        """A stored summary's text with its sealed content opened (as an unsealed summary is
+        stored), for a reader of the text; the text as it is when it does not open."""
+        try:
+            return self._summary_of(db, run_id, text).dumps()
+        except JournalCorrupt:
+            return text  # the reader says how it is damaged
+
+    def stored_content(self, run_id: str, step_id: str, phase: str, codec: str, payload: bytes) -> dict[str, Any]:
+        """A row's payload as read from the events table by a reader of its own (the page's
+        index), as shown to people: opened with the run's data key if it is sealed.
+
+        Raises:
+            JournalCorrupt: it does not decode or open. KeyInvalid: its run's key cannot be had.
+        """
+        with self._reader(run_id) as db:
+            codec, raw = opened(self._keys(db), run_id, step_id, phase, codec, bytes(payload))
+        return stored_payload(codec, raw)
+
+    def _drop_keys(self, run_ids: list[str]) -> None:
+        """Forget the cached data keys of runs whose write failed or whose key was destroyed."""
+        if self._sealer is not None:
+            self._sealer.forget(run_ids)
 
     # -- what a backend supplies --------------------------------------------------------------------
 
@@ -225,12 +263,13 @@ class SqlJournal:
         with self._snapshot(run_id) as db:
             head = db.execute(self._dialect.summary, (run_id,)).fetchone()
             rows: list[RawRow] = [] if head is None else db.execute(self._dialect.run_events, (run_id,)).fetchall()
+            keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
         if head is None:
             raise RunNotFound(run_id)
         with self._reading(run_id):
             rows.sort(key=lambda r: r[3])
-            summary = self._loads(run_id, head[0])
-            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq)
+            summary = open_summary(lambda: keys, run_id, head[0], self._loads)
+            events = check_chain(run_id, rows, summary.last_hash, summary.last_seq, keys)
             decode_small_payloads(events)
         return events
 
@@ -241,7 +280,7 @@ class SqlJournal:
             row = db.execute(self._dialect.head, (run_id,)).fetchone()
             if row is None:
                 return None
-            cp = self._loads(run_id, row[1])
+            cp = self._summary_of(db, run_id, row[1])
             cp.epoch = checked_epoch(run_id, row[0])
             return cp
 
@@ -269,7 +308,7 @@ class SqlJournal:
             rows = db.execute(statement, params).fetchall()
             out = []
             for run_id, epoch, text in rows:
-                cp = self._loads(run_id, text)
+                cp = self._summary_of(db, run_id, text)
                 cp.epoch = checked_epoch(run_id, epoch)
                 out.append(cp)
             return out
@@ -294,14 +333,15 @@ class SqlJournal:
             snap = None if head is None else db.execute(self._dialect.last_mark, (run_id, step_id)).fetchone()
             base = None if snap is None else tail_base(snap[2])
             rows: list[RawRow] = [] if base is None else db.execute(self._dialect.tail, (run_id, base)).fetchall()
+            keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
         if head is None:
             raise RunNotFound(run_id)
         if snap is None or base is None:
             return None
         with self._reading(run_id):
-            summary = self._loads(run_id, head[1])
+            summary = open_summary(lambda: keys, run_id, head[1], self._loads)
             summary.epoch = checked_epoch(run_id, head[0])
-            return Tail(summary, decode_row(snap), [decode_row(r) for r in rows])
+            return Tail(summary, decode_row(snap, keys), [decode_row(r, keys) for r in rows])
 
     def prepare_tail(self) -> None:
         """See :meth:`~cuaderno.journal.base.SupportsTail.prepare_tail` (once per store)."""

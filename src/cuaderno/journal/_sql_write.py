@@ -31,6 +31,7 @@ from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebui
 from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
+from cuaderno.journal._sealing import RunKeys, sealed, summary_text
 from cuaderno.journal._sql import SqlJournal
 from cuaderno.journal.base import payload_limit, validate_event
 
@@ -50,11 +51,12 @@ def first_line(exc: BaseException) -> str:
 
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
-                max_payload: int) -> list[tuple[Any, ...]]:
+                max_payload: int, keys: RunKeys | None = None) -> list[tuple[Any, ...]]:
     """The events table's columns of each new row (the thirteen of :data:`RawRow`), its payload
-    compressed when ``compress`` (the row hash and deduplication cover the JSON bytes; compression
-    is how they rest). A payload over ``max_payload`` is refused: compressed it would fit, and no
-    reader could open it."""
+    compressed when ``compress``, then sealed with its run's data key when the store encrypts
+    (``keys``; see :mod:`._sealing`): the row hash and deduplication cover the JSON bytes,
+    compression and sealing are how they rest. A payload over ``max_payload`` is refused:
+    compressed it would fit, and no reader could open it."""
     rows = []
     for e, payload in new:
         if len(payload) > max_payload:
@@ -62,13 +64,14 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
                                f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
                                "was committed")
         codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
+        codec, stored = sealed(keys, e, codec, stored)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
                      stored, e.created_at, e.row_hash, e.salt))
     return rows
 
 
 def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
-                    trust_journal: bool) -> tuple[Checkpoint, list[str]]:
+                    trust_journal: bool, keys: RunKeys | None = None) -> tuple[Checkpoint, list[str]]:
     """What ``rebuild_checkpoint`` writes, from the run's ``(epoch, checkpoint, status)`` row
     and its events' rows, both read under the write lock (see
     :func:`~cuaderno.journal._append.plan_rebuild`)."""
@@ -80,7 +83,7 @@ def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
         raise RunNotFound(run_id)
     rows.sort(key=lambda r: r[3])
     # The epoch column is the run's epoch: a takeover writes only the column.
-    cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal)
+    cp, differ = plan_rebuild(run_id, rows, row[1], checked_epoch(run_id, row[0]), trust_journal, keys)
     if row[2] != cp.status:  # the copy of the status that list_runs(status=...) filters on
         differ = [*differ, "status column"]
     return cp, differ
@@ -187,6 +190,7 @@ class SqlWriter(SqlJournal):
             return out
         except BaseException:
             self._forget([run_id])
+            self._drop_keys([run_id])  # a data key created in the rolled-back transaction is gone
             raise
 
     def _write(self, db: Any, run_id: str, events: Sequence[StepEvent], epoch: int | None,
@@ -197,14 +201,16 @@ class SqlWriter(SqlJournal):
         (:class:`Duplicate`: the caller redoes the transaction with ``lookups``, one per key)."""
         cp = self._write_summary(db, run_id, epoch, fresh=lookups, unheld=unheld)
 
+        keys = self._keys(db)
+
         def existing(ev: StepEvent) -> StepEvent | None:
             row = db.execute(self._dialect.event, ev.key).fetchone()
-            return None if row is None else decode_row(row)
+            return None if row is None else decode_row(row, keys)
 
         new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq,
                                payload_limit(self), keyed=True)
         if new:
-            rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD)
+            rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys)
             try:
                 if len(rows) == 1:
                     db.execute(self._dialect.insert, rows[0])
@@ -218,7 +224,7 @@ class SqlWriter(SqlJournal):
             self._inserted(db, rows)
             faults.in_txn("checkpoint")
             upserted = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                             cp.dumps()))
+                                                             summary_text(keys, cp)))
             faults.in_txn()
             faults.point("append.W1")  # everything written, before COMMIT
             self._keep(run_id, cp, upserted)
@@ -246,6 +252,7 @@ class SqlWriter(SqlJournal):
         except Exception:
             faults.set_txn_points()
             self._forget(b.events[0].run_id for b in batches)
+            self._drop_keys([b.events[0].run_id for b in batches if b.events])
             return self._one_by_one(batches)
         for i, b in enumerate(batches):
             moved = self._moved(b.events[0].run_id, b.epoch)
@@ -300,7 +307,7 @@ class SqlWriter(SqlJournal):
         with self._reading(run_id), self._txn() as db:  # no append's bookkeeping: no row is added
             cp, differ = self._plan_rebuild(db, run_id, trust_journal)
             if differ:
-                db.execute(self._dialect.rewrite_summary, (cp.status, cp.dumps(), run_id))
+                db.execute(self._dialect.rewrite_summary, (cp.status, summary_text(self._keys(db), cp), run_id))
             self._forget([run_id])
             faults.point("rebuild.B1")  # the summary rewritten, before COMMIT
         faults.point("rebuild.B2")  # after the commit
@@ -311,4 +318,6 @@ class SqlWriter(SqlJournal):
         self._schema_of(db)
         row = db.execute(self._dialect.rebuild_head, (run_id,)).fetchone()
         rows: list[RawRow] = db.execute(self._dialect.run_events, (run_id,)).fetchall()
-        return planned_rebuild(run_id, row, rows, trust_journal)
+        if row is not None and self._sealer is not None:
+            row = (row[0], self._opened_text(db, run_id, row[1]), row[2])
+        return planned_rebuild(run_id, row, rows, trust_journal, self._keys(db))

@@ -29,6 +29,7 @@ from cuaderno.errors import (
 )
 from cuaderno.journal import _anchor, _lease, _queue_sql
 from cuaderno.journal._rows import schema_version as _schema_version
+from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_SQLITE, Sealer, check_journal
 from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
 from cuaderno.journal.base import SCHEMA_VERSION
 
@@ -64,6 +65,11 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # Rows written before keep NULL and their version-1 hash. Taken by every open for writing (a
     # new row needs the column); a read-only store reads an older file as it is.
     ("ALTER TABLE cuaderno_events ADD COLUMN salt BLOB",),
+    # Schema 5 (encryption at rest): each run's data key, wrapped by a master key (see
+    # journal._sealing). IF NOT EXISTS: created by every open for writing; the number is raised
+    # only by a store that encrypts (its rows and summaries, sealed, must be refused by a
+    # cuaderno before this schema), so a plain journal stays readable by one.
+    (KEYS_TABLE_SQLITE,),
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -73,6 +79,9 @@ _COMPRESSED_SINCE = 2
 
 _KEYED_SINCE = 4
 """The schema from which the events table has the ``salt`` column: rows may be keyed or erased."""
+
+_SEALED_SINCE = 5
+"""The schema from which rows and summaries may be sealed (encryption at rest, ``cuaderno_keys``)."""
 
 
 _READ_AS_IS_FROM = 1
@@ -253,6 +262,7 @@ class SqliteFile:
     _shm_kept: bool
     _db: sqlite3.Connection
     _index_unread: bool
+    _sealer: Sealer | None
     _mark: tuple[int, str] | None = None
     """The rowid and row hash of the last row the open append transaction inserted (the anchor's)."""
     _bump = 0
@@ -295,6 +305,7 @@ class SqliteFile:
                 self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
                 self._bind_file()
                 self._refuse_newer_schema(older_too=True)
+                self._refuse_without_key(self._db)
                 self._accept_rollback = self._accept_rollback or not self._check_anchor()
                 return
             if self._hot_wal:
@@ -314,6 +325,7 @@ class SqliteFile:
                     return
                 self._bind_file()
                 self._refuse_newer_schema()
+                self._refuse_without_key(self._db)
                 self._check_anchor()
                 if self._reads_as_is(compress):
                     self._compress = self._follow_meta(self._db)
@@ -338,6 +350,7 @@ class SqliteFile:
         self._shm_kept = False
         self._bind_file()
         self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
+        self._refuse_without_key(self._db)
         rolled_back = not self._check_anchor()
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if self.path != ":memory:" and mode != "wal":
@@ -449,6 +462,15 @@ class SqliteFile:
             raise JournalError(f"{self.path!r} has journal schema {version}; this cuaderno reads {SCHEMA_VERSION}. "
                                "Open it once for writing to migrate it; nothing was changed")
 
+    def _refuse_without_key(self, db: sqlite3.Connection) -> None:
+        """An encrypted journal and no key, or a wrong key: refused before anything is written
+        (see :func:`~cuaderno.journal._sealing.check_journal`)."""
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name IN "
+                                           "('cuaderno_meta', 'cuaderno_keys')").fetchall()}
+        if self._sealer is not None:
+            self._sealer.has_table = "cuaderno_keys" in tables
+        check_journal(db, self._sealer, f"journal {self.path!r}", has_tables=len(tables) == 2)
+
     def _migrate(self, compress: bool | None) -> bool:
         """Create or migrate the schema; return whether this store compresses payloads."""
         with self._txn() as db:
@@ -471,6 +493,12 @@ class SqliteFile:
             # journal kept plain leaves it readable by a cuaderno of schema 1.
             # Schema 4 is taken at once: every new row is keyed, and its column must be there.
             target = SCHEMA_VERSION if version == 0 else max(version, _READ_AS_IS_FROM, _KEYED_SINCE)
+            if self._sealer is not None:
+                # Encrypting: recorded in the file, so that a store without the key refuses it,
+                # and the schema raised, so that a cuaderno that cannot open sealed rows does.
+                target = max(target, _SEALED_SINCE)
+                db.execute("INSERT OR IGNORE INTO cuaderno_meta (key, value) VALUES (?, 'aesgcm')", (ENCRYPTION_META,))
+                self._sealer.has_table = True
             if version < target:
                 db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('schema_version', ?)",
                            (str(target),))
@@ -507,6 +535,8 @@ class SqliteFile:
             JournalCorrupt: a compression setting that is neither ``on`` nor ``off``.
         """
         self._file_schema = self._schema_of(db)
+        if self._sealer is None:
+            self._refuse_without_key(db)  # turned on by another store since this one opened
         if self._compress_choice is not None:
             return self._compress_choice
         setting = _compress_setting(db)

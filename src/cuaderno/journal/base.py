@@ -81,10 +81,10 @@ CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
 over (``acquire(open_only=True)``)."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The journal file schema this cuaderno writes: its tables and how rows are stored (schema 2
 added compressed payloads, schema 3 the queue's tables, schema 4 keyed content digests and erased
-rows). A journal with a higher number is refused
+rows, schema 5 the wrapped data keys of encryption at rest). A journal with a higher number is refused
 (:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
 
 EVENT_SCHEMA_VERSION = 1

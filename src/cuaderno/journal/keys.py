@@ -16,8 +16,10 @@ Rotation: the provider's current key wraps new data keys; older keys stay in the
 (``CUADERNO_OLD_KEYS``, the key file's later lines) until every data key they wrapped has been
 wrapped again under the current one.
 
-Status: the seam, the codec and the wrapping are built and tested; the stores do not use them
-yet (see ``docs/guide/erasure-and-encryption.md``).
+The stores take a provider as ``keys=`` (:class:`~cuaderno.journal.sqlite.SqliteCheckpointer`,
+:class:`~cuaderno.journal.postgres.PostgresCheckpointer`); :func:`~cuaderno.journal.open_journal`
+and the CLI take the environment's (:func:`environment_keys`) or ``--key-file``. See
+``docs/guide/erasure-and-encryption.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Protocol, runtime_checkable
 
 from cuaderno.errors import KeyInvalid, KeyMissing
 
-__all__ = ["KEY_BYTES", "KeyProvider", "MasterKey", "StaticKeys", "env_keys", "file_keys", "master_key", "parse_key"]
+__all__ = ["KEY_BYTES", "KeyProvider", "MasterKey", "StaticKeys", "env_keys", "environment_keys", "file_keys", "master_key",
+           "parse_key"]
 
 KEY_BYTES = 32
 """Bytes of a master key (AES-256)."""
@@ -150,3 +153,20 @@ def file_keys(path: str | os.PathLike[str]) -> StaticKeys:
     if not keys:
         raise KeyMissing(f"the key file {str(p)!r} holds no key")
     return StaticKeys(keys[0], keys[1:])
+
+
+def environment_keys(environ: Mapping[str, str] | None = None) -> StaticKeys | None:
+    """The keys the environment names, or ``None`` when it names none: ``CUADERNO_KEY`` (with
+    ``CUADERNO_OLD_KEYS``, see :func:`env_keys`), else a key file at ``CUADERNO_KEY_FILE`` (see
+    :func:`file_keys`). What :func:`~cuaderno.journal.open_journal` (so the CLI, a worker, a
+    Temporal activity) uses when it is given no provider.
+
+    Raises:
+        KeyMissing, KeyInvalid: as :func:`env_keys` and :func:`file_keys`.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("CUADERNO_KEY", "").strip():
+        return env_keys(environ=env)
+    if env.get("CUADERNO_KEY_FILE", "").strip():
+        return file_keys(env["CUADERNO_KEY_FILE"])
+    return None

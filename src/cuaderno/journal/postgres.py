@@ -112,12 +112,14 @@ from cuaderno.journal._pg_server import (
 )
 from cuaderno.journal._rows import checked_epoch, no_existing
 from cuaderno.journal._rows import storable as _storable
+from cuaderno.journal._sealing import Sealer, summary_text
 from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
 from cuaderno.journal._sql_write import next_epoch, stored_rows
 from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
+from cuaderno.journal.keys import KeyProvider
 
 __all__ = ["PostgresCheckpointer"]
 
@@ -160,11 +162,14 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         dead_peer_after_s: about how long the server takes to notice that a lock holder's host
             vanished (TCP keepalives on the lock connection).
         connect_timeout_s: how long to wait for the server when opening.
+        keys: encrypt at rest with this :class:`~cuaderno.journal.keys.KeyProvider` (as
+            :class:`~cuaderno.journal.sqlite.SqliteCheckpointer`'s ``keys``; recorded in
+            ``cuaderno_meta``, so a store without the key is refused at open).
     """
 
     def __init__(self, conninfo: str, *, schema: str | None = None, create: bool = True, readonly: bool = False,
                  compress: bool | None = None, pool_size: int = 8, dead_peer_after_s: int = 30,
-                 connect_timeout_s: int = 10) -> None:
+                 connect_timeout_s: int = 10, keys: KeyProvider | None = None) -> None:
         if not isinstance(conninfo, str) or not conninfo:
             raise UsageError("a PostgreSQL journal needs a connection string or URL")
         if schema is not None and (not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema)):
@@ -173,6 +178,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             raise UsageError(f"compress must be True, False or None, got {compress!r:.40}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise UsageError("pool_size must be a positive integer")
+        self._sealer = None if keys is None else Sealer(keys, "%s")
         self._conninfo = conninfo
         self.url = _masked(conninfo)
         self._label = f"journal {self.url}"
@@ -221,7 +227,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         return self._connect()
 
     @classmethod
-    def from_url(cls, url: str, *, create: bool = True, readonly: bool = False) -> PostgresCheckpointer:
+    def from_url(cls, url: str, *, create: bool = True, readonly: bool = False,
+                 keys: KeyProvider | None = None) -> PostgresCheckpointer:
         """Open the journal a ``postgresql://`` URL names. Besides libpq's own query parameters
         (``sslmode``, ``connect_timeout``, ...; libpq refuses unknown ones), the URL may carry
         ``schema=NAME`` and ``compress=on|off``."""
@@ -243,7 +250,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             raise UsageError(f"journal URL {_masked(url)!r}: compress={mine['compress']!r} is not one of on, off")
         compress = None if "compress" not in mine else mine["compress"] == "on"
         conninfo = parts._replace(scheme="postgresql", query=urlencode(rest)).geturl()
-        return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress)
+        return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress, keys=keys)
 
     # -- writes (the algorithm is journal._sql_write's) -------------------------------------------
 
@@ -325,7 +332,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
                                        payload_limit(self), keyed=True)
             if new:
-                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD))
+                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, self._keys(cur)))
                 updated[run_id] = new[-1][0].created_at
                 written.append(i)
         if not rows:
@@ -339,7 +346,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         faults.set_txn_points()
         done = [(run_id, summaries[run_id]) for run_id in updated]
         params = ([r for r, _ in done], [cp.status for _, cp in done], [cp.epoch for _, cp in done],
-                  [updated[r] for r, _ in done], [cp.dumps() for _, cp in done])
+                  [updated[r] for r, _ in done], [summary_text(self._keys(cur), cp) for _, cp in done])
         xmins = dict(cur.execute(_UPSERT_RUNS, params).fetchall())
         if set(xmins) != set(updated):
             raise JournalCorrupt(f"journal {self.url}: the database stored other summaries than the ones written")
@@ -379,7 +386,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         if misses:
             texts = dict(cur.execute(_SELECT_SUMMARIES, (list(misses),)).fetchall())
             for run_id, epoch in misses.items():
-                cp = _loads(run_id, texts.get(run_id))
+                cp = self._summary_of(cur, run_id, texts.get(run_id))
                 cp.epoch = epoch
                 out[run_id] = cp
         last = max(found) if found else None
@@ -457,7 +464,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             cp = cached[1]  # the row is still the version this store wrote
         else:
             text = _one(cur.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)))[0]
-            cp = _loads(run_id, text)
+            cp = self._summary_of(cur, run_id, text)
         cp.epoch = epoch  # a takeover writes only the column
         return cp
 

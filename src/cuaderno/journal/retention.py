@@ -224,7 +224,7 @@ def _sqlite_batch(store: Any, cutoff: float, after: tuple[float, str], batch: in
         for run_id, _updated, _owner, text in rows:
             why = "it holds the journal's last row, or the row its anchor names" if run_id in keep else None
             if why is None:
-                cp = store._loads(run_id, text)
+                cp = store._summary_of(db, run_id, text)
                 why = _why_kept(cp, holders[run_id], partial(_events, db, store, run_id, cp), cleanup_left)
             if why is not None:
                 report.kept[run_id] = why
@@ -233,6 +233,7 @@ def _sqlite_batch(store: Any, cutoff: float, after: tuple[float, str], batch: in
             if not dry_run:
                 n = db.execute("DELETE FROM cuaderno_events WHERE run_id=?", (run_id,)).rowcount
                 db.execute("DELETE FROM cuaderno_runs WHERE run_id=?", (run_id,))
+                db.execute("DELETE FROM cuaderno_keys WHERE run_id=?", (run_id,))  # its data key, if encrypted
                 report.events += n
             took.append(run_id)
         if took and not dry_run:
@@ -270,7 +271,7 @@ def _events(db: Any, store: Any, run_id: str, cp: Checkpoint) -> list[StepEvent]
     """The run's events, read in the prune's transaction, chain checked (for its cleanup count)."""
     rows = db.execute(store._dialect.run_events, (run_id,)).fetchall()
     rows.sort(key=lambda r: r[3])
-    return check_chain(run_id, rows, cp.last_hash, cp.last_seq)
+    return check_chain(run_id, rows, cp.last_hash, cp.last_seq, store._keys(db))
 
 
 _PG_CANDIDATES = (
@@ -297,7 +298,7 @@ def _pg_batch(store: Any, cutoff: float, after: tuple[float, str], batch: int, d
                             "ORDER BY i", ([store._lock_key(r[0]) for r in rows],)).fetchall()
         for (run_id, _updated, owner, text), (free,) in zip(rows, tried, strict=True):
             holder = None if free else (_parse_owner(owner) or {"owner": None, "process": {}})
-            cp = store._loads(run_id, text)
+            cp = store._summary_of(cur, run_id, text)
             why = _why_kept(cp, holder, partial(_events, cur, store, run_id, cp), cleanup_left)
             if why is not None:
                 report.kept[run_id] = why
@@ -307,6 +308,7 @@ def _pg_batch(store: Any, cutoff: float, after: tuple[float, str], batch: int, d
         if took and not dry_run:
             report.events += cur.execute("DELETE FROM cuaderno_events WHERE run_id = ANY(%s)", (took,)).rowcount
             cur.execute("DELETE FROM cuaderno_runs WHERE run_id = ANY(%s)", (took,))
+            cur.execute("DELETE FROM cuaderno_keys WHERE run_id = ANY(%s)", (took,))  # their data keys, if encrypted
             faults.point("prune.P1")  # the batch's runs deleted, before COMMIT
     if not dry_run:
         with store._cache_lock:

@@ -59,6 +59,7 @@ from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._rows import checked_epoch as _epoch
+from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import SQLITE
 from cuaderno.journal._sql_write import next_epoch
 from cuaderno.journal._sqlite_file import (
@@ -70,6 +71,7 @@ from cuaderno.journal._sqlite_file import (
     _read_txn,
 )
 from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION
+from cuaderno.journal.keys import KeyProvider
 
 __all__ = ["SqliteCheckpointer"]
 
@@ -115,6 +117,13 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             from the steps the journal holds, and effects done after them are done again: say so
             only for a rollback you made on purpose. A writable store records the journal as it
             is now as the new high-water mark.
+        keys: encrypt at rest (see :mod:`cuaderno.journal._sealing`): a
+            :class:`~cuaderno.journal.keys.KeyProvider` whose current master key wraps each run's
+            data key. A writable store records in the file that it is encrypted (schema 5); from
+            then on, opening it without a key is refused with :class:`~cuaderno.errors.KeyMissing`
+            and with a provider lacking a master key its data keys need with
+            :class:`~cuaderno.errors.KeyInvalid`, before anything is read or written. Rows written
+            before stay as they were, and read.
 
     Refusals leave the files as they were. SQLite folds a ``-wal`` into the database file when the
     last connection to it closes, so a store that finds a ``-wal`` with commits in it at open (a
@@ -146,7 +155,8 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["FULL", "NORMAL"] = "FULL",
                  busy_timeout_ms: int = 30_000, create: bool = True, readonly: bool = False,
-                 compress: bool | None = None, accept_rollback: bool = False) -> None:
+                 compress: bool | None = None, accept_rollback: bool = False,
+                 keys: KeyProvider | None = None) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise UsageError("synchronous must be 'FULL' or 'NORMAL'")
         if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -156,6 +166,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, (int, float)) or busy_timeout_ms < 0:
             raise UsageError("busy_timeout_ms must be a number of milliseconds")
         self.path = str(path)
+        self._sealer = None if keys is None else Sealer(keys, "?")
         self._label = f"journal {self.path!r}"
         self._readonly = bool(readonly) and self.path != ":memory:"
         self._create = create and not self._readonly
@@ -208,7 +219,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         row = db.execute(SQLITE.head, (run_id,)).fetchone()
         if row is None:
             return Checkpoint(run_id=run_id)
-        cp = Checkpoint.loads(row[1])
+        cp = self._summary_of(db, run_id, row[1])
         cp.epoch = _epoch(run_id, row[0])
         return cp
 

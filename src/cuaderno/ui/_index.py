@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuaderno.errors import JournalCorrupt
+from cuaderno.errors import JournalError
 from cuaderno.journal import stored_payload
 
 __all__ = ["RunIndex", "RunStart"]
@@ -38,9 +39,12 @@ class RunStart:
 class RunIndex:
     """Read-only paging over the runs of one SQLite journal, most recently updated first."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, content: Callable[[str, str, str, str, bytes], dict[str, Any]] | None = None) -> None:
+        """``content``: how a start row's payload is read (the store's ``stored_content``, which
+        opens a row sealed by encryption at rest); the plain decoding without it."""
         self._db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
+        self._content = content
 
     def page(self, status: str | None, offset: int, size: int, *, by_start: bool = False) -> tuple[list[str], int]:
         """The run ids of one page, and how many runs match in all. Newest first: by last update
@@ -66,17 +70,20 @@ class RunIndex:
         with self._lock:
             for run_id in run_ids:
                 row = self._db.execute(
-                    "SELECT r.updated_at, e.created_at, e.codec, e.payload FROM cuaderno_runs r "
+                    "SELECT r.updated_at, e.created_at, e.codec, e.payload, e.phase FROM cuaderno_runs r "
                     "LEFT JOIN cuaderno_events e ON e.run_id = r.run_id AND e.step_id = 'run' AND e.phase = 'start' "
                     "WHERE r.run_id = ?", (run_id,)).fetchone()
                 if row is None:
                     continue
-                updated, created, codec, payload = row
+                updated, created, codec, payload, phase = row
                 task: Any = None
                 if payload is not None:
                     try:
-                        task = stored_payload(codec, payload).get("task")
-                    except (JournalCorrupt, ValueError):  # damaged: the run page says how
+                        if self._content is not None:
+                            task = self._content(run_id, "run", phase, codec, payload).get("task")
+                        else:
+                            task = stored_payload(codec, payload).get("task")
+                    except (JournalError, ValueError):  # damaged, or no key: the run page says how
                         task = None
                 out[run_id] = RunStart(started=created if isinstance(created, float) else None,
                                        updated=float(updated), task=task if isinstance(task, str) else None)

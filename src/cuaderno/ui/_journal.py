@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cuaderno.errors import UsageError
+from cuaderno.journal.keys import KeyProvider, environment_keys
 from cuaderno.journal.sqlite import SqliteCheckpointer
 
 __all__ = ["journal_path", "open_journal"]
@@ -32,11 +33,14 @@ def journal_path(url: str | Path) -> Path:
     return Path(text)
 
 
-def open_journal(url: str | Path, *, readonly: bool) -> SqliteCheckpointer:
-    """The journal, opened only if it already exists (opening a missing path would create one).
+def open_journal(url: str | Path, *, readonly: bool, keys: KeyProvider | None = None) -> SqliteCheckpointer:
+    """The journal, opened only if it already exists (opening a missing path would create one);
+    with ``keys`` (else the environment's, :func:`~cuaderno.journal.keys.environment_keys`) when it
+    is encrypted at rest.
 
     Raises:
-        UsageError: no such file, a directory, an empty file; JournalError: not a journal.
+        UsageError: no such file, a directory, an empty file; JournalError: not a journal;
+        KeyMissing, KeyInvalid: an encrypted journal and no key, or a wrong one.
     """
     path = journal_path(url)
     if not path.exists():
@@ -45,4 +49,4 @@ def open_journal(url: str | Path, *, readonly: bool) -> SqliteCheckpointer:
         raise UsageError(f"{str(path)!r} is a directory, not a journal file")
     if path.stat().st_size == 0:
         raise UsageError(f"{str(path)!r} is an empty file, not a cuaderno journal; nothing was written")
-    return SqliteCheckpointer(path, create=False, readonly=readonly)
+    return SqliteCheckpointer(path, create=False, readonly=readonly, keys=keys or environment_keys())

@@ -72,6 +72,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent, shown_payload
 from cuaderno.flow import queued_state
+from cuaderno.journal.keys import KeyProvider
 from cuaderno.journal.sqlite import SqliteCheckpointer
 from cuaderno.operations import STATUSES
 from cuaderno.ui import _timeline
@@ -165,7 +166,7 @@ class _UI:
     def __init__(self, store: SqliteCheckpointer, *, allow_decisions: bool, page_size: int,
                  allowed_hosts: Sequence[str], auth: Auth | None) -> None:
         self.store = store
-        self.index = RunIndex(store.path)
+        self.index = RunIndex(store.path, store.stored_content)
         self.allow_decisions = allow_decisions
         self.page_size = page_size
         self.allowed_hosts = list(allowed_hosts)
@@ -595,7 +596,7 @@ class _SecurityHeaders:
 
 def create_app(journal: str | Path, *, allow_decisions: bool = False,
                allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, page_size: int = PAGE_SIZE,
-               auth: Auth | None = None, public: bool = False) -> Starlette:
+               auth: Auth | None = None, public: bool = False, keys: KeyProvider | None = None) -> Starlette:
     """The web app for one journal.
 
     Args:
@@ -609,6 +610,7 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
         auth: who may use the page (a credentials file, a trusted proxy header); every page
             then needs an identity, and decisions record it as the approver.
         public: the server listens beyond loopback. Decisions are then refused without ``auth``.
+        keys: the master keys of a journal encrypted at rest (else the environment's).
 
     Raises:
         UsageError, JournalError: the journal cannot be opened, the host list is empty or holds
@@ -623,7 +625,7 @@ def create_app(journal: str | Path, *, allow_decisions: bool = False,
         raise UsageError("decisions beyond loopback need an identity for the record: start with --auth-file FILE "
                          "(a login) or --trusted-proxy-header NAME --trusted-proxy ADDR (an authenticating "
                          "proxy), or listen on loopback")
-    store = open_journal(journal, readonly=not allow_decisions)
+    store = open_journal(journal, readonly=not allow_decisions, keys=keys)
     try:
         ui = _UI(store, allow_decisions=allow_decisions, page_size=page_size, allowed_hosts=hosts, auth=auth)
     except BaseException:

@@ -1,0 +1,43 @@
+"""Keys for the encryption tests, and the bytes of a journal's files (to prove a refusal left them
+byte-identical)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from cuaderno.journal.keys import MasterKey, StaticKeys, master_key
+
+__all__ = ["file_digests", "key_text", "keys_of", "new_key", "sqlite_files", "write_key_file"]
+
+
+def new_key() -> MasterKey:
+    return master_key(os.urandom(32))
+
+
+def key_text(key: MasterKey) -> str:
+    """The key as ``CUADERNO_KEY`` and a key file hold it."""
+    return base64.b64encode(key.secret).decode()
+
+
+def write_key_file(path: Path, *keys: MasterKey) -> Path:
+    path.write_text("".join(key_text(k) + "\n" for k in keys))
+    path.chmod(0o600)
+    return path
+
+
+def sqlite_files(path: Path) -> list[Path]:
+    """The database, its -wal, -shm, anchor and holds files, and anything else beside it by name."""
+    named = {path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-anchor")}
+    return sorted(named | set(path.parent.glob(path.name + "*")))
+
+
+def file_digests(files: list[Path]) -> dict[str, str | None]:
+    """Each file's SHA-256 (``None``: absent)."""
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else None for f in files}
+
+
+def keys_of(current: MasterKey, *older: MasterKey) -> StaticKeys:
+    return StaticKeys(current, older)
