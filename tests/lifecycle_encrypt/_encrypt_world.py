@@ -7,10 +7,11 @@ import base64
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from cuaderno.journal.keys import MasterKey, StaticKeys, master_key
 
-__all__ = ["file_digests", "key_text", "keys_of", "new_key", "sqlite_files", "write_key_file"]
+__all__ = ["file_digests", "key_text", "keys_of", "new_key", "raw_tables", "sqlite_files", "write_key_file"]
 
 
 def new_key() -> MasterKey:
@@ -41,3 +42,22 @@ def file_digests(files: list[Path]) -> dict[str, str | None]:
 
 def keys_of(current: MasterKey, *older: MasterKey) -> StaticKeys:
     return StaticKeys(current, older)
+
+
+def raw_tables(url: str) -> dict[str, list[Any]]:
+    """Every row of the journal's tables as stored, read without cuaderno (a SQLite path or a
+    PostgreSQL URL naming its schema)."""
+    names = ("cuaderno_meta", "cuaderno_runs", "cuaderno_events", "cuaderno_keys")
+    if url.startswith("postgresql://"):
+        import psycopg
+        from psycopg import sql
+
+        schema = url.split("schema=")[1]
+        with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+            return {n: sorted(map(tuple, conn.execute(sql.SQL("SELECT * FROM {}.{}").format(
+                sql.Identifier(schema), sql.Identifier(n))).fetchall())) for n in names}
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(f"file:{url}?mode=ro", uri=True)) as db:
+        return {n: sorted(db.execute("SELECT * FROM " + n).fetchall()) for n in names}  # noqa: S608 - our names

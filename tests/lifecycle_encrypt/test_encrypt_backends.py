@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _encrypt_world import keys_of, new_key
+from _encrypt_world import keys_of, new_key, raw_tables
 from _erase_world import run_with_secret, secret
 
 from cuaderno import Agent, Policy, ScriptedGateway, Session, tool
@@ -15,24 +15,6 @@ from cuaderno.errors import KeyInvalid, KeyMissing
 from cuaderno.events import StepEvent
 from cuaderno.journal import open_journal
 from cuaderno.operations import rekey
-
-
-def _raw_tables(url: str) -> dict[str, list[Any]]:
-    """Every row of the journal's tables as stored, read without cuaderno."""
-    names = ("cuaderno_meta", "cuaderno_runs", "cuaderno_events", "cuaderno_keys")
-    if url.startswith("postgresql://"):
-        import psycopg
-        from psycopg import sql
-
-        schema = url.split("schema=")[1]
-        with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
-            return {n: sorted(map(tuple, conn.execute(sql.SQL("SELECT * FROM {}.{}").format(
-                sql.Identifier(schema), sql.Identifier(n))).fetchall())) for n in names}
-    import sqlite3
-    from contextlib import closing
-
-    with closing(sqlite3.connect(url)) as db:
-        return {n: sorted(db.execute("SELECT * FROM " + n).fetchall()) for n in names}  # noqa: S608 - our names
 
 
 async def _waiting_for_approval(store: Any, run_id: str, token: str) -> None:
@@ -64,7 +46,7 @@ async def test_sealed_summaries_still_show_the_runs_a_worker_must_move_on(journa
         moved_on = store.open_runs()
         assert [c.run_id for c in moved_on] == ["cancelled"]
         assert moved_on[0].cancel_requested is not None and token in moved_on[0].cancel_requested["reason"]
-    raw = repr(_raw_tables(journal_url))
+    raw = repr(raw_tables(journal_url))
     assert token not in raw and "sealed" in raw
 
 
@@ -72,13 +54,13 @@ async def test_a_store_without_the_key_is_refused_and_nothing_is_written(journal
     keys = keys_of(new_key())
     with open_journal(journal_url, keys=keys) as store:
         await run_with_secret(store, "r", secret())
-    before = _raw_tables(journal_url)
+    before = raw_tables(journal_url)
     assert before["cuaderno_meta"] and before["cuaderno_keys"]
     for opening in (lambda: open_journal(journal_url, keys=None), lambda: open_journal(journal_url, readonly=True),
                     lambda: open_journal(journal_url, keys=keys_of(new_key()))):
         with pytest.raises((KeyMissing, KeyInvalid), match="nothing was read or written"):
             opening()
-        assert _raw_tables(journal_url) == before
+        assert raw_tables(journal_url) == before
 
 
 async def test_rekey_rewraps_every_data_key_and_the_old_key_can_go(journal_url: str) -> None:
@@ -90,7 +72,7 @@ async def test_rekey_rewraps_every_data_key_and_the_old_key_can_go(journal_url: 
     with open_journal(journal_url, keys=keys_of(new, old)) as store:
         done = rekey(store, batch=3)
         assert (done.key_id, done.runs, done.batches) == (new.key_id, 4, 2)
-    assert {row[1] for row in _raw_tables(journal_url)["cuaderno_keys"]} == {new.key_id}
+    assert {row[1] for row in raw_tables(journal_url)["cuaderno_keys"]} == {new.key_id}
     with open_journal(journal_url, keys=keys_of(new)) as store:
         for run_id, token in tokens.items():
             assert f"find {token}" in str(store.load(run_id)[0].payload)
