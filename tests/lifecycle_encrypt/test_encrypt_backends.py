@@ -14,7 +14,7 @@ from cuaderno import Agent, Policy, ScriptedGateway, Session, tool
 from cuaderno.errors import KeyInvalid, KeyMissing
 from cuaderno.events import StepEvent
 from cuaderno.journal import open_journal
-from cuaderno.operations import rekey
+from cuaderno.operations import erase, rekey
 
 
 async def _waiting_for_approval(store: Any, run_id: str, token: str) -> None:
@@ -76,3 +76,18 @@ async def test_rekey_rewraps_every_data_key_and_the_old_key_can_go(journal_url: 
     with open_journal(journal_url, keys=keys_of(new)) as store:
         for run_id, token in tokens.items():
             assert f"find {token}" in str(store.load(run_id)[0].payload)
+
+
+async def test_erasing_an_encrypted_run_destroys_its_data_key(journal_url: str) -> None:
+    keys = keys_of(new_key())
+    with open_journal(journal_url, keys=keys) as store:
+        await run_with_secret(store, "gone", secret())
+        await run_with_secret(store, "kept", secret())
+        before = store.load("gone")
+        assert {row[0] for row in raw_tables(journal_url)["cuaderno_keys"]} == {"gone", "kept"}
+        erase(store, "gone", reason="ticket 8")
+    assert {row[0] for row in raw_tables(journal_url)["cuaderno_keys"]} == {"kept"}
+    with open_journal(journal_url, keys=keys) as store:  # nothing cached: the chain still verifies
+        after = store.load("gone")
+        assert [e.row_hash for e in after] == [e.row_hash for e in before] and all(e.erased for e in after)
+        assert not store.load("kept")[-1].erased
