@@ -154,3 +154,25 @@ async def test_rekey_rewraps_every_data_key_under_the_current_master_key(tmp_pat
     with pytest.raises(KeyInvalid):
         SqliteCheckpointer(path, keys=keys_of(old))
     assert files_before  # rows were not rewritten: only the keys table changed (see the module)
+
+
+async def test_a_backup_of_an_encrypted_journal_is_sealed_and_checked_with_the_environment_s_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from _encrypt_world import key_text
+
+    from cuaderno.errors import KeyMissing as Missing
+    from cuaderno.operations import backup
+
+    path, copy = tmp_path / "j.db", tmp_path / "copy.db"
+    key = new_key()
+    token = secret()
+    with SqliteCheckpointer(path, keys=keys_of(key)) as store:
+        await run_with_secret(store, "r", token)
+    with pytest.raises(Missing):  # the copy cannot be checked without the key: refused, no copy left
+        backup(path, copy)
+    assert not list(tmp_path.glob("copy.db*"))
+    monkeypatch.setenv("CUADERNO_KEY", key_text(key))
+    report = backup(path, copy)
+    assert report.runs == 1 and sum(grep_files(sqlite_files(copy), token).values()) == 0
+    with SqliteCheckpointer(copy, keys=keys_of(key), readonly=True, accept_rollback=True) as store:
+        assert f"find {token}" in str(store.load("r")[0].payload)

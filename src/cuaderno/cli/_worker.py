@@ -16,6 +16,7 @@ commits and is released; the command then exits 0.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -86,6 +87,13 @@ def worker_command(
                 from pathlib import Path
 
                 check_sqlite_file(Path(target.path))
+            if ctx.obj.key_file:
+                # The worker opens the journal by its URL (and so do the stores of the processes it
+                # may start): they read the key from the environment, which --key-file now names.
+                ctx.obj.keys()  # a missing or readable-by-others key file refused here, before anything runs
+                os.environ["CUADERNO_KEY_FILE"] = ctx.obj.key_file
+                for name_ in ("CUADERNO_KEY", "CUADERNO_OLD_KEYS"):
+                    os.environ.pop(name_, None)
             agent = load_agent(agent_ref)
             if not isinstance(agent, Agent):
                 raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent")

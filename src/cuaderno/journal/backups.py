@@ -7,7 +7,9 @@ restart from its first page every time another process commits, and under steady
 never end. It is written to ``DEST.partial`` beside ``DEST``, stamped (``cuaderno_meta``:
 ``backup_of``, ``backup_at``, ``backup_last_row``), synced, checked (every run's hash chain, and
 its summary against its journal) and only then renamed to ``DEST``: a ``DEST`` is always a whole,
-verified copy. An existing ``DEST`` is refused, left as it was.
+verified copy. An existing ``DEST`` is refused, left as it was. A journal encrypted at rest is
+copied as it rests (sealed); checking the copy and restoring it need its key, read from the
+environment (``CUADERNO_KEY``, ``CUADERNO_KEY_FILE``).
 
 **Restore** (:func:`restore`): copying an older journal over a newer one is exactly what the anchor
 (:mod:`cuaderno.journal._anchor`) refuses (:class:`~cuaderno.errors.JournalRolledBack`): the runs
@@ -57,6 +59,7 @@ from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
 from cuaderno.events import RESTORE_STEP, StepEvent
 from cuaderno.journal import _anchor, _claims
 from cuaderno.journal.base import Checkpointer
+from cuaderno.journal.keys import environment_keys
 
 __all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "mark_runs", "restore", "restore_record",
            "restored_record"]
@@ -107,7 +110,7 @@ def _verify(path: str) -> tuple[int, int]:
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
     runs = events = 0
-    with SqliteCheckpointer(path, readonly=True, accept_rollback=True) as store:
+    with SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=environment_keys()) as store:
         for cp in store.list_runs(limit=2**62):
             _, evs = verified(store, cp.run_id)
             runs += 1
@@ -243,7 +246,7 @@ def _current(path: str) -> dict[str, int] | None:
     if not os.path.isfile(path):
         return None
     try:
-        store = SqliteCheckpointer(path, readonly=True, accept_rollback=True)
+        store = SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=environment_keys())
     except JournalError:
         return None
     try:
@@ -268,7 +271,7 @@ def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None,
     """In the copy about to become the journal: the uncertain records and the restore's record."""
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
-    with SqliteCheckpointer(tmp, accept_rollback=True) as store:
+    with SqliteCheckpointer(tmp, accept_rollback=True, keys=environment_keys()) as store:
         mark_runs(store, report, src, backup_at, now_seqs, uncertain)
         with store._txn() as db:
             db.execute("DELETE FROM cuaderno_meta WHERE key IN ('backup_of', 'backup_at', 'backup_last_row')")
