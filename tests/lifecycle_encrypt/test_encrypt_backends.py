@@ -4,6 +4,7 @@ without the key is refused with nothing written; rekey re-wraps every data key."
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -91,3 +92,32 @@ async def test_erasing_an_encrypted_run_destroys_its_data_key(journal_url: str) 
         after = store.load("gone")
         assert [e.row_hash for e in after] == [e.row_hash for e in before] and all(e.erased for e in after)
         assert not store.load("kept")[-1].erased
+
+
+async def test_a_run_pruned_and_started_again_elsewhere_is_read_and_written_with_its_new_key(
+        journal_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store caches each run's data key; another store prunes the run and a new run of the
+    same id gets a new key: the first store reads the new run and appends to it with that key."""
+    from cuaderno.journal import retention
+    from cuaderno.operations import prune
+
+    monkeypatch.setattr(retention, "SETTLE_S", 0.0)  # prune what was just written (no 10 s wait)
+
+    keys = keys_of(new_key())
+    first = open_journal(journal_url, keys=keys)
+    try:
+        first.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={"task": "one"})])
+        first.append([StepEvent(run_id="r", step_id="run", phase="end", kind="run",
+                                payload={"status": "completed", "output": "1"})])
+        # Another run after it: SQLite's prune keeps the run holding the journal's last row.
+        first.append([StepEvent(run_id="later", step_id="run", phase="start", kind="run", payload={})])
+        assert first.load("r")[0].payload == {"task": "one"}  # its key is cached now
+        with open_journal(journal_url, keys=keys) as other:
+            assert prune(other, "0s", now=time.time() + 60).runs == ["r"]
+            other.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={"task": "two"})])
+        assert first.load("r")[0].payload == {"task": "two"}
+        first.append([StepEvent(run_id="r", step_id="note", phase="result", kind="tool", payload={"n": 2})])
+        with open_journal(journal_url, keys=keys) as third:  # nothing cached: what the first wrote opens
+            assert [e.payload for e in third.load("r")] == [{"task": "two"}, {"n": 2}]
+    finally:
+        first.close()

@@ -33,7 +33,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -55,6 +55,8 @@ then on a store without a key refuses it (:class:`~cuaderno.errors.KeyMissing`).
 KEYS_TABLE_SQLITE = ("CREATE TABLE IF NOT EXISTS cuaderno_keys (run_id TEXT PRIMARY KEY, key_id TEXT NOT NULL, "
                      "wrapped BLOB NOT NULL) WITHOUT ROWID")
 KEYS_TABLE_PG = "CREATE TABLE cuaderno_keys (run_id TEXT PRIMARY KEY, key_id TEXT NOT NULL, wrapped BYTEA NOT NULL)"
+
+_T = TypeVar("_T")
 
 _CONTENT = ("task_fingerprint", "pending", "uncertain", "outcome", "cancel_requested")
 """The summary's fields copied from payloads (what :func:`~._erase.erased_summary` drops too)."""
@@ -113,7 +115,8 @@ class Sealer:
         self.keys = keys
         self.paramstyle = paramstyle
         self._select, self._insert, self._delete = _STATEMENTS[paramstyle]
-        self._known: dict[str, bytes] = {}
+        self._known: dict[str, tuple[WrappedKey, bytes]] = {}
+        """Per run, its wrapped key as last read and the data key it unwraps to."""
         self._lock = threading.Lock()
 
     def bind(self, db: Any) -> RunKeys:
@@ -122,28 +125,45 @@ class Sealer:
         return RunKeys(self, db)
 
     def preload(self, db: Any, run_id: str) -> RunKeys:
-        """The run's data key looked up now, on ``db`` (a snapshot about to end), for reads made
-        after it: the returned keys look nothing up later."""
-        if self.cached(run_id) is None:
-            wrapped = self.stored(db, run_id)
-            if wrapped is not None:
-                self.keep(run_id, unwrap(self.keys, run_id, wrapped))
+        """The run's data key read now, on ``db`` (a snapshot about to end), for reads made after
+        it: the returned keys look nothing up later. Always read (one primary-key lookup): the
+        run's key as this snapshot has it, not as this store last saw it (a run id pruned and
+        started again by another process has another key)."""
+        wrapped = self.stored(db, run_id)
+        if wrapped is None:
+            self.forget([run_id])
+        else:
+            self.key_of(run_id, wrapped)
         return RunKeys(self, None)
 
     def forget(self, run_ids: Any) -> None:
         """Drop cached keys of runs whose write failed (a key created in a rolled-back
-        transaction is gone) or whose key was destroyed."""
+        transaction is gone), whose key was destroyed, or whose summary row is not the version
+        this store last wrote (another writer may have pruned it and started it again)."""
         with self._lock:
             for run_id in run_ids:
                 self._known.pop(run_id, None)
 
+    def forget_all(self) -> None:
+        """Drop every cached key (another connection committed since this store last wrote)."""
+        with self._lock:
+            self._known.clear()
+
     def cached(self, run_id: str) -> bytes | None:
         with self._lock:
-            return self._known.get(run_id)
+            found = self._known.get(run_id)
+        return None if found is None else found[1]
 
-    def keep(self, run_id: str, data_key: bytes) -> None:
+    def key_of(self, run_id: str, wrapped: WrappedKey) -> bytes:
+        """The data key ``wrapped`` unwraps to (unwrapped once per wrapped form)."""
         with self._lock:
-            self._known[run_id] = data_key
+            found = self._known.get(run_id)
+        if found is not None and found[0] == wrapped:
+            return found[1]
+        key = unwrap(self.keys, run_id, wrapped)
+        with self._lock:
+            self._known[run_id] = (wrapped, key)
+        return key
 
     def stored(self, db: Any, run_id: str) -> WrappedKey | None:
         """The run's wrapped key as stored on ``db``, or ``None``."""
@@ -173,7 +193,7 @@ class RunKeys:
         self._db = db
 
     def for_read(self, run_id: str) -> bytes:
-        """The run's data key, to open what it sealed.
+        """The run's data key, to open what it sealed (as cached, else looked up).
 
         Raises:
             KeyInvalid: the run has no stored data key (destroyed, or the table altered), or the
@@ -182,29 +202,46 @@ class RunKeys:
         key = self._sealer.cached(run_id)
         if key is not None:
             return key
-        wrapped = None if self._db is None else self._sealer.stored(self._db, run_id)
-        if wrapped is None:
+        key = self.fresh(run_id)
+        if key is None:
             raise KeyInvalid(f"run {run_id!r}: it holds sealed content but no data key (cuaderno_keys): the key was "
                              "destroyed or removed, and nothing can open it")
-        key = unwrap(self._sealer.keys, run_id, wrapped)
-        self._sealer.keep(run_id, key)
         return key
 
+    def fresh(self, run_id: str) -> bytes | None:
+        """The run's data key as stored now (``None``: none stored, or no connection to look on)."""
+        wrapped = None if self._db is None else self._sealer.stored(self._db, run_id)
+        if wrapped is None:
+            return None
+        return self._sealer.key_of(run_id, wrapped)
+
     def for_write(self, run_id: str) -> bytes:
-        """The run's data key, created and stored (wrapped) in this transaction if it has none."""
+        """The run's data key, created and stored (wrapped) in this transaction if it has none.
+        A cached key is used only while the store's summary cache vouches that the run is the one
+        it wrote (the stores drop it otherwise: :meth:`Sealer.forget`)."""
         key = self._sealer.cached(run_id)
         if key is not None:
             return key
         assert self._db is not None, "a write binds its transaction's connection"
         wrapped = self._sealer.stored(self._db, run_id)
         if wrapped is None:
-            key = new_data_key()
-            self._sealer.insert(self._db, run_id, wrap(self._sealer.keys.current(), run_id, key))
+            self._sealer.insert(self._db, run_id, wrap(self._sealer.keys.current(), run_id, new_data_key()))
             wrapped = self._sealer.stored(self._db, run_id)  # another creator's, if it won the race
             assert wrapped is not None
-        key = unwrap(self._sealer.keys, run_id, wrapped)
-        self._sealer.keep(run_id, key)
-        return key
+        return self._sealer.key_of(run_id, wrapped)
+
+
+def _with_key(keys: RunKeys, run_id: str, use: Callable[[bytes], _T]) -> _T:
+    """``use`` with the run's data key; once more with the key as stored now when the cached one
+    does not open it (the run was pruned and started again by another process since)."""
+    key = keys.for_read(run_id)
+    try:
+        return use(key)
+    except JournalCorrupt:
+        fresh = keys.fresh(run_id)
+        if fresh is None or fresh == key:
+            raise
+        return use(fresh)
 
 
 def sealed(keys: RunKeys | None, e: StepEvent, codec: str, stored: bytes) -> tuple[str, bytes]:
@@ -229,7 +266,7 @@ def opened(keys: RunKeys | None, run_id: str, step_id: str, phase: str, codec: s
     if keys is None:
         raise KeyMissing(f"run {run_id!r}: its journal rows are encrypted and this store was opened without a key "
                          "(set CUADERNO_KEY or pass --key-file / keys=); nothing was read")
-    return open_row(keys.for_read(run_id), run_id, step_id, phase, codec, stored)
+    return _with_key(keys, run_id, lambda key: open_row(key, run_id, step_id, phase, codec, stored))
 
 
 def summary_text(keys: RunKeys | None, cp: Checkpoint) -> str:
@@ -285,13 +322,15 @@ def open_summary(keys_of: Callable[[], RunKeys | None], run_id: str, text: Any,
     if keys is None:
         raise KeyMissing(f"run {run_id!r}: its summary is encrypted and this store was opened without a key "
                          "(set CUADERNO_KEY or pass --key-file / keys=); nothing was read")
-    try:
-        raw = base64.b64decode(blob, validate=True)
-        plain = AESGCM(keys.for_read(run_id)).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], _summary_ad(run_id))
-        content = json.loads(plain)
-    except (InvalidTag, ValueError):
-        raise JournalCorrupt(f"run {run_id!r}: its sealed summary does not open: it was altered or copied from "
-                             "another run") from None
+    def unseal(key: bytes) -> Any:
+        try:
+            raw = base64.b64decode(blob, validate=True)
+            return json.loads(AESGCM(key).decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], _summary_ad(run_id)))
+        except (InvalidTag, ValueError):
+            raise JournalCorrupt(f"run {run_id!r}: its sealed summary does not open: it was altered or copied from "
+                                 "another run") from None
+
+    content = _with_key(keys, run_id, unseal)
     if not isinstance(content, dict):
         raise JournalCorrupt(f"run {run_id!r}: its sealed summary is not an object")
     del data["sealed"]

@@ -319,5 +319,6 @@ class SqlWriter(SqlJournal):
         row = db.execute(self._dialect.rebuild_head, (run_id,)).fetchone()
         rows: list[RawRow] = db.execute(self._dialect.run_events, (run_id,)).fetchall()
         if row is not None and self._sealer is not None:
+            self._drop_keys([run_id])  # read under the write lock, not as cached
             row = (row[0], self._opened_text(db, run_id, row[1]), row[2])
         return planned_rebuild(run_id, row, rows, trust_journal, self._keys(db))

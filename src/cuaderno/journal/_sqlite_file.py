@@ -596,6 +596,8 @@ class SqliteFile:
         version: int = db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
             self._cache.clear()  # another connection committed: any cached row may be stale
+            if self._sealer is not None:
+                self._sealer.forget_all()  # and any run's key (a run pruned and started again has another)
             self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting
         return version
 

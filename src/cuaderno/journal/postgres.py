@@ -384,6 +384,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             else:
                 misses[run_id] = epoch
         if misses:
+            self._drop_keys(list(misses))
             texts = dict(cur.execute(_SELECT_SUMMARIES, (list(misses),)).fetchall())
             for run_id, epoch in misses.items():
                 cp = self._summary_of(cur, run_id, texts.get(run_id))
@@ -448,6 +449,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             except psycopg.errors.LockNotAvailable:
                 raise _Contended(run_id) from None
         if row is None:
+            self._drop_keys([run_id])  # a new run: a key cached for an earlier one of that id is not its own
             return Checkpoint(run_id=run_id)
         return self._summary(cur, run_id, row, use_cache=use_cache)
 
@@ -463,6 +465,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         if use_cache and cached is not None and cached[0] == row[1]:
             cp = cached[1]  # the row is still the version this store wrote
         else:
+            self._drop_keys([run_id])  # nor is its key vouched for (a run pruned and started again has another)
             text = _one(cur.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id=%s", (run_id,)))[0]
             cp = self._summary_of(cur, run_id, text)
         cp.epoch = epoch  # a takeover writes only the column

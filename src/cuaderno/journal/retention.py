@@ -239,6 +239,7 @@ def _sqlite_batch(store: Any, cutoff: float, after: tuple[float, str], batch: in
         if took and not dry_run:
             faults.point("prune.P1")  # the batch's runs deleted, before COMMIT
     if not dry_run:
+        store._drop_keys(took)
         for run_id in took:
             store._cache.pop(run_id, None)
     report.runs.extend(took)
@@ -311,6 +312,7 @@ def _pg_batch(store: Any, cutoff: float, after: tuple[float, str], batch: int, d
             cur.execute("DELETE FROM cuaderno_keys WHERE run_id = ANY(%s)", (took,))  # their data keys, if encrypted
             faults.point("prune.P1")  # the batch's runs deleted, before COMMIT
     if not dry_run:
+        store._drop_keys(took)
         with store._cache_lock:
             for run_id in took:
                 store._cache.pop(run_id, None)
