@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, KeyInvalid, KeyMissing, UsageError
 from cuaderno.events import CODEC_ERASED, StepEvent
+from cuaderno.events.payloads import Outcome
 from cuaderno.journal._crypto import NONCE_BYTES, SEALED, WrappedKey, new_data_key, open_row, seal_row, unwrap, wrap
 from cuaderno.journal.keys import KeyProvider
 from cuaderno.plainjson import compact
@@ -291,13 +292,12 @@ def summary_text(keys: RunKeys | None, cp: Checkpoint) -> str:
     return compact(out)
 
 
-def _outcome_marker(outcome: dict[str, Any]) -> dict[str, Any]:
+def _outcome_marker(outcome: Outcome) -> Outcome:
     # The open_runs queries find a cancelled run with compensations left by '"cleanup":[{'.
     cleanup = outcome.get("cleanup")
-    marker: dict[str, Any] = {"sealed": True}
     if isinstance(cleanup, list) and cleanup:
-        marker["cleanup"] = [{"sealed": True} for _ in cleanup]
-    return marker
+        return {"sealed": True, "cleanup": [{"sealed": True} for _ in cleanup]}
+    return {"sealed": True}
 
 
 def open_summary(keys_of: Callable[[], RunKeys | None], run_id: str, text: Any,
