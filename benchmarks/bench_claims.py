@@ -124,7 +124,7 @@ def _prepare(url: str, mode: str, runs: int) -> None:
         store.close()
 
 
-def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any) -> None:
+def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, profile: str | None = None) -> None:
     timing = {"calls": 0, "taken": 0, "stale": 0, "seconds": 0.0}
     original = JournalQueue.claim
 
@@ -138,21 +138,73 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any) -> N
         return found
 
     JournalQueue.claim = timed  # type: ignore[method-assign]
+    probe = _Probe()
     worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, log=None)  # the default poll_interval
     barrier.wait()
     before = resource.getrusage(resource.RUSAGE_SELF)
-    stats = worker.run_sync(until_idle=True)
+    probe.start()
+    if profile is None:
+        stats = worker.run_sync(until_idle=True)
+    else:  # where the worker's CPU goes (cProfile's own cost inflates the totals, not their shares)
+        import cProfile
+
+        with cProfile.Profile(time.process_time) as prof:  # CPU, not the waits for the write lock
+            stats = worker.run_sync(until_idle=True)
+        prof.dump_stats(f"{profile}-{os.getpid()}.prof")
+    probe.stop()
     after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) - probe.spent
     out.put({"claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
-             "cpu_s": cpu, **{f"claim_{k}": v for k, v in timing.items()}})
+             "cpu_s": cpu, "probe_us": probe.median_us(), **{f"claim_{k}": v for k, v in timing.items()}})
 
 
-def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: int) -> dict[str, Any]:
+class _Probe:
+    """What one fixed piece of work (hashing and JSON, as a step does) costs in CPU in this process
+    while the workers run, every ``_PROBE_EVERY_S``: on a shared 2-CPU machine, the same
+    instructions cost more CPU time when more processes share the cores (caches, switches), and
+    this tells that apart from the work cuaderno does. Its own CPU is taken out of the worker's."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.samples: list[float] = []
+        self.spent = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import hashlib
+
+        payload = {"step": "tool-3", "args": {"n": 3}, "text": "x" * 200}
+        while not self._stop.wait(_PROBE_EVERY_S):
+            t0 = time.thread_time()
+            for i in range(200):
+                hashlib.sha256(json.dumps({**payload, "i": i}, sort_keys=True).encode()).hexdigest()
+            spent = time.thread_time() - t0
+            self.samples.append(spent)
+            self.spent += spent
+
+    def median_us(self) -> float | None:
+        return 1e6 * statistics.median(self.samples) if self.samples else None
+
+
+_PROBE_EVERY_S = 0.2
+
+
+def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: int,
+         profile: str | None = None) -> dict[str, Any]:
     _prepare(url, mode, runs)
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(workers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, concurrency, tools, barrier, out)) for _ in range(workers)]
+    procs = [ctx.Process(target=_worker, args=(url, concurrency, tools, barrier, out,
+                                                        None if profile is None else f"{profile}-{workers}x{concurrency}")) for _ in range(workers)]
     for p in procs:
         p.start()
     barrier.wait()
@@ -176,7 +228,8 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             "cpu_ms_per_run": 1000 * sum(r["cpu_s"] for r in results) / max(1, done), "wall_s": wall,
             "claim_calls": calls, "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
             "claim_ms_per_run": 1000 * claim_s / max(1, done) if calls else None,
-            "errors": sum(r["errors"] for r in results)}
+            "errors": sum(r["errors"] for r in results),
+            "probe_us": statistics.median([r["probe_us"] for r in results if r["probe_us"] is not None] or [0.0])}
 
 
 def _new_url(backend: str, directory: str, schemas: list[str]) -> str:
@@ -197,6 +250,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--pg", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", default=None, help="cProfile each worker into PREFIX-<shape>-<pid>.prof")
     args = parser.parse_args()
     global PG_URL
     PG_URL = args.pg or PG_URL
@@ -209,7 +263,8 @@ def main() -> int:
                 for mode in args.modes.split(","):
                     for shape in args.shapes.split(","):
                         w, c = (int(x) for x in shape.split("x"))
-                        found = [cell(_new_url(backend, directory, schemas), mode, w, c, args.runs, args.tools)
+                        found = [cell(_new_url(backend, directory, schemas), mode, w, c, args.runs, args.tools,
+                                      args.profile)
                                  for _ in range(args.repeats)]
                         # Medians of CPU and wall time; the claims summed over the repeats.
                         sums = {k: sum(f[k] for f in found) for k in ("runs", "completed", "attempts", "lost",
@@ -217,7 +272,8 @@ def main() -> int:
                         row = dict(found[0], backend=backend, **sums, lost_share=sums["lost"] / max(1, sums["attempts"]),
                                    cpu_ms_per_run=statistics.median(f["cpu_ms_per_run"] for f in found),
                                    wall_s=statistics.median(f["wall_s"] for f in found),
-                                   cpu_ms_per_run_all=[round(f["cpu_ms_per_run"], 1) for f in found])
+                                   cpu_ms_per_run_all=[round(f["cpu_ms_per_run"], 1) for f in found],
+                                   probe_us=statistics.median(f["probe_us"] for f in found))
                         cells.append(row)
                         print(_line(row), flush=True)
         finally:
@@ -234,7 +290,11 @@ def main() -> int:
             one = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "1x32")), None)
             four = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "4x8")), None)
             if one and four:
-                print(f"{backend} {mode}: CPU per run 4x8 / 1x32 = {four['cpu_ms_per_run'] / one['cpu_ms_per_run']:.2f}")
+                ratio = four["cpu_ms_per_run"] / one["cpu_ms_per_run"]
+                probe = four["probe_us"] / one["probe_us"] if one["probe_us"] else float("nan")
+                print(f"{backend} {mode}: CPU per run 4x8 / 1x32 = {ratio:.2f}; the fixed probe's CPU 4x8 / 1x32 = "
+                      f"{probe:.2f} (the same work costing more with four processes on the cores); "
+                      f"the ratio at the probe's cost = {ratio / probe:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(cells, indent=2))
     return 0
@@ -246,7 +306,7 @@ def _line(c: dict[str, Any]) -> str:
     return (f"{c['backend']:8} {c['mode']:6} {c['shape']:5} runs {c['completed']}/{c['runs']}  attempts "
             f"{c['attempts']:4}  lost {c['lost']:4} ({100 * c['lost_share']:.1f}%), stale {c['stale']}  CPU/run {c['cpu_ms_per_run']:6.1f} ms"
             f" {c.get('cpu_ms_per_run_all', '')}  wall {c['wall_s']:5.1f} s  claim {per_call} ms/call, {per_run} ms/run"
-            f"  errors {c['errors']}")
+            f"  probe {c['probe_us']:.0f} us  errors {c['errors']}")
 
 
 if __name__ == "__main__":

@@ -377,6 +377,8 @@ class Worker:
         assert self._store is not None
         for run_id, epoch in claim.taken:
             self._claims[run_id] = _Claimed(epoch, keyed=run_id in claim.keyed)
+            if run_id in claim.tasks and len(self._tasks) <= 10_000:
+                self._tasks[run_id] = claim.tasks[run_id]  # its queue row's: no read of its events
             cp = self._store.checkpoint(run_id)
             if cp is None:  # not reached: a claim takes only a run with a first event
                 self._let_go(self._store, run_id)

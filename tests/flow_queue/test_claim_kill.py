@@ -1,6 +1,7 @@
 """SIGKILLs at the queue's named points (``cuaderno.faults``): a submitter between its queue row
-and the run's first event (``flow.S1``), a worker right after its claim took runs over
-(``queue.C1``). The fake ledger's receipts prove each run did its work once."""
+and the run's first event (``flow.S1``), a worker inside the one transaction that takes over
+every run of its claim (``queue.C0``) and right after it (``queue.C1``). The fake ledger's
+receipts prove each run did its work once."""
 
 from __future__ import annotations
 
@@ -72,3 +73,31 @@ def test_a_worker_killed_right_after_its_claim_leaves_the_runs_to_the_next(fq_wo
     assert set(per_run.values()) == {1} and len(per_run) == 2 * len(runs)
 
 
+
+
+def test_a_worker_killed_inside_its_batched_takeover_leaves_every_run_as_before_the_claim(fq_world: Any) -> None:
+    """``queue.C0``: the claim's four runs locked and their rows written in one transaction, not
+    committed. Nothing of it is durable (every run still at epoch 0, none held), the next worker
+    claims them at once, and the ledger shows each run's work done once."""
+    import flowq_agent
+
+    store = open_journal(fq_world.journal)
+    try:
+        runs = [submit(store, flowq_agent.agent, f"key=k{i} claim killed mid-transaction").run_id for i in range(6)]
+    finally:
+        store.close()
+    doomed = fq_world.worker("--concurrency", "4", CUADERNO_CRASH_AT="queue.C0")
+    doomed.communicate(timeout=60)
+    assert doomed.returncode == -signal.SIGKILL
+    store = open_journal(fq_world.journal)
+    try:
+        assert {r: store.checkpoint(r).epoch for r in runs} == dict.fromkeys(runs, 0)  # type: ignore[union-attr]
+        assert store.holders(runs) == {}
+        assert all(queue_of(store).waiting_for(r) is None for r in runs)
+    finally:
+        store.close()
+    assert fq_world.receipts() == []  # nothing ran
+    _drain(fq_world)
+    assert fq_world.statuses() == dict.fromkeys(runs, "completed")
+    per_run = Counter((r["business_id"], r["effect"]) for r in fq_world.receipts())
+    assert set(per_run.values()) == {1} and len(per_run) == 2 * len(runs)

@@ -21,13 +21,16 @@ nothing is left to decrement, so nothing can leak or be counted twice.
 
 Claims do not race: a claim is made under one lock per journal (PostgreSQL:
 a transaction-scoped advisory lock; SQLite: an exclusive ``flock`` on ``<journal>-queue``, one
-host), which covers reading the candidates, the holds and the limits, and the takeover
-(``acquire``) of the runs picked. The next claimer starts after those takeovers hold their
-runs, so it never picks a run another worker just picked: a claim is lost only to a process that
-takes a run outside the queue (an application resuming it itself).
+host), which covers reading the candidates, the holds and the limits, and the takeover of the
+runs picked (:mod:`._takeover`: all of them in one transaction, one synced commit per claim).
+The next claimer starts after those takeovers hold their runs, so it never picks a run another
+worker just picked: a claim is lost only to a process that takes a run outside the queue (an
+application resuming it itself).
 
-Crash point: ``queue.C1``, a claim's runs taken over, its lock still held, none driven yet (a
-worker SIGKILLed there leaves them to the next claim: its locks went with it).
+Crash points: ``queue.C0``, inside the takeovers' transaction (every run picked locked, rows
+written, before COMMIT: a worker SIGKILLed there leaves them as they were before the claim);
+``queue.C1``, a claim's runs taken over, its lock still held, none driven yet (a worker
+SIGKILLed there leaves them to the next claim: its locks went with it).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from cuaderno import faults
-from cuaderno.errors import JournalError, RunBusy, RunClosed, RunNotFound, SubmitConflict, UsageError, quoted
+from cuaderno.errors import JournalError, SubmitConflict, UsageError, quoted
+from cuaderno.journal._takeover import take_over
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
 if TYPE_CHECKING:
@@ -98,10 +102,10 @@ PG_TABLES: Final[tuple[str, ...]] = (
 _CANDIDATES: Final = 512
 """How many queued runs a claim reads, best first (held ones included: they are skipped)."""
 
-_PICK = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch FROM cuaderno_queue q "
+_PICK = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch, q.task FROM cuaderno_queue q "
                 "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE q.done = 0 AND q.versions = ? "
                 "AND q.start_at <= ? ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT ?",
-         True: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch FROM cuaderno_queue q "
+         True: "SELECT q.run_id, q.concurrency_key, q.lock_key, r.status, r.epoch, q.task FROM cuaderno_queue q "
                "LEFT JOIN cuaderno_runs r ON r.run_id = q.run_id WHERE NOT q.done AND q.versions = %s "
                "AND q.start_at <= %s ORDER BY q.priority DESC, q.submitted_at, q.run_id LIMIT %s"}
 """The best candidates first (by dialect: ``True`` for PostgreSQL)."""
@@ -163,6 +167,9 @@ class Claim:
     taken: list[tuple[str, int]] = field(default_factory=list[tuple[str, int]])
     keyed: set[str] = field(default_factory=set[str])
     """The runs taken that count against a concurrency key."""
+    tasks: dict[str, str] = field(default_factory=dict[str, str])
+    """The task of each run taken, from its queue row (the one its ``run.start`` event records:
+    submit writes both from one entry), so the worker need not read the run's events for it."""
     lost: int = 0
     """Runs picked that another process held at the takeover (one that took it outside the queue)."""
     stale: int = 0
@@ -384,7 +391,7 @@ class JournalQueue(_OnStore):
                 if run_id in held:
                     running[key] = running.get(key, 0) + 1
             picked: list[str] = []
-            for run_id, key, _, _, _ in live:
+            for run_id, key, _, _, _, _ in live:
                 if run_id in held:
                     continue
                 if key is not None and key in limits and running.get(key, 0) >= limits[key]:
@@ -395,14 +402,13 @@ class JournalQueue(_OnStore):
                     if key is not None:
                         running[key] = running.get(key, 0) + 1
                         out.keyed.add(run_id)
-            for run_id in picked:
-                # Under the claim lock: the next claimer reads the holds after this takeover.
-                try:
-                    out.taken.append((run_id, self.store.acquire(run_id, owner, open_only=True)))
-                except RunBusy:
-                    out.lost += 1
-                except (RunClosed, RunNotFound):
-                    out.stale += 1
+            # Under the claim lock: the next claimer reads the holds after these takeovers. All
+            # of them in one transaction (one synced commit per claim, not one per run).
+            took = take_over(self.store, picked, owner)
+            out.taken, out.lost, out.stale = took.taken, len(took.lost), len(took.stale)
+            out.keyed.intersection_update(r for r, _ in took.taken)
+            tasks = {r[0]: r[5] for r in live}
+            out.tasks = {run_id: tasks[run_id] for run_id, _ in took.taken}
             if out.taken:
                 faults.point("queue.C1")  # runs taken over, the claim lock still held, none driven yet
         return out

@@ -1,0 +1,178 @@
+"""A claim's takeovers in one transaction: the queue takes over every run it
+picked for a worker with one synced commit instead of one per run.
+
+Each run is taken exactly as :meth:`~cuaderno.journal.base.Checkpointer.acquire` (``open_only``,
+never ``force``) takes it alone: its row read under the write lock, refused if it is closed
+(*stale*: its holder finished it after the claim's read) or held by a live process (*lost*), its
+liveness lock taken (SQLite: the run's byte in ``<journal>-holds``; PostgreSQL: the run's advisory
+lock on the store's lock connection), its epoch bumped and its holder recorded. What changes is
+only that the rows of every run are written in one transaction.
+
+Crash safety. The liveness locks are the process's, and the kernel (or the server, with the
+session) drops them when it dies; the epochs and holders are rows. So a process killed inside
+the transaction (``queue.C0``: every run picked locked, rows written, before COMMIT) leaves every
+run as it was before the claim (nothing committed, no lock left); killed after the commit
+(``queue.C1``), it leaves them taken over at a new epoch by a holder that is gone: the next
+claim takes them at once, and the epoch fences any write of the dead one. A transaction that
+fails (the journal refused the commit) gives back the locks this call took, so nothing looks
+held that is not.
+
+What replay needs: nothing here is an event. The epoch each run is taken at is the fencing
+epoch every later intent and result of the worker's loop carries (see ``_Claimed`` in
+:mod:`cuaderno.worker`); the holder record is what ``cuaderno status`` and a later takeover read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cuaderno import faults
+from cuaderno.errors import RunBusy
+from cuaderno.journal import _lease
+from cuaderno.journal._rows import storable
+from cuaderno.journal._sql_write import next_epoch
+from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
+
+if TYPE_CHECKING:
+    from cuaderno.journal.postgres import PostgresCheckpointer
+    from cuaderno.journal.sqlite import SqliteCheckpointer
+
+__all__ = ["Takeovers", "take_over"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Takeovers:
+    """What :func:`take_over` did with each run it was given."""
+
+    taken: list[tuple[str, int]] = field(default_factory=list[tuple[str, int]])
+    """Runs now held by the store, with the epoch each was taken at (in the order given)."""
+    lost: list[str] = field(default_factory=list[str])
+    """Held by a live process (another worker, or an application that resumed it itself)."""
+    stale: list[str] = field(default_factory=list[str])
+    """Closed (or gone) since the caller read them: nothing to take."""
+
+
+def take_over(store: Checkpointer, run_ids: Sequence[str], owner: str) -> Takeovers:
+    """Take over ``run_ids`` for ``owner`` in one transaction (a SQLite or PostgreSQL store;
+    another store is asked run by run with its own ``acquire``)."""
+    wanted = list(dict.fromkeys(run_ids))
+    if not wanted:
+        return Takeovers()
+    kind = type(store).__name__
+    if kind == "SqliteCheckpointer":
+        return _sqlite(store, wanted, owner)  # type: ignore[arg-type]
+    if kind == "PostgresCheckpointer":
+        return _postgres(store, wanted, owner)  # type: ignore[arg-type]
+    return _one_by_one(store, wanted, owner)
+
+
+def _one_by_one(store: Checkpointer, run_ids: list[str], owner: str) -> Takeovers:
+    from cuaderno.errors import RunClosed, RunNotFound
+
+    out = Takeovers()
+    for run_id in run_ids:
+        try:
+            out.taken.append((run_id, store.acquire(run_id, owner, open_only=True)))
+        except RunBusy:
+            out.lost.append(run_id)
+        except (RunClosed, RunNotFound):
+            out.stale.append(run_id)
+    return out
+
+
+def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str) -> Takeovers:
+    out = Takeovers()
+    locked: list[str] = []  # locks this call took: given back if its transaction does not commit
+    try:
+        with store._txn() as db:
+            store._schema_of(db)
+            store._check_links()  # as acquire: a journal with a second name is refused before any lock
+            record: str | None = None
+            for run_id in run_ids:
+                row = db.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=?",
+                                 (run_id,)).fetchone() if store._id_ok(run_id) else None
+                if row is None or row[2] in CLOSED_STATUSES:
+                    out.stale.append(run_id)
+                    continue
+                had = run_id in store._taken
+                # Under the write lock, as acquire: two takers cannot both find the run free.
+                if not _lease.take(store.path, run_id, _lease.parse(row[1]), store._ident):
+                    out.lost.append(run_id)
+                    continue
+                if not had:
+                    locked.append(run_id)
+                if record is None:  # one process, one hold file: the same record for every run
+                    record = _lease.claim(owner, _lease.hold_file(store.path))
+                epoch = next_epoch(run_id, row[0])
+                db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", (epoch, record, run_id))
+                store._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
+                out.taken.append((run_id, epoch))
+            if out.taken:
+                faults.point("queue.C0")  # every run picked locked and its row written, before COMMIT
+    except BaseException:
+        for run_id in locked:
+            _lease.unlock(store.path, run_id)
+        raise
+    for run_id, epoch in out.taken:
+        store._taken[run_id] = epoch
+    return out
+
+
+def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str) -> Takeovers:
+    out = Takeovers()
+    wanted = sorted(r for r in run_ids if storable(r))  # rows locked in one order: no deadlock between claimers
+    locked: list[str] = []
+    earlier: dict[str, list[_lease.Holder]] = {}
+    try:
+        with store._txn() as cur:
+            store._schema_of(cur)
+            rows: dict[str, Any] = {r[0]: r[1:] for r in cur.execute(
+                "SELECT run_id, epoch, owner, status, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%s) "
+                "ORDER BY run_id FOR UPDATE", (wanted,)).fetchall()} if wanted else {}
+            started = cur.execute("SELECT pg_postmaster_start_time()::text, "
+                                  "extract(epoch FROM now() - pg_postmaster_start_time())::float8").fetchone()
+            assert started is not None  # a SELECT without FROM has its one row
+            server, up_s = started
+            for run_id in run_ids:
+                row = rows.get(run_id)
+                if row is None or row[2] in CLOSED_STATUSES:
+                    out.stale.append(run_id)
+                    continue
+                held_before = run_id in store._locked
+                if not store._lock_run(run_id):  # with the run's row locked, as acquire
+                    out.lost.append(run_id)
+                    continue
+                if not held_before:
+                    locked.append(run_id)
+                holder = _lease.parse(row[1])
+                if not held_before:
+                    try:
+                        store._restart_grace(run_id, holder, server, float(up_s))
+                    except RunBusy:  # its holder may still take its lock back after a restart
+                        locked.remove(run_id)
+                        store._unlock_run(run_id)
+                        out.lost.append(run_id)
+                        continue
+                unsettled = store._unsettled(run_id, holder, row[3], force=run_id in store._taken)
+                epoch = next_epoch(run_id, row[0])
+                cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
+                            (epoch, _lease.claim(owner, server=server, unsettled=unsettled), run_id))
+                with store._cache_lock:
+                    store._cache.pop(run_id, None)
+                earlier[run_id] = unsettled
+                out.taken.append((run_id, epoch))
+            if out.taken:
+                faults.point("queue.C0")  # every run picked locked and its row written, before COMMIT
+    except BaseException:
+        for run_id in locked:
+            store._unlock_run(run_id)
+        raise
+    for run_id, epoch in out.taken:
+        store._taken[run_id] = epoch
+        if earlier[run_id]:
+            store._earlier[run_id] = earlier[run_id]
+        else:
+            store._earlier.pop(run_id, None)
+    return out
