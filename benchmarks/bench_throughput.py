@@ -1,7 +1,7 @@
 """Throughput of many runs: group commit against one sync per step, beside a raw driver floor.
 
 Usage: ``python benchmarks/bench_throughput.py [--quick] [--runs 1,8,32,128] [--procs 1,2,4]
-[--turns 50] [--backends sqlite,postgres] [--modes alone,group] [--repeats 3] [--pg URL]
+[--turns 50] [--backends sqlite,postgres] [--modes alone,default,group] [--repeats 3] [--pg URL]
 [--json out.json]``
 
 M concurrent runs of ``--turns`` turns each (a canned model, :class:`Canned`, that calls one
@@ -11,7 +11,10 @@ event loop, which is how a worker drives its runs; the runs of a process share o
 worker's share the one it was given). The P processes start together at a barrier.
 Every process opens its own store on one journal, new for each cell:
 
-- ``alone``: the store as it is: each run's commit blocks the loop (one sync per step);
+- ``alone``: the store with group commit turned off (``store.group_commit = False``): each run's
+  commit blocks the loop (one sync per step), as every store did before group commit was the default;
+- ``default``: the store as :func:`~cuaderno.open_journal` returns it: its runs commit through
+  the store's shared group (:func:`cuaderno.journal.shared_group`), a run alone at once;
 - ``group``: the same store wrapped in :class:`~cuaderno.journal._group.GroupCommit`: the
   appends the loop's runs make in one turn of the loop share one transaction and its sync.
 
@@ -56,6 +59,7 @@ from typing import Any
 from bench_journal import payload_text
 
 from cuaderno import Agent, ModelRequest, ModelResponse, ScriptedGateway, Session, open_journal, tool
+from cuaderno.journal import shared_group
 from cuaderno.journal._group import GroupCommit
 
 PAYLOAD = payload_text(400)
@@ -98,8 +102,10 @@ def _gateway(turns: int) -> Canned:
 
 
 def open_store(url: str, mode: str) -> Any:
-    """The journal at ``url``, through a group commit in mode ``group``."""
+    """The journal at ``url``, through a group commit in mode ``group``, without one in ``alone``."""
     base = open_journal(url)
+    if mode == "alone":
+        base.group_commit = False  # type: ignore[attr-defined]
     return GroupCommit(base) if mode == "group" else base
 
 
@@ -126,15 +132,17 @@ async def drive_runs(store: Any, run_ids: list[str], turns: int, gaps: list[floa
 async def _drive(url: str, mode: str, run_ids: list[str], turns: int) -> dict[str, Any]:
     store = open_store(url, mode)
     gaps: list[float] = []
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     try:
         steps = await drive_runs(store, run_ids, turns, gaps)
     finally:
-        t1 = time.monotonic()
-        groups = getattr(store, "groups", 0)
-        appends = getattr(store, "appends", 0)
+        t1, cpu1 = time.monotonic(), time.process_time()
+        counted = store if mode == "group" else shared_group(store)
+        groups = getattr(counted, "groups", 0)
+        appends = getattr(counted, "appends", 0)
         store.close()
-    return {"steps": steps, "gaps": gaps, "t0": t0, "t1": t1, "groups": groups, "appends": appends}
+    return {"steps": steps, "gaps": gaps, "t0": t0, "t1": t1, "groups": groups, "appends": appends,
+            "cpu_s": cpu1 - cpu0}
 
 
 def _worker(url: str, mode: str, run_ids: list[str], turns: int, barrier: Any, out: Any) -> None:
@@ -167,6 +175,7 @@ def cell(url: str, mode: str, m: int, procs: int, turns: int) -> dict[str, Any]:
     gaps = sorted(g for r in results for g in r["gaps"])
     groups = sum(r["groups"] for r in results)
     return {"steps_per_s": steps / span, "p50_ms": 1000 * gaps[len(gaps) // 2],
+            "cpu_us_per_step": 1e6 * sum(r["cpu_s"] for r in results) / max(1, steps),
             "p99_ms": 1000 * gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], "steps": steps,
             "group_size": (sum(r["appends"] for r in results) / groups) if groups else None}
 
@@ -276,11 +285,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     for mode in args.modes:
                         reps = [cell(journals.new(backend), mode, m, procs, args.turns) for _ in range(args.repeats)]
                         row = {"backend": backend, "mode": mode, "M": m, "P": procs,
-                               **{k: _median(reps, k) for k in ("steps_per_s", "p50_ms", "p99_ms", "group_size")},
+                               **{k: _median(reps, k) for k in ("steps_per_s", "p50_ms", "p99_ms", "group_size",
+                                                                  "cpu_us_per_step")},
                                "repeats": [r["steps_per_s"] for r in reps]}
                         report["cells"].append(row)
                         print(f"{backend:8} {mode:6} M={m:<4} P={procs}: {row['steps_per_s']:8,.0f} steps/s  "
-                              f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:7.2f} ms  "
+                              f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:7.2f} ms  CPU {row['cpu_us_per_step']:5.0f} us/step  "
                               f"group {row['group_size'] or 1:5.1f}", file=sys.stderr, flush=True)
             after = floor(where, args.floor_steps)
             report["floors"][backend] = {"before": before, "after": after}
@@ -320,7 +330,7 @@ def main() -> int:
     ap.add_argument("--procs", default=None, help="worker processes, comma-separated (default 1,2,4)")
     ap.add_argument("--turns", type=int, default=None)
     ap.add_argument("--backends", default="sqlite,postgres")
-    ap.add_argument("--modes", default="alone,group")
+    ap.add_argument("--modes", default="alone,default,group")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--floor-steps", type=int, default=None)
     ap.add_argument("--pg", default=os.environ.get("CUADERNO_TEST_PG", "postgresql://127.0.0.1:5432/test"))

@@ -1,7 +1,9 @@
 """Group commit under SIGKILL: nothing acts before its own intent is durable, nothing acts twice.
 
 A worker process drives several runs as tasks of one event loop through one
-:class:`~cuaderno.journal._group.GroupCommit` journal; every turn of every run moves money through
+:class:`~cuaderno.journal._group.GroupCommit` journal, or (``default``) on the store as
+:func:`~cuaderno.open_journal` returns it, whose runs share commits through the store's own
+group (:func:`cuaderno.journal.shared_group`) by default; every turn of every run moves money through
 the ledger service (non-idempotent, no deduplication, with a lookup by effect key). The worker
 is SIGKILLed at a group's crash point:
 
@@ -41,6 +43,7 @@ from _report import record
 from workload import transfer_tool
 
 from cuaderno import Agent, ScriptedGateway, Session, open_journal
+from cuaderno.journal import shared_group
 from cuaderno.journal._group import GroupCommit
 from cuaderno.testing import crash
 from cuaderno.testing.ledger import LedgerProcess, read_receipts
@@ -61,10 +64,10 @@ def _dwell(seconds: float) -> None:
     crash.on("group.G1", hook)
 
 
-async def _worker(db: str, ledger: str, runs: int, turns: int, dwell: float) -> dict[str, str]:
+async def _worker(db: str, ledger: str, runs: int, turns: int, dwell: float, plain: bool = False) -> dict[str, str]:
     if dwell:
         _dwell(dwell)
-    group = GroupCommit(open_journal(db))
+    group = open_journal(db) if plain else GroupCommit(open_journal(db))
 
     async def one(run_id: str) -> str:
         transfer = transfer_tool(ledger, run_id, idempotent=False, with_lookup=True)
@@ -78,20 +81,23 @@ async def _worker(db: str, ledger: str, runs: int, turns: int, dwell: float) -> 
 
     try:
         names = [f"run-{i}" for i in range(runs)]
-        return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
+        statuses = dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
+        shared = shared_group(group)
+        assert shared is not None and shared.appends > 0, "the runs did not commit through a group"
+        return statuses
     finally:
         group.close()
 
 
 def _run_worker(db: str, ledger: str, crash_at: str | None, *, runs: int = RUNS, turns: int = TURNS,
-                dwell: float = DWELL_S) -> tuple[int, dict[str, str]]:
+                dwell: float = DWELL_S, plain: bool = False) -> tuple[int, dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k != crash.ENV_VAR}
     if crash_at:
         env[crash.ENV_VAR] = crash_at
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, __file__, "--db", db, "--ledger", ledger, "--runs", str(runs),
-                           "--turns", str(turns), "--dwell", str(dwell)], env=env, capture_output=True, text=True, timeout=120,
+                           "--turns", str(turns), "--dwell", str(dwell), *(["--plain"] if plain else [])], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     if done.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"worker failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -133,11 +139,13 @@ def ledger(tmp_path: Path) -> Iterator[LedgerProcess]:
 
 @pytest.mark.parametrize("hit", HITS)
 @pytest.mark.parametrize("point", ["group.G1", "group.G2"])
+@pytest.mark.parametrize("store", ["GroupCommit", "default"])
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_kill_in_a_group(backend: str, point: str, hit: int, ledger: LedgerProcess, tmp_path: Path,
+def test_kill_in_a_group(backend: str, store: str, point: str, hit: int, ledger: LedgerProcess, tmp_path: Path,
                          request: pytest.FixtureRequest) -> None:
     db = _journal_url(backend, tmp_path, request)
-    code, _ = _run_worker(db, ledger.url, f"{point}:{hit}")
+    plain = store == "default"
+    code, _ = _run_worker(db, ledger.url, f"{point}:{hit}", plain=plain)
     assert code == -signal.SIGKILL, f"{point}:{hit} was not reached"
 
     receipts = read_receipts(ledger.db_path)
@@ -148,7 +156,7 @@ def test_kill_in_a_group(backend: str, point: str, hit: int, ledger: LedgerProce
     assert max(per_key.values(), default=0) <= 1, "an effect ran twice"
     before = len(receipts)
 
-    code, statuses = _run_worker(db, ledger.url, None)
+    code, statuses = _run_worker(db, ledger.url, None, plain=plain)
     assert code == 0
     assert statuses == {f"run-{i}": "completed" for i in range(RUNS)}
     receipts = read_receipts(ledger.db_path)
@@ -156,7 +164,7 @@ def test_kill_in_a_group(backend: str, point: str, hit: int, ledger: LedgerProce
     per_key = Counter(str(r["key"]) for r in receipts)
     assert len(per_key) == RUNS * TURNS and set(per_key.values()) == {1}, "each transfer happened exactly once"
     assert set(per_key) <= intents and all(results[k] == 1 for k in per_key)
-    record({"test": f"group commit kill ({backend})", "kind": "tool_lookup", "point": f"{point}:{hit}",
+    record({"test": f"group commit kill ({backend}{', by default' if plain else ''})", "kind": "tool_lookup", "point": f"{point}:{hit}",
             "status": "completed", "kills": 1, "not_reached": 0, "duplicated": 0, "rebilled_journaled": 0,
             "rebilled_in_flight": 0, "violations": 0, "receipts_at_kill": before, "receipts": len(receipts)})
 
@@ -201,8 +209,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=RUNS)
     ap.add_argument("--turns", type=int, default=TURNS)
     ap.add_argument("--dwell", type=float, default=DWELL_S)
+    ap.add_argument("--plain", action="store_true", help="the store as open_journal returns it (its default group)")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(_worker(args.db, args.ledger, args.runs, args.turns, args.dwell))), flush=True)
+    print(json.dumps(asyncio.run(_worker(args.db, args.ledger, args.runs, args.turns, args.dwell, args.plain))),
+          flush=True)
     return 0
 
 

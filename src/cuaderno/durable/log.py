@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from cuaderno import faults
 from cuaderno.events import StepEvent
+from cuaderno.journal import shared_group
 from cuaderno.journal.base import Checkpointer, CommitsInGroups, ConfirmsHold, KnowsEarlierHolders
 
 __all__ = ["Capabilities", "JournalLog", "StepLog", "confirm_hold", "earlier_holder", "numbered"]
@@ -95,8 +96,10 @@ class Capabilities:
 
     def __init__(self, store: Checkpointer) -> None:
         self.store = store
-        self.group = store if isinstance(store, CommitsInGroups) else None
-        """The store as a group committer, when it is one."""
+        self.group = store if isinstance(store, CommitsInGroups) else shared_group(store)
+        """The store as a group committer, when it is one; else the store's shared group (SQLite,
+        PostgreSQL): concurrent runs on one store share commits by default, and a run alone
+        commits at once as it would on the store (see :func:`cuaderno.journal.shared_group`)."""
         self._confirm = store if isinstance(store, ConfirmsHold) else None
         self._earlier = store if isinstance(store, KnowsEarlierHolders) else None
 

@@ -16,7 +16,7 @@ from cuaderno.journal._anchor import JournalRolledBack
 from cuaderno.journal._claims import state_of, work_for
 from cuaderno.journal._compress import stored_payload
 from cuaderno.journal._erase import Erasure, SupportsErase
-from cuaderno.journal._group import GroupCommit
+from cuaderno.journal._group import GroupCommit, shared_group
 from cuaderno.journal._open import JournalURL, open_journal, parse_journal_url
 from cuaderno.journal._queue_sql import (
     Claim,
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue", "JournalSchedules",
            "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry", "Rekeyed",
            "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions", "decode_small_payloads",
-           "open_journal", "parse_journal_url", "queue_of", "rekey_journal", "schedules_of", "state_of", "stored_payload",
-           "work_for"]
+           "open_journal", "parse_journal_url", "queue_of", "rekey_journal", "schedules_of", "shared_group", "state_of",
+           "stored_payload", "work_for"]
 
 
 def __getattr__(name: str) -> Any:

@@ -94,7 +94,7 @@ from cuaderno.errors import UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer
 
-__all__ = ["SOLO_WINDOW_S", "GroupBatch", "GroupCommit", "SupportsGroupAppend"]
+__all__ = ["SOLO_WINDOW_S", "GroupBatch", "GroupCommit", "SupportsGroupAppend", "shared_group"]
 
 SOLO_WINDOW_S = 0.05
 """How long one run must have been the only one appending before its commits are made at once
@@ -399,3 +399,39 @@ def _resolve(future: asyncio.Future[list[StepEvent]], outcome: list[StepEvent] |
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
+
+
+_SHARED = "_cuaderno_shared_group"
+_shared_lock = threading.Lock()
+
+
+def shared_group(store: Checkpointer) -> GroupCommit | None:
+    """The group every loop on ``store`` commits through by default: one per store object, made
+    at the first ask, for a store that writes a group in one transaction
+    (:class:`SupportsGroupAppend`: SQLite, PostgreSQL); ``None`` for another store, or one whose
+    ``group_commit`` attribute is ``False`` (the loop then appends to the store directly).
+
+    Why by default: it cannot cost a run alone anything, and it is what an application's
+    concurrent runs on one store need. A run that is the only one appending commits at once,
+    in a transaction of its own (:data:`SOLO_WINDOW_S`), as with the store alone; only when
+    several runs append does a commit wait for the end of the loop's turn, so that the runs the
+    loop steps meanwhile share its transaction and sync. Every append still returns only once
+    its own transaction committed, and keeps its own outcome (see the module's docstring). The
+    group lives as long as its store (an attribute of it) and never closes it."""
+    if isinstance(store, GroupCommit):
+        return store
+    if not isinstance(store, SupportsGroupAppend) or getattr(store, "group_commit", True) is False:
+        return None
+    found = getattr(store, _SHARED, None)
+    if isinstance(found, GroupCommit):
+        return found
+    with _shared_lock:
+        found = getattr(store, _SHARED, None)
+        if not isinstance(found, GroupCommit):
+            found = GroupCommit(store, close_store=False)
+            try:
+                setattr(store, _SHARED, found)
+            except AttributeError:  # a store without a __dict__: no shared group (appended directly)
+                return None
+    return found
+
