@@ -6,7 +6,8 @@
                     [--poll-interval S] [--until-idle] [--name NAME]
                     [--prune-older-than AGE [--prune-every S]]
 
-``--agent`` names an :class:`~cuaderno.Agent`. The model gateway comes from ``--gateway``, a
+``--agent`` names an :class:`~cuaderno.Agent`, or a wrapped agent of :mod:`cuaderno.integrations`
+(a :class:`~cuaderno.integrations.Resumable`: it resumes its runs on its own journal). The model gateway comes from ``--gateway``, a
 function of no arguments that returns a gateway (or a gateway object), and by default from the
 agent module's own ``gateway_factory``. SIGTERM (or Ctrl-C) stops the worker as
 :meth:`Worker.stop <cuaderno.worker.Worker.stop>` does: each run in flight finishes its step,
@@ -73,6 +74,7 @@ def worker_command(
     """Claim runs that need progress (a dead holder, a decided approval, a cancellation to close,
     compensations to run) and drive them; SIGTERM finishes each step in flight, releases, exits 0."""
     from cuaderno.errors import UsageError
+    from cuaderno.integrations import IntegrationWorker, Resumable
     from cuaderno.journal import parse_journal_url
     from cuaderno.loop.agent import Agent
     from cuaderno.worker import Worker, load_agent
@@ -95,12 +97,18 @@ def worker_command(
                 for name_ in ("CUADERNO_KEY", "CUADERNO_OLD_KEYS"):
                     os.environ.pop(name_, None)
             agent = load_agent(agent_ref)
-            if not isinstance(agent, Agent):
-                raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent")
-            factory = _gateway_factory(agent_ref, gateway_ref)
-            worker = Worker(url, agent, factory, concurrency=concurrency, poll_interval=poll_interval, name=name,
-                            log=lambda line: print(line, file=sys.stderr, flush=True),
-                            prune_older_than=prune_older_than, prune_every=prune_every)
+            worker: Worker | IntegrationWorker
+            if isinstance(agent, Resumable):  # a wrapped agent: it resumes its runs on its own journal
+                worker = IntegrationWorker(agent, concurrency=concurrency, poll_interval=poll_interval, name=name,
+                                           log=lambda line: print(line, file=sys.stderr, flush=True))
+            else:
+                if not isinstance(agent, Agent):
+                    raise UsageError(f"{agent_ref!r} is a {type(agent).__name__}, not a cuaderno Agent nor a "
+                                     "wrapped agent (cuaderno.integrations.Resumable)")
+                factory = _gateway_factory(agent_ref, gateway_ref)
+                worker = Worker(url, agent, factory, concurrency=concurrency, poll_interval=poll_interval, name=name,
+                                log=lambda line: print(line, file=sys.stderr, flush=True),
+                                prune_older_than=prune_older_than, prune_every=prune_every)
             stats = worker.run_sync(until_idle=until_idle, handle_signals=True)
     except typer.Exit:
         raise

@@ -7,4 +7,13 @@ the same thing again with the same run id. Nothing here is a second copy of thos
 
 - :mod:`cuaderno.integrations.pydantic_ai` (``pip install 'cuaderno[pydantic-ai]'``)
 - :mod:`cuaderno.integrations.openai_agents` (``pip install 'cuaderno[openai-agents]'``)
+
+A crashed wrapped run resumes by calling the wrapper again with its run id, or in a worker that
+knows the wrapped agent (:class:`IntegrationWorker`; ``cuaderno worker --agent module:attr`` where
+``attr`` is a :class:`Resumable`: a ``DurableAgent``, or what either integration's ``resumable``
+returns).
 """
+
+from cuaderno.integrations._worker import IntegrationWorker, Resumable
+
+__all__ = ["IntegrationWorker", "Resumable"]

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,6 +59,7 @@ from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
 from cuaderno.integrations.openai_agents._model import DurableModel, DurableModelProvider, jsonable
+from cuaderno.integrations.openai_agents._resume import RunnerResumable
 from cuaderno.integrations.openai_agents._state import RunShared
 from cuaderno.integrations.openai_agents._tools import arguments_of, call_fingerprint, tool_step_id, wrap_tool
 from cuaderno.journal.base import Checkpointer
@@ -170,12 +171,27 @@ class DurableRunner:
             raise UsageError(f"effects declared for tools the agent does not have: {', '.join(unknown)}")
         return DurableStream(self, agent, input, run_id, context, max_turns, run_config, streamed=streamed)
 
+    def run_versions(self, agent: Agent[Any]) -> dict[str, Any]:
+        """The versions runs of ``agent`` are started under (``agent_version``, or the agent
+        definition's fingerprint): a run started under others is a ``VersionMismatch``."""
+        return {"openai_agents": self.agent_version or agent_fingerprint(agent, self.effects)}
+
+    def resumable(self, agent: Agent[Any], *, context: Any = None, context_factory: Callable[[], Any] | None = None,
+                  max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> RunnerResumable:
+        """What a worker resumes this runner's runs of ``agent`` with (``cuaderno worker --agent
+        module:attr``): each resume runs with ``context`` (or ``context_factory()``, made for each
+        drive and entered if it is an async context manager); the input comes from the journal."""
+        return RunnerResumable(self, agent, context=context, context_factory=context_factory, max_turns=max_turns,
+                               run_config=run_config)
+
     def _open(self, agent: Agent[Any], input: str | list[Any], run_id: str) -> Opened:
         task_json = jsonable(input)
-        versions = {"openai_agents": self.agent_version or agent_fingerprint(agent, self.effects)}
+        # A list of input items is kept as JSON on the start: a worker resuming the run knows
+        # only its id, and the task string alone cannot tell a list from a text that looks like one.
+        start: dict[str, Any] = {"framework": "openai-agents"} | ({} if isinstance(input, str) else {"input": task_json})
         return open_run(self.store, run_id, task=input if isinstance(input, str) else json.dumps(task_json),
-                        task_fingerprint=fingerprint({"input": task_json}), versions=versions, tenant=self.tenant,
-                        owner=self.owner, name=agent.name, start={"framework": "openai-agents"},
+                        task_fingerprint=fingerprint({"input": task_json}), versions=self.run_versions(agent),
+                        tenant=self.tenant, owner=self.owner, name=agent.name, start=start,
                         on_version_mismatch=self.on_version_mismatch)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -50,6 +50,7 @@ from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
 from cuaderno.integrations.pydantic_ai._model import JournaledModel, check_sdk_retries
+from cuaderno.integrations.pydantic_ai._resume import AgentResumable
 from cuaderno.integrations.pydantic_ai._state import RunState
 from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, ToolBug, arguments_fingerprint
 from cuaderno.journal.base import Checkpointer
@@ -162,6 +163,23 @@ class DurableAgent(Generic[OutputT]):
             raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
         self.rate_limit = rate_limit
 
+    def run_versions(self) -> dict[str, Any]:
+        """The versions this agent's runs are started under: its definition's fingerprint and the
+        integration's effect version (a run started under others is a ``VersionMismatch``)."""
+        return {"agent": self.definition, "integration": EFFECT_VERSION}
+
+    def resumable(self, *, deps: Any = None, deps_factory: Callable[[], Any] | None = None,
+                  **run_kwargs: Any) -> AgentResumable:
+        """What a worker resumes this agent's runs with (``cuaderno worker --agent module:attr``):
+        each resume runs with ``deps`` (or ``deps_factory()``, made for each drive and entered if it
+        is an async context manager) and ``run_kwargs``; the prompt and history come from the
+        run's journal."""
+        return AgentResumable(self, deps=deps, deps_factory=deps_factory, run_kwargs=run_kwargs)
+
+    async def resume(self, run_id: str) -> str:
+        """Go on with ``run_id`` from its journal (no ``deps``): a :class:`~cuaderno.integrations.Resumable`."""
+        return await AgentResumable(self).resume(run_id)
+
     async def run(self, user_prompt: str | None = None, *, run_id: str,
                   message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
                   **run_kwargs: Any) -> DurableResult[OutputT]:
@@ -181,10 +199,10 @@ class DurableAgent(Generic[OutputT]):
         history = list(message_history or [])
         task = {"prompt": to_jsonable_python(user_prompt, fallback=repr), "history": content(dump(history))}
         opened = open_run(self.journal, run_id, task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
-                          task_fingerprint=fingerprint(task), versions={"agent": self.definition,
-                                                                        "integration": EFFECT_VERSION},
+                          task_fingerprint=fingerprint(task), versions=self.run_versions(),
                           tenant=self.tenant, owner=self.owner, name=self.agent.name,
-                          start={"framework": "pydantic-ai"}, on_version_mismatch=self.on_version_mismatch)
+                          start={"framework": "pydantic-ai", "prompt": task["prompt"], "history": dump(history)},
+                          on_version_mismatch=self.on_version_mismatch)
         if opened.closed:
             return self._answered(opened)
         try:

@@ -1,0 +1,19 @@
+"""The wrapped agent ``cuaderno worker --agent _oai_worker_target:resumable`` resumes: the agent,
+effects and run context of ``_oai_agent.py`` (so the runs it started are of the same versions), on
+the journal, provider and ledger named by ``OAI_JOURNAL``, ``OAI_PROVIDER``, ``OAI_LEDGER``."""
+
+from __future__ import annotations
+
+import os
+
+import _oai_agent
+from agents import set_tracing_disabled
+
+from cuaderno import SqliteCheckpointer
+from cuaderno.integrations.openai_agents import DurableRunner
+
+set_tracing_disabled(True)
+_oai_agent.LEDGER_URL = os.environ["OAI_LEDGER"]
+agent = _oai_agent.build(os.environ["OAI_PROVIDER"], approval=False, structured=True)
+runner = DurableRunner(SqliteCheckpointer(os.environ["OAI_JOURNAL"]), effects=_oai_agent.EFFECTS)
+resumable = runner.resumable(agent, context=_oai_agent.Bank("treasury", os.environ["OAI_LEDGER"]))
