@@ -14,6 +14,7 @@ knows the wrapped agent (:class:`IntegrationWorker`; ``cuaderno worker --agent m
 returns).
 """
 
+from cuaderno.integrations._budget import RunBudget
 from cuaderno.integrations._worker import IntegrationWorker, Resumable
 
-__all__ = ["IntegrationWorker", "Resumable"]
+__all__ = ["IntegrationWorker", "Resumable", "RunBudget"]

@@ -1,8 +1,9 @@
 """A real OpenAI Agents SDK agent run durably, as a process the kill tests SIGKILL.
 
-``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text]`` runs (or
+``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text] [--budget=NAME=N]`` runs (or
 resumes) the run and prints one JSON line: ``{"status": "completed", "final": ...}``,
-``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}`` or
+``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}``,
+``{"status": "failed", "budget": ...}`` (past ``RunBudget(NAME=N)``) or
 ``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point. ``OAI_STREAM=1``
 runs it through ``DurableRunner.run_streamed`` (a completed run then also says how many raw
 response events it handed on: ``raw_events``).
@@ -30,8 +31,8 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from cuaderno import SqliteCheckpointer
-from cuaderno.errors import ErrorClass, ToolError, UncertainEffect
-from cuaderno.integrations.openai_agents import DurableRunner, EffectCall, effect_key, lookup
+from cuaderno.errors import BudgetExceeded, ErrorClass, ToolError, UncertainEffect
+from cuaderno.integrations.openai_agents import DurableRunner, EffectCall, RunBudget, effect_key, lookup
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
 
 
@@ -116,7 +117,9 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     store = SqliteCheckpointer(journal)
     try:
         effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
-        runner = DurableRunner(store, effects=effects)
+        limits = [f.removeprefix("--budget=").partition("=") for f in flags if f.startswith("--budget=")]
+        budget = RunBudget(**{k: int(v) for k, _, v in limits}) if limits else None
+        runner = DurableRunner(store, effects=effects, budget=budget)
         task, bank = "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", Bank("treasury", ledger_url)
         streamed = None
         if os.environ.get("OAI_STREAM"):  # through Runner.run_streamed: count the events handed on
@@ -130,6 +133,8 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
             result = await runner.run(agent, task, run_id=run_id, context=bank)
     except UncertainEffect as exc:
         return {"status": "needs_human", "step": exc.step_id}
+    except BudgetExceeded as exc:
+        return {"status": "failed", "budget": exc.budget}
     except Exception as exc:  # report it: the test decides whether it is allowed
         cause = exc.__cause__
         while cause is not None and not isinstance(cause, UncertainEffect):

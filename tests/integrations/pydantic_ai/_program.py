@@ -3,7 +3,8 @@
 Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFFECT]``. EFFECT
 declares the transfer tools (``lookup``: asked by key after a crash, the default;
 ``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``;
-``broken_lookup``: declared with a lookup that always fails).
+``broken_lookup``: declared with a lookup that always fails; ``budget:NAME=N``: declared with
+lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
 (the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
@@ -31,8 +32,8 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import DeferredToolRequests
 
 from cuaderno import SqliteCheckpointer, faults
-from cuaderno.errors import UncertainEffect
-from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup, ToolEffect, current_effect_key
+from cuaderno.errors import BudgetExceeded, UncertainEffect
+from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup, RunBudget, ToolEffect, current_effect_key
 
 
 @dataclass
@@ -100,19 +101,30 @@ def effects(kind: str, receipts: str, http: httpx.AsyncClient) -> dict[str, Tool
     return {"transfer": Lookup(find), "big_transfer": Lookup(find)}
 
 
+def budget(kind: str) -> RunBudget | None:
+    if not kind.startswith("budget:"):
+        return None
+    name, _, value = kind.removeprefix("budget:").partition("=")
+    return RunBudget(**{name: float(value) if name == "cost_usd" else int(value)})
+
+
 async def main(journal: str, provider_url: str, receipts: str, run_id: str, prompt: str, kind: str = "lookup") -> int:
     async with httpx.AsyncClient() as http:
         store = SqliteCheckpointer(journal)
-        durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http))
+        durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http),
+                               budget=budget(kind))
         try:
             result = await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http))
         except UncertainEffect as exc:
             print(json.dumps({"status": "needs_human", "step": exc.step_id}))
             return 3
+        except BudgetExceeded as exc:
+            print(json.dumps({"status": "failed", "budget": exc.budget, "replayed": False}))
+            return 0
         finally:
             store.close()
     output = result.output.model_dump() if isinstance(result.output, BaseModel) else result.output
-    print(json.dumps({"status": result.status, "output": output, "replayed": result.replayed,
+    print(json.dumps({"status": result.status, "output": output, "replayed": result.replayed, "reason": result.reason,
                       "pending": [{"step": p.step_id, "fingerprint": p.fingerprint} for p in result.pending]}))
     return 0
 

@@ -15,6 +15,7 @@ same run through the SDK's ``Runner.run_streamed`` (each model step still journa
 ``docs/integrations/openai-agents.md``.
 """
 
+from cuaderno.integrations import RunBudget
 from cuaderno.integrations.openai_agents._effects import (
     EffectCall,
     EffectKind,
@@ -29,4 +30,4 @@ from cuaderno.integrations.openai_agents._runner import DurableResult, DurableRu
 
 __all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "DurableResult", "DurableRunner", "DurableStream",
            "EffectCall",
-           "EffectKind", "Lookup", "ToolEffect", "current_effect", "effect_key", "lookup"]
+           "EffectKind", "Lookup", "RunBudget", "ToolEffect", "current_effect", "effect_key", "lookup"]

@@ -54,7 +54,9 @@ from cuaderno.gateway import rate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.gateway.pricing import Prices
+from cuaderno.integrations._budget import check_budget
 from cuaderno.integrations.openai_agents._state import RunShared
+from cuaderno.journal.base import Checkpointer
 
 __all__ = ["FRAMEWORK", "KEY_HEADERS", "DurableModel", "DurableModelProvider", "completed_event", "jsonable", "plain"]
 
@@ -356,6 +358,9 @@ class DurableModel(Model):
         with ``answer()``, the SDK's response the last send kept, as the framework payload.
         ``gate``: the shared rate limit's turn, taken before the intent is written."""
         shared = self.shared
+        if shared.budget is not None and isinstance(shared.store, Checkpointer):
+            # Before the intent: a run over its budget sends nothing more (BudgetExceeded).
+            check_budget(shared.store, shared.run_id, shared.budget)
         sent = await call.send(request, retry=shared.retry, sleep=asyncio.sleep, rng=random.Random(), gate=gate)
         call.finish(sent, framework=FrameworkPayload(FRAMEWORK, to_journal(answer())))
         shared.log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)

@@ -46,6 +46,7 @@ from cuaderno.durable import Approval, Opened, open_run
 from cuaderno.durable.effect import BodyBug
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import (
+    BudgetExceeded,
     GatewayError,
     JournalError,
     RunClosed,
@@ -55,6 +56,7 @@ from cuaderno.errors import (
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices, default_prices
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.integrations._budget import RunBudget, ended_fields
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
@@ -111,13 +113,17 @@ class DurableRunner:
         rate_limit: the provider's requests and tokens per minute, shared by every process on
             the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
             intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
+        budget: bounds on what a run spends (cost, tokens, model calls:
+            :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
+            nothing again) and checked before every request: past one, the run ends ``failed``
+            and :class:`~cuaderno.errors.BudgetExceeded` is raised.
     """
 
     def __init__(self, store: Checkpointer, *, effects: Mapping[str, ToolEffect | str] | None = None,
                  tenant: str = "default", owner: str | None = None, retry: Retrying | None = None,
                  agent_version: str | None = None,
                  on_version_mismatch: Literal["refuse", "drain"] = "refuse", prices: Prices | None = None,
-                 rate_limit: RateLimit | None = None) -> None:
+                 rate_limit: RateLimit | None = None, budget: RunBudget | None = None) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
         if not isinstance(tenant, str) or not tenant:
@@ -135,6 +141,9 @@ class DurableRunner:
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
         self.rate_limit = rate_limit
+        if budget is not None and not isinstance(budget, RunBudget):
+            raise UsageError(f"budget must be a RunBudget or None, got {type(budget).__name__}")
+        self.budget = budget
 
     async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:
@@ -225,7 +234,8 @@ class DurableStream:
             self.result = _answered(opened, agent)
             return
         shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry,
-                           prices=runner.prices, store=runner.store, rate_limit=runner.rate_limit)
+                           prices=runner.prices, store=runner.store, rate_limit=runner.rate_limit,
+                           budget=runner.budget)
         try:
             async for event in self._drive(opened, shared):
                 yield event
@@ -276,9 +286,10 @@ class DurableStream:
                 _end(opened, exc)
             except JournalError:  # the run could not be ended (fenced out, cancelled): the error raised says why
                 pass
-            uncertain = _cause(exc, UncertainEffect)
-            if uncertain is not None and uncertain is not exc:
-                raise uncertain from exc  # the SDK wraps a tool's exception in UserError: say what it is
+            for kind in (UncertainEffect, BudgetExceeded):
+                cause = _cause(exc, kind)
+                if cause is not None and cause is not exc:
+                    raise cause from exc  # the SDK wraps a tool's exception in UserError: say what it is
             raise
 
 
@@ -380,6 +391,10 @@ def _end(opened: Opened, exc: BaseException) -> None:
     if not isinstance(exc, Exception) or _cause(exc, UncertainEffect) is not None \
             or _cause(exc, JournalError) is not None:
         return  # cancelled, uncertain (journaled: needs_human), or the journal itself: leave it open
+    over = _cause(exc, BudgetExceeded)
+    if isinstance(over, BudgetExceeded):  # as cuaderno's runner ends it
+        opened.fail("budget", **ended_fields(over))
+        return
     bug = _cause(exc, BodyBug)
     if isinstance(bug, BodyBug):
         opened.log.commit()  # the bug's result is staged: journal it, then end the run

@@ -8,6 +8,7 @@ from cuaderno.durable import JournalLog
 from cuaderno.durable.model_call import Retrying
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.integrations._budget import RunBudget
 
 __all__ = ["POLICY_VERSION", "RunShared"]
 
@@ -38,6 +39,8 @@ class RunShared:
     """The journal (its database holds the shared rate limit's state)."""
     rate_limit: RateLimit | None = None
     """The provider's limit every worker on the journal shares (``None``: none)."""
+    budget: RunBudget | None = None
+    """The run's spending bounds, checked before every send (``None``: unbounded)."""
     guards: dict[tuple[str, str], int] = field(default_factory=dict)
     """Calls of each guardrail (``in``/``out``, name) in this pass: the number in its step id."""
     model_steps: int = 0

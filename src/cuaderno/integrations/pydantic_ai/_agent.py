@@ -42,10 +42,11 @@ from pydantic_core import to_jsonable_python
 from cuaderno import faults
 from cuaderno.durable.approval import Approval
 from cuaderno.durable.opening import Mismatch, Opened, open_run
-from cuaderno.errors import UncertainEffect, UsageError
+from cuaderno.errors import BudgetExceeded, UncertainEffect, UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.integrations._budget import RunBudget, ended_fields
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
@@ -132,6 +133,10 @@ class DurableAgent(Generic[OutputT]):
         rate_limit: the provider's requests and tokens per minute, shared by every process on
             the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
             intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
+        budget: bounds on what a run spends (cost, tokens, model calls:
+            :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
+            nothing again) and checked before every request: past one, the run ends ``failed``
+            and :class:`~cuaderno.errors.BudgetExceeded` is raised.
 
     Raises:
         UsageError: a model whose OpenAI client retries on its own (``max_retries`` must be 0:
@@ -143,7 +148,8 @@ class DurableAgent(Generic[OutputT]):
                  owner: str | None = None, retry: RetryPolicy | None = None,
                  key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
                  on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse",
-                 prices: Prices | None = None, rate_limit: RateLimit | None = None) -> None:
+                 prices: Prices | None = None, rate_limit: RateLimit | None = None,
+                 budget: RunBudget | None = None) -> None:
         if not isinstance(agent, Agent):
             raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
         if not isinstance(journal, Checkpointer):
@@ -162,6 +168,9 @@ class DurableAgent(Generic[OutputT]):
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
         self.rate_limit = rate_limit
+        if budget is not None and not isinstance(budget, RunBudget):
+            raise UsageError(f"budget must be a RunBudget or None, got {type(budget).__name__}")
+        self.budget = budget
 
     def run_versions(self) -> dict[str, Any]:
         """The versions this agent's runs are started under: its definition's fingerprint and the
@@ -191,6 +200,7 @@ class DurableAgent(Generic[OutputT]):
             VersionMismatch: the run was started by another agent definition.
             ReplayDivergence: another prompt or history than the run's, or a request the journal
                 did not record at that step.
+            BudgetExceeded: the run's ``budget`` ran out; it ended ``failed`` (journaled).
             UncertainEffect: a tool's effect may or may not have happened; the run is
                 ``needs_human`` (``cuaderno show`` has the evidence, ``cuaderno resolve`` settles it).
         """
@@ -214,7 +224,7 @@ class DurableAgent(Generic[OutputT]):
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
         state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
                          retry=self.retry, key_headers=self.key_headers, prices=self.prices, store=self.journal,
-                         rate_limit=self.rate_limit, rng=random.Random())
+                         rate_limit=self.rate_limit, rng=random.Random(), budget=self.budget)
         capability = CuadernoJournal(state)
         prompt: str | None = user_prompt
         deferred: DeferredToolResults | None = None
@@ -225,6 +235,11 @@ class DurableAgent(Generic[OutputT]):
                                                   deps=deps, capabilities=[capability], **run_kwargs)
                 except BaseExceptionGroup as group:  # tools run concurrently: surface the one that says why
                     raise _first(group) from group
+            except BudgetExceeded as exc:
+                # Journaled as cuaderno's runner journals it: the run ends failed, and every later
+                # call answers that from the journal.
+                opened.fail("budget", **ended_fields(exc))
+                raise
             except ToolBug as bug:
                 # A bug is not retried and not guessed around: the run ends failed, with the step
                 # that raised, and every later call answers that from the journal.
@@ -307,7 +322,7 @@ class DurableAgent(Generic[OutputT]):
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:
     for exc in group.exceptions:
         found = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, (UncertainEffect, ToolBug)):
+        if isinstance(found, (UncertainEffect, ToolBug, BudgetExceeded)):
             return found
     first = group.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first

@@ -36,8 +36,10 @@ from cuaderno.gateway.base import ModelRequest as JournalRequest
 from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.errors import from_exception, from_status
 from cuaderno.gateway.pricing import default_prices
+from cuaderno.integrations._budget import check_budget
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
+from cuaderno.journal.base import Checkpointer
 
 __all__ = ["FRAMEWORK", "JournaledModel", "check_sdk_retries"]
 
@@ -106,6 +108,9 @@ class JournaledModel(WrapperModel):
                 span.response(answer)
             return answer
 
+        if state.budget is not None and isinstance(state.store, Checkpointer):
+            # Before the intent: a run over its budget sends nothing more (BudgetExceeded).
+            check_budget(state.store, state.run_id, state.budget)
         gate = None
         if state.rate_limit is not None:
             # The provider's limit, shared by every worker on the journal: the turn is taken

@@ -15,6 +15,7 @@ from cuaderno.durable.log import JournalLog
 from cuaderno.errors import ReplayDivergence
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.integrations._budget import RunBudget
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect
 from cuaderno.loop.agent import RetryPolicy
 
@@ -38,6 +39,8 @@ class RunState:
     rate_limit: RateLimit | None = None
     """The provider's limit every worker on the journal shares (``None``: none)."""
     rng: random.Random = field(default_factory=random.Random)
+    budget: RunBudget | None = None
+    """The run's spending bounds, checked before every send (``None``: unbounded)."""
     model_steps: int = 0
     """Model requests made (or replayed) so far in this process's pass over the run."""
     calls: dict[str, str] = field(default_factory=dict)
