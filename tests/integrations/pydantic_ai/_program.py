@@ -4,7 +4,8 @@ Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFF
 declares the transfer tools (``lookup``: asked by key after a crash, the default;
 ``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``;
 ``broken_lookup``: declared with a lookup that always fails; ``budget:NAME=N``: declared with
-lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``).
+lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``; ``stream``: declared with lookups, run with an ``event_stream_handler`` (the model requests are
+streamed), the output then saying how many events the handler saw: ``events``).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
 (the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +30,19 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.profiles.openai import OpenAIModelProfile
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import DeferredToolRequests
 
 from cuaderno import SqliteCheckpointer, faults
 from cuaderno.errors import BudgetExceeded, UncertainEffect
-from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup, RunBudget, ToolEffect, current_effect_key
+from cuaderno.integrations.pydantic_ai import (
+    DurableAgent,
+    Lookup,
+    RunBudget,
+    ToolEffect,
+    current_effect_key,
+)
 
 
 @dataclass
@@ -59,7 +68,9 @@ def build_agent(provider_url: str) -> Agent[Deps, Paid | DeferredToolRequests]:
     client = AsyncOpenAI(base_url=provider_url, api_key="fake", max_retries=0,
                          http_client=httpx2.AsyncClient(event_hooks={"request": [_model_sent],
                                                                      "response": [_model_answered]}))
-    model = OpenAIChatModel("fake-model", provider=OpenAIProvider(openai_client=client))
+    # The fake provider, as OpenAI's own API, ends every stream with a finish reason: one without is cut.
+    model = OpenAIChatModel("fake-model", provider=OpenAIProvider(openai_client=client),
+                            profile=OpenAIModelProfile(openai_chat_streaming_requires_finish_reason=True))
     agent: Agent[Deps, Paid | DeferredToolRequests] = Agent(
         model, name="payer", deps_type=Deps, output_type=[Paid, DeferredToolRequests],
         instructions="Pay each transfer the user lists, one at a time, then report who was paid.")
@@ -113,8 +124,15 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
         store = SqliteCheckpointer(journal)
         durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http),
                                budget=budget(kind))
+        seen: list[Any] = []
+
+        async def handler(ctx: RunContext[Deps], events: AsyncIterable[Any]) -> None:
+            async for event in events:
+                seen.append(event)
+
+        streaming = {"event_stream_handler": handler} if kind == "stream" else {}
         try:
-            result = await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http))
+            result = await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http), **streaming)
         except UncertainEffect as exc:
             print(json.dumps({"status": "needs_human", "step": exc.step_id}))
             return 3
@@ -125,6 +143,7 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
             store.close()
     output = result.output.model_dump() if isinstance(result.output, BaseModel) else result.output
     print(json.dumps({"status": result.status, "output": output, "replayed": result.replayed, "reason": result.reason,
+                      **({"events": len(seen)} if streaming else {}),
                       "pending": [{"step": p.step_id, "fingerprint": p.fingerprint} for p in result.pending]}))
     return 0
 

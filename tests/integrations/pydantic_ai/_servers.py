@@ -11,7 +11,8 @@ own log (``<name>.billing.jsonl``, ``<name>.receipts.jsonl`` in the server's dir
 
 The provider plays a scripted agent: the first user message holds ``PAY: [[tool, to, amount],
 ...]``; it calls the k-th tool once k tool results are in the conversation, then answers with the
-structured output (the request's output tool, ``final_result*``) listing who was paid.
+structured output (the request's output tool, ``final_result*``) listing who was paid. A request
+with ``stream: true`` gets the same answer as server-sent chunks.
 """
 
 from __future__ import annotations
@@ -133,7 +134,49 @@ class _ProviderHandler(BaseHTTPRequestHandler):
         if scenario.startswith("reuseids"):  # a server that numbers tool calls per response, not per run
             for call in answer["choices"][0]["message"].get("tool_calls") or []:
                 call["id"] = "call_0"
+        if body.get("stream"):
+            # A scenario named ``cut-...`` cuts the first stream at each position after two chunks
+            # (billed, closed cleanly: no finish reason, no [DONE]).
+            _stream(self, answer, cut=scenario.startswith("cut") and first)
+            return
         _reply(self, 200, answer)
+
+
+def _chunks(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """``answer`` as the chat completion chunks a streaming provider sends: the role, then each
+    tool call's name and its arguments in two halves (or the text in two halves), then the finish
+    reason with the usage."""
+    message = answer["choices"][0]["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant"}]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        args = call["function"]["arguments"]
+        half = len(args) // 2
+        deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                       "function": {"name": call["function"]["name"], "arguments": args[:half]}}]})
+        deltas.append({"tool_calls": [{"index": i, "function": {"arguments": args[half:]}}]})
+    text = message.get("content")
+    if text:
+        deltas += [{"content": text[:len(text) // 2]}, {"content": text[len(text) // 2:]}]
+    base = {"id": answer["id"], "object": "chat.completion.chunk", "created": 0, "model": answer["model"]}
+    chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": answer["choices"][0]["finish_reason"]}],
+                   "usage": answer["usage"]})
+    return chunks
+
+
+def _stream(handler: BaseHTTPRequestHandler, answer: dict[str, Any], *, cut: bool) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    chunks = _chunks(answer)
+    for chunk in chunks[:2] if cut else chunks:
+        handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        handler.wfile.flush()
+    if not cut:
+        handler.wfile.write(b"data: [DONE]\n\n")
+    handler.wfile.flush()
+    handler.close_connection = True
 
 
 def _script(messages: list[dict[str, Any]]) -> list[list[Any]]:

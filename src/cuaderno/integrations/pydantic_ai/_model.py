@@ -6,7 +6,9 @@ result is journaled is answered from the journal (never paid again); one never s
 its intent commits, carrying the step's idempotency key in the provider's headers
 (``Idempotency-Key`` by default, through the framework's ``extra_headers`` setting); one whose
 fate is unknown (an intent and no result) is sent again with the same key and counted as possibly
-billed twice.
+billed twice. A streamed request (``request_stream``: an ``event_stream_handler``) is the same
+step, read whole inside its send and journaled before its events are handed on
+(:meth:`JournaledModel.request_stream`).
 
 What replay needs from the journaled result (beyond :mod:`cuaderno.durable.model_call`'s own):
 its framework payload (``framework``, named ``pydantic-ai``: :class:`~cuaderno.durable.FrameworkPayload`),
@@ -18,17 +20,20 @@ the dump as ``pydantic_ai`` instead, and are read from there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic_ai.exceptions import ModelHTTPError
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
-from pydantic_ai.models import ModelRequestParameters
+from pydantic_ai.messages import ModelMessage, ModelResponse, ModelResponseStreamEvent, ToolCallPart
+from pydantic_ai.models import CompletedStreamedResponse, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
+from pydantic_ai.tools import RunContext
 
 from cuaderno import telemetry
 from cuaderno.durable.model_call import FrameworkPayload, ModelCall
-from cuaderno.errors import GatewayError, ReplayDivergence, UsageError
+from cuaderno.errors import GatewayError, ReplayDivergence, StreamInterrupted, UsageError
 from cuaderno.fingerprint import fingerprint, idempotency_key
 from cuaderno.flow.ratelimit import framework_gate
 from cuaderno.gateway import rate
@@ -57,6 +62,61 @@ class JournaledModel(WrapperModel):
 
     async def request(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
+        call, journaled = self._step(messages, model_request_parameters)
+        if journaled is not None:
+            return journaled
+        settings = self._keyed(model_settings, call)
+
+        async def ask() -> tuple[ModelResponse, list[ModelResponseStreamEvent] | None]:
+            return await self.wrapped.request(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
+                                              model_request_parameters), None
+
+        response, _ = await self._journal(call, messages, settings, ask)
+        return response
+
+    @asynccontextmanager
+    async def request_stream(self, messages: list[ModelMessage], model_settings: ModelSettings | None,
+                             model_request_parameters: ModelRequestParameters,
+                             run_context: RunContext[Any] | None = None) -> AsyncIterator[StreamedResponse]:
+        """The step as a stream (``run_stream``, ``event_stream_handler``, ``iter``'s ``node.stream``).
+
+        Live, the inner model's stream is read whole inside the send and the answer journaled
+        before any of its events is handed on: the agent acts on a streamed answer (runs its
+        tools, ends the run) only once a crash can no longer lose it. The events are then handed
+        on as the stream delivered them (pydantic-ai's ``CompletedStreamedResponse`` with the
+        captured events, as its own durable wrappers hand on a stream read inside a step). A
+        step answered in the journal streams its journaled parts: nothing is sent. A stream cut
+        before its end is a failed send of unknown fate: sent again with the same key, counted."""
+        call, journaled = self._step(messages, model_request_parameters)
+        if journaled is not None:
+            yield CompletedStreamedResponse(journaled, model_request_parameters=model_request_parameters,
+                                            replay_events=True)
+            return
+        settings = self._keyed(model_settings, call)
+
+        async def ask() -> tuple[ModelResponse, list[ModelResponseStreamEvent] | None]:
+            async with self.wrapped.request_stream(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
+                                                   model_request_parameters, run_context) as stream:
+                try:
+                    events = [event async for event in stream]
+                except Exception as exc:
+                    # The provider answered and the stream broke off (a reset, a stream the
+                    # profile says must end with a finish reason ending without one): a
+                    # fragment, maybe billed whole. Never journaled as the answer; sent again.
+                    raise StreamInterrupted(f"{self.wrapped.model_name}: the stream broke off "
+                                            f"({type(exc).__name__}: {exc})") from exc
+                response = stream.get()
+            if response.state != "complete":
+                raise StreamInterrupted(f"{self.wrapped.model_name}: the stream ended {response.state}")
+            return response, events
+
+        response, events = await self._journal(call, messages, settings, ask)
+        yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters,
+                                        replay_events=events if events is not None else True)
+
+    def _step(self, messages: list[ModelMessage],
+              model_request_parameters: ModelRequestParameters) -> tuple[ModelCall, ModelResponse | None]:
+        """The next model step of the run, and its journaled answer (``None``: not answered yet)."""
         state = self.state
         log = state.log
         step_id = state.next_model_step()
@@ -75,25 +135,35 @@ class JournaledModel(WrapperModel):
         answered_before = call.answered()
         if journaled is None and answered_before is not None:
             journaled = answered_before.payload.get("pydantic_ai")  # journaled by this wrapper's first release
-        if journaled is not None:
-            response = load_response(journaled)
-            state.place_calls(step_id, _call_ids(response))
-            return response
+        if journaled is None:
+            return call, None
+        response = load_response(journaled)
+        state.place_calls(step_id, _call_ids(response))
+        return call, response
+
+    def _keyed(self, model_settings: ModelSettings | None, call: ModelCall) -> dict[str, Any]:
         settings: dict[str, Any] = dict(model_settings or {})
         settings["extra_headers"] = {**dict(settings.get("extra_headers") or {}),
-                                     **{name: call.key for name in state.key_headers}}
-        answered: list[ModelResponse] = []
+                                     **{name: call.key for name in self.state.key_headers}}
+        return settings
 
+    async def _journal(self, call: ModelCall, messages: list[ModelMessage], settings: dict[str, Any],
+                       ask: Callable[[], Awaitable[tuple[ModelResponse, list[ModelResponseStreamEvent] | None]]],
+                       ) -> tuple[ModelResponse, list[ModelResponseStreamEvent] | None]:
+        """Send through the protocol (budget, rate limit, intent, ``ask()``, re-sends with the key)
+        and journal the answer, the framework's response as the step's payload."""
+        state = self.state
+        step_id = call.step_id
+        answered: list[tuple[ModelResponse, list[ModelResponseStreamEvent] | None]] = []
         asked_of = JournalRequest(instructions="", messages=(), model=self.wrapped.model_name,
-                                max_output_tokens=settings.get("max_tokens"), temperature=settings.get("temperature"))
+                                  max_output_tokens=settings.get("max_tokens"), temperature=settings.get("temperature"))
 
         async def send() -> JournalResponse:
             # The chat span of this send (a replayed answer is not a call: never traced).
             with telemetry.model_call(asked_of, run_id=state.run_id, step_id=step_id,
                                       provider=self.wrapped.system) as span:
                 try:
-                    response = await self.wrapped.request(messages, ModelSettings(**settings),  # type: ignore[typeddict-item]
-                                                          model_request_parameters)
+                    got = await ask()
                 except GatewayError:
                     raise
                 except Exception as exc:
@@ -102,9 +172,9 @@ class JournaledModel(WrapperModel):
                     # nothing; a read timeout or a 5xx may have been billed, and is re-sent only
                     # after a new intent, counted.
                     raise _classified(exc) from exc
-                answered.append(response)
+                answered.append(got)
                 prices = state.prices if state.prices is not None else default_prices(self.wrapped.base_url)
-                answer = to_journal(response, prices)
+                answer = to_journal(got[0], prices)
                 span.response(answer)
             return answer
 
@@ -119,11 +189,11 @@ class JournaledModel(WrapperModel):
                                   model=self.wrapped.model_name, prompt=dump(messages),
                                   max_output_tokens=settings.get("max_tokens"))
         sent = await call.send(send, retry=state.retry, sleep=asyncio.sleep, rng=state.rng, gate=gate)
-        response = answered[-1]
+        response, events = answered[-1]
         call.finish(sent, framework=FrameworkPayload(FRAMEWORK, dump([response])[0]))
-        log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
+        state.log.commit()  # model.K6 inside its transaction, model.K7 after (the journal log passes them)
         state.place_calls(step_id, _call_ids(response))
-        return response
+        return response, events
 
 
 def check_sdk_retries(model: object) -> None:
