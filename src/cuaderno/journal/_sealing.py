@@ -8,8 +8,11 @@ and every hook below is then the identity (an unencrypted journal's bytes are un
 - **Where data keys live**: the ``cuaderno_keys`` table, one row per run ``(run_id, key_id,
   wrapped)``. A run's key is created by the first write that seals something of it, in that
   write's transaction (a rollback takes the key with the rows it sealed); a read finds it by the
-  run id. Unwrapped keys are cached per store (a run's data key never changes: ``rekey`` re-wraps
-  it, ``erase`` deletes it along with every row it sealed).
+  run id. Unwrapped keys are cached per store: a run's data key never changes (``rekey``
+  re-wraps it, ``erase`` deletes it along with every row it sealed), but a run id pruned and
+  started again by another process gets a new one, so a write uses a cached key only while the
+  store's summary cache vouches for the run (the stores drop it otherwise), a ``load`` reads the
+  key in its snapshot, and a seal a cached key does not open is retried with the key as stored.
 - **Rows**: :func:`sealed` seals a row's stored payload (after compression) where rows become
   stored bytes (:func:`~._sql_write.stored_rows`); :func:`opened` opens it where rows are decoded
   (:func:`~._append.decode_row`). An erased row is never sealed (its payload is a digest). Rows
