@@ -176,3 +176,15 @@ async def test_a_backup_of_an_encrypted_journal_is_sealed_and_checked_with_the_e
     assert report.runs == 1 and sum(grep_files(sqlite_files(copy), token).values()) == 0
     with SqliteCheckpointer(copy, keys=keys_of(key), readonly=True, accept_rollback=True) as store:
         assert f"find {token}" in str(store.load("r")[0].payload)
+
+
+def test_a_summary_holding_a_lone_surrogate_is_sealed_and_reads_back(tmp_path: Path) -> None:
+    """A model's answer can hold a lone surrogate, which UTF-8 cannot encode: the sealed summary
+    escapes it (as an unsealed one does) and reads back the same."""
+    answer = "half a pair: \ud83d, then text"
+    with SqliteCheckpointer(tmp_path / "j.db", keys=keys_of(new_key())) as store:
+        store.append([StepEvent(run_id="r", step_id="run", phase="start", kind="run", payload={"task": "t"})])
+        store.append([StepEvent(run_id="r", step_id="final", phase="result", kind="final",
+                                payload={"output": answer})])
+        cp = store.checkpoint("r")
+    assert cp is not None and cp.outcome is not None and cp.outcome["output"] == answer

@@ -413,8 +413,6 @@ class PendingApproval(ApprovalRequest, total=False):
     fingerprint: ReadOnly[str | None]
     erased: ReadOnly[bool]
     """The run was erased: only that an approval was pending is kept."""
-    sealed: ReadOnly[bool]
-    """The stored summary of an encrypted journal: the entry is in its sealed content."""
 
 
 class UncertainEvidence(ToolUncertain, total=False):
@@ -423,8 +421,6 @@ class UncertainEvidence(ToolUncertain, total=False):
 
     erased: ReadOnly[bool]
     """The run was erased: only that an effect was uncertain is kept."""
-    sealed: ReadOnly[bool]
-    """As :attr:`PendingApproval.sealed`."""
 
 
 class Outcome(RunEnd, FinalResult, total=False):
@@ -433,8 +429,6 @@ class Outcome(RunEnd, FinalResult, total=False):
 
     erased: ReadOnly[Mapping[str, Any]]
     """When, why, the status the run had and who approved what (:mod:`cuaderno.journal`'s erase)."""
-    sealed: ReadOnly[bool]
-    """As :attr:`PendingApproval.sealed` (with one sealed ``cleanup`` entry per compensation left)."""
     episode_status: ReadOnly[Literal["applied", "discarded", "exhausted", "failed"]]
     """An episode's parent run (its ``final`` or its ``end``): how the episode ended; a closed
     parent answers from it, with ``proposal`` (the last valid one, as JSON) and ``receipt``."""
@@ -446,7 +440,6 @@ class CancelState(CancelRequest, total=False):
     """A cancellation asked for: the ``cancel``/``request`` payload, whole."""
 
     erased: ReadOnly[bool]
-    sealed: ReadOnly[bool]
 
 
 PAYLOADS: Final[Mapping[tuple[str, str], type]] = {

@@ -35,7 +35,7 @@ import base64
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidTag
@@ -44,10 +44,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalCorrupt, KeyInvalid, KeyMissing, UsageError
 from cuaderno.events import CODEC_ERASED, StepEvent
-from cuaderno.events.payloads import Outcome
 from cuaderno.journal._crypto import NONCE_BYTES, SEALED, WrappedKey, new_data_key, open_row, seal_row, unwrap, wrap
 from cuaderno.journal.keys import KeyProvider
-from cuaderno.plainjson import compact
+from cuaderno.plainjson import compact, compact_ascii
 
 __all__ = ["ENCRYPTION_META", "KEYS_TABLE_PG", "KEYS_TABLE_SQLITE", "RunKeys", "Sealer", "check_journal", "open_summary",
            "opened", "sealed", "summary_text"]
@@ -278,29 +277,32 @@ def summary_text(keys: RunKeys | None, cp: Checkpoint) -> str:
     store encrypts (see the module)."""
     if keys is None or not any(getattr(cp, name) for name in _CONTENT):
         return cp.dumps()
-    data = cp.to_json()
-    content = {name: data[name] for name in _CONTENT}
-    shown = Checkpoint.from_json(data)
-    shown.task_fingerprint = None
-    shown.pending = {step: {"sealed": True} for step in cp.pending}
-    shown.uncertain = {step: {"sealed": True} for step in cp.uncertain}
-    shown.cancel_requested = None if cp.cancel_requested is None else {"sealed": True}
-    shown.outcome = None if cp.outcome is None else _outcome_marker(cp.outcome)
-    out = shown.to_json()
-    out["epoch"] = cp.epoch
+    out = cp.to_json()
+    content = {name: out[name] for name in _CONTENT}
+    # What stays readable: structure, and the markers the open_runs queries match on.
+    out["task_fingerprint"] = None
+    out["pending"] = {step: {"sealed": True} for step in cp.pending}
+    out["uncertain"] = {step: {"sealed": True} for step in cp.uncertain}
+    out["cancel_requested"] = None if cp.cancel_requested is None else {"sealed": True}
+    out["outcome"] = None if cp.outcome is None else _outcome_marker(cp.outcome)
+    text = compact(content)
+    try:
+        plain = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (a model's answer can hold one): escaped, as dumps does
+        plain = compact_ascii(content).encode("ascii")
     nonce = _nonce()
-    plain = compact(content).encode("utf-8", "surrogatepass")
     blob = AESGCM(keys.for_write(cp.run_id)).encrypt(nonce, plain, _summary_ad(cp.run_id))
     out["sealed"] = base64.b64encode(nonce + blob).decode("ascii")
     return compact(out)
 
 
-def _outcome_marker(outcome: Outcome) -> Outcome:
+def _outcome_marker(outcome: Mapping[str, Any]) -> dict[str, Any]:
     # The open_runs queries find a cancelled run with compensations left by '"cleanup":[{'.
     cleanup = outcome.get("cleanup")
+    marker: dict[str, Any] = {"sealed": True}
     if isinstance(cleanup, list) and cleanup:
-        return {"sealed": True, "cleanup": [{"sealed": True} for _ in cleanup]}
-    return {"sealed": True}
+        marker["cleanup"] = [{"sealed": True} for _ in cleanup]
+    return marker
 
 
 def open_summary(keys_of: Callable[[], RunKeys | None], run_id: str, text: Any,
