@@ -96,3 +96,24 @@ async def test_the_page_shows_an_encrypted_run_with_the_key_and_is_refused_witho
         page = client.get("/run", params={"id": "r"})
     assert listing.status_code == 200 and f"find {token}" in listing.text  # the index opened the task
     assert page.status_code == 200 and token in page.text
+
+
+async def test_the_worker_command_opens_an_encrypted_journal_with_key_file_and_refuses_without(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path, key_file, token = await _journal(tmp_path)
+    tests = Path(__file__).resolve().parents[1]
+    env = {"PYTHONPATH": f"{tests.parent / 'src'}:{tests / 'worker'}", "PATH": "/usr/bin:/bin"}
+
+    def worker(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cuaderno", *options, "worker", "--journal", str(path),
+                               "--agent", "worker_agent:agent", "--until-idle"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    refused = worker()
+    assert refused.returncode == 4 and refused.stderr.startswith("error: ") and "encrypted at rest" in refused.stderr
+    done = worker("--key-file", str(key_file))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert token not in done.stderr + done.stdout
