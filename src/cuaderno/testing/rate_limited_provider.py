@@ -185,7 +185,7 @@ class _Handler(BaseHTTPRequestHandler):
         line = {"t": round(time.monotonic() - limits.start, 6), "key": key,
                 "idempotency_key": self.headers.get("idempotency-key"), "prompt_tokens": prompt, "charged": charge}
         if not admitted:
-            self.server.record({**line, "status": 429, "completion_tokens": 0})
+            self.server.record({**line, "status": 429, "completion_tokens": 0, "retry_after_s": round(wait, 6)})
             headers.update({"retry-after": str(max(math.ceil(wait), 1)), "retry-after-ms": str(math.ceil(wait * 1000))})
             self._send(429, {"error": {"message": f"Rate limit reached; try again in {wait:.3f}s",
                                        "type": "requests", "code": "rate_limit_exceeded"}}, headers)
