@@ -4,8 +4,8 @@ returns share commits through the store's own group (:func:`cuaderno.journal.sha
 - concurrent runs on one loop make fewer transactions than commits, and journal what they
   journal on the store with group commit off (the kill tests are ``test_group_commit_kill``'s
   ``default`` cases);
-- a run alone commits every step at once, in a transaction of its own: the store's
-  ``append_group`` is called once per commit, from inside the step (never deferred);
+- a run alone commits every step at once through the store's own ``append``, as with group
+  commit off (same call, same crash points, no group bookkeeping), never deferred;
 - ``store.group_commit = False`` turns it off: the loop appends to the store.
 """
 
@@ -65,7 +65,7 @@ def test_concurrent_runs_share_commits_and_journal_as_without(journal: str, tmp_
     try:
         asyncio.run(_drive(store, runs))
         group = shared_group(store)
-        assert group is not None and group.appends >= 8 * (2 * TURNS + 1)
+        assert group is not None and group.appends + group.direct >= 8 * (2 * TURNS + 1)
         assert group.groups < group.appends / 2  # the runs' commits shared transactions
         grouped = {r: _shape(store, r) for r in runs}
         assert {cp.status for cp in store.list_runs()} == {"completed"}
@@ -81,31 +81,37 @@ def test_concurrent_runs_share_commits_and_journal_as_without(journal: str, tmp_
         off.close()
 
 
-def test_a_run_alone_commits_each_step_at_once_in_its_own_transaction(journal: str) -> None:
+def test_a_run_alone_commits_each_step_at_once_through_the_store_append(journal: str) -> None:
     store = open_journal(journal)
-    sizes: list[int] = []
-    real = store.append_group  # type: ignore[attr-defined]
-    steps_seen: list[int] = []
-
-    def spy(batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
-        sizes.append(len(batches))
-        steps_seen.append(len(steps))
-        return list(real(batches))
-
+    grouped: list[int] = []
+    direct: list[int] = []
+    real_group, real_append = store.append_group, store.append  # type: ignore[attr-defined]
     steps: list[Any] = []
+
+    def spy_group(batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
+        grouped.append(len(batches))
+        return list(real_group(batches))
+
+    def spy_append(events: Sequence[StepEvent], **kwargs: Any) -> list[StepEvent]:
+        direct.append(len(steps))
+        return real_append(events, **kwargs)
 
     async def main() -> None:
         async for step in _agent().run("alone", session=Session("solo", _gateway(), store)):
             steps.append(step)
 
     try:
-        store.append_group = spy  # type: ignore[attr-defined]
+        store.append_group = spy_group  # type: ignore[attr-defined]
+        store.append = spy_append  # type: ignore[method-assign]
         asyncio.run(main())
         group = shared_group(store)
-        assert group is not None and group.groups == group.appends == len(sizes)
-        assert sizes and set(sizes) == {1}  # one commit, one transaction: nothing waited for company
-        # Each commit was written before the step that needed it was yielded (none deferred past it).
-        assert steps_seen == sorted(steps_seen) and len(sizes) >= len(steps)
+        # Every commit of its steps went straight to the store (its first event the loop writes
+        # to the store itself, as it always did).
+        assert group is not None and len(direct) >= group.direct >= len(steps)
+        assert grouped == [] and group.groups == group.appends == 0  # nothing waited for company
+        assert direct == sorted(direct)  # each commit made in its step, none deferred past the next
+        assert store.checkpoint("solo").status == "completed"  # type: ignore[union-attr]
     finally:
         del store.append_group  # type: ignore[attr-defined]
+        del store.append
         store.close()

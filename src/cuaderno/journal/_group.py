@@ -6,6 +6,11 @@ share one: :class:`GroupCommit` wraps a store, and every append handed to it joi
 one *leader* writes the whole group in one transaction, with one sync, then wakes the others
 (*followers*), each with its own stored events or its own error.
 
+By default every loop on a SQLite or PostgreSQL store commits through the store's own group
+(:func:`shared_group`): an application's concurrent runs share commits as a worker's do, and a
+run alone commits at once (:data:`SOLO_WINDOW_S`), so it pays nothing for it. ``store.group_commit
+= False`` turns it off for a store.
+
 Leader and followers (as a database log writer does it, without a dedicated writer thread):
 
 - an append joins the queue; if no leader is writing, its caller becomes the leader;
@@ -164,10 +169,12 @@ class GroupCommit:
             commits at once in :meth:`append`, as with the store alone (then only runs on other
             threads group).
         close_store: :meth:`close` closes the store too (``False``: the caller keeps it open).
+        alone_direct: a run appending alone calls the store's ``append`` itself (see
+            :attr:`alone_direct`); ``False`` (the default): it commits through a group of one.
     """
 
     def __init__(self, store: Checkpointer, *, max_group: int = 512, share_loop: bool = True,
-                 close_store: bool = True) -> None:
+                 close_store: bool = True, alone_direct: bool = False) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"GroupCommit needs a Checkpointer, got {type(store).__name__}")
         if isinstance(max_group, bool) or not isinstance(max_group, int) or max_group < 1:
@@ -191,6 +198,12 @@ class GroupCommit:
         self.groups = 0
         """Transactions written so far (``appends / groups`` is the mean group size)."""
         self.appends = 0
+        self.alone_direct = bool(alone_direct)
+        """A run appending alone (:meth:`_alone`) goes to the store's own ``append``, not through a
+        group of one: the same call, crash points and cost as without a group (the store's shared
+        group does this: :func:`shared_group`)."""
+        self.direct = 0
+        """Appends made that way (not counted in ``groups`` or ``appends``)."""
 
     # -- appends ----------------------------------------------------------------------------------
 
@@ -199,6 +212,8 @@ class GroupCommit:
         """:meth:`Checkpointer.append`, in the next group; returns once its events are durable."""
         if not events:
             return []
+        if self.alone_direct and self._alone(events[0].run_id) and not self._leading:
+            return self._append_direct(events, epoch, expect_seq, points)
         slot = _Slot(GroupBatch(events, epoch, expect_seq, points))
         if self._join(slot):
             self._lead()
@@ -233,6 +248,20 @@ class GroupCommit:
             loop.call_soon(self._flush_on_loop)
         assert slot.future is not None
         return await slot.future
+
+    def _append_direct(self, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None,
+                       points: tuple[str, ...]) -> list[StepEvent]:
+        """The store's own append, with the loop's crash points armed for its transaction, exactly
+        as the loop appends without a group. Another thread's group may commit meanwhile: each is
+        its own transaction, as two appends to the store always are."""
+        faults.set_txn_points(*points)
+        try:
+            out = self.store.append(events, epoch=epoch, expect_seq=expect_seq)
+        finally:
+            faults.set_txn_points()
+        with self._cond:
+            self.direct += 1
+        return out
 
     def _flush_on_loop(self) -> None:
         """At the end of a loop iteration: lead a group of everything queued, unless a leader
@@ -412,8 +441,9 @@ def shared_group(store: Checkpointer) -> GroupCommit | None:
     ``group_commit`` attribute is ``False`` (the loop then appends to the store directly).
 
     Why by default: it cannot cost a run alone anything, and it is what an application's
-    concurrent runs on one store need. A run that is the only one appending commits at once,
-    in a transaction of its own (:data:`SOLO_WINDOW_S`), as with the store alone; only when
+    concurrent runs on one store need. A run that is the only one appending commits at once
+    through the store's own ``append`` (:data:`SOLO_WINDOW_S`, ``alone_direct``), as with no
+    group at all; only when
     several runs append does a commit wait for the end of the loop's turn, so that the runs the
     loop steps meanwhile share its transaction and sync. Every append still returns only once
     its own transaction committed, and keeps its own outcome (see the module's docstring). The
@@ -428,7 +458,7 @@ def shared_group(store: Checkpointer) -> GroupCommit | None:
     with _shared_lock:
         found = getattr(store, _SHARED, None)
         if not isinstance(found, GroupCommit):
-            found = GroupCommit(store, close_store=False)
+            found = GroupCommit(store, close_store=False, alone_direct=True)
             try:
                 setattr(store, _SHARED, found)
             except AttributeError:  # a store without a __dict__: no shared group (appended directly)

@@ -123,6 +123,8 @@ _KEY_IN_PROGRESS = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM 
                     True: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM cuaderno_queue q "
                           "JOIN cuaderno_runs r ON r.run_id = q.run_id "
                           "WHERE NOT q.done AND q.concurrency_key = %s AND r.epoch > 0"}
+_HAS_WAITING = {False: "SELECT 1 FROM cuaderno_queue WHERE done = 0 AND versions = ? LIMIT 1",
+                True: "SELECT 1 FROM cuaderno_queue WHERE NOT done AND versions = %s LIMIT 1"}
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
@@ -484,6 +486,17 @@ class JournalQueue(_OnStore):
             if self._has_tables():
                 raise
             return set()
+
+    def has_waiting(self, versions: str) -> bool:
+        """Whether a submitted run of ``versions`` is still waiting or in progress (its row not
+        yet seen closed): a worker of those versions has work in this journal."""
+        try:
+            with self._read() as db:
+                return db.execute(_HAS_WAITING[self._pg], (versions,)).fetchone() is not None
+        except JournalError:
+            if self._has_tables():
+                raise
+            return False
 
     def waiting_for(self, run_id: str) -> str | None:
         """Why a queued run that nobody holds is not being run, for people (``None``: nothing of
