@@ -75,6 +75,16 @@ another connection has committed, so nearly every append of four processes re-re
 its run's summary: +0.54 s), 702 group transactions against 401 (groups of 8 runs, not 32: +0.3
 s), and each process's scans of the open runs (+0.25 s).
 
+A second run (load average 7.3, after the worker stopped parsing every open run's summary at
+start when submitted runs of its agent wait): SQLite 3.8 [3.8 3.4 4.2] and 6.0 [5.9 6.0 6.6]
+ms, 1.55 (probe 1.07); PostgreSQL 7.9 [8.3 7.9 7.0] and 10.6 [9.0 10.9 10.6] ms, 1.35 (probe
+1.10); 0 lost, 44 stale of 944 on SQLite. Two things measured that are *not* the gap: the
+summary re-reads (the same SQLite cells with each process's summary cache kept across other
+processes' commits, an unsafe change made only for this measurement: 3.9 and 5.9 ms, 1.53), and
+each worker's fixed cost (``--runs 4``: about 15-40 ms of CPU per process, 0.2-0.5 ms per run at
+300 runs). What is left is spread over the step path of four processes each committing smaller
+groups (about 7 appends per transaction against 20), and no single change found here moves it.
+
 (Another PostgreSQL poll 4x8 run: 146 of 446 attempts lost, 32.7%.) Lost claims: none through the
 queue; a *stale* claim picked a run its holder closed between the claim's read and its takeover
 (refused by the takeover's own check, nothing written; SQLite, whose holds are probed after the
