@@ -15,6 +15,7 @@ returns).
 """
 
 from cuaderno.integrations._budget import RunBudget
+from cuaderno.integrations._compensate import Compensation
 from cuaderno.integrations._worker import IntegrationWorker, Resumable
 
-__all__ = ["IntegrationWorker", "Resumable", "RunBudget"]
+__all__ = ["Compensation", "IntegrationWorker", "Resumable", "RunBudget"]

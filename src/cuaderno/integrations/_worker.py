@@ -41,6 +41,7 @@ from cuaderno.errors import (
 from cuaderno.events import StepEvent
 from cuaderno.journal import work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
+from cuaderno.operations import cleanup_left
 from cuaderno.worker import WorkerStats
 
 __all__ = ["IntegrationWorker", "Resumable", "entered", "start_event"]
@@ -55,7 +56,8 @@ class Resumable(Protocol):
     ``journal``: where its runs are (the worker polls it). ``run_versions()``: the versions its
     runs are started under (a run started under others is left for a worker of those).
     ``resume(run_id)``: go on with the run from its journal (the task the run was started with
-    is read from its ``run/start`` event) and return the status it stopped in."""
+    is read from its ``run/start`` event) and return the status it stopped in.
+    ``compensate(run_id)``: run the compensations a cancelled run scheduled."""
 
     @property
     def journal(self) -> Checkpointer: ...
@@ -63,6 +65,8 @@ class Resumable(Protocol):
     def run_versions(self) -> dict[str, Any]: ...
 
     async def resume(self, run_id: str) -> str: ...
+
+    async def compensate(self, run_id: str) -> list[dict[str, Any]]: ...
 
 
 def start_event(store: Checkpointer, run_id: str) -> StepEvent:
@@ -127,6 +131,10 @@ class IntegrationWorker:
         self._stopping = False
         self._seen_new: dict[str, int] = {}
         self._backoff: dict[str, tuple[int, float, float]] = {}
+        self._work: dict[str, str] = {}
+        """What each run found was taken for: ``resume`` or ``compensate``."""
+        self._no_cleanup: dict[str, int] = {}
+        """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
 
     def stop(self) -> None:
         """Take nothing new; each drive in flight ends, then :meth:`run` returns."""
@@ -190,9 +198,11 @@ class IntegrationWorker:
         candidates: list[str] = []
         seen_new: dict[str, int] = {}
         for cp in store.open_runs(limit=max(200, 20 * self.concurrency)):
-            # A cancelled run's compensations are not this worker's to run: wrapped runs declare none.
-            if work_for(cp) != "resume" or cp.run_id in active:
+            work = work_for(cp)
+            if work is None or cp.run_id in active:
                 continue
+            if work == "compensate" and self._no_cleanup.get(cp.run_id) == cp.last_seq:
+                continue  # every compensation ran (or one waits for a person) at this point of its journal
             if cp.versions != self._versions:
                 if cp.run_id not in self.stats.skipped_versions:
                     self.stats.skipped_versions.add(cp.run_id)
@@ -202,10 +212,11 @@ class IntegrationWorker:
             back = self._backoff.get(cp.run_id)
             if back is not None and back[0] == cp.last_seq and back[1] > now:
                 continue
-            if cp.epoch == 0 and self._seen_new.get(cp.run_id) != cp.last_seq:
+            if work == "resume" and cp.epoch == 0 and self._seen_new.get(cp.run_id) != cp.last_seq:
                 seen_new[cp.run_id] = cp.last_seq  # never held: its application may be about to take it
                 continue
             candidates.append(cp.run_id)
+            self._work[cp.run_id] = work
         self._seen_new = seen_new
         if not candidates:
             return []
@@ -214,6 +225,9 @@ class IntegrationWorker:
 
     async def _drive(self, store: Checkpointer, run_id: str) -> None:
         if self._stopping:
+            return
+        if self._work.pop(run_id, "resume") == "compensate":
+            await self._compensate(store, run_id)
             return
         self._say(f"{self.name}: resuming wrapped run {quoted(run_id)}")
         try:
@@ -233,6 +247,33 @@ class IntegrationWorker:
         self._backoff.pop(run_id, None)
         self.stats.claimed += 1
         self._count(store, run_id, status)
+
+    async def _compensate(self, store: Checkpointer, run_id: str) -> None:
+        cp = store.checkpoint(run_id)
+        if cp is None:
+            return
+        left = cleanup_left(cp, store.load(run_id))
+        if not left:
+            self._no_cleanup[run_id] = cp.last_seq
+            return
+        self._say(f"{self.name}: running {left} compensation(s) of cancelled wrapped run {quoted(run_id)}")
+        try:
+            await self.target.compensate(run_id)
+        except RunBusy:
+            self.stats.busy += 1
+            return
+        except UncertainEffect:
+            self.stats.needs_human += 1  # a person settles it (cuaderno resolve); then it goes on
+        except Exception as exc:
+            self.stats.errors += 1
+            self._fail(store, run_id, exc)
+            return
+        else:
+            self.stats.compensated += 1
+        self.stats.claimed += 1
+        after = store.checkpoint(run_id)
+        if after is not None:
+            self._no_cleanup[run_id] = after.last_seq
 
     def _count(self, store: Checkpointer, run_id: str, status: str | None) -> None:
         cp = store.checkpoint(run_id)

@@ -3,7 +3,9 @@
 ``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text] [--budget=NAME=N]`` runs (or
 resumes) the run and prints one JSON line: ``{"status": "completed", "final": ...}``,
 ``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}``,
-``{"status": "failed", "budget": ...}`` (past ``RunBudget(NAME=N)``) or
+``{"status": "failed", "budget": ...}`` (past ``RunBudget(NAME=N)``), ``{"status": "cancelled",
+"cleanup": N}`` (``--refunds``: transfers declared with a refund as compensation;
+``--compensate``: run a cancelled run's refunds, ``{"status": "compensated", ...}``) or
 ``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point. ``OAI_STREAM=1``
 runs it through ``DurableRunner.run_streamed`` (a completed run then also says how many raw
 response events it handed on: ``raw_events``).
@@ -31,8 +33,15 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from cuaderno import SqliteCheckpointer
-from cuaderno.errors import BudgetExceeded, ErrorClass, ToolError, UncertainEffect
-from cuaderno.integrations.openai_agents import DurableRunner, EffectCall, RunBudget, effect_key, lookup
+from cuaderno.errors import BudgetExceeded, ErrorClass, RunCancelled, ToolError, UncertainEffect
+from cuaderno.integrations.openai_agents import (
+    Compensation,
+    DurableRunner,
+    EffectCall,
+    RunBudget,
+    effect_key,
+    lookup,
+)
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
 
 
@@ -109,6 +118,22 @@ def build(provider_url: str, *, approval: bool, structured: bool) -> Agent[Bank]
 EFFECTS: dict[str, Any] = {"transfer": lookup(find_transfer), "balance": "effect_free"}
 
 
+async def refund(key: str, arguments: dict[str, Any], value: Any) -> dict[str, Any]:
+    """Undo a transfer: the ledger records a refund under the compensation's own key."""
+    reply = await asyncio.to_thread(LedgerClient(LEDGER_URL).post_effect, key, "refund",
+                                    {"to": arguments["to"], "amount": arguments["amount"]}, key)
+    return {"refund": reply["receipt_id"]}
+
+
+async def find_refund(key: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    found = await asyncio.to_thread(LedgerClient(LEDGER_URL).lookup, key)
+    return {"refund": found[0]["receipt_id"]} if found else None
+
+
+COMPENSATIONS = {"transfer": Compensation(refund, lookup=find_refund)}
+"""With ``--refunds``: each transfer is undone by a refund if the run is cancelled."""
+
+
 async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, flags: list[str]) -> dict[str, Any]:
     global LEDGER_URL
     LEDGER_URL = ledger_url
@@ -119,7 +144,11 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
         effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
         limits = [f.removeprefix("--budget=").partition("=") for f in flags if f.startswith("--budget=")]
         budget = RunBudget(**{k: int(v) for k, _, v in limits}) if limits else None
-        runner = DurableRunner(store, effects=effects, budget=budget)
+        runner = DurableRunner(store, effects=effects, budget=budget,
+                               compensations=COMPENSATIONS if "--refunds" in flags else None)
+        if "--compensate" in flags:  # run the cancelled run's compensations
+            done = await runner.compensate(run_id)
+            return {"status": "compensated", "outcomes": [d.get("outcome") for d in done]}
         task, bank = "Pay ana 10, bob 20, carol 30, dave 40 and erin 50.", Bank("treasury", ledger_url)
         streamed = None
         if os.environ.get("OAI_STREAM"):  # through Runner.run_streamed: count the events handed on
@@ -135,6 +164,8 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
         return {"status": "needs_human", "step": exc.step_id}
     except BudgetExceeded as exc:
         return {"status": "failed", "budget": exc.budget}
+    except RunCancelled as exc:
+        return {"status": "cancelled", "cleanup": len(exc.record.get("cleanup") or [])}
     except Exception as exc:  # report it: the test decides whether it is allowed
         cause = exc.__cause__
         while cause is not None and not isinstance(cause, UncertainEffect):

@@ -4,7 +4,9 @@ Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFF
 declares the transfer tools (``lookup``: asked by key after a crash, the default;
 ``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``;
 ``broken_lookup``: declared with a lookup that always fails; ``budget:NAME=N``: declared with
-lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``; ``stream``: declared with lookups, run with an ``event_stream_handler`` (the model requests are
+lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``; ``compensate``: runs the cancelled run's compensations, refunds,
+printing ``{"status": "compensated", "outcomes": [...]}``; a cancelled run prints
+``{"status": "cancelled", "cleanup": N}``; ``stream``: declared with lookups, run with an ``event_stream_handler`` (the model requests are
 streamed), the output then saying how many events the handler saw: ``events``).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
@@ -35,8 +37,9 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import DeferredToolRequests
 
 from cuaderno import SqliteCheckpointer, faults
-from cuaderno.errors import BudgetExceeded, UncertainEffect
+from cuaderno.errors import BudgetExceeded, RunCancelled, UncertainEffect
 from cuaderno.integrations.pydantic_ai import (
+    Compensation,
     DurableAgent,
     Lookup,
     RunBudget,
@@ -112,6 +115,31 @@ def effects(kind: str, receipts: str, http: httpx.AsyncClient) -> dict[str, Tool
     return {"transfer": Lookup(find), "big_transfer": Lookup(find)}
 
 
+def compensations(receipts: str) -> dict[str, Compensation]:
+    """Each transfer is undone by a refund, asked for by key after a crash (the refunds log is
+    the truth that each is made once)."""
+
+    async def refund(key: str, arguments: dict[str, Any], value: Any) -> Any:
+        async with httpx.AsyncClient() as http:
+            faults.point("tool.K3")
+            reply = await http.post(f"{receipts}/refunds", json={"key": key, "to": arguments["to"],
+                                                                  "amount": arguments["amount"]})
+            faults.point("tool.K4")
+        reply.raise_for_status()
+        return reply.json()
+
+    async def find_refund(key: str, arguments: dict[str, Any]) -> Any:
+        async with httpx.AsyncClient() as http:
+            reply = await http.get(f"{receipts}/refunds/{key}")
+        if reply.status_code == 404:
+            return None
+        reply.raise_for_status()
+        return reply.json()
+
+    undo = Compensation(refund, lookup=find_refund)
+    return {"transfer": undo, "big_transfer": undo}
+
+
 def budget(kind: str) -> RunBudget | None:
     if not kind.startswith("budget:"):
         return None
@@ -123,7 +151,17 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
     async with httpx.AsyncClient() as http:
         store = SqliteCheckpointer(journal)
         durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http),
-                               budget=budget(kind))
+                               budget=budget(kind), compensations=compensations(receipts))
+        if kind == "compensate":  # run the cancelled run's compensations
+            try:
+                done = await durable.compensate(run_id)
+            except UncertainEffect as exc:
+                print(json.dumps({"status": "needs_human", "step": exc.step_id}))
+                return 3
+            finally:
+                store.close()
+            print(json.dumps({"status": "compensated", "outcomes": [d.get("outcome") for d in done]}))
+            return 0
         seen: list[Any] = []
 
         async def handler(ctx: RunContext[Deps], events: AsyncIterable[Any]) -> None:
@@ -136,6 +174,9 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
         except UncertainEffect as exc:
             print(json.dumps({"status": "needs_human", "step": exc.step_id}))
             return 3
+        except RunCancelled as exc:
+            print(json.dumps({"status": "cancelled", "cleanup": len(exc.record.get("cleanup") or [])}))
+            return 0
         except BudgetExceeded as exc:
             print(json.dumps({"status": "failed", "budget": exc.budget, "replayed": False}))
             return 0

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from _program import Deps, build_agent
+from _program import Deps, build_agent, compensations
 
 from cuaderno import SqliteCheckpointer
 from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
@@ -36,5 +36,6 @@ async def _deps() -> AsyncIterator[Deps]:
 
 
 durable = DurableAgent(build_agent(os.environ["PYD_PROVIDER"]), journal=SqliteCheckpointer(os.environ["PYD_JOURNAL"]),
-                       effects={"transfer": Lookup(_find), "big_transfer": Lookup(_find)})
+                       effects={"transfer": Lookup(_find), "big_transfer": Lookup(_find)},
+                       compensations=compensations(RECEIPTS))
 resumable = durable.resumable(deps_factory=_deps)

@@ -216,7 +216,7 @@ def _completion(messages: list[dict[str, Any]], tools: list[dict[str, Any]], don
 class Receipts(_Server):
     """The payment service: ``POST URL/<scenario>/transfers`` pays and keeps a receipt (never
     deduplicating); ``GET URL/<scenario>/transfers/KEY`` answers whether a transfer with that key
-    was made. ``ack_delay``: the seconds it waits after recording before it answers (a remote
+    was made; ``/refunds`` the same for refunds (their own log). ``ack_delay``: the seconds it waits after recording before it answers (a remote
     API's latency)."""
 
     def __init__(self, directory: Path, *, ack_delay: float = 0.0) -> None:
@@ -230,6 +230,10 @@ class Receipts(_Server):
     def receipts(self, scenario: str) -> list[dict[str, Any]]:
         return lines(self.directory / f"{scenario}.receipts.jsonl")
 
+    def refunds(self, scenario: str) -> list[dict[str, Any]]:
+        """The refunds made (``POST URL/<scenario>/refunds``), each kept like a transfer's receipt."""
+        return lines(self.directory / f"{scenario}.refunds.jsonl")
+
 
 class _ReceiptsHandler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
@@ -238,8 +242,9 @@ class _ReceiptsHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         owner: Receipts = self.server.owner  # type: ignore[attr-defined]
         body = _read(self)
-        scenario, _ = _scenario(self.path)
-        log = owner.directory / f"{scenario}.receipts.jsonl"
+        scenario, rest = _scenario(self.path)
+        kind = "refunds" if rest.startswith("/refunds") else "receipts"
+        log = owner.directory / f"{scenario}.{kind}.jsonl"
         with owner.lock:
             n = len(lines(log)) + 1
             record = {"receipt": n, "key": body.get("key"), "to": body.get("to"), "amount": body.get("amount")}
@@ -250,10 +255,11 @@ class _ReceiptsHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         owner: Receipts = self.server.owner  # type: ignore[attr-defined]
-        scenario, _ = _scenario(self.path)
+        scenario, rest = _scenario(self.path)
+        kind = "refunds" if rest.startswith("/refunds") else "receipts"
         key = self.path.rsplit("/", 1)[-1]
         with owner.lock:
-            found = [r for r in lines(owner.directory / f"{scenario}.receipts.jsonl") if r.get("key") == key]
+            found = [r for r in lines(owner.directory / f"{scenario}.{kind}.jsonl") if r.get("key") == key]
         if found:
             _reply(self, 200, found[0])
         else:

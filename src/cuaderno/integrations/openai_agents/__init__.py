@@ -15,7 +15,7 @@ same run through the SDK's ``Runner.run_streamed`` (each model step still journa
 ``docs/integrations/openai-agents.md``.
 """
 
-from cuaderno.integrations import RunBudget
+from cuaderno.integrations import Compensation, RunBudget
 from cuaderno.integrations.openai_agents._effects import (
     EffectCall,
     EffectKind,
@@ -28,6 +28,6 @@ from cuaderno.integrations.openai_agents._effects import (
 from cuaderno.integrations.openai_agents._model import KEY_HEADERS, DurableModel, DurableModelProvider
 from cuaderno.integrations.openai_agents._runner import DurableResult, DurableRunner, DurableStream
 
-__all__ = ["KEY_HEADERS", "DurableModel", "DurableModelProvider", "DurableResult", "DurableRunner", "DurableStream",
+__all__ = ["KEY_HEADERS", "Compensation", "DurableModel", "DurableModelProvider", "DurableResult", "DurableRunner", "DurableStream",
            "EffectCall",
            "EffectKind", "Lookup", "RunBudget", "ToolEffect", "current_effect", "effect_key", "lookup"]

@@ -49,6 +49,9 @@ class RunnerResumable:
     def run_versions(self) -> dict[str, Any]:
         return self.runner.run_versions(self.agent)
 
+    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
+        return await self.runner.compensate(run_id)
+
     async def resume(self, run_id: str) -> str:
         """Go on with ``run_id`` from its journal; the status it stopped in.
 

@@ -49,6 +49,7 @@ from cuaderno.errors import (
     BudgetExceeded,
     GatewayError,
     JournalError,
+    RunCancelled,
     RunClosed,
     UncertainEffect,
     UsageError,
@@ -57,6 +58,13 @@ from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices, default_prices
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations._budget import RunBudget, ended_fields
+from cuaderno.integrations._compensate import (
+    Compensation,
+    check_compensations,
+    close_cancelled,
+    compensate_run,
+    reopened,
+)
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
@@ -117,13 +125,18 @@ class DurableRunner:
             :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
             nothing again) and checked before every request: past one, the run ends ``failed``
             and :class:`~cuaderno.errors.BudgetExceeded` is raised.
+        compensations: what undoes each function tool's effect if the run is cancelled
+            (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result
+            that happened, scheduled by the cancellation record, run once each by
+            :meth:`compensate` (or a ``cuaderno worker``). Part of the definition's fingerprint.
     """
 
     def __init__(self, store: Checkpointer, *, effects: Mapping[str, ToolEffect | str] | None = None,
                  tenant: str = "default", owner: str | None = None, retry: Retrying | None = None,
                  agent_version: str | None = None,
                  on_version_mismatch: Literal["refuse", "drain"] = "refuse", prices: Prices | None = None,
-                 rate_limit: RateLimit | None = None, budget: RunBudget | None = None) -> None:
+                 rate_limit: RateLimit | None = None, budget: RunBudget | None = None,
+                 compensations: Mapping[str, Compensation] | None = None) -> None:
         if not isinstance(store, Checkpointer):
             raise UsageError(f"store must be a Checkpointer, got {type(store).__name__}")
         if not isinstance(tenant, str) or not tenant:
@@ -144,6 +157,18 @@ class DurableRunner:
         if budget is not None and not isinstance(budget, RunBudget):
             raise UsageError(f"budget must be a RunBudget or None, got {type(budget).__name__}")
         self.budget = budget
+        self.compensations = check_compensations(compensations)
+
+    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
+        """Run the compensations the cancelled run ``run_id`` scheduled, each once, as an effect
+        (see :class:`~cuaderno.integrations.Compensation`); return their journaled results.
+
+        Raises:
+            CuadernoError: the run is not cancelled.
+            UsageError: a scheduled compensation's tool is not declared in ``compensations``.
+            UncertainEffect: a compensation's fate is unknown; ``cuaderno resolve`` settles it.
+        """
+        return await compensate_run(self.store, run_id, self.compensations, owner=self.owner, retry=self.retry)
 
     async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:
@@ -183,7 +208,10 @@ class DurableRunner:
     def run_versions(self, agent: Agent[Any]) -> dict[str, Any]:
         """The versions runs of ``agent`` are started under (``agent_version``, or the agent
         definition's fingerprint): a run started under others is a ``VersionMismatch``."""
-        return {"openai_agents": self.agent_version or agent_fingerprint(agent, self.effects)}
+        defined = agent_fingerprint(agent, self.effects)
+        if self.compensations:  # only then: a definition without any keeps the fingerprint it had
+            defined = fingerprint([defined, sorted(self.compensations)])
+        return {"openai_agents": self.agent_version or defined}
 
     def resumable(self, agent: Agent[Any], *, context: Any = None, context_factory: Callable[[], Any] | None = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> RunnerResumable:
@@ -229,14 +257,17 @@ class DurableStream:
             raise UsageError(f"run {self.run_id!r}: stream_events() was already called on this stream")
         self._started = True
         runner, agent = self._runner, self._agent
-        opened = runner._open(agent, self._input, self.run_id)
+        with reopened(runner.store, self.run_id):
+            opened = runner._open(agent, self._input, self.run_id)
         if opened.closed:
             self.result = _answered(opened, agent)
             return
         shared = RunShared(log=opened.log, run_id=self.run_id, tenant=runner.tenant, retry=runner.retry,
                            prices=runner.prices, store=runner.store, rate_limit=runner.rate_limit,
-                           budget=runner.budget)
+                           budget=runner.budget, compensations=runner.compensations)
         try:
+            if opened.checkpoint.cancel_requested is not None:
+                close_cancelled(opened)  # asked while nobody held it: closed now, nothing more runs
             async for event in self._drive(opened, shared):
                 yield event
         finally:
@@ -282,6 +313,10 @@ class DurableStream:
                     return
                 step = state
         except BaseException as exc:
+            if _cause(exc, RunCancelled) is not None:
+                # The journal refused a step's intent: the cancellation committed. Close the run
+                # with its record (what happened, what is uncertain, what cleanup is scheduled).
+                close_cancelled(opened)
             try:
                 _end(opened, exc)
             except JournalError:  # the run could not be ended (fenced out, cancelled): the error raised says why

@@ -9,6 +9,7 @@ from cuaderno.durable.model_call import Retrying
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations._budget import RunBudget
+from cuaderno.integrations._compensate import Compensation
 
 __all__ = ["POLICY_VERSION", "RunShared"]
 
@@ -41,6 +42,8 @@ class RunShared:
     """The provider's limit every worker on the journal shares (``None``: none)."""
     budget: RunBudget | None = None
     """The run's spending bounds, checked before every send (``None``: unbounded)."""
+    compensations: dict[str, Compensation] = field(default_factory=dict)
+    """What undoes each tool's effect if the run is cancelled (journaled with each result)."""
     guards: dict[tuple[str, str], int] = field(default_factory=dict)
     """Calls of each guardrail (``in``/``out``, name) in this pass: the number in its step id."""
     model_steps: int = 0

@@ -41,6 +41,7 @@ from cuaderno.durable import Approval, Effect
 from cuaderno.durable.effect import effect_key
 from cuaderno.errors import ReplayDivergence, ToolError
 from cuaderno.fingerprint import fingerprint
+from cuaderno.integrations._compensate import scheduled
 from cuaderno.integrations.openai_agents._effects import EffectCall, ToolEffect, enter, leave
 from cuaderno.integrations.openai_agents._model import plain
 from cuaderno.integrations.openai_agents._state import POLICY_VERSION, RunShared
@@ -124,7 +125,8 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
         eff = Effect(log=log, step_id=step_id, tool=name, arguments=args, fingerprint=args_fp, key=key, body=body,
                      lookup=ask if effect.kind == "lookup" else None,
                      idempotent=effect.kind in ("idempotent", "effect_free"), effect_free=effect.kind == "effect_free",
-                     policy_version=POLICY_VERSION, retry=shared.retry, sleep=asyncio.sleep)
+                     policy_version=POLICY_VERSION, retry=shared.retry, sleep=asyncio.sleep,
+                     compensation=scheduled(shared.compensations, name, args))
         settled = await eff.run()
         log.commit()  # tool.K6 inside its transaction, tool.K7 after (the journal log passes them)
         return await _answer(tool, ctx, settled.payload)

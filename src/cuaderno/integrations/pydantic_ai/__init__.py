@@ -14,9 +14,9 @@ crashed run in any process; a finished one answers from its journal. See
 ``docs/integrations/pydantic-ai.md``.
 """
 
-from cuaderno.integrations import RunBudget
+from cuaderno.integrations import Compensation, RunBudget
 from cuaderno.integrations.pydantic_ai._agent import CuadernoJournal, DurableAgent, DurableResult, PendingApproval
 from cuaderno.integrations.pydantic_ai._effects import EffectClass, Lookup, ToolEffect, current_effect_key
 
-__all__ = ["CuadernoJournal", "DurableAgent", "DurableResult", "EffectClass", "Lookup", "PendingApproval",
+__all__ = ["Compensation", "CuadernoJournal", "DurableAgent", "DurableResult", "EffectClass", "Lookup", "PendingApproval",
            "RunBudget", "ToolEffect", "current_effect_key"]

@@ -42,11 +42,18 @@ from pydantic_core import to_jsonable_python
 from cuaderno import faults
 from cuaderno.durable.approval import Approval
 from cuaderno.durable.opening import Mismatch, Opened, open_run
-from cuaderno.errors import BudgetExceeded, UncertainEffect, UsageError
+from cuaderno.errors import BudgetExceeded, RunCancelled, UncertainEffect, UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations._budget import RunBudget, ended_fields
+from cuaderno.integrations._compensate import (
+    Compensation,
+    check_compensations,
+    close_cancelled,
+    compensate_run,
+    reopened,
+)
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
@@ -137,6 +144,10 @@ class DurableAgent(Generic[OutputT]):
             :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
             nothing again) and checked before every request: past one, the run ends ``failed``
             and :class:`~cuaderno.errors.BudgetExceeded` is raised.
+        compensations: what undoes each tool's effect if the run is cancelled
+            (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result
+            that happened, scheduled by the cancellation record, run once each by
+            :meth:`compensate` (or a ``cuaderno worker``).
 
     Raises:
         UsageError: a model whose OpenAI client retries on its own (``max_retries`` must be 0:
@@ -149,7 +160,8 @@ class DurableAgent(Generic[OutputT]):
                  key_headers: Sequence[str] = DEFAULT_KEY_HEADERS,
                  on_version_mismatch: Literal["refuse", "drain"] | Mismatch = "refuse",
                  prices: Prices | None = None, rate_limit: RateLimit | None = None,
-                 budget: RunBudget | None = None) -> None:
+                 budget: RunBudget | None = None,
+                 compensations: Mapping[str, Compensation] | None = None) -> None:
         if not isinstance(agent, Agent):
             raise UsageError(f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}")
         if not isinstance(journal, Checkpointer):
@@ -163,7 +175,8 @@ class DurableAgent(Generic[OutputT]):
         self.retry = retry or RetryPolicy()
         self.key_headers = tuple(key_headers)
         self.on_version_mismatch = on_version_mismatch
-        self.definition = definition_fingerprint(agent, self.effects)
+        self.compensations = check_compensations(compensations)
+        self.definition = definition_fingerprint(agent, self.effects, self.compensations)
         self.prices = prices
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
@@ -201,6 +214,8 @@ class DurableAgent(Generic[OutputT]):
             ReplayDivergence: another prompt or history than the run's, or a request the journal
                 did not record at that step.
             BudgetExceeded: the run's ``budget`` ran out; it ended ``failed`` (journaled).
+            RunCancelled: the run was cancelled (``cuaderno cancel``); it is closed with its
+                record, whose ``cleanup`` lists the compensations :meth:`compensate` runs.
             UncertainEffect: a tool's effect may or may not have happened; the run is
                 ``needs_human`` (``cuaderno show`` has the evidence, ``cuaderno resolve`` settles it).
         """
@@ -208,23 +223,44 @@ class DurableAgent(Generic[OutputT]):
             raise UsageError("run_id must be a non-empty string")
         history = list(message_history or [])
         task = {"prompt": to_jsonable_python(user_prompt, fallback=repr), "history": content(dump(history))}
-        opened = open_run(self.journal, run_id, task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
-                          task_fingerprint=fingerprint(task), versions=self.run_versions(),
-                          tenant=self.tenant, owner=self.owner, name=self.agent.name,
-                          start={"framework": "pydantic-ai", "prompt": task["prompt"], "history": dump(history)},
-                          on_version_mismatch=self.on_version_mismatch)
+        with reopened(self.journal, run_id):
+            opened = open_run(self.journal, run_id,
+                              task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
+                              task_fingerprint=fingerprint(task), versions=self.run_versions(),
+                              tenant=self.tenant, owner=self.owner, name=self.agent.name,
+                              start={"framework": "pydantic-ai", "prompt": task["prompt"], "history": dump(history)},
+                              on_version_mismatch=self.on_version_mismatch)
         if opened.closed:
             return self._answered(opened)
         try:
-            return await self._go(opened, user_prompt, history, deps, run_kwargs)
+            if opened.checkpoint.cancel_requested is not None:
+                close_cancelled(opened)  # asked while nobody held it: closed now, nothing more runs
+            try:
+                return await self._go(opened, user_prompt, history, deps, run_kwargs)
+            except RunCancelled:
+                # The journal refused a step's intent: the cancellation committed. Close the run
+                # with its record (what happened, what is uncertain, what cleanup is scheduled).
+                close_cancelled(opened)
         finally:
             opened.release()
+
+    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
+        """Run the compensations the cancelled run ``run_id`` scheduled, each once, as an effect
+        (see :class:`~cuaderno.integrations.Compensation`); return their journaled results.
+
+        Raises:
+            CuadernoError: the run is not cancelled.
+            UsageError: a scheduled compensation's tool is not declared in ``compensations``.
+            UncertainEffect: a compensation's fate is unknown; ``cuaderno resolve`` settles it.
+        """
+        return await compensate_run(self.journal, run_id, self.compensations, owner=self.owner, retry=self.retry)
 
     async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
         state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
                          retry=self.retry, key_headers=self.key_headers, prices=self.prices, store=self.journal,
-                         rate_limit=self.rate_limit, rng=random.Random(), budget=self.budget)
+                         rate_limit=self.rate_limit, rng=random.Random(), budget=self.budget,
+                         compensations=self.compensations)
         capability = CuadernoJournal(state)
         prompt: str | None = user_prompt
         deferred: DeferredToolResults | None = None
@@ -322,7 +358,7 @@ class DurableAgent(Generic[OutputT]):
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:
     for exc in group.exceptions:
         found = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, (UncertainEffect, ToolBug, BudgetExceeded)):
+        if isinstance(found, (UncertainEffect, ToolBug, BudgetExceeded, RunCancelled)):
             return found
     first = group.exceptions[0]
     return _first(first) if isinstance(first, BaseExceptionGroup) else first

@@ -14,7 +14,7 @@ part of every request's fingerprint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pydantic import TypeAdapter
@@ -28,9 +28,12 @@ from cuaderno.integrations.pydantic_ai._effects import ToolEffect, declared_as
 __all__ = ["agent_definition", "definition_fingerprint"]
 
 
-def agent_definition(agent: Agent[Any, Any], effects: Mapping[str, ToolEffect]) -> dict[str, Any]:
-    """The parts of ``agent`` that decide what it asks and does, as JSON."""
-    return {
+def agent_definition(agent: Agent[Any, Any], effects: Mapping[str, ToolEffect],
+                     compensations: Collection[str] = ()) -> dict[str, Any]:
+    """The parts of ``agent`` that decide what it asks and does, as JSON. ``compensations``: the
+    tools declared with one (listed only when there are some: the fingerprint of a definition
+    without any is the one earlier releases recorded)."""
+    definition = {
         "name": agent.name,
         "model": _model(agent.model),
         "instructions": [_piece(i) for i in getattr(agent, "_instructions", ())],
@@ -39,10 +42,14 @@ def agent_definition(agent: Agent[Any, Any], effects: Mapping[str, ToolEffect]) 
         "tools": _tools(agent),
         "effects": {name: declared_as(d) for name, d in sorted(effects.items())},
     }
+    if compensations:
+        definition["compensations"] = sorted(compensations)
+    return definition
 
 
-def definition_fingerprint(agent: Agent[Any, Any], effects: Mapping[str, ToolEffect]) -> str:
-    return fingerprint(agent_definition(agent, effects))
+def definition_fingerprint(agent: Agent[Any, Any], effects: Mapping[str, ToolEffect],
+                           compensations: Collection[str] = ()) -> str:
+    return fingerprint(agent_definition(agent, effects, compensations))
 
 
 def _model(model: object) -> str | None:

@@ -47,6 +47,9 @@ class AgentResumable:
     def run_versions(self) -> dict[str, Any]:
         return self.durable.run_versions()
 
+    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
+        return await self.durable.compensate(run_id)
+
     async def resume(self, run_id: str) -> str:
         """Go on with ``run_id`` from its journal; the status it stopped in.
 

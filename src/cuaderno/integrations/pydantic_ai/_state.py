@@ -16,6 +16,7 @@ from cuaderno.errors import ReplayDivergence
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.integrations._budget import RunBudget
+from cuaderno.integrations._compensate import Compensation
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect
 from cuaderno.loop.agent import RetryPolicy
 
@@ -41,6 +42,8 @@ class RunState:
     rng: random.Random = field(default_factory=random.Random)
     budget: RunBudget | None = None
     """The run's spending bounds, checked before every send (``None``: unbounded)."""
+    compensations: dict[str, Compensation] = field(default_factory=dict)
+    """What undoes each tool's effect if the run is cancelled (journaled with each result)."""
     model_steps: int = 0
     """Model requests made (or replayed) so far in this process's pass over the run."""
     calls: dict[str, str] = field(default_factory=dict)

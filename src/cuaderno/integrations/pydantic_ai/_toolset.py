@@ -29,6 +29,7 @@ from cuaderno.durable.approval import Approval
 from cuaderno.durable.effect import BodyBug, Effect, effect_key
 from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
 from cuaderno.fingerprint import fingerprint
+from cuaderno.integrations._compensate import scheduled
 from cuaderno.integrations.pydantic_ai._effects import _EFFECT_KEY, Lookup, effect_of
 from cuaderno.integrations.pydantic_ai._state import RunState
 
@@ -103,6 +104,7 @@ class JournaledToolset(WrapperToolset[Any]):
                         body=body, lookup=lookup if isinstance(declared, Lookup) else None,
                         idempotent=declared in ("idempotent", "effect_free"), effect_free=declared == "effect_free",
                         decision="approved" if tool.tool_def.kind == "unapproved" else None,
+                        compensation=scheduled(state.compensations, name, arguments),
                         policy_version=EFFECT_VERSION, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         try:
             settled = await effect.run()
