@@ -300,9 +300,8 @@ class DurableAgent(Generic[OutputT]):
                    requests: DeferredToolRequests) -> tuple[tuple[PendingApproval, ...], DeferredToolResults]:
         """Journal an approval request for each call not yet asked about; return the calls still
         waiting and the decisions taken (each bound to the fingerprint of the exact arguments)."""
-        if requests.calls:
-            raise UsageError("external (deferred) tool calls are not supported by DurableAgent: their results come "
-                             "from outside the journal; only approval-required tools are")
+        if requests.calls:  # not reached: the journaled toolset makes each a step waiting in the journal
+            raise UsageError("external (deferred) tool calls reached the agent's output unjournaled; nothing ran")
         log = state.log
         pending: list[PendingApproval] = []
         decisions = DeferredToolResults()

@@ -6,6 +6,15 @@ answered from the journal (the function is not called again); one never started 
 intent commits; one started and not finished is settled by the tool's declared effect class
 (:mod:`._effects`), or stops the run ``needs_human``.
 
+A tool whose result comes from outside the agent (Pydantic AI's external deferred tools: a tool
+that raises ``CallDeferred``, or one of an ``ExternalToolset``) becomes a step waiting for an
+external result: its intent is journaled, then an ``uncertain`` record whose reason says it waits
+for an external result (``external: true``, with the call's ``metadata``), and the run stops
+``needs_human`` (:class:`~cuaderno.errors.UncertainEffect`). The result is given with ``cuaderno
+resolve RUN STEP --happened --result JSON`` (or :func:`cuaderno.resolve`): journaled as the step's
+result, bound to the fingerprint of the call's exact arguments, and handed to the agent as the
+tool's return value by the next run of the run id (the tool itself is not called again).
+
 What replay needs from the journaled result (beyond :mod:`cuaderno.durable.effect`'s own):
 ``value``, the tool's return value as JSON: the agent is handed that same JSON on every pass,
 live or replayed, so the model sees one answer; ``error.data.model_retry``: the tool asked the
@@ -15,10 +24,10 @@ model to try again (``ModelRetry``), which replay raises again.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.exceptions import CallDeferred, ModelRetry
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
@@ -26,14 +35,14 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from cuaderno import telemetry
 from cuaderno.durable.approval import Approval
-from cuaderno.durable.effect import BodyBug, Effect, effect_key
+from cuaderno.durable.effect import BodyBug, Effect, effect_key, stage_uncertain
 from cuaderno.errors import ApprovalMismatch, ErrorClass, ReplayDivergence, ToolError, ToolResultInvalid
 from cuaderno.fingerprint import fingerprint
 from cuaderno.integrations._compensate import scheduled
 from cuaderno.integrations.pydantic_ai._effects import _EFFECT_KEY, Lookup, effect_of
 from cuaderno.integrations.pydantic_ai._state import RunState
 
-__all__ = ["EFFECT_VERSION", "JournaledToolset", "ToolBug", "arguments_fingerprint"]
+__all__ = ["EFFECT_VERSION", "EXTERNAL", "JournaledToolset", "ToolBug", "arguments_fingerprint"]
 
 EFFECT_VERSION = "pydantic-ai/1"
 """The rules the effect keys are derived under (the ``policy_version`` part of the key)."""
@@ -54,11 +63,36 @@ def arguments_fingerprint(tool: str, arguments: Any) -> str:
     return fingerprint({"name": tool, "arguments": to_jsonable_python(arguments, fallback=repr)})
 
 
+EXTERNAL = "waiting for an external result (pydantic-ai deferred tool): give it with cuaderno resolve --happened --result"
+"""The reason an external call's ``uncertain`` record gives (``cuaderno show`` prints it)."""
+
+
+class _Deferred(BaseException):
+    """The call's result comes from outside (a tool raised ``CallDeferred``, or an external tool
+    was called). Not an outcome of the body: a BaseException, so the effect protocol stages no
+    result for it; :meth:`JournaledToolset.call_tool` journals the wait instead."""
+
+    def __init__(self, metadata: Any) -> None:
+        super().__init__("deferred")
+        self.metadata = metadata
+
+
 @dataclass
 class JournaledToolset(WrapperToolset[Any]):
     """The agent's assembled toolset, each call journaled (see the module docstring)."""
 
     state: RunState | None = None
+    external: set[str] = field(default_factory=set[str])
+    """The tools of the wrapped toolset declared external: offered to the framework as function
+    tools, so that their calls reach :meth:`call_tool` and wait in the journal."""
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        tools = await super().get_tools(ctx)
+        for name, tool in list(tools.items()):
+            if tool.tool_def.kind == "external":
+                self.external.add(name)
+                tools[name] = replace(tool, tool_def=replace(tool.tool_def, kind="function"))
+        return tools
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                         tool: ToolsetTool[Any]) -> Any:
@@ -79,10 +113,14 @@ class JournaledToolset(WrapperToolset[Any]):
         declared = effect_of(state.effects, name)
 
         async def body(attempt: int) -> Any:
+            if name in self.external:
+                raise _Deferred(None)  # nothing here runs it: its result comes from outside
             token = _EFFECT_KEY.set(effect.key)
             try:
                 with telemetry.tool_call(name, run_id=state.run_id, step_id=step_id, call_id=ctx.tool_call_id):
                     value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            except CallDeferred as deferred:
+                raise _Deferred(deferred.metadata) from None
             except ModelRetry as retry:
                 # The tool asks the model to try again: a classified outcome, journaled and
                 # raised again on replay (the model is told the same thing on every pass).
@@ -108,6 +146,12 @@ class JournaledToolset(WrapperToolset[Any]):
                         policy_version=EFFECT_VERSION, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         try:
             settled = await effect.run()
+        except _Deferred as deferred:
+            # Its intent is journaled; the result comes from outside: say so, and stop the run
+            # for it (UncertainEffect). A resolve with the result lets the next run go on.
+            stage_uncertain(log, step_id, name, arguments, effect.key,
+                            {"reason": EXTERNAL, "external": True,
+                             "metadata": to_jsonable_python(deferred.metadata, fallback=repr)})
         except BodyBug as bug:
             log.commit()  # the bug's result is evidence: journaled before the run fails with it
             raise ToolBug(step_id, name, bug.cause) from bug.cause
