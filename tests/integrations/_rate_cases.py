@@ -47,8 +47,8 @@ def runs_sharing_a_key_take_turns(one: One, tmp_path: Path) -> None:
 
 def a_429_pauses_the_other_runs(one: One, tmp_path: Path) -> None:
     """Another client of the key spends the budget; the first run's request is refused with a 429
-    (Retry-After about 1 s), which pauses every run of the key: the second, started inside the
-    pause, has no model row until it ends, and nobody sends before it ends."""
+    (Retry-After under 1 s), which pauses every run of the key: the second, started inside the
+    pause, has no model row until it ends, and nobody is refused after it."""
     log = tmp_path / "provider.jsonl"
     journal = tmp_path / "j.db"
 
@@ -78,3 +78,32 @@ def a_429_pauses_the_other_runs(one: One, tmp_path: Path) -> None:
     # shorter than a second when the run's first request came late in the provider's window).
     pause = lines[2]["retry_after_s"]
     assert min(line["t"] - lines[2]["t"] for line in lines[3:]) >= pause - 0.02, (pause, lines)
+    # Nobody was refused again: the second run and the first one's re-send each waited for the
+    # budget the answers announced (the 429's, then the next 200's "0 remaining"), not for a
+    # fixed second: how long the pause is depends on when the first run's request arrived.
+    assert [line["status"] for line in lines[3:]] == [200, 200], lines
+
+
+def a_spent_budget_in_a_success_answer_pauses_the_others(one: One, tmp_path: Path) -> None:
+    """Another client of the key spends half the budget; the first run's request is answered 200
+    with ``x-ratelimit-remaining-requests: 0``: that success answer's headers reach the shared
+    limit, so the next run waits for the budget to refill before its intent and meets no 429.
+    (Without them, only a 429 would hold it back: it is sent at once and refused.) No timing is
+    asserted: the provider's log says whether it was refused."""
+    log = tmp_path / "provider.jsonl"
+    journal = tmp_path / "j.db"
+
+    async def go(base_url: str) -> None:
+        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        await rogue.close()
+        limit = RateLimit(requests_per_minute=600)  # far above the provider's: only its headers can pace
+        await one(journal, base_url, limit, "a1")
+        await one(journal, base_url, limit, "b1")
+
+    # Two requests, one more every 3 s: after a1 the budget is spent, and b1 sent at once
+    # (as it is without the headers: only a 429 says so then) would be refused.
+    with ProviderProcess(log, rpm=2, window=6) as provider:
+        asyncio.run(go(provider.base_url))
+    lines: list[dict[str, Any]] = read_log(log)
+    assert [line["status"] for line in lines] == [200, 200, 200], lines

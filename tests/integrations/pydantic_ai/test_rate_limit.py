@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from _rate_cases import KEY, a_429_pauses_the_other_runs, runs_sharing_a_key_take_turns
+from _rate_cases import (
+    KEY,
+    a_429_pauses_the_other_runs,
+    a_spent_budget_in_a_success_answer_pauses_the_others,
+    runs_sharing_a_key_take_turns,
+)
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -34,3 +39,7 @@ def test_runs_sharing_a_key_take_turns_before_their_intents(tmp_path: Path) -> N
 
 def test_a_429_one_run_meets_pauses_the_others_before_their_intents(tmp_path: Path) -> None:
     a_429_pauses_the_other_runs(_one, tmp_path)
+
+
+def test_a_success_answer_saying_the_budget_is_spent_pauses_the_others(tmp_path: Path) -> None:
+    a_spent_budget_in_a_success_answer_pauses_the_others(_one, tmp_path)

@@ -55,6 +55,7 @@ from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.errors import from_exception
 from cuaderno.gateway.pricing import Prices
 from cuaderno.integrations._budget import check_budget
+from cuaderno.integrations._rate import watch_rate_headers
 from cuaderno.integrations.openai_agents._state import RunShared
 from cuaderno.journal.base import Checkpointer
 
@@ -348,6 +349,7 @@ class DurableModel(Model):
             return None
         # The SDK's models keep their openai client in ``_client`` (no public name): its base URL
         # and key name the budget an OpenAIGateway of the same key counts against too.
+        watch_rate_headers(getattr(self.inner, "_client", None))  # success answers report their headers too
         return framework_gate(self.shared.store, limit, client=getattr(self.inner, "_client", None),
                               model=self.name, prompt=[system_instructions, jsonable(input)],
                               max_output_tokens=settings.max_tokens)

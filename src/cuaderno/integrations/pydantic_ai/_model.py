@@ -42,6 +42,7 @@ from cuaderno.gateway.base import ModelResponse as JournalResponse
 from cuaderno.gateway.errors import from_exception, from_status
 from cuaderno.gateway.pricing import default_prices
 from cuaderno.integrations._budget import check_budget
+from cuaderno.integrations._rate import watch_rate_headers
 from cuaderno.integrations.pydantic_ai._messages import content, dump, load_response, to_journal
 from cuaderno.integrations.pydantic_ai._state import RunState
 from cuaderno.journal.base import Checkpointer
@@ -185,6 +186,7 @@ class JournaledModel(WrapperModel):
         if state.rate_limit is not None:
             # The provider's limit, shared by every worker on the journal: the turn is taken
             # before the intent. The model's openai client names the budget (endpoint and key).
+            watch_rate_headers(getattr(self.wrapped, "client", None))  # success answers report their headers too
             gate = framework_gate(state.store, state.rate_limit, client=getattr(self.wrapped, "client", None),
                                   model=self.wrapped.model_name, prompt=dump(messages),
                                   max_output_tokens=settings.get("max_tokens"))
