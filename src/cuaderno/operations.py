@@ -55,6 +55,7 @@ from cuaderno.journal import Erasure, Rekeyed, SupportsErase, rekey_journal, sta
 from cuaderno.journal.backups import BackupReport, RestoreReport, backup, mark_runs, restore_record, restored_record
 from cuaderno.journal.backups import restore as _restore
 from cuaderno.journal.base import Checkpointer, SupportsClaims, SupportsRebuild
+from cuaderno.journal.keys import KeyProvider
 from cuaderno.journal.retention import DEFAULT_BATCH, PruneReport, parse_duration
 from cuaderno.journal.retention import incremental as _incremental
 from cuaderno.journal.retention import prune as _prune
@@ -619,7 +620,7 @@ def prune(store: Checkpointer, older_than: float | str, *, batch: int = DEFAULT_
 
 
 def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str], *,
-            runs_after_backup: Literal["needs-human", "accept"]) -> RestoreReport:
+            runs_after_backup: Literal["needs-human", "accept"], keys: KeyProvider | None = None) -> RestoreReport:
     """Put a backup made by :func:`backup` at ``journal``'s path as a restore the rollback check
     knows, saying what happens to runs that may have gone on after the backup: ``"needs-human"``
     (each is marked uncertain at step ``restore``, with the evidence) or ``"accept"`` (they go on
@@ -628,7 +629,7 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
     Raises:
         UsageError, RunBusy, JournalCorrupt: nothing was changed.
     """
-    return _restore(backup_path, journal, runs_after_backup=runs_after_backup, uncertain=restore_uncertain)
+    return _restore(backup_path, journal, runs_after_backup=runs_after_backup, uncertain=restore_uncertain, keys=keys)
 
 
 def mark_restored(store: Checkpointer, *, runs_after_backup: Literal["needs-human", "accept"],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from _encrypt_world import file_digests, key_text, keys_of, new_key, sqlite_files, write_key_file
-from _erase_world import run_with_secret, secret
+from _erase_world import grep_files, run_with_secret, secret
 from typer.testing import CliRunner
 
 from cuaderno.cli import app
@@ -117,3 +117,24 @@ async def test_the_worker_command_opens_an_encrypted_journal_with_key_file_and_r
     done = worker("--key-file", str(key_file))
     assert done.returncode == 0, done.stderr[-2000:]
     assert token not in done.stderr + done.stdout
+
+
+async def test_backup_and_restore_take_the_key_file_and_refuse_without_a_key(tmp_path: Path) -> None:
+    path, key_file, token = await _journal(tmp_path)
+    runner = CliRunner(env={"CUADERNO_KEY": None, "CUADERNO_KEY_FILE": None})
+    copy = tmp_path / "copy.db"
+    refused = runner.invoke(app, ["backup", str(path), str(copy)])
+    assert refused.exit_code == 4 and refused.output.startswith("error: ") and "Traceback" not in refused.output
+    assert not list(tmp_path.glob("copy.db*"))  # no copy left
+    made = runner.invoke(app, ["--key-file", str(key_file), "backup", str(path), str(copy)])
+    assert made.exit_code == 0 and "every run's journal verified" in made.output, made.output
+    assert sum(grep_files(sqlite_files(copy), token).values()) == 0  # the copy is sealed too
+    restored_at = tmp_path / "restored.db"
+    before = file_digests(sqlite_files(copy))
+    no_key = runner.invoke(app, ["restore", str(copy), str(restored_at), "--runs-after-backup", "accept"])
+    assert no_key.exit_code == 4 and not restored_at.exists() and file_digests(sqlite_files(copy)) == before
+    done = runner.invoke(app, ["--key-file", str(key_file), "restore", str(copy), str(restored_at),
+                               "--runs-after-backup", "accept"])
+    assert done.exit_code == 0, done.output
+    with SqliteCheckpointer(restored_at, keys=file_keys(key_file)) as store:
+        assert f"find {token}" in str(store.load("r")[0].payload)

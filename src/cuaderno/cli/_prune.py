@@ -72,12 +72,13 @@ def backup_command(
     journal: Annotated[str, typer.Argument(metavar="JOURNAL", help="The SQLite journal to copy (workers may be "
                                                                      "writing to it).")],
     dest: Annotated[str, typer.Argument(metavar="DEST", help="The copy to make (must not exist).")],
+    ctx: typer.Context,
 ) -> None:
     """Copy a SQLite journal while it is written (SQLite's online backup), then check every run of the copy."""
     from cuaderno.operations import backup
 
     with refusals():
-        report = backup(journal, dest)
+        report = backup(journal, dest, keys=ctx.obj.keys())
     typer.echo(f"backed up {report.runs:,} run{'s' if report.runs != 1 else ''} ({report.events:,} events, "
                f"{report.bytes:,} bytes) to {report.dest}; every run's journal verified")
 
@@ -91,6 +92,7 @@ def restore_command(
         help="What happens to runs that may have gone on after the backup: needs-human (each is marked, with "
              "the evidence, for a person to settle) or accept (they go on from the backup; effects done after it "
              "may be done again).")],
+    ctx: typer.Context,
 ) -> None:
     """Put a backup back at a journal's path, as a restore the rollback check knows; stop the workers first."""
     from cuaderno.operations import restore
@@ -98,7 +100,8 @@ def restore_command(
     if runs_after_backup not in ("needs-human", "accept"):
         fail(f"--runs-after-backup must be needs-human or accept, got {runs_after_backup!r:.40}", USAGE_EXIT)
     with refusals():
-        report = restore(backup_file, journal, runs_after_backup=runs_after_backup)  # type: ignore[arg-type]
+        report = restore(backup_file, journal, runs_after_backup=runs_after_backup,  # type: ignore[arg-type]
+                         keys=ctx.obj.keys())
     typer.echo(f"restored {report.backup} at {report.journal}"
                + (f"; the journal it replaced is kept as {report.kept_aside}" if report.kept_aside else ""))
     if report.marked:

@@ -59,7 +59,7 @@ from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
 from cuaderno.events import RESTORE_STEP, StepEvent
 from cuaderno.journal import _anchor, _claims
 from cuaderno.journal.base import Checkpointer
-from cuaderno.journal.keys import environment_keys
+from cuaderno.journal.keys import KeyProvider, environment_keys
 
 __all__ = ["RESTORE_STEP", "BackupReport", "RestoreReport", "Uncertain", "backup", "mark_runs", "restore", "restore_record",
            "restored_record"]
@@ -104,13 +104,13 @@ def _sqlite_path(path: str | os.PathLike[str], what: str) -> str:
     return str(path)
 
 
-def _verify(path: str) -> tuple[int, int]:
+def _verify(path: str, keys: KeyProvider | None) -> tuple[int, int]:
     """Every run of the journal at ``path`` checked (chain and summary); ``(runs, events)``."""
     from cuaderno.checkpoint import verified
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
     runs = events = 0
-    with SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=environment_keys()) as store:
+    with SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=keys) as store:
         for cp in store.list_runs(limit=2**62):
             _, evs = verified(store, cp.run_id)
             runs += 1
@@ -123,10 +123,14 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def backup(journal: str | os.PathLike[str], dest: str | os.PathLike[str]) -> BackupReport:
+def backup(journal: str | os.PathLike[str], dest: str | os.PathLike[str], *,
+           keys: KeyProvider | None = None) -> BackupReport:
     """Copy a SQLite journal to ``dest`` while it is written, and check the copy (see the module).
+    ``keys``: the master keys of an encrypted journal (``None``: the environment's, as
+    :func:`cuaderno.open_journal` takes them); the copy stays sealed, and is checked with them.
 
     Raises:
+        KeyMissing, KeyInvalid: an encrypted journal and no key, or not its key; no copy is left.
         UsageError: ``dest`` exists, or a path is not a SQLite file; nothing was written.
         JournalError: the source is not a cuaderno journal, or the copy does not verify (the
             partial copy is removed).
@@ -161,7 +165,7 @@ def backup(journal: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Bac
     dst.close()
     src.close()
     try:
-        runs, events = _verify(partial)
+        runs, events = _verify(partial, keys or environment_keys())
         _remove(partial + "-anchor")
         with open(partial, "rb+") as f:
             os.fsync(f.fileno())
@@ -176,10 +180,13 @@ def backup(journal: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Bac
 
 
 def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str], *,
-            runs_after_backup: Literal["needs-human", "accept"], uncertain: Uncertain) -> RestoreReport:
+            runs_after_backup: Literal["needs-human", "accept"], uncertain: Uncertain,
+            keys: KeyProvider | None = None) -> RestoreReport:
     """Put the backup at ``journal``'s path as a restore the rollback check knows (see the module).
+    ``keys``: as for :func:`backup`.
 
     Raises:
+        KeyMissing, KeyInvalid: an encrypted backup and no key, or not its key; nothing was changed.
         UsageError: a choice other than ``"needs-human"`` or ``"accept"``, or a file that is not a
             backup made by :func:`backup`; nothing was changed.
         RunBusy: a live process holds a run of the journal being replaced; nothing was changed.
@@ -198,9 +205,10 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
     if backup_at is None:
         raise UsageError(f"{quoted(src)} is not a backup made by cuaderno backup (it records no backup point); "
                          "nothing was changed")
-    _verify(src)
+    keys = keys or environment_keys()
+    _verify(src, keys)
     report = RestoreReport(journal=dst, backup=src, choice=runs_after_backup)
-    now_seqs = _current(dst)  # raises RunBusy while a live process holds one of its runs
+    now_seqs = _current(dst, keys)  # raises RunBusy while a live process holds one of its runs
     report.replaced_readable = now_seqs is not None
     tmp = dst + ".restoring"
     for suffix in ("", "-wal", "-shm", "-anchor"):
@@ -210,7 +218,7 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
     s.close()
     t.close()
     try:
-        _mark(tmp, src, float(backup_at), now_seqs, report, uncertain)
+        _mark(tmp, src, float(backup_at), now_seqs, report, uncertain, keys)
     except BaseException:
         for suffix in ("", "-wal", "-shm", "-anchor"):
             _remove(tmp + suffix)
@@ -238,7 +246,7 @@ def restore(backup_path: str | os.PathLike[str], journal: str | os.PathLike[str]
     return report
 
 
-def _current(path: str) -> dict[str, int] | None:
+def _current(path: str, keys: KeyProvider | None) -> dict[str, int] | None:
     """The journal being replaced, per run its last seq; ``None`` when it cannot be read (missing,
     damaged). Refuses (RunBusy) while a live process holds one of its runs."""
     from cuaderno.journal.sqlite import SqliteCheckpointer
@@ -246,7 +254,7 @@ def _current(path: str) -> dict[str, int] | None:
     if not os.path.isfile(path):
         return None
     try:
-        store = SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=environment_keys())
+        store = SqliteCheckpointer(path, readonly=True, accept_rollback=True, keys=keys)
     except JournalError:
         return None
     try:
@@ -267,11 +275,11 @@ step's uncertainty is written: :func:`cuaderno.durable.effect.restore_uncertain`
 
 
 def _mark(tmp: str, src: str, backup_at: float, now_seqs: dict[str, int] | None, report: RestoreReport,
-          uncertain: Uncertain) -> None:
+          uncertain: Uncertain, keys: KeyProvider | None) -> None:
     """In the copy about to become the journal: the uncertain records and the restore's record."""
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
-    with SqliteCheckpointer(tmp, accept_rollback=True, keys=environment_keys()) as store:
+    with SqliteCheckpointer(tmp, accept_rollback=True, keys=keys) as store:
         mark_runs(store, report, src, backup_at, now_seqs, uncertain)
         with store._txn() as db:
             db.execute("DELETE FROM cuaderno_meta WHERE key IN ('backup_of', 'backup_at', 'backup_last_row')")
