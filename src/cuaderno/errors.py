@@ -37,7 +37,8 @@ The tree::
     │   └── ToolArgumentsInvalid   the arguments fail the tool's schema (invalid_input)
     ├── IdempotencyKeyReuse        a provider key was reused for a different body (Stripe semantics)
     ├── GatewayError               a model call failed; carries ErrorClass, sent, retry_after
-    │   └── StreamInterrupted      a streamed answer stopped before its end (ambiguous: maybe billed)
+    │   ├── StreamInterrupted      a streamed answer stopped before its end (ambiguous: maybe billed)
+    │   └── ResponseTooLarge       a model's answer is over the journal's per-payload limit (journaled as a failure)
     ├── BudgetExceeded             a per-run bound (retries, repairs, turns, rejected responses) ran out
     │   └── LadderExhausted        every rung of the empty-generation ladder was tried or skipped
     ├── MessageUnfinished          a conversation's last message has not finished; finish it first
@@ -96,6 +97,7 @@ __all__ = [
     "RunNotFound",
     "RunStillOpen",
     "SchemaTooNew",
+    "ResponseTooLarge",
     "StreamInterrupted",
     "SubmitConflict",
     "ToolArgumentsInvalid",
@@ -613,6 +615,35 @@ class StreamInterrupted(GatewayError):
     def __init__(self, message: str, *, error_class: ErrorClass = ErrorClass.AMBIGUOUS, sent: bool = True,
                  retry_after: float | None = None, status: int | None = None) -> None:
         super().__init__(message, error_class=error_class, sent=sent, retry_after=retry_after, status=status)
+
+
+class ResponseTooLarge(GatewayError):
+    """A model's answer is larger than the journal's per-payload limit (``store.max_payload``):
+    it cannot be journaled, so the step's send is journaled as a failure (``error.N``, with this
+    error's size and limit) and this is raised, as any permanent model error is; the run is not
+    stopped by an append refused half-way through a step.
+
+    ``permanent`` with ``sent=True``: the provider answered, and billed the answer. Resuming the
+    run sends the request again (with a new intent), which may well get as large an answer: raise
+    the limit, or change what the run asks for.
+
+    Attributes:
+        run_id, step_id: the model step.
+        size: the bytes of JSON the answer's record would have held.
+        limit: the limit it passed.
+    """
+
+    def __init__(self, run_id: str, step_id: str, size: int, limit: int) -> None:
+        self.run_id, self.step_id, self.size, self.limit = run_id, step_id, size, limit
+        super().__init__(f"run {quoted(run_id)}, step {quoted(step_id)}: the model's answer is {size:,} bytes of "
+                         f"JSON, more than the journal's limit of {limit:,} bytes per payload; it was not stored "
+                         "(the call was made, and may be billed)", error_class=ErrorClass.PERMANENT, sent=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "size": self.size, "limit": self.limit, "step_id": self.step_id}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step_id, self.size, self.limit))
 
 
 class LadderExhausted(BudgetExceeded):

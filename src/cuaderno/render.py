@@ -26,6 +26,7 @@ from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import EventHeader, StepEvent, shown_payload
 
 if TYPE_CHECKING:
+    from cuaderno.journal import Offloaded
     from cuaderno.operations import RunState
 
 __all__ = [
@@ -231,8 +232,9 @@ def _event_json(ev: StepEvent) -> TimelineRow:
 
 
 def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
-               state: RunState | None = None) -> dict[str, Any]:
-    """``cuaderno show --json``: the checkpoint, every counter, and the timeline unless ``events`` is None."""
+               state: RunState | None = None, *, offloaded: Sequence[Offloaded] = ()) -> dict[str, Any]:
+    """``cuaderno show --json``: the checkpoint, every counter, the offloaded payloads (count, bytes,
+    and each one's step, size and content digest), and the timeline unless ``events`` is None."""
     out: dict[str, Any] = {
         "run_id": cp.run_id, "status": cp.status, **_state_fields(state), "open": cp.is_open, "next_step": cp.next_step,
         "last_seq": cp.last_seq, "epoch": cp.epoch, "versions": cp.versions,
@@ -242,6 +244,9 @@ def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
     # What the providers may have billed: known + possibly doubled (computed from the events;
     # None when they were not read, --no-timeline).
     out["cost"]["upper_usd"] = cost_upper_usd(cp, events) if events is not None else None
+    out["offloaded"] = {"payloads": len(offloaded), "bytes": sum(o.size for o in offloaded),
+                        "each": [{"step_id": o.step_id, "phase": o.phase, "size": o.size, "sha256": o.sha256}
+                                 for o in offloaded]}
     if events is not None:
         out["compensations"] = compensations(cp, events)
         out["timeline"] = [_event_json(ev) for ev in events]
@@ -358,7 +363,7 @@ def max_cost_text(cp: Checkpoint, upper: float) -> str:
 
 
 def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | None, *,
-                db: str | None = None, state: RunState | None = None) -> None:
+                db: str | None = None, state: RunState | None = None, offloaded: Sequence[Offloaded] = ()) -> None:
     """``cuaderno show``: status, versions, counters, cost, approvals, uncertain effects, outcome, timeline.
 
     Every command it suggests pastes as is: quoted, with ``--db`` naming the same journal."""
@@ -382,6 +387,9 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
     _kv(console, "  cost", cost_text(cp, short=False))
     if events is not None:
         _kv(console, "  max cost", max_cost_text(cp, cost_upper_usd(cp, events)))
+    if offloaded:
+        _kv(console, "  offloaded", f"{counted(len(offloaded), 'payload')}, {sum(o.size for o in offloaded):,} bytes "
+                                    "of JSON (kept once each, by content, in the journal's blob table)")
 
     pending = _pending_list(cp)
     _heading(console, f"Pending approvals: {len(pending)}")
@@ -428,7 +436,7 @@ def render_show(console: Console, cp: Checkpoint, events: Sequence[StepEvent] | 
 
     if events is not None:
         _heading(console, f"Timeline: {len(events)} event(s), times in UTC, +MS since the event before")
-        _render_timeline(console, events)
+        _render_timeline(console, events, {(o.step_id, o.phase): o for o in offloaded})
 
 
 def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[CompensationState]:
@@ -489,13 +497,16 @@ def _step_cost(ev: StepEvent) -> str:
     return money(float(cost)) if isinstance(cost, int | float) else "unpriced"
 
 
-def _preview(ev: StepEvent) -> str:
+def _preview(ev: StepEvent, offloaded: Offloaded | None = None) -> str:
+    if offloaded is not None:  # a reference, not megabytes of text encoded to show 48 characters
+        return f"[offloaded: {offloaded.size:,} bytes, sha256 {offloaded.sha256[:16]}…]"
     payload = shown_payload(ev)
     text = clean(dumps(payload)) if payload else ""
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 
-def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
+def _render_timeline(console: Console, events: Sequence[StepEvent],
+                     offloaded: Mapping[tuple[str, str], Offloaded] | None = None) -> None:
     """One row per event: when it was written (UTC), the time since the event before it (what the
     step took: a send, a tool body, a person's wait), its cost, and the start of its payload."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
@@ -512,7 +523,8 @@ def _render_timeline(console: Console, events: Sequence[StepEvent]) -> None:
         previous = ev.created_at
         table.add_row(str(ev.seq), iso_time(ev.created_at)[11:23], took, Text(clean(ev.step_id)),
                       Text(clean(ev.phase)), Text(clean(ev.kind)), Text(clean(ev.name or "")),
-                      Text(clean(ev.decision or "")), _step_cost(ev), Text(_preview(ev)))
+                      Text(clean(ev.decision or "")), _step_cost(ev),
+                      Text(_preview(ev, (offloaded or {}).get((ev.step_id, ev.phase)))))
     _print_table(console, table)
 
 

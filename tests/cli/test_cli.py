@@ -207,7 +207,8 @@ def test_show_json_shape(db: Path, store: SqliteCheckpointer) -> None:
     data = json.loads(cli(db, "show", run, "--json").stdout)
     assert set(data) == {"run_id", "status", "state", "waiting_for", "held_by", "open", "next_step", "last_seq",
                          "epoch", "versions", "task_fingerprint", "counters", "cost", "pending_approvals", "uncertain", "outcome",
-                         "compensations", "timeline"}
+                         "compensations", "timeline", "offloaded"}
+    assert data["offloaded"] == {"payloads": 0, "bytes": 0, "each": []}
     assert data["status"] == "suspended" and data["open"] is True and data["versions"] == VERSIONS
     assert (data["state"], data["held_by"]) == ("waiting", None)
     assert data["waiting_for"].startswith("approval of ")

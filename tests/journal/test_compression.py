@@ -415,7 +415,7 @@ def test_killed_while_creating_a_journal_the_file_is_empty_or_whole(tmp_path: Pa
         SqliteCheckpointer(tmp_path / "whole.db").close()  # a journal whose creation ran to its end
         with closing(sqlite3.connect(tmp_path / "whole.db")) as whole:
             expected = {r[0] for r in whole.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert "cuaderno_events" in expected and tables == expected
+        assert "cuaderno_events" in expected and "cuaderno_blobs" in expected and tables == expected
         assert _meta(path) == {"schema_version": str(SCHEMA_VERSION), "compress": "off"}
     _journal(path)  # a store that does not choose: compressed unless "off" committed
     big = CODEC_JSON_ZSTD if point == "open.M1" else CODEC_JSON

@@ -49,7 +49,7 @@ def test_version_1_migrates_forward_and_its_runs_verify_and_erase(pg_schemas: li
     with psycopg.connect(PG_URL) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         # Version 2 added the queue's tables, version 3 the rows' digest keys, version 4 the wrapped
-        # data keys of encryption at rest: a writable open takes every step.
+        # data keys of encryption at rest, version 5 the blob tables: a writable open takes every step.
         assert conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone() == (SCHEMA_VERSION,)
         blobs = conn.execute("SELECT payload FROM cuaderno_events WHERE run_id='old'").fetchall()
         summary = conn.execute("SELECT checkpoint FROM cuaderno_runs WHERE run_id='old'").fetchone()

@@ -20,6 +20,7 @@ from cuaderno import operations, render
 from cuaderno.cli._common import USAGE_EXIT, NotFound, RunArg, fail, opened, print_json, refusals, stdout
 from cuaderno.errors import quoted
 from cuaderno.flow import queued_state
+from cuaderno.journal import offloaded_payloads
 from cuaderno.operations import STATUSES, run_state
 
 __all__ = ["list_runs", "rebuild_summary", "show", "status_command"]
@@ -69,10 +70,11 @@ def show(
             # checks out); approve and deny check it again before anything is written.
             cp, events = operations.shown(store, run)  # verified, or an erased run's structure
         state = queued_state(store, run_state(store, cp, events), cp.run_id)
+        offloaded = offloaded_payloads(store, run)  # their references: no blob is read again
     if as_json:
-        print_json(render.run_detail(cp, events, state))
+        print_json(render.run_detail(cp, events, state, offloaded=offloaded))
     else:
-        render.render_show(stdout(), cp, events, db=ctx.obj.db, state=state)
+        render.render_show(stdout(), cp, events, db=ctx.obj.db, state=state, offloaded=offloaded)
 
 
 def rebuild_summary(

@@ -45,11 +45,12 @@ from typing import Any, Protocol
 
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
-from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, UsageError
-from cuaderno.events import StepEvent
+from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, ResponseTooLarge, UsageError
+from cuaderno.events import StepEvent, encode_payload
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
+from cuaderno.journal.base import payload_limit
 from cuaderno.plainjson import not_plain, shown
 
 __all__ = ["FrameworkPayload", "Gate", "ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
@@ -302,6 +303,8 @@ class ModelCall:
         Raises:
             UsageError: ``framework`` is not a named, plain-JSON payload; nothing is staged (the
                 step stays sent and unanswered: a resume sends it again with its key, counted).
+            ResponseTooLarge: the result would be over the journal's per-payload limit; the
+                send is journaled as failed (``error.N``, committed) instead of the result.
         """
         held = None if framework is None else _framework(framework)
         response = sent.response
@@ -318,9 +321,39 @@ class ModelCall:
             payload["output"] = output  # the validated value: what the final record and replay use
         if held is not None:
             payload["framework"] = held
+        self._refuse_too_large(sent, payload, counters, held)
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K6")
         return payload
+
+
+    def _refuse_too_large(self, sent: Sent, payload: dict[str, Any], counters: dict[str, int],
+                          held: dict[str, Any] | None) -> None:
+        """Journal the send as failed and raise :class:`ResponseTooLarge` when ``payload`` is over
+        the journal's limit: an append refused later would stop the run mid-step, with the answer
+        neither journaled nor reported as a failure (and a resume would meet it again)."""
+        limit = payload_limit(getattr(self.log, "store", None))
+        # A bound first, so that an ordinary answer is not encoded twice (the append encodes it):
+        # a character takes at most 6 bytes of JSON (an escape), and the other fields are small.
+        if _rough_chars(sent.response, held) * 6 + 65_536 < limit:
+            return
+        size = len(encode_payload(payload))
+        if size <= limit:
+            return
+        err = ResponseTooLarge(self.log.run_id, self.step_id, size, limit)
+        self.failed(sent.sends, err, counters)
+        raise err
+
+
+def _rough_chars(response: ModelResponse, held: dict[str, Any] | None) -> int:
+    """At least the characters the result's JSON holds beyond its small fields: the text twice
+    (a validated output is parsed from it), the reasoning, refusal and every call's arguments."""
+    n = 2 * len(response.text) + len(response.reasoning or "") + len(response.refusal or "")
+    for call in response.tool_calls:
+        n += len(call.raw_arguments or "") + len(str(call.arguments)) + len(call.name)
+    if held is not None:
+        n += len(str(held))
+    return n
 
 
 def _framework(framework: FrameworkPayload) -> dict[str, Any]:

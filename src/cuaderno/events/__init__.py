@@ -371,7 +371,12 @@ def content_digest(salt: bytes, fingerprint: str | None, payload_bytes: bytes) -
     bytes): what a version-2 link hashes in their place, and all an erased row keeps of them.
     The fingerprint is length-prefixed (``-`` for none), so no split of the two gives another's."""
     fp = b"-" if fingerprint is None else b"%d:" % len(fingerprint) + fingerprint.encode("utf-8", "surrogatepass")
-    return _hmac_digest(salt, fp + payload_bytes, "sha256")
+    if len(payload_bytes) < _HMAC_JOIN_BELOW:
+        return _hmac_digest(salt, fp + payload_bytes, "sha256")  # one call: the fast path of small rows
+    # A large payload is fed as it is: joining it to the fingerprint would copy it whole.
+    mac = _hmac_new(salt, fp, "sha256")
+    mac.update(payload_bytes)
+    return mac.digest()
 
 
 def shown_payload(event: StepEvent) -> dict[str, Any]:
@@ -393,4 +398,6 @@ def verifiable(event: StepEvent) -> bool:
 
 _sha256 = hashlib.sha256
 _hmac_digest = hmac.digest
+_hmac_new = hmac.new
+_HMAC_JOIN_BELOW = 64 * 1024
 _new_event = object.__new__

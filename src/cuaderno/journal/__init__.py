@@ -5,7 +5,8 @@ URL (:func:`open_journal`, :func:`parse_journal_url`), what a run waits for and 
 (:func:`state_of`, :func:`work_for`), the group commit a loop appends through
 (:class:`GroupCommit`), the queue of submitted runs (:func:`queue_of`, for :mod:`cuaderno.flow`),
 erasing a run's content (:class:`SupportsErase`), rotating the master key of a journal encrypted
-at rest (:func:`rekey_journal`), a stored payload as shown to people (:func:`stored_payload`) and the
+at rest (:func:`rekey_journal`), a stored payload as shown to people (:func:`stored_payload`), a
+run's offloaded large payloads (:func:`offloaded_payloads`) and the
 decoding of payloads read in one batch (:func:`decode_small_payloads`). The modules whose names
 start with ``_`` are the journal's own.
 """
@@ -17,6 +18,7 @@ from cuaderno.journal._claims import state_of, work_for
 from cuaderno.journal._compress import stored_payload
 from cuaderno.journal._erase import Erasure, SupportsErase
 from cuaderno.journal._group import GroupCommit, shared_group
+from cuaderno.journal._offload import Offloaded, offloaded_payloads
 from cuaderno.journal._open import JournalURL, open_journal, parse_journal_url
 from cuaderno.journal._queue_sql import (
     Claim,
@@ -37,10 +39,10 @@ if TYPE_CHECKING:
     from cuaderno.journal.postgres import PostgresCheckpointer
 
 __all__ = ["EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "Claim", "Erasure", "GroupCommit", "JournalQueue", "JournalSchedules",
-           "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "PostgresCheckpointer", "QueueEntry", "Rekeyed",
-           "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions", "decode_small_payloads",
-           "open_journal", "parse_journal_url", "queue_of", "rekey_journal", "schedules_of", "shared_group", "state_of",
-           "stored_payload", "work_for"]
+           "JournalRolledBack", "JournalURL", "MemoryCheckpointer", "Offloaded", "PostgresCheckpointer", "QueueEntry",
+           "Rekeyed", "SqliteCheckpointer", "SupportsErase", "SupportsRebuild", "canonical_versions",
+           "decode_small_payloads", "offloaded_payloads", "open_journal", "parse_journal_url", "queue_of", "rekey_journal",
+           "schedules_of", "shared_group", "state_of", "stored_payload", "work_for"]
 
 
 def __getattr__(name: str) -> Any:

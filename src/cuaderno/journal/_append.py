@@ -26,6 +26,7 @@ from cuaderno.errors import (
 )
 from cuaderno.events import CODEC_ERASED, CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
+from cuaderno.journal._offload import CODEC_JSON_BLOB, fetched
 from cuaderno.journal._sealing import RunKeys, opened
 from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, validate_event
 
@@ -222,11 +223,14 @@ def _seq_of(events: Sequence[StepEvent], row_hash: str) -> int | None:
 def decode_row(row: RawRow, keys: RunKeys | None = None) -> StepEvent:
     """One stored row as a :class:`StepEvent` (no chain check; the payload decodes on first use).
 
-    A sealed row is opened (with its run's data key from ``keys``) and a compressed one
-    decompressed here, so the event holds its JSON bytes and codec as written.
+    A sealed row is opened (with its run's data key from ``keys``), then a compressed one
+    decompressed or an offloaded one's blob read back (in the store's transaction,
+    :func:`~cuaderno.journal._offload.reading`), so the event holds its JSON bytes and codec as
+    written.
 
     Raises:
-        JournalCorrupt: a compressed payload that does not decompress, a seal that does not open.
+        JournalCorrupt: a compressed payload that does not decompress, an offloaded one whose blob
+            is missing or altered, a seal that does not open, a codec no journal stores.
         KeyMissing, KeyInvalid: a sealed row and no key, or not the key that sealed it.
     """
     run_id, step_id, phase, seq, kind, name, decision, fp, codec, payload, created_at, rhash, salt = row
@@ -234,6 +238,8 @@ def decode_row(row: RawRow, keys: RunKeys | None = None) -> StepEvent:
     codec, raw = opened(keys, run_id, step_id, phase, codec, raw)
     if codec == CODEC_JSON_ZSTD:  # tested here too, so that plain rows do not build the message
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
+    elif codec == CODEC_JSON_BLOB:  # offloaded: its JSON read back from the blob, chunk by chunk
+        codec, raw = CODEC_JSON, fetched(raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
     if codec != CODEC_JSON and codec != CODEC_ERASED:
         # Appends store no other codec, and the chain does not cover the column: a damaged one
         # is refused here, not when (or whether) the payload is first decoded.

@@ -49,6 +49,7 @@ from cuaderno.errors import JournalCorrupt, RunNotFound, RunStillOpen, UsageErro
 from cuaderno.events import CODEC_ERASED, StepEvent, content_digest
 from cuaderno.journal import _claims
 from cuaderno.journal._append import RawRow, check_chain, is_erased
+from cuaderno.journal._offload import release
 from cuaderno.journal._sql_write import SqlWriter
 from cuaderno.journal.base import CLOSED_STATUSES
 
@@ -184,6 +185,9 @@ class SqlEraser(SqlWriter):
                 faults.point("erase.E1")  # the summary rewritten, rows not yet
                 for ev in todo:
                     db.execute(self._dialect.erase_row, (CODEC_ERASED, erased_row(ev), run_id, ev.step_id, ev.phase))
+                # Its rows refer to no blob any more: a blob only it used goes; one another run
+                # uses stays (for that run), and nothing of this run points to it.
+                release(db, [run_id])
                 faults.point("erase.E2")  # every row erased, before COMMIT
             if self._sealer is not None:
                 # Encrypted: the run's data key is destroyed too (its summary is stored unsealed:

@@ -28,7 +28,8 @@ from cuaderno.errors import (
     UsageError,
     quoted,
 )
-from cuaderno.journal import _lease, _queue_sql
+from cuaderno.journal import _lease, _offload, _queue_sql
+from cuaderno.journal._offload import reading
 from cuaderno.journal._rows import checked_epoch, schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_PG, Sealer, check_journal
 from cuaderno.journal._sql_write import Lost as _Lost
@@ -69,6 +70,10 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # Version 4 (encryption at rest): each run's data key, wrapped by a master key (see
     # journal._sealing); empty in a journal that is not encrypted.
     (KEYS_TABLE_PG,),
+    # Version 5 (large payloads): payloads over the offload threshold, stored once per content
+    # in chunks, and which runs use each (see cuaderno.journal._offload); rows refer to them
+    # with the storage codec ``json+blob``.
+    _offload.BLOB_TABLES_PG,
 ]
 
 
@@ -198,7 +203,7 @@ class PgServer:
             raise UsageError(f"journal {self.url} was opened read-only; nothing was written")
         conn: psycopg.Connection[Any] | None = None
         try:
-            with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            with self._conn() as conn, conn.transaction(), conn.cursor() as cur, reading(cur):
                 yield cur
         except (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure):
             raise

@@ -24,6 +24,7 @@ from cuaderno.events import StepEvent
 from cuaderno.journal import _claims
 from cuaderno.journal._append import RawRow, check_chain, decode_row
 from cuaderno.journal._compress import stored_payload
+from cuaderno.journal._offload import inlined
 from cuaderno.journal._rows import checked_epoch, decode_small_payloads, storable
 from cuaderno.journal._sealing import RunKeys, Sealer, open_summary, opened
 from cuaderno.journal.base import Tail, tail_base
@@ -264,6 +265,7 @@ class SqlJournal:
             head = db.execute(self._dialect.summary, (run_id,)).fetchone()
             rows: list[RawRow] = [] if head is None else db.execute(self._dialect.run_events, (run_id,)).fetchall()
             keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
+            rows = inlined(rows)  # offloaded payloads read in this snapshot
         if head is None:
             raise RunNotFound(run_id)
         with self._reading(run_id):
@@ -334,6 +336,7 @@ class SqlJournal:
             base = None if snap is None else tail_base(snap[2])
             rows: list[RawRow] = [] if base is None else db.execute(self._dialect.tail, (run_id, base)).fetchall()
             keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
+            rows = inlined(rows)  # offloaded payloads read in this snapshot
         if head is None:
             raise RunNotFound(run_id)
         if snap is None or base is None:

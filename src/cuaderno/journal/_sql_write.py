@@ -30,12 +30,13 @@ from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
 from cuaderno.journal._compress import MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
+from cuaderno.journal._offload import Held, offload_above
 from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
 from cuaderno.journal._sealing import RunKeys, sealed, summary_text
 from cuaderno.journal._sql import SqlJournal
 from cuaderno.journal.base import payload_limit, validate_event
 
-__all__ = ["Lost", "SqlWriter", "first_line", "next_epoch", "planned_rebuild", "stored_rows"]
+__all__ = ["Lost", "SqlWriter", "first_line", "held_for", "next_epoch", "planned_rebuild", "stored_rows"]
 
 
 class Lost(JournalError):
@@ -50,12 +51,24 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def held_for(store: SqlJournal) -> Held | None:
+    """What an append of ``store`` offloads into (a :class:`~._offload.Held` at its threshold), or
+    ``None`` for a store that encrypts at rest: it offloads nothing. Blob chunks rest as they are
+    and are shared by content across runs, so a sealed run's large payload would land there in
+    plaintext; an encrypted store keeps every payload in its row, compressed and sealed (the
+    per-payload limit, ``store.max_payload``, still applies)."""
+    return None if store._sealer is not None else Held(offload_above(store))
+
+
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
-                max_payload: int, keys: RunKeys | None = None) -> list[tuple[Any, ...]]:
-    """The events table's columns of each new row (the thirteen of :data:`RawRow`), its payload
-    compressed when ``compress``, then sealed with its run's data key when the store encrypts
-    (``keys``; see :mod:`._sealing`): the row hash and deduplication cover the JSON bytes,
-    compression and sealing are how they rest. A payload over ``max_payload`` is refused:
+                max_payload: int, keys: RunKeys | None = None, held: Held | None = None) -> list[tuple[Any, ...]]:
+    """The events table's columns of each new row (the thirteen of :data:`RawRow`): over
+    ``held``'s threshold its payload is a reference to the blob ``held`` keeps for the
+    transaction to write (:mod:`._offload`), else it is compressed when ``compress``; then it is
+    sealed with its run's data key when the store encrypts (``keys``; see :mod:`._sealing`). The
+    row hash and deduplication cover the JSON bytes; offload, compression and sealing are how
+    they rest. The reference is taken before packing and sealing (it names the JSON bytes'
+    digest). A payload over ``max_payload`` is refused:
     compressed it would fit, and no reader could open it."""
     rows = []
     for e, payload in new:
@@ -63,7 +76,8 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
             raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
                                f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
                                "was committed")
-        codec, stored = pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload)
+        ref = held.take(e.run_id, payload) if held is not None and e.codec == CODEC_JSON else None
+        codec, stored = ref or (pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload))
         codec, stored = sealed(keys, e, codec, stored)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
                      stored, e.created_at, e.row_hash, e.salt))
@@ -210,7 +224,10 @@ class SqlWriter(SqlJournal):
         new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq,
                                payload_limit(self), keyed=True)
         if new:
-            rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys)
+            held = held_for(self)
+            rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held)
+            if held is not None:
+                held.write(db)  # before the rows: the SQLite anchor reads the last row inserted
             try:
                 if len(rows) == 1:
                     db.execute(self._dialect.insert, rows[0])

@@ -27,7 +27,7 @@ from cuaderno.errors import (
     SchemaTooNew,
     UsageError,
 )
-from cuaderno.journal import _anchor, _lease, _queue_sql
+from cuaderno.journal import _anchor, _lease, _offload, _queue_sql
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_SQLITE, Sealer, check_journal
 from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
@@ -70,6 +70,15 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # only by a store that encrypts (its rows and summaries, sealed, must be refused by a
     # cuaderno before this schema), so a plain journal stays readable by one.
     (KEYS_TABLE_SQLITE,),
+    # Schema 6 (large payloads): payloads over the offload threshold, stored once per content in
+    # chunks, and which runs use each (see cuaderno.journal._offload); rows refer to them with
+    # the storage codec ``json+blob``. IF NOT EXISTS: created by every open for writing; the number
+    # is raised only by the first transaction that writes an offloaded row (see sqlite.py's
+    # _inserted), as schema 2 was by compression: a journal without large payloads stays readable
+    # by a cuaderno of schema 4 (or 5, when encrypted), and one with them is refused by it (it
+    # would take a reference for damage). A store that encrypts offloads nothing (see
+    # _sql_write.held_for).
+    _offload.BLOB_TABLES_SQLITE,
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -82,6 +91,9 @@ _KEYED_SINCE = 4
 
 _SEALED_SINCE = 5
 """The schema from which rows and summaries may be sealed (encryption at rest, ``cuaderno_keys``)."""
+
+_OFFLOADED_SINCE = 6
+"""The schema from which rows may refer to blobs (``json+blob``, see :mod:`._offload`)."""
 
 
 _READ_AS_IS_FROM = 1
@@ -565,7 +577,8 @@ class SqliteFile:
                 try:
                     self._check_file()  # under the write lock: no row lands in a file moved aside
                     version = self._fresh(db) if append else None
-                    yield db
+                    with _offload.reading(db):
+                        yield db
                     if version is not None:
                         self._data_version = version
                     db.execute("COMMIT")

@@ -81,10 +81,11 @@ CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
 over (``acquire(open_only=True)``)."""
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The journal file schema this cuaderno writes: its tables and how rows are stored (schema 2
 added compressed payloads, schema 3 the queue's tables, schema 4 keyed content digests and erased
-rows, schema 5 the wrapped data keys of encryption at rest). A journal with a higher number is refused
+rows, schema 5 the wrapped data keys of encryption at rest, schema 6 large payloads offloaded to
+blob tables). A journal with a higher number is refused
 (:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
 
 EVENT_SCHEMA_VERSION = 1
@@ -99,10 +100,13 @@ otherwise (``store.max_payload = N``): far below what a row can hold
 (:data:`cuaderno.journal._compress.MAX_PAYLOAD`, about 1 GB), because every payload is read whole
 on a resume and held in memory with the rest of the run (a 180 MB step row took DBOS's recovery
 down, dbos-transact-py#138). 16 MB is some 4 million tokens of text: no model answer comes near it,
-and a tool result that does is data to keep elsewhere and refer to (an offload of large payloads
-is not built yet). Refused with :class:`~cuaderno.errors.PayloadTooLarge` before anything is
-written; a tool's result over it is journaled as a small error record instead (see
-:func:`cuaderno.durable.effect.result_payload`)."""
+and a tool result that does is data to keep elsewhere and refer to. Payloads over
+``store.offload_above`` (1 MB) are kept apart, once per content, and read back in chunks (see
+:mod:`cuaderno.journal._offload`), but still read whole on a resume: the memory bound stated in the
+docs is in multiples of this limit. Refused with :class:`~cuaderno.errors.PayloadTooLarge` before
+anything is written; a tool's result over it is journaled as a small error record instead (see
+:func:`cuaderno.durable.effect.result_payload`), a model's answer as a failed send
+(:class:`~cuaderno.errors.ResponseTooLarge`)."""
 
 MAX_ID_CHARS = 1024
 _MAX_DECISION_CHARS = 64

@@ -100,6 +100,7 @@ from cuaderno.journal._append import plan_append
 from cuaderno.journal._compress import MAX_PAYLOAD
 from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._group import GroupBatch
+from cuaderno.journal._offload import reading
 from cuaderno.journal._open import _masked
 from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
 from cuaderno.journal._pg_server import (
@@ -117,7 +118,7 @@ from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
-from cuaderno.journal._sql_write import next_epoch, stored_rows
+from cuaderno.journal._sql_write import held_for, next_epoch, stored_rows
 from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
 from cuaderno.journal.keys import KeyProvider
 
@@ -324,6 +325,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         runs = list(dict.fromkeys(batches[i].events[0].run_id for i in order))
         summaries = self._group_summaries(cur, runs)
         rows: list[tuple[Any, ...]] = []
+        held = held_for(self)
         updated: dict[str, float] = {}  # per run that has new rows, its last new row's time
         written: list[int] = []  # the batches with new rows, in order
         for i in order:
@@ -332,7 +334,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
                                        payload_limit(self), keyed=True)
             if new:
-                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, self._keys(cur)))
+                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, self._keys(cur), held))
                 updated[run_id] = new[-1][0].created_at
                 written.append(i)
         if not rows:
@@ -340,6 +342,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         # A stored key fails this (UniqueViolation): the group is then appended batch by batch,
         # each batch that meets it redone with lookups (see _append_alone).
         cur.executemany(self._dialect.insert, rows)  # one round trip (psycopg pipelines it)
+        if held is not None:
+            held.write(cur)
         for i in written:
             faults.set_txn_points(*batches[i].points)
             faults.in_txn("checkpoint")
@@ -473,14 +477,14 @@ class PostgresCheckpointer(PgServer, SqlEraser):
 
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[psycopg.Connection[Any]]:
-        with self._reading(run_id), self._conn() as conn:
+        with self._reading(run_id), self._conn() as conn, reading(conn):
             if check:
                 self._schema_of(conn)
             yield conn
 
     @contextmanager
     def _snapshot(self, run_id: str) -> Iterator[psycopg.Connection[Any]]:
-        with self._reading(run_id), self._conn() as conn, conn.transaction():
+        with self._reading(run_id), self._conn() as conn, conn.transaction(), reading(conn):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every statement
             self._schema_of(conn)
             yield conn
@@ -590,12 +594,13 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             self._unlock_run(run_id)
 
     def _scrub(self, thorough: bool) -> tuple[bool, str]:
-        """VACUUM the two tables an erasure rewrote, so that the old row versions (dead tuples,
+        """VACUUM the tables an erasure rewrote (events, runs, and the blobs it released), so that the old row versions (dead tuples,
         their TOAST chunks included) leave the table files; ``thorough``: VACUUM FULL, which
         writes each table into a new file and drops the old one (exclusive lock meanwhile). What
         neither reaches: the server's WAL (``pg_wal``, until its segments are recycled), its
         archive and replicas, and backups."""
-        statement = "VACUUM FULL cuaderno_events, cuaderno_runs" if thorough else "VACUUM cuaderno_events, cuaderno_runs"
+        statement = ("VACUUM FULL cuaderno_events, cuaderno_runs, cuaderno_blobs, cuaderno_blob_refs" if thorough
+                     else "VACUUM cuaderno_events, cuaderno_runs, cuaderno_blobs, cuaderno_blob_refs")
         try:
             with self._conn() as conn:
                 conn.execute(statement)

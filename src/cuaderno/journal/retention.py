@@ -54,6 +54,7 @@ from cuaderno.events import StepEvent
 from cuaderno.journal import _anchor, _claims
 from cuaderno.journal._append import check_chain
 from cuaderno.journal._claims import cleanup_scheduled
+from cuaderno.journal._offload import release
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
 __all__ = ["DEFAULT_BATCH", "SETTLE_S", "PeriodicPrune", "PruneReport", "VacuumReport", "incremental", "parse_duration", "prune",
@@ -234,6 +235,7 @@ def _sqlite_batch(store: Any, cutoff: float, after: tuple[float, str], batch: in
                 n = db.execute("DELETE FROM cuaderno_events WHERE run_id=?", (run_id,)).rowcount
                 db.execute("DELETE FROM cuaderno_runs WHERE run_id=?", (run_id,))
                 db.execute("DELETE FROM cuaderno_keys WHERE run_id=?", (run_id,))  # its data key, if encrypted
+                release(db, [run_id])  # its blobs no kept run uses
                 report.events += n
             took.append(run_id)
         if took and not dry_run:
@@ -310,6 +312,7 @@ def _pg_batch(store: Any, cutoff: float, after: tuple[float, str], batch: int, d
             report.events += cur.execute("DELETE FROM cuaderno_events WHERE run_id = ANY(%s)", (took,)).rowcount
             cur.execute("DELETE FROM cuaderno_runs WHERE run_id = ANY(%s)", (took,))
             cur.execute("DELETE FROM cuaderno_keys WHERE run_id = ANY(%s)", (took,))  # their data keys, if encrypted
+            release(cur, took)  # their blobs no kept run uses
             faults.point("prune.P1")  # the batch's runs deleted, before COMMIT
     if not dry_run:
         store._drop_keys(took)
@@ -395,12 +398,14 @@ def _pg_vacuum(store: Any) -> VacuumReport:
     with store._conn() as conn:  # autocommit: VACUUM cannot run inside a transaction
         def size() -> int:
             return int(conn.execute("SELECT pg_total_relation_size('cuaderno_events') + "
-                                    "pg_total_relation_size('cuaderno_runs')").fetchone()[0])
+                                    "pg_total_relation_size('cuaderno_runs') + "
+                                    "pg_total_relation_size('cuaderno_blobs')").fetchone()[0])
 
         before = size()
         started = time.perf_counter()
         conn.execute("VACUUM cuaderno_events")
         conn.execute("VACUUM cuaderno_runs")
+        conn.execute("VACUUM cuaderno_blobs")
         elapsed = time.perf_counter() - started
         return {"how": "VACUUM", "bytes_before": before, "bytes_after": size(), "seconds": round(elapsed, 4)}
 

@@ -58,12 +58,14 @@ from cuaderno.errors import (
 from cuaderno.journal import _anchor, _claims, _lease
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._erase import SqlEraser
+from cuaderno.journal._offload import CODEC_JSON_BLOB, reading
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import SQLITE
 from cuaderno.journal._sql_write import next_epoch
 from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
+    _OFFLOADED_SINCE,
     _OPEN_RACE_S,
     SqliteFile,
     _open_failure,
@@ -236,6 +238,10 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             # The first compressed row: from this commit on, schema 1 must refuse the file.
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_COMPRESSED_SINCE),))
             self._bump = _COMPRESSED_SINCE
+        if self._file_schema < _OFFLOADED_SINCE and any(r[8] == CODEC_JSON_BLOB for r in rows):
+            # The first offloaded row: from this commit on, schema 4 must refuse the file.
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_OFFLOADED_SINCE),))
+            self._bump = _OFFLOADED_SINCE
 
     # -- erasure (the algorithm is journal._erase's) --------------------------------------------------
 
@@ -290,7 +296,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
 
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[sqlite3.Connection]:
-        with self._reading(run_id), self._lock:
+        with self._reading(run_id), self._lock, reading(self._db):
             if check:
                 self._schema_of(self._db)
             yield self._db
@@ -304,7 +310,8 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             try:
                 self._schema_of(self._db)
                 _anchor.check(self._db, self.path, mark)  # a journal rolled back since it was opened
-                yield self._db
+                with reading(self._db):
+                    yield self._db
             finally:
                 self._db.execute("COMMIT")
 
