@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _encrypt_world import key_text, new_key, raw_tables, sqlite_files
 from _erase_world import grep_files, secret
 
 from cuaderno import open_journal
-from cuaderno.journal import offloaded_payloads
+from cuaderno.errors import UsageError
+from cuaderno.events import StepEvent
+from cuaderno.journal import SqliteCheckpointer, offloaded_payloads
 from cuaderno.journal.keys import StaticKeys
 
 HERE = Path(__file__).resolve().parent
@@ -102,5 +105,17 @@ def test_a_2_mb_tool_result_rests_sealed_in_its_row_and_the_run_resumes_and_read
         result = next(e for e in store.load("big-1") if e.kind == "tool" and e.phase == "result")
         assert token in str(result.payload) and len(str(result.payload)) > 2_000_000
         assert offloaded_payloads(store, "big-1") == []  # nothing offloaded: the row holds it
+    finally:
+        store.close()
+
+
+def test_an_encrypted_store_refuses_a_bad_threshold_as_a_plain_one_does(tmp_path: Path) -> None:
+    store = SqliteCheckpointer(tmp_path / "runs.db", keys=StaticKeys(new_key()))
+    try:
+        store.offload_above = 0  # type: ignore[attr-defined]
+        with pytest.raises(UsageError, match="offload_above"):
+            store.append([StepEvent(run_id="r1", step_id="run", phase="start", kind="run", fingerprint="f",
+                                    payload={"task": "t"})])
+        assert store.checkpoint("r1") is None  # nothing written
     finally:
         store.close()

@@ -57,7 +57,8 @@ def held_for(store: SqlJournal) -> Held | None:
     and are shared by content across runs, so a sealed run's large payload would land there in
     plaintext; an encrypted store keeps every payload in its row, compressed and sealed (the
     per-payload limit, ``store.max_payload``, still applies)."""
-    return None if store._sealer is not None else Held(offload_above(store))
+    above = offload_above(store)  # checked either way: a bad setting is refused the same on both
+    return None if store._sealer is not None else Held(above)
 
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
