@@ -70,6 +70,7 @@ from cuaderno import (
     VersionMismatch,
 )
 from cuaderno.checkpoint import rebuild
+from cuaderno.journal._sqlite_file import _KEYED_SINCE
 from cuaderno.journal.base import SCHEMA_VERSION
 
 GOLDEN_FILES = sorted(JOURNALS.glob("*.v*.jsonl"))
@@ -432,7 +433,7 @@ async def test_committed_schema_journal_resumes_without_re_execution(fixture: Pa
     # The resumes wrote compressed rows (schema 2 and 4 are taken); schema 5 is taken only by a
     # store that encrypts at rest, and schema 6 only by the first offloaded row, so a plain journal
     # without large payloads stays readable by a cuaderno of schema 4.
-    assert compressed > 0 and schema_of(path) == max(file_version, 4)
+    assert compressed > 0 and schema_of(path) == max(file_version, _KEYED_SINCE)
     assert sha256(fixture) == committed, "the committed journal file was modified"
 
 
