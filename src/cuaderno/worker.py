@@ -83,7 +83,7 @@ from cuaderno.loop.ownership import ProcessOwnership
 from cuaderno.loop.steps import FinalStep, Step
 from cuaderno.operations import cleanup_left
 
-__all__ = ["Worker", "WorkerStats", "load_agent"]
+__all__ = ["Picking", "Worker", "WorkerStats", "load_agent"]
 
 _MAX_BACKOFF_S = 60.0
 _SCAN_WHILE_BUSY = 4
@@ -115,6 +115,76 @@ class WorkerStats:
     """Closed runs its prune schedule removed (``prune_older_than``)."""
     skipped_versions: set[str] = field(default_factory=set[str])
     """Runs it left alone because they were started under other versions of the agent."""
+
+
+class Picking:
+    """What a worker keeps between two looks at its journal's open runs, and the choice it makes
+    from them: which runs need it, which to leave (another agent's versions, a failure at the same
+    point of the journal, compensations already run) and how long to wait after a failed drive.
+    Shared by :class:`Worker` and :class:`cuaderno.integrations.IntegrationWorker`, so that both
+    leave and retry runs by one rule.
+
+    Attributes:
+        seen_new: runs never held, by the ``last_seq`` they had when first seen: one is taken only
+            if it is unchanged at the next look (its application may be between its first row and
+            its takeover).
+        backoff: runs whose last drive failed: ``last_seq`` then, when to try again, the wait set.
+        no_cleanup: cancelled runs whose compensations all ran (or wait for a person), by
+            ``last_seq``.
+    """
+
+    def __init__(self, versions: dict[str, Any], stats: WorkerStats, say: Callable[[str], None]) -> None:
+        self.versions, self.stats, self.say = versions, stats, say
+        self.seen_new: dict[str, int] = {}
+        self.backoff: dict[str, tuple[int, float, float]] = {}
+        self.no_cleanup: dict[str, int] = {}
+
+    def candidates(self, store: SupportsClaims, active: set[str], limit: int) -> list[tuple[Checkpoint, str]]:
+        """The open runs (up to ``limit`` read) that need a worker now, with what each needs
+        (``resume`` or ``compensate``): not in ``active``, started under these versions, not
+        backing off, not new since the last look."""
+        now = asyncio.get_running_loop().time()
+        candidates: list[tuple[Checkpoint, str]] = []
+        seen_new: dict[str, int] = {}
+        for cp in store.open_runs(limit=limit):
+            work = work_for(cp)
+            if work is None or cp.run_id in active:
+                continue
+            if cp.versions != self.versions:
+                if cp.run_id not in self.stats.skipped_versions:
+                    self.stats.skipped_versions.add(cp.run_id)
+                    self.say(f"run {quoted(cp.run_id)} was started under other versions of the agent "
+                             f"({cp.versions}); left for a worker of those")
+                continue
+            back = self.backoff.get(cp.run_id)
+            if back is not None and back[0] == cp.last_seq and back[1] > now:
+                continue  # failed at this very point of its journal: wait, or until something changes
+            if work == "compensate" and self.no_cleanup.get(cp.run_id) == cp.last_seq:
+                continue
+            if cp.epoch == 0 and work == "resume" and self.seen_new.get(cp.run_id) != cp.last_seq:
+                seen_new[cp.run_id] = cp.last_seq  # never held: its application may be about to take it
+                continue
+            candidates.append((cp, work))
+        self.seen_new = seen_new
+        return candidates
+
+    def backing_off(self, now: float) -> set[str]:
+        """The runs whose wait after a failed drive is not over at ``now``."""
+        return {run_id for run_id, (_, until, _) in self.backoff.items() if until > now}
+
+    def back_off(self, store: Checkpointer, run_id: str, exc: Exception) -> None:
+        """Back off from a run whose drive raised what its journal does not record (a provider
+        down, a journal that refused): retried after 1, 2, 4... up to 60 s, at once if its journal
+        changes (a person acted on it)."""
+        try:
+            cp = store.checkpoint(run_id)
+        except CuadernoError:  # the journal itself refused: back off all the same
+            cp = None
+        seq = cp.last_seq if cp is not None else -1
+        previous = self.backoff.get(run_id)
+        wait = 1.0 if previous is None or previous[0] != seq else min(previous[2] * 2, _MAX_BACKOFF_S)
+        self.backoff[run_id] = (seq, asyncio.get_running_loop().time() + wait, wait)
+        self.say(f"run {quoted(run_id)}: {type(exc).__name__}: {str(exc)[:300]}; retried in {wait:g} s")
 
 
 class Worker:
@@ -166,12 +236,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: dict[str, str] = {}
         """The task each run recorded when it started (it never changes), so a claim reads it once."""
-        self._seen_new: dict[str, int] = {}
-        """Runs never held, by the ``last_seq`` they had when first seen (claimed if unchanged next time)."""
-        self._backoff: dict[str, tuple[int, float, float]] = {}
-        """Runs whose last drive failed: ``last_seq`` then, when to try again, the wait that was set."""
-        self._no_cleanup: dict[str, int] = {}
-        """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
+        self._picking = Picking(self._versions, self.stats, lambda line: self._say(f"{self.name}: {line}"))
         self._queue: JournalQueue | None = None
         self._claims: dict[str, _Claimed] = {}
         """Queued runs this worker claimed (:mod:`cuaderno.flow`) and drives: the claim's takeover."""
@@ -283,7 +348,7 @@ class Worker:
                     active[cp.run_id] = asyncio.create_task(self._drive(store, cp, work), name=f"drive {cp.run_id}")
                 # Until idle: a run whose drive failed was tried once by this worker; it is not
                 # waited for (a cron job must end), and the next worker tries it again.
-                if until_idle and not active and not found and not self._seen_new:
+                if until_idle and not active and not found and not self._picking.seen_new:
                     return
                 self._wake.clear()
                 waits: set[asyncio.Future[Any]] = {*active.values(), asyncio.ensure_future(self._wake.wait())}
@@ -308,38 +373,15 @@ class Worker:
         if free <= 0:
             return []
         assert isinstance(store, SupportsClaims)
-        now = asyncio.get_running_loop().time()
-        candidates: list[tuple[Checkpoint, str]] = []
-        seen_new: dict[str, int] = {}
-        for cp in store.open_runs(limit=max(200, 20 * self.concurrency)):
-            work = work_for(cp)
-            if work is None or cp.run_id in active:
-                continue
-            if cp.versions != self._versions:
-                if cp.run_id not in self.stats.skipped_versions:
-                    self.stats.skipped_versions.add(cp.run_id)
-                    self._say(f"{self.name}: run {quoted(cp.run_id)} was started under other versions of the agent "
-                              f"({cp.versions}); left for a worker of those")
-                continue
-            back = self._backoff.get(cp.run_id)
-            if back is not None and back[0] == cp.last_seq and back[1] > now:
-                continue  # failed at this very point of its journal: wait, or until something changes
-            if work == "compensate" and self._no_cleanup.get(cp.run_id) == cp.last_seq:
-                continue
-            if cp.epoch == 0 and work == "resume":
-                # Never held: its application may be between its first row and its takeover.
-                if self._seen_new.get(cp.run_id) != cp.last_seq:
-                    seen_new[cp.run_id] = cp.last_seq
-                    continue
-            candidates.append((cp, work))
-        self._seen_new = seen_new
+        candidates = self._picking.candidates(store, active, max(200, 20 * self.concurrency))
         if self._queue is not None and candidates:
             # A queued run waiting for a worker is claimed through the queue only (its priority,
             # start time and key's limit); here only what the queue does not do for it.
             queued = self._queue.queued([cp.run_id for cp, work in candidates if work == "resume"
                                          and cp.status == "running"])
             candidates = [(cp, work) for cp, work in candidates if cp.run_id not in queued]
-            self._seen_new = {run_id: seq for run_id, seq in seen_new.items() if run_id not in queued}
+            self._picking.seen_new = {run_id: seq for run_id, seq in self._picking.seen_new.items()
+                                      if run_id not in queued}
         if not candidates:
             return []
         held = store.holders([cp.run_id for cp, _ in candidates])
@@ -369,7 +411,7 @@ class Worker:
         if self._queue is None or free <= 0 or self._stopping:
             return []
         now = asyncio.get_running_loop().time()
-        skip = active | {run_id for run_id, (_, until, _) in self._backoff.items() if until > now}
+        skip = active | self._picking.backing_off(now)
         claim = await asyncio.to_thread(self._queue.claim, versions=canonical_versions(self._versions),
                                         owner=self.name, free=free, skip=skip)
         self.stats.busy += claim.lost
@@ -479,12 +521,12 @@ class Worker:
                 await self._compensate(store, cp)
             else:
                 await self._resume(store, cp)
-            self._backoff.pop(run_id, None)
+            self._picking.backoff.pop(run_id, None)
         except RunBusy:
             self.stats.busy += 1  # another worker (or the application) holds it: theirs
         except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
             self.stats.claimed += 1
-            self._backoff.pop(run_id, None)  # stopped in a state its journal records
+            self._picking.backoff.pop(run_id, None)  # stopped in a state its journal records
             self._count_end(store, run_id)
         except FencedOut as exc:
             # Another process holds the run now: it took it over (its holder's lock had gone: the
@@ -494,7 +536,7 @@ class Worker:
             self._say(f"{self.name}: stopped driving run {quoted(run_id)}: another process holds it now ({exc})")
         except Exception as exc:  # a drive must never end the worker; the run waits and is retried
             self.stats.errors += 1
-            self._fail(store, run_id, exc)
+            self._picking.back_off(store, run_id, exc)
 
     async def _resume(self, store: Checkpointer, cp: Checkpoint) -> None:
         run_id = cp.run_id
@@ -531,7 +573,7 @@ class Worker:
         run_id = cp.run_id
         left = cleanup_left(cp, store.load(run_id))
         if not left:
-            self._no_cleanup[run_id] = cp.last_seq
+            self._picking.no_cleanup[run_id] = cp.last_seq
             return
         self._say(f"{self.name}: running {left} compensation(s) of cancelled run {quoted(run_id)}")
         try:
@@ -539,12 +581,12 @@ class Worker:
             self.stats.claimed += 1
         except UncertainEffect:
             after = store.checkpoint(run_id)
-            self._no_cleanup[run_id] = after.last_seq if after is not None else cp.last_seq  # a person settles it
+            self._picking.no_cleanup[run_id] = after.last_seq if after is not None else cp.last_seq  # a person settles it
             raise
         self.stats.compensated += 1
         after = store.checkpoint(run_id)
         if after is not None:
-            self._no_cleanup[run_id] = after.last_seq
+            self._picking.no_cleanup[run_id] = after.last_seq
 
     def _task(self, store: Checkpointer, run_id: str) -> str:
         """The task the run was started with (journaled in its first event)."""
@@ -564,20 +606,6 @@ class Worker:
         if status in ("completed", "suspended", "needs_human", "failed", "cancelled"):
             setattr(self.stats, status, getattr(self.stats, status) + 1)
         self._say(f"{self.name}: run {quoted(run_id)} stopped {status}")
-
-    def _fail(self, store: Checkpointer, run_id: str, exc: Exception) -> None:
-        """Back off from a run whose drive raised what its journal does not record (a provider
-        down, a journal that refused): retried after 1, 2, 4... up to 60 s, at once if its journal
-        changes (a person acted on it)."""
-        try:
-            cp = store.checkpoint(run_id)
-        except CuadernoError:  # the journal itself refused: back off all the same
-            cp = None
-        seq = cp.last_seq if cp is not None else -1
-        previous = self._backoff.get(run_id)
-        wait = 1.0 if previous is None or previous[0] != seq else min(previous[2] * 2, _MAX_BACKOFF_S)
-        self._backoff[run_id] = (seq, asyncio.get_running_loop().time() + wait, wait)
-        self._say(f"{self.name}: run {quoted(run_id)}: {type(exc).__name__}: {str(exc)[:300]}; retried in {wait:g} s")
 
     def _check_backlog(self, store: Checkpointer) -> None:
         """Refuse a journal whose runs waiting for a worker were all started by another agent

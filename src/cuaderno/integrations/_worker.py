@@ -39,15 +39,11 @@ from cuaderno.errors import (
     quoted,
 )
 from cuaderno.events import StepEvent
-from cuaderno.journal import work_for
 from cuaderno.journal.base import Checkpointer, SupportsClaims
 from cuaderno.operations import cleanup_left
-from cuaderno.worker import WorkerStats
+from cuaderno.worker import Picking, WorkerStats
 
 __all__ = ["IntegrationWorker", "Resumable", "entered", "start_event"]
-
-_MAX_BACKOFF_S = 60.0
-
 
 @runtime_checkable
 class Resumable(Protocol):
@@ -129,12 +125,9 @@ class IntegrationWorker:
         self._log = log
         self._versions = target.run_versions()
         self._stopping = False
-        self._seen_new: dict[str, int] = {}
-        self._backoff: dict[str, tuple[int, float, float]] = {}
+        self._picking = Picking(self._versions, self.stats, lambda line: self._say(f"{self.name}: {line}"))
         self._work: dict[str, str] = {}
         """What each run found was taken for: ``resume`` or ``compensate``."""
-        self._no_cleanup: dict[str, int] = {}
-        """Cancelled runs whose compensations all ran (or wait for a person), by ``last_seq``."""
 
     def stop(self) -> None:
         """Take nothing new; each drive in flight ends, then :meth:`run` returns."""
@@ -171,7 +164,7 @@ class IntegrationWorker:
                     found = []
                 for run_id in found:
                     active[run_id] = asyncio.create_task(self._drive(store, run_id), name=f"drive {run_id}")
-                if until_idle and not active and not found and not self._seen_new:
+                if until_idle and not active and not found and not self._picking.seen_new:
                     return self.stats
                 if active:
                     await asyncio.wait(set(active.values()), timeout=self.poll_interval,
@@ -194,30 +187,10 @@ class IntegrationWorker:
         if free <= 0:
             return []
         assert isinstance(store, SupportsClaims)
-        now = asyncio.get_running_loop().time()
-        candidates: list[str] = []
-        seen_new: dict[str, int] = {}
-        for cp in store.open_runs(limit=max(200, 20 * self.concurrency)):
-            work = work_for(cp)
-            if work is None or cp.run_id in active:
-                continue
-            if work == "compensate" and self._no_cleanup.get(cp.run_id) == cp.last_seq:
-                continue  # every compensation ran (or one waits for a person) at this point of its journal
-            if cp.versions != self._versions:
-                if cp.run_id not in self.stats.skipped_versions:
-                    self.stats.skipped_versions.add(cp.run_id)
-                    self._say(f"{self.name}: run {quoted(cp.run_id)} was started under other versions "
-                              f"({cp.versions}); left for a worker of those")
-                continue
-            back = self._backoff.get(cp.run_id)
-            if back is not None and back[0] == cp.last_seq and back[1] > now:
-                continue
-            if work == "resume" and cp.epoch == 0 and self._seen_new.get(cp.run_id) != cp.last_seq:
-                seen_new[cp.run_id] = cp.last_seq  # never held: its application may be about to take it
-                continue
+        candidates = []
+        for cp, work in self._picking.candidates(store, active, max(200, 20 * self.concurrency)):
             candidates.append(cp.run_id)
             self._work[cp.run_id] = work
-        self._seen_new = seen_new
         if not candidates:
             return []
         held = store.holders(candidates)
@@ -236,15 +209,15 @@ class IntegrationWorker:
             self.stats.busy += 1
             return
         except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
-            self._backoff.pop(run_id, None)
+            self._picking.backoff.pop(run_id, None)
             self.stats.claimed += 1
             self._count(store, run_id, None)
             return
         except Exception as exc:  # a drive never ends the worker: the run waits and is tried again
             self.stats.errors += 1
-            self._fail(store, run_id, exc)
+            self._picking.back_off(store, run_id, exc)
             return
-        self._backoff.pop(run_id, None)
+        self._picking.backoff.pop(run_id, None)
         self.stats.claimed += 1
         self._count(store, run_id, status)
 
@@ -254,7 +227,7 @@ class IntegrationWorker:
             return
         left = cleanup_left(cp, store.load(run_id))
         if not left:
-            self._no_cleanup[run_id] = cp.last_seq
+            self._picking.no_cleanup[run_id] = cp.last_seq
             return
         self._say(f"{self.name}: running {left} compensation(s) of cancelled wrapped run {quoted(run_id)}")
         try:
@@ -266,14 +239,14 @@ class IntegrationWorker:
             self.stats.needs_human += 1  # a person settles it (cuaderno resolve); then it goes on
         except Exception as exc:
             self.stats.errors += 1
-            self._fail(store, run_id, exc)
+            self._picking.back_off(store, run_id, exc)
             return
         else:
             self.stats.compensated += 1
         self.stats.claimed += 1
         after = store.checkpoint(run_id)
         if after is not None:
-            self._no_cleanup[run_id] = after.last_seq
+            self._picking.no_cleanup[run_id] = after.last_seq
 
     def _count(self, store: Checkpointer, run_id: str, status: str | None) -> None:
         cp = store.checkpoint(run_id)
@@ -281,19 +254,6 @@ class IntegrationWorker:
         if status in ("completed", "suspended", "needs_human", "failed", "cancelled"):
             setattr(self.stats, status, getattr(self.stats, status) + 1)
         self._say(f"{self.name}: run {quoted(run_id)} stopped {status}")
-
-    def _fail(self, store: Checkpointer, run_id: str, exc: Exception) -> None:
-        """Back off from a run whose drive raised what its journal does not record: retried after
-        1, 2, 4... up to 60 s, at once if its journal changes."""
-        try:
-            cp = store.checkpoint(run_id)
-        except CuadernoError:
-            cp = None
-        seq = cp.last_seq if cp is not None else -1
-        previous = self._backoff.get(run_id)
-        wait = 1.0 if previous is None or previous[0] != seq else min(previous[2] * 2, _MAX_BACKOFF_S)
-        self._backoff[run_id] = (seq, asyncio.get_running_loop().time() + wait, wait)
-        self._say(f"{self.name}: run {quoted(run_id)}: {type(exc).__name__}: {str(exc)[:300]}; retried in {wait:g} s")
 
     def _say(self, line: str) -> None:
         if self._log is not None:
