@@ -33,12 +33,12 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, call_arguments, not_happened_since_sent
-from cuaderno.events.payloads import InFlight
+from cuaderno.events.payloads import InFlight, ToolResult, view
 from cuaderno.journal.base import Checkpointer, validate_event
 from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
 
-__all__ = ["cancel", "cancellation_record", "check_store", "check_strings", "close", "derived_cleanup", "in_flight",
+__all__ = ["cancel", "cancellation_record", "check_store", "check_strings", "close", "confirmed_since", "derived_cleanup", "in_flight",
            "request_cancel", "wait_for_holder"]
 
 
@@ -269,6 +269,19 @@ def in_flight(events: list[StepEvent]) -> list[InFlight]:
     return [_in_flight(ev, by_key) for ev in events
             if ev.kind == "tool" and ev.phase == "intent" and (ev.step_id, "result") not in by_key
             and not not_happened_since_sent(by_key, ev.step_id)]
+
+
+def confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
+    """Cleanup for effects a person confirmed (``resolve(happened=True)``) after the cancellation
+    record was written: they were listed as uncertain then. Appended after the record's own
+    entries, in journal order, so the step ids of those never move."""
+    end = max((e.seq for e in events if e.kind == "run" and e.phase == "end"), default=None)
+    if end is None:
+        return []
+    by_key = {(e.step_id, e.phase): e for e in events}
+    return [derived_cleanup(ev, events, by_key) for ev in events
+            if ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
+            and not ev.step_id.startswith("cleanup") and view(ev, ToolResult).get("outcome") == "ok"]
 
 
 def derived_cleanup(result: StepEvent, events: list[StepEvent],

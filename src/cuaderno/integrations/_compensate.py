@@ -31,12 +31,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from cuaderno.cancellation import derived_cleanup, finalize
+from cuaderno.cancellation import confirmed_since, finalize
 from cuaderno.durable import Effect, JournalLog, Opened
 from cuaderno.durable.effect import effect_key, result_payload, stage_result
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import CuadernoError, RunCancelled, RunClosed, RunNotFound, UsageError, quoted
-from cuaderno.events import StepEvent, cleanup_step_id
+from cuaderno.events import cleanup_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import Checkpointer
 
@@ -137,7 +137,7 @@ async def compensate_run(store: Checkpointer, run_id: str, compensations: Mappin
     try:
         # Read after the takeover: whatever the previous holder committed is visible.
         events = store.load(run_id)
-        entries = [*((cp.outcome or {}).get("cleanup") or []), *_confirmed_since(events)]
+        entries = [*((cp.outcome or {}).get("cleanup") or []), *confirmed_since(events)]
         plans = [_plan(compensations, entry) for entry in entries]  # refused before anything is written
         log = JournalLog(store, run_id, epoch=epoch, index={(e.step_id, e.phase): e for e in events})
         results: list[dict[str, Any]] = []
@@ -204,13 +204,3 @@ def _plan(compensations: Mapping[str, Compensation], entry: Mapping[str, Any]) -
     return tool, compensations[tool], dict(arguments)
 
 
-def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
-    """Cleanup for effects a person confirmed after the cancellation record was written (listed
-    as uncertain then), in journal order: the same entries cuaderno's own ``compensate`` adds."""
-    end = max((e.seq for e in events if e.kind == "run" and e.phase == "end"), default=None)
-    if end is None:
-        return []
-    by_key = {(e.step_id, e.phase): e for e in events}
-    return [derived_cleanup(ev, events, by_key) for ev in events
-            if ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
-            and not ev.step_id.startswith("cleanup") and ev.payload.get("outcome") == "ok"]

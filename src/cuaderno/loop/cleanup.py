@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from cuaderno.cancellation import derived_cleanup
+from cuaderno.cancellation import confirmed_since
 from cuaderno.durable.effect import result_payload, stage_result
 from cuaderno.errors import (
     CuadernoError,
@@ -30,7 +30,6 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, cleanup_step_id, not_happened_since_sent, numbered
-from cuaderno.events.payloads import ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall
 from cuaderno.journal.base import Checkpointer
@@ -85,7 +84,7 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: 
             ownership.took(where, me)
             # Read after the takeover: whatever the previous holder committed is visible.
             events = store.load(run_id)
-            entries = [*((cp.outcome or {}).get("cleanup") or []), *_confirmed_since(events)]
+            entries = [*((cp.outcome or {}).get("cleanup") or []), *confirmed_since(events)]
             for entry in entries:
                 _check(agent, tools, entry)  # before anything is written: the wrong agent changes nothing
             steps = _Cleanup(agent, session, epoch, events)
@@ -94,19 +93,6 @@ async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: 
             ownership.release(store, run_id, epoch)
     finally:
         ownership.stop(where, me)
-
-
-def _confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
-    """Cleanup for effects a person confirmed (``resolve(happened=True)``) after the cancellation
-    record was written: they were listed as uncertain then. Appended after the record's own
-    entries, in journal order, so the step ids of those never move."""
-    end = max((e.seq for e in events if e.kind == "run" and e.phase == "end"), default=None)
-    if end is None:
-        return []
-    by_key = {(e.step_id, e.phase): e for e in events}
-    return [derived_cleanup(ev, events, by_key) for ev in events
-            if ev.seq > end and ev.kind == "tool" and ev.phase == "result" and ev.decision == "resolved"
-            and not ev.step_id.startswith("cleanup") and view(ev, ToolResult).get("outcome") == "ok"]
 
 
 def _check(agent: Agent, tools: ToolExecutor, entry: Mapping[str, Any]) -> None:
