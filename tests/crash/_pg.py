@@ -77,6 +77,20 @@ V1_TABLES = (
 )
 
 
+def fresh_journal_url(backend: str, folder: Any) -> Iterator[str]:
+    """A new journal's URL for a fixture to yield from: a SQLite file in ``folder``, or a PostgreSQL
+    URL naming a fresh schema on the shared server (skipped without one), dropped after."""
+    if backend == "sqlite":
+        yield str(folder / "runs.db")
+        return
+    server_or_skip()
+    schema = new_schema()
+    try:
+        yield schema_url(schema)
+    finally:
+        drop_schemas([schema])
+
+
 def version_1_journal(schema: str, source: Any) -> None:
     """Create ``schema`` as version 1 of the journal's tables (before the queue's tables and the
     rows' digest keys), holding every run of ``source`` (a ``MemoryCheckpointer``, whose rows are

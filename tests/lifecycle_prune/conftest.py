@@ -17,14 +17,6 @@ sys.path.insert(0, str(HERE.parent / "crash"))  # _pg
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A new journal's URL: a SQLite path, or a PostgreSQL URL naming a fresh schema."""
-    if request.param == "sqlite":
-        yield str(tmp_path / "runs.db")
-        return
-    from _pg import drop_schemas, new_schema, schema_url, server_or_skip
+    from _pg import fresh_journal_url
 
-    server_or_skip()
-    schema = new_schema()
-    try:
-        yield schema_url(schema)
-    finally:
-        drop_schemas([schema])
+    yield from fresh_journal_url(request.param, tmp_path)
