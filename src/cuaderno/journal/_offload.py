@@ -39,7 +39,8 @@ from typing import Any
 
 import zstandard
 
-from cuaderno.errors import JournalCorrupt, UsageError
+from cuaderno.errors import JournalCorrupt
+from cuaderno.journal.base import byte_setting
 
 __all__ = ["BLOB_TABLES_PG", "BLOB_TABLES_SQLITE", "CHUNK", "CODEC_JSON_BLOB", "DEFAULT_OFFLOAD_ABOVE", "Held", "Offloaded",
            "fetched", "inlined", "offload_above", "offloaded_payloads", "reading", "reference_size", "release", "stats"]
@@ -87,13 +88,7 @@ def offload_above(store: object) -> int:
     Raises:
         UsageError: an ``offload_above`` that is not a positive integer.
     """
-    above = getattr(store, "offload_above", None)
-    if above is None:
-        inner = getattr(store, "store", None)
-        above = DEFAULT_OFFLOAD_ABOVE if inner is None or inner is store else offload_above(inner)
-    if isinstance(above, bool) or not isinstance(above, int) or above < 1:
-        raise UsageError(f"offload_above must be a positive number of bytes, got {above!r:.40}")
-    return above
+    return byte_setting(store, "offload_above", DEFAULT_OFFLOAD_ABOVE)
 
 
 def _style(db: Any) -> str:

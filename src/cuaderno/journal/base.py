@@ -75,7 +75,7 @@ from cuaderno.events import CODEC_JSON, StepEvent
 
 __all__ = ["CLOSED_STATUSES", "DEFAULT_MAX_PAYLOAD", "EVENT_SCHEMA_VERSION", "SCHEMA_VERSION", "Checkpointer", "CommitsInGroups",
            "ConfirmsHold", "KnowsEarlierHolders", "SupportsClaims", "SupportsRebuild", "SupportsTail", "Tail", "tail_base",
-           "payload_limit", "validate_event"]
+           "byte_setting", "payload_limit", "validate_event"]
 
 CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
@@ -341,14 +341,23 @@ def payload_limit(store: object) -> int:
     Raises:
         UsageError: a ``max_payload`` that is not a positive integer.
     """
-    # A wrapper (GroupCommit) holds its store as ``store``: its limit is the store's.
-    limit = getattr(store, "max_payload", None)
-    if limit is None:
+    return byte_setting(store, "max_payload", DEFAULT_MAX_PAYLOAD)
+
+
+def byte_setting(store: object, name: str, default: int) -> int:
+    """A size in bytes ``store`` sets by its attribute ``name`` (``default`` when it sets none); a
+    wrapper (GroupCommit) holds its store as ``store``, and its setting is the store's.
+
+    Raises:
+        UsageError: a setting that is not a positive integer.
+    """
+    value = getattr(store, name, None)
+    if value is None:
         inner = getattr(store, "store", None)
-        limit = DEFAULT_MAX_PAYLOAD if inner is None or inner is store else payload_limit(inner)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise UsageError(f"max_payload must be a positive number of bytes, got {limit!r:.40}")
-    return limit
+        value = default if inner is None or inner is store else byte_setting(inner, name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a positive number of bytes, got {value!r:.40}")
+    return value
 
 
 def validate_event(ev: StepEvent, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
