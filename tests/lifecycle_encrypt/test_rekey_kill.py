@@ -21,12 +21,12 @@ import pytest
 from _encrypt_world import key_text, keys_of, new_key, raw_tables
 from _erase_world import run_with_secret, secret
 from _pg import new_schema, pg_schemas, schema_url  # noqa: F401 - the fixture
-from test_erase_kill import TURNS, _env, _workers, ledger  # noqa: F401 - the fixture
+from test_erase_kill import _env, _workers, ledger, workers_finished_each_transfer_once  # noqa: F401 - the fixture
 
 from cuaderno.journal import open_journal
 from cuaderno.journal.keys import MasterKey
 from cuaderno.operations import rekey
-from cuaderno.testing.ledger import LedgerProcess, read_receipts
+from cuaderno.testing.ledger import LedgerProcess
 
 POINTS = ("rekey.K0", "rekey.K1", "rekey.K2", "rekey.K3")
 OLD_RUNS = 5
@@ -74,13 +74,7 @@ def _check(url: str, point: str, old: MasterKey, new: MasterKey, tokens: dict[st
     assert moved == {"rekey.K0": 0, "rekey.K1": 0, "rekey.K2": BATCH, "rekey.K3": OLD_RUNS}[point]
     with open_journal(url, keys=keys_of(new, old)) as store:
         rekey(store, batch=BATCH)  # the re-run finishes what the kill left
-    for proc in workers:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-2000:]
-        assert '"status": "completed"' in out, out[-500:]
-    receipts = {run: read_receipts(ledger.db_path, business_id=run) for run in runs}
-    assert all(len(r) == TURNS for r in receipts.values()), {k: len(v) for k, v in receipts.items()}
-    assert all(len({x["key"] for x in r}) == TURNS for r in receipts.values())
+    workers_finished_each_transfer_once(workers, runs, ledger)
     with open_journal(url, keys=keys_of(new)) as store:  # the old key gone: every data key still opens
         for run_id, token in tokens.items():
             assert f"find {token}" in str(store.load(run_id)[0].payload)
@@ -89,16 +83,20 @@ def _check(url: str, point: str, old: MasterKey, new: MasterKey, tokens: dict[st
             assert cp is not None and cp.status == "completed" and len(store.load(run_id)) == cp.last_seq
 
 
-@pytest.mark.parametrize("point", POINTS)
-async def test_rekey_killed_on_sqlite(tmp_path: Path, point: str, ledger: LedgerProcess,  # noqa: F811
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    url = str(tmp_path / "j.db")
+async def _killed_while_workers_run(url: str, point: str, tmp_path: Path, ledger: LedgerProcess,  # noqa: F811
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     old, new = new_key(), new_key()
     tokens = await _world(url, old, new, monkeypatch)
     runs = [f"worker-{point}-{i}" for i in range(2)]
     workers = _workers(url, runs, tmp_path / "work", ledger)
     _killed_rekey(url, point)
     _check(url, point, old, new, tokens, workers, runs, ledger)
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_rekey_killed_on_sqlite(tmp_path: Path, point: str, ledger: LedgerProcess,  # noqa: F811
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    await _killed_while_workers_run(str(tmp_path / "j.db"), point, tmp_path, ledger, monkeypatch)
 
 
 @pytest.mark.postgres
@@ -107,10 +105,4 @@ async def test_rekey_killed_on_postgres(tmp_path: Path, point: str, ledger: Ledg
                                         pg_schemas: list[str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     schema = new_schema()
     pg_schemas.append(schema)
-    url = schema_url(schema)
-    old, new = new_key(), new_key()
-    tokens = await _world(url, old, new, monkeypatch)
-    runs = [f"worker-{point}-{i}" for i in range(2)]
-    workers = _workers(url, runs, tmp_path / "work", ledger)
-    _killed_rekey(url, point)
-    _check(url, point, old, new, tokens, workers, runs, ledger)
+    await _killed_while_workers_run(schema_url(schema), point, tmp_path, ledger, monkeypatch)

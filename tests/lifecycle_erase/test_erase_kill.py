@@ -81,6 +81,14 @@ def _check(url: str, point: str, workers: list[subprocess.Popen[str]], runs: lis
     with open_journal(url) as store:
         done = erase(store, "gone")  # finishes (or redoes) what the kill left
         assert done.scrubbed
+    workers_finished_each_transfer_once(workers, runs, ledger)
+    return {"erased_after_kill": erased, "rows": rows}
+
+
+def workers_finished_each_transfer_once(workers: list[subprocess.Popen[str]], runs: list[str],
+                                        ledger: LedgerProcess) -> None:
+    """Every worker exited cleanly with its run completed, and the ledger holds each of the runs'
+    TURNS transfers exactly once (one receipt per effect key): the truth from outside cuaderno."""
     for proc in workers:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-2000:]
@@ -88,7 +96,6 @@ def _check(url: str, point: str, workers: list[subprocess.Popen[str]], runs: lis
     receipts = {run: read_receipts(ledger.db_path, business_id=run) for run in runs}
     assert all(len(r) == TURNS for r in receipts.values()), {k: len(v) for k, v in receipts.items()}
     assert all(len({x["key"] for x in r}) == TURNS for r in receipts.values())
-    return {"erased_after_kill": erased, "rows": rows}
 
 
 @pytest.mark.parametrize("point", POINTS)
