@@ -154,8 +154,8 @@ class _Store(Protocol):
 class _Sqlite:
     """The row on SQLite: one host, every process on the journal file."""
 
-    def __init__(self, path: str) -> None:
-        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
         self._db.execute("PRAGMA synchronous=NORMAL")  # this connection's commits only (see the module docstring)
         self._lock = threading.Lock()
         with self._txn():
@@ -284,12 +284,14 @@ class SharedLimits:
     def __init__(self, store: object) -> None:
         side = getattr(store, "side_connection", None)
         path = getattr(store, "path", None)
-        if callable(side):
-            self._rows: _Store = _Postgres(side)
-        elif isinstance(path, str) and path:
-            self._rows = _Sqlite(path)
+        if isinstance(path, str) and path and callable(side):
+            # The store's own way to a writable connection: one opened plainly could share a
+            # read-only index of the -wal with the store (see cuaderno.journal._shm).
+            self._rows: _Store = _Sqlite(side())
+        elif callable(side):
+            self._rows = _Postgres(side)
         elif isinstance(store, MemoryCheckpointer):
-            self._rows = _Sqlite(":memory:")
+            self._rows = _Sqlite(sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False))
         else:
             raise UsageError(f"a shared rate limit needs a SQLite or PostgreSQL journal, not a {type(store).__name__}")
         # The connection lives as long as the store: closed when the store is collected.

@@ -10,7 +10,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -27,7 +27,7 @@ from cuaderno.errors import (
     SchemaTooNew,
     UsageError,
 )
-from cuaderno.journal import _anchor, _lease, _offload, _queue_sql
+from cuaderno.journal import _anchor, _lease, _offload, _queue_sql, _shm
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_SQLITE, Sealer, check_journal
 from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
@@ -116,8 +116,8 @@ _WAL_HEADER = 32
 """Bytes of a -wal's header; its frames (the commits in it) follow it."""
 
 
-def _read_only(path: str, busy_timeout_ms: float, *,
-               wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, bool]:
+def _read_only(path: str, busy_timeout_ms: float, step_aside: Callable[[], bool], *,
+               wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, _shm.Keeper | None]:
     """:func:`_read_only_once`, waiting (up to ``busy_timeout_ms``) while SQLite's index of the
     -wal is half-written (:func:`_index_half_written`): the next write of a process that has the
     journal open rebuilds it, and no read-only connection can."""
@@ -125,7 +125,7 @@ def _read_only(path: str, busy_timeout_ms: float, *,
     pause = 0.005
     while True:
         try:
-            return _read_only_once(path, busy_timeout_ms)
+            return _read_only_once(path, busy_timeout_ms, step_aside)
         except sqlite3.Error as exc:
             if not (wait_for_rebuild and _index_half_written(exc)) or time.monotonic() >= deadline:
                 raise
@@ -141,9 +141,11 @@ def _index_half_written(exc: BaseException) -> bool:
     return _errorname(exc) == "SQLITE_READONLY_RECOVERY"
 
 
-def _read_only_once(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connection, bool]:
+def _read_only_once(path: str, busy_timeout_ms: float,
+                    step_aside: Callable[[], bool]) -> tuple[sqlite3.Connection, _shm.Keeper | None]:
     """A connection that cannot change the file or its -wal (``mode=ro``: it never folds the -wal
-    in), and whether it also leaves the -shm as it is.
+    in), and, when it also leaves the -shm as it is, its registration with :mod:`._shm` (through
+    which a writer this process opens later asks it to ``step_aside``).
 
     It does (``readonly_shm``) when a -shm is there: SQLite then reads the -wal itself when no live
     connection keeps the -shm (a private index, in memory), and uses the -shm when one does. Except
@@ -158,16 +160,21 @@ def _read_only_once(path: str, busy_timeout_ms: float) -> tuple[sqlite3.Connecti
     file and the -wal are still never written.
     """
     uri = f"{Path(path).resolve().as_uri()}?mode=ro"
-    if _size(path + "-shm") > 0 and _size(path + "-wal") != _WAL_HEADER:
+    # Not while a writer of this process has the file: SQLite would map the -shm read-only for it
+    # too (see _shm), and that writer keeps the -shm current anyway.
+    keeper = _shm.Keeper.register(path, step_aside) if _size(path + "-shm") > 0 and \
+        _size(path + "-wal") != _WAL_HEADER else None
+    if keeper is not None:
         db = _connect_uri(uri + "&readonly_shm=1", busy_timeout_ms)
         try:
             db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # its first read transaction
-            return db, True
-        except sqlite3.Error as exc:
+            return db, keeper
+        except BaseException as exc:
             db.close()
-            if not _errorname(exc).startswith("SQLITE_PROTOCOL"):
+            keeper.release()
+            if not (isinstance(exc, sqlite3.Error) and _errorname(exc).startswith("SQLITE_PROTOCOL")):
                 raise
-    return _connect_uri(uri, busy_timeout_ms), False
+    return _connect_uri(uri, busy_timeout_ms), None
 
 
 def _connect_uri(uri: str, busy_timeout_ms: float) -> sqlite3.Connection:
@@ -271,7 +278,12 @@ class SqliteFile:
     _data_version: int | None
     _writer: tuple[str, float, bool | None] | None
     _busy_timeout_ms: float
-    _shm_kept: bool
+    _keeper: _shm.Keeper | None = None
+    """Set while the connection is a read-only one that leaves the -shm as it is (``readonly_shm``):
+    its registration with :mod:`._shm`. Before each read it is checked that SQLite can still read
+    the -wal that way (see _reading)."""
+    _release_writer: Callable[[], None] | None = None
+    """Set while the connection is the writer: tells :mod:`._shm` when it closes."""
     _db: sqlite3.Connection
     _index_unread: bool
     _sealer: Sealer | None
@@ -307,14 +319,22 @@ class SqliteFile:
         """Set while a store that opened on a -wal with commits reads on a read-only connection:
         how to open the writer at its first write."""
         self._busy_timeout_ms = busy_timeout_ms
-        self._shm_kept = False
-        """The connection is a read-only one that leaves the -shm as it is (``readonly_shm``): before
-        each read it is checked that SQLite can still read the -wal that way (see _reading)."""
+        self._keeper = None
+        # Under the lock until the connection is open: a writer this process opens meanwhile (see
+        # _shm) waits for it before it asks it to step aside.
+        with self._lock:
+            self._open_first(synchronous, busy_timeout_ms, compress)
+
+    @property
+    def _shm_kept(self) -> bool:
+        return self._keeper is not None
+
+    def _open_first(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
             if self._readonly:
                 # mode=ro: SQLite itself refuses every write, so no code path here can change the file.
-                self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms)
+                self._db, self._keeper = _read_only(self.path, busy_timeout_ms, self._step_aside)
                 self._bind_file()
                 self._refuse_newer_schema(older_too=True)
                 self._refuse_without_key(self._db)
@@ -326,7 +346,8 @@ class SqliteFile:
                 # rebuild the -shm (a refused command leaves all three as they were, but for a
                 # -shm SQLite cannot read the -wal without rebuilding: see _read_only).
                 try:
-                    self._db, self._shm_kept = _read_only(self.path, busy_timeout_ms, wait_for_rebuild=False)
+                    self._db, self._keeper = _read_only(self.path, busy_timeout_ms, self._step_aside,
+                                                        wait_for_rebuild=False)
                 except sqlite3.Error as exc:
                     if not _index_half_written(exc):
                         raise
@@ -343,7 +364,7 @@ class SqliteFile:
                     self._compress = self._follow_meta(self._db)
                     self._writer = (synchronous, busy_timeout_ms, compress)
                     return
-                self._db.close()  # opening writes (tables, a migration, a setting): the writer does it now
+                self._close_connection()  # opening writes (tables, a migration, a setting): the writer does it now
             self._open_writer(synchronous, busy_timeout_ms, compress)
         except sqlite3.OperationalError:
             raise  # the caller retries an open race, or names the failure
@@ -357,9 +378,16 @@ class SqliteFile:
     def _open_writer(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         """Open the connection that writes (at open, or at the first write of a store that opened
         on a -wal with commits in it), checking and migrating the file."""
-        self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
-                                   check_same_thread=False)
-        self._shm_kept = False
+        on_disk = self.path != ":memory:"
+        release = _shm.writer(self.path, busy_timeout_ms / 1000) if on_disk else None
+        try:
+            self._db = sqlite3.connect(self.path, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
+                                       check_same_thread=False)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        self._release_writer = release
         self._bind_file()
         self._refuse_newer_schema()  # before anything (even the WAL switch) touches the file
         self._refuse_without_key(self._db)
@@ -396,7 +424,7 @@ class SqliteFile:
                 return
             if self._closed:
                 raise UsageError(f"journal {self.path!r} was closed; open a new SqliteCheckpointer")
-            self._db.close()  # read-only: closing it folds nothing
+            self._close_connection()
             try:
                 self._open_writer(*pending)
             except sqlite3.DatabaseError as exc:
@@ -660,30 +688,77 @@ class SqliteFile:
             if not self._shm_kept or self._closed:
                 return
             self._index_unread = False
-            fresh, kept = _read_only(self.path, self._busy_timeout_ms)
-            if _lease.identity(self.path) != self._ident:
-                fresh.close()  # keep the connection to the file this store opened
-                self._replaced(_lease.identity(self.path))
-            self._db.close()  # read-only: closing it folds nothing
-            self._db, self._shm_kept = fresh, kept
+            self._reopen_reader()
+
+    def _reopen_reader(self) -> None:
+        """Under the store's lock: a new read-only connection in place of the one that keeps the
+        -shm as it is (which may be one again, see _read_only), on the same file (JournalReplaced)."""
+        fresh, keeper = _read_only(self.path, self._busy_timeout_ms, self._step_aside)
+        if _lease.identity(self.path) != self._ident:
+            fresh.close()  # keep the connection to the file this store opened
+            if keeper is not None:
+                keeper.release()
+            self._replaced(_lease.identity(self.path))
+        self._close_connection()
+        self._db, self._keeper = fresh, keeper
+
+    def _close_connection(self) -> None:
+        """Close the read-only connection (closing it folds nothing) and drop its registration."""
+        keeper, self._keeper = self._keeper, None
+        try:
+            self._db.close()
+        finally:
+            if keeper is not None:
+                keeper.release()
+
+    def _step_aside(self) -> bool:
+        """Asked by a writer this process is opening on the file (:mod:`._shm`), from its thread:
+        give up the connection that keeps the -shm read-only, now, unless the store is busy with it
+        (false: the writer asks again). The new connection (plain read-only, since a writer is
+        opening) maps the -shm writable, as the writer needs."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._keeper is None or self._closed:
+                return True
+            try:
+                self._reopen_reader()
+            except Exception:
+                # The file changed under the store (replaced, unreadable): the writer must not
+                # wait for it, and the store's next read reopens its connection and says so.
+                assert self._keeper is not None
+                try:
+                    self._db.close()
+                finally:
+                    self._keeper.release()
+                self._index_unread = True
+            return True
+        finally:
+            self._lock.release()
 
     def _close_db(self) -> None:
         """Close the connection; when it found a -wal with commits in it and wrote nothing, without
         folding that -wal into the database file. SQLite folds it when the last connection to the
         file closes, so a read-only connection holds the file open meanwhile: a refused command
         (and any command that only read) leaves the file and its -wal as they were."""
-        witness = None
+        witness, witness_keeper = None, None
         if self._hot_wal and not self._readonly and self._writer is None and self._db.total_changes == 0:
             try:
-                witness, _ = _read_only(self.path, 0)
+                # Busy (never steps aside) for the few statements it lives.
+                witness, witness_keeper = _read_only(self.path, 0, lambda: False)
                 witness.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # takes its shared lock
             except sqlite3.Error:
                 pass
+        release, self._release_writer = self._release_writer, None
         try:
-            self._db.close()
+            self._close_connection()
         finally:
+            if release is not None:
+                release()
             if witness is not None:
                 witness.close()  # read-only: it cannot fold the -wal either
+            if witness_keeper is not None:
+                witness_keeper.release()
 
     def _refuse_if_closed(self, exc: sqlite3.Error) -> None:
         if self._closed:  # a usage error, not damage to the file

@@ -55,7 +55,7 @@ from cuaderno.errors import (
     RunNotFound,
     UsageError,
 )
-from cuaderno.journal import _anchor, _claims, _lease
+from cuaderno.journal import _anchor, _claims, _lease, _shm
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._offload import CODEC_JSON_BLOB, reading
@@ -363,6 +363,20 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             _lease.unlock(self.path, run_id)  # after the commit: nobody finds it free while it is not
         if self._taken.get(run_id) == epoch:
             del self._taken[run_id]
+
+    def side_connection(self) -> sqlite3.Connection:
+        """A new connection of the caller's own that may write to this journal's file (autocommit),
+        for what keeps its own table beside the journal (the shared rate limiter,
+        :mod:`cuaderno.flow.ratelimit`). The caller closes it.
+
+        Opened through :mod:`cuaderno.journal._shm`: a plain ``sqlite3.connect`` made while this
+        process keeps the file's -shm read-only (this store before its first write, on a -wal with
+        commits in it; any read-only store) could never write."""
+        if self.path == ":memory:":
+            raise UsageError("a journal in memory has no file another connection could open")
+        if self._readonly:
+            raise UsageError(f"journal {self.path!r} was opened read-only; it gives no connection that writes")
+        return _shm.writable_connection(self.path, self._busy_timeout_ms / 1000)
 
     def close(self) -> None:
         self._release_all()
