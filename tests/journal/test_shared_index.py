@@ -129,6 +129,6 @@ def test_a_read_only_store_alone_still_leaves_the_shm_as_it_was(hot_journal: Pat
     shm_file = Path(f"{hot_journal}-shm")
     before = shm_file.read_bytes()
     with SqliteCheckpointer(hot_journal, readonly=True) as reader:
-        assert reader._shm_kept
+        assert reader._keeper is not None
         reader.list_runs()
     assert shm_file.read_bytes() == before

@@ -193,7 +193,7 @@ def test_a_store_open_when_a_header_only_wal_appears_still_reads(tmp_path: Path)
     db = tmp_path / "runs.db"
     _killed_with_frames(db)
     with SqliteCheckpointer(db, readonly=True) as reader:
-        assert reader._shm_kept  # readonly_shm: SQLite reads the -wal into a private index
+        assert reader._keeper is not None  # readonly_shm: SQLite reads the -wal into a private index
         assert len(reader.load("r")) == 3
         # What a process that starts a new -wal and is killed before its first frame leaves: a
         # header with new salts (the fixture's, another process's), no frame (the frames cut
@@ -297,7 +297,7 @@ def test_a_wal_with_frames_beside_a_stale_shm_is_read_and_the_shm_left_as_it_was
     _killed_with_frames(db)
     before = {**_sqlite_files(db), "-shm": hashlib.sha256(Path(f"{db}-shm").read_bytes()).hexdigest()}
     with closing(SqliteCheckpointer(db, readonly=True)) as store:
-        assert store._shm_kept and len(store.load("r")) == 3
+        assert store._keeper is not None and len(store.load("r")) == 3
     assert {**_sqlite_files(db), "-shm": hashlib.sha256(Path(f"{db}-shm").read_bytes()).hexdigest()} == before
 
 
@@ -307,7 +307,7 @@ def test_after_a_protocol_error_the_next_read_reopens_and_reads(tmp_path: Path) 
     db = tmp_path / "runs.db"
     _killed_with_frames(db)
     with SqliteCheckpointer(db, readonly=True) as reader:
-        assert reader._shm_kept
+        assert reader._keeper is not None
         reader._db = _Locked(reader._db, "SQLITE_PROTOCOL")  # type: ignore[assignment]
         with pytest.raises(JournalLocked, match="try again"):
             reader.load("r")

@@ -52,7 +52,7 @@ import threading
 from functools import cache
 from typing import Any
 
-from cuaderno.errors import JournalReplaced
+from cuaderno.errors import JournalLinked, JournalReplaced
 
 try:
     import fcntl
@@ -394,3 +394,12 @@ def describe(holder: Holder) -> str:
     """For error messages: who holds the run, and where."""
     proc = holder["process"]
     return f"{holder.get('owner')!s:.80} (process {proc.get('pid')} on {proc.get('host')!s:.80})"
+
+
+def refuse_second_names(path: str) -> None:
+    """Refuse a journal file with a second name (R21/R22): each name gets its own ``-holds`` and
+    ``-wal``, so two processes could hold one run through the two names."""
+    if links(path) > 1:
+        raise JournalLinked(f"journal {path!r} has {links(path)} names (hard links): each "
+                            "name would have its own hold file and -wal, and a run could run through two of "
+                            "them at once; remove the other names; nothing was changed")

@@ -20,7 +20,6 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     JournalCorrupt,
     JournalError,
-    JournalLinked,
     JournalLocked,
     JournalReplaced,
     RunNotFound,
@@ -325,10 +324,6 @@ class SqliteFile:
         with self._lock:
             self._open_first(synchronous, busy_timeout_ms, compress)
 
-    @property
-    def _shm_kept(self) -> bool:
-        return self._keeper is not None
-
     def _open_first(self, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         try:
             # timeout= is sqlite3_busy_timeout: no PRAGMA built from a value (R12).
@@ -429,14 +424,6 @@ class SqliteFile:
                 self._open_writer(*pending)
             except sqlite3.DatabaseError as exc:
                 raise _open_failure(self.path, exc, pending[1]) from exc
-
-    def _check_links(self) -> None:
-        """Refuse a journal file with a second name (R21/R22): each name gets its own ``-holds``
-        and ``-wal``, so two processes could hold one run through the two names."""
-        if _lease.links(self.path) > 1:
-            raise JournalLinked(f"journal {self.path!r} has {_lease.links(self.path)} names (hard links): each "
-                                "name would have its own hold file and -wal, and a run could run through two of "
-                                "them at once; remove the other names; nothing was changed")
 
     def _bind_file(self) -> None:
         """Record which file this store opened (at its first connection), or check that a later
@@ -682,10 +669,10 @@ class SqliteFile:
             self._index_unread = False
             self._start_writing()
             return
-        if not self._shm_kept or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
+        if not self._keeper is not None or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
             return
         with self._lock:
-            if not self._shm_kept or self._closed:
+            if not self._keeper is not None or self._closed:
                 return
             self._index_unread = False
             self._reopen_reader()

@@ -88,7 +88,7 @@ def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str) -> Takeov
     try:
         with store._txn() as db:
             store._schema_of(db)
-            store._check_links()  # as acquire: a journal with a second name is refused before any lock
+            _lease.refuse_second_names(store.path)  # as acquire: a journal with a second name is refused before any lock
             record: str | None = None
             for run_id in run_ids:
                 row = db.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=?",

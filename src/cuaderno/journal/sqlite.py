@@ -189,7 +189,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         if on_disk:
             # Before anything is created or written (the anchor below, the tables): a second name
             # for the file, or a file that replaced one whose runs a live process holds, is refused.
-            self._check_links()
+            _lease.refuse_second_names(self.path)
             if not self._readonly:
                 _lease.check_journal(self.path, _lease.identity(self.path))
         self._anchor = _anchor.Anchor(self.path) if on_disk else None
@@ -326,7 +326,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             if open_only and row[2] in CLOSED_STATUSES:  # before the lock: nothing to give back
                 raise RunClosed(run_id, row[2])
             # Checked under the write lock: two resumers cannot both see the run free.
-            self._check_links()
+            _lease.refuse_second_names(self.path)
             holder = _lease.parse(row[1])
             if not _lease.take(self.path, run_id, holder, self._ident) and not force:
                 who = _lease.describe(holder) if holder is not None else "another process"
