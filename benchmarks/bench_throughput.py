@@ -59,8 +59,12 @@ from typing import Any
 from bench_journal import payload_text
 
 from cuaderno import Agent, ModelRequest, ModelResponse, ScriptedGateway, Session, open_journal, tool
-from cuaderno.journal import shared_group
 from cuaderno.journal._group import GroupCommit
+
+try:
+    from cuaderno.journal import shared_group
+except ImportError:  # a tree from before group commit was the default (bench_instructions --base)
+    shared_group = None  # type: ignore[assignment]
 
 PAYLOAD = payload_text(400)
 

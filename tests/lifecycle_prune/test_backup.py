@@ -240,7 +240,9 @@ def test_a_wal_left_without_its_file_is_moved_aside_and_a_marked_run_can_be_canc
 def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
     """The documented PostgreSQL backup: ``pg_dump --schema`` of the journal's schema, restored with
     ``pg_restore`` after the schema was lost (here: renamed away); every run of the restored journal
-    verifies. Nothing refuses it as a rollback: PostgreSQL keeps no anchor (see the guide)."""
+    verifies. The restore is recognised: its tables are not the ones the journal recorded, so an
+    open for writing (a worker's) is refused, changing nothing, until ``mark-restored`` says what
+    happens to the runs; a read-only open reads it as it is."""
     from _pg import PG_URL, drop_schemas, new_schema, schema_url, server_or_skip
 
     server_or_skip()
@@ -262,7 +264,13 @@ def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{away}"')  # the schema is lost
         subprocess.run(["pg_restore", "--dbname", PG_URL, str(dump)], check=True, capture_output=True, timeout=120)
-        store = open_journal(schema_url(schema))
+        before = _pg_rows(schema)
+        with pytest.raises(JournalRolledBack, match="mark-restored"):
+            open_journal(schema_url(schema))  # what a worker would do first: refused
+        refused = _cli("--db", schema_url(schema), "cancel", "open", cwd=tmp_path)
+        assert refused.returncode != 0 and "mark-restored" in refused.stdout + refused.stderr
+        assert _pg_rows(schema) == before  # nothing was written by either
+        store = open_journal(schema_url(schema), readonly=True)
         try:
             assert {cp.run_id: cp.status for cp in store.list_runs()} == {"done": "completed", "open": "running"}
             for run_id in ("done", "open"):
@@ -275,7 +283,7 @@ def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
         marked = _cli("--db", schema_url(schema), "mark-restored", "--runs-after-backup", "needs-human",
                       "--from", "journal.dump", cwd=tmp_path)
         assert marked.returncode == 0 and "1 open run(s) now wait for a person" in marked.stdout, marked.stderr
-        store = open_journal(schema_url(schema))
+        store = open_journal(schema_url(schema))  # the restored tables are now the journal's own
         try:
             assert {cp.run_id: cp.status for cp in store.list_runs()} == {"done": "completed", "open": "needs_human"}
             record = operations.restored_record(store)
@@ -286,6 +294,49 @@ def test_postgres_schema_dump_and_restore_verifies(tmp_path: Path) -> None:
             store.close()
     finally:
         drop_schemas([schema, away])
+
+
+def _pg_rows(schema: str) -> list[Any]:
+    """Every row of the journal's tables in ``schema`` (to show a refusal wrote nothing)."""
+    import psycopg
+    from _pg import PG_URL
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1",
+                                             (schema,))]
+        return [(t, sorted(map(repr, conn.execute(f'SELECT * FROM "{schema}"."{t}"').fetchall()))) for t in tables]
+
+
+@pytest.mark.postgres
+def test_a_postgres_journal_records_its_tables_and_an_older_one_gets_the_record(tmp_path: Path) -> None:
+    """A journal records its tables when created; one that recorded none (written by an older
+    cuaderno) gets the record at its first open for writing, never at a read-only one."""
+    import psycopg
+    from _pg import PG_URL, drop_schemas, new_schema, schema_url, server_or_skip
+
+    from cuaderno.journal._anchor import INCARNATION_META
+
+    server_or_skip()
+    schema = new_schema()
+    try:
+        open_journal(schema_url(schema)).close()
+
+        def recorded() -> list[Any]:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                return conn.execute(f'SELECT value FROM "{schema}".cuaderno_meta WHERE key = %s',
+                                    (INCARNATION_META,)).fetchall()
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            oid = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f'"{schema}".cuaderno_events',)).fetchone()
+        assert oid is not None and recorded() == [(str(oid[0]),)]
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DELETE FROM "{schema}".cuaderno_meta WHERE key = %s', (INCARNATION_META,))
+        open_journal(schema_url(schema), readonly=True).close()
+        assert recorded() == []
+        open_journal(schema_url(schema)).close()
+        assert recorded() == [(str(oid[0]),)]
+    finally:
+        drop_schemas([schema])
 
 
 def test_mark_restored_refuses_a_vague_choice_and_accept_marks_nothing(journal_url: str) -> None:

@@ -120,15 +120,17 @@ def refusals() -> Iterator[None]:
 
 
 @contextmanager
-def opened(ctx: typer.Context, *, readonly: bool = False) -> Iterator[Checkpointer]:
+def opened(ctx: typer.Context, *, readonly: bool = False, accept_rollback: bool = False) -> Iterator[Checkpointer]:
     """The journal, opened only if it already exists: opening a missing path would create one.
     Commands that only read open it read-only, so they never change the file (not even its
-    journal mode)."""
+    journal mode). ``accept_rollback``: a journal restored from a dump opens (for the command
+    that says what happens to its runs)."""
     options: Options = ctx.obj
     target = parse_journal_url(options.db)
     if target.scheme == "sqlite" and target.path != ":memory:":
         check_sqlite_file(Path(target.path))
-    journal = open_journal(options.db, create=False, readonly=readonly, keys=options.keys())
+    journal = open_journal(options.db, create=False, readonly=readonly, keys=options.keys(),
+                           accept_rollback=accept_rollback)
     try:
         yield journal
     finally:

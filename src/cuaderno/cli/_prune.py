@@ -127,7 +127,7 @@ def mark_restored_command(
 
     if runs_after_backup not in ("needs-human", "accept"):
         fail(f"--runs-after-backup must be needs-human or accept, got {runs_after_backup!r:.40}", USAGE_EXIT)
-    with refusals(), opened(ctx) as store:
+    with refusals(), opened(ctx, accept_rollback=True) as store:
         report = mark_restored(store, runs_after_backup=runs_after_backup, source=source)  # type: ignore[arg-type]
     typer.echo(f"recorded the restore from {report.backup}; {len(report.marked):,} open run(s) now wait for a "
                f"person (step restore){': ' + ', '.join(report.marked[:20]) if report.marked else ''}")

@@ -46,9 +46,15 @@ import zlib
 
 from cuaderno.errors import JournalRolledBack
 
-__all__ = ["Anchor", "JournalRolledBack", "check", "last_row"]
+__all__ = ["INCARNATION_META", "Anchor", "JournalRolledBack", "check", "last_row"]
 
 _MAGIC = b"cuaderno-anchor 1 "
+
+INCARNATION_META = "tables_oid"
+"""PostgreSQL's counterpart of the anchor: the ``cuaderno_meta`` key holding the object id of the
+journal's events table as the journal recorded it. A ``pg_restore`` of a dump creates the tables
+anew and brings the old record back with the rows, so the two differ (see
+``PgServer._check_incarnation``)."""
 
 
 def anchor_path(journal: str) -> str:

@@ -119,7 +119,7 @@ def _parse_sqlite(url: str, shown: str) -> JournalURL:
 
 
 def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: bool = False,
-                 keys: KeyProvider | None = None) -> Checkpointer:
+                 keys: KeyProvider | None = None, accept_rollback: bool = False) -> Checkpointer:
     """Open the journal a URL names (see the module docstring for the forms).
 
     Args:
@@ -130,6 +130,11 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
         keys: encrypt at rest with this key provider (see :mod:`cuaderno.journal.keys`);
             ``None``: the environment's (``CUADERNO_KEY``, ``CUADERNO_KEY_FILE``) when it names
             one, else none. A memory journal ignores it (nothing of it rests anywhere).
+        accept_rollback: open a journal that was rolled back or restored (a SQLite file older than
+            the last one this machine saw at its path; a PostgreSQL journal whose tables a
+            ``pg_restore`` created anew), which is otherwise refused with
+            :class:`~cuaderno.errors.JournalRolledBack`; for saying what happens to its runs
+            (:func:`cuaderno.operations.mark_restored`).
 
     Raises:
         KeyMissing, KeyInvalid: an encrypted journal and no key, or a wrong one; nothing was
@@ -150,7 +155,8 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
     if keys is None:
         keys = environment_keys()
     if target.scheme == "postgresql":
-        return _open_postgres(target, str(url), create=create, readonly=readonly, keys=keys)
+        return _open_postgres(target, str(url), create=create, readonly=readonly, keys=keys,
+                              accept_rollback=accept_rollback)
     from cuaderno.journal.sqlite import SqliteCheckpointer
 
     mode = target.params.get("mode", "rwc")
@@ -164,18 +170,19 @@ def open_journal(url: str | os.PathLike[str], *, create: bool = True, readonly: 
     if "compress" in target.params:
         options["compress"] = target.params["compress"] == "on"
     return SqliteCheckpointer(target.path, create=create, readonly=readonly or mode == "ro", keys=keys,
-                              **options)
+                              accept_rollback=accept_rollback, **options)
 
 
 def _open_postgres(target: JournalURL, url: str, *, create: bool, readonly: bool,
-                   keys: KeyProvider | None) -> Checkpointer:
+                   keys: KeyProvider | None, accept_rollback: bool) -> Checkpointer:
     """The Postgres backend, imported only now; ``url`` is the caller's, password and all."""
     try:
         module = importlib.import_module("cuaderno.journal.postgres")
     except ModuleNotFoundError as exc:
         raise UsageError(f"journal URL {target.url!r}: the PostgreSQL backend needs {exc.name!r}, which is not "
                          "installed: pip install 'cuaderno[postgres]'") from None
-    store: Checkpointer = module.PostgresCheckpointer.from_url(url, create=create, readonly=readonly, keys=keys)
+    store: Checkpointer = module.PostgresCheckpointer.from_url(url, create=create, readonly=readonly, keys=keys,
+                                                                        accept_rollback=accept_rollback)
     return store
 
 

@@ -23,12 +23,14 @@ from cuaderno.errors import (
     FencedOut,
     JournalCorrupt,
     JournalError,
+    JournalRolledBack,
     RunBusy,
     SchemaTooNew,
     UsageError,
     quoted,
 )
 from cuaderno.journal import _lease, _offload, _queue_sql
+from cuaderno.journal._anchor import INCARNATION_META
 from cuaderno.journal._offload import reading
 from cuaderno.journal._rows import checked_epoch, schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_PG, Sealer, check_journal
@@ -141,6 +143,7 @@ class PgServer:
     url: str
     schema: str | None
     _readonly: bool
+    _accept_rollback: bool
     _create: bool
     _sealer: Sealer | None
     _keepalive: int
@@ -257,6 +260,7 @@ class PgServer:
                 conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('compress', %s) ON CONFLICT (key) "
                              "DO UPDATE SET value = excluded.value", (_ON_OFF[compress],))
             meta = dict(conn.execute("SELECT key, value FROM cuaderno_meta").fetchall())
+            self._check_incarnation(conn, meta.get(INCARNATION_META))
             faults.point("open.M1")
         faults.point("open.M2")
         setting = meta.get("compress")
@@ -265,6 +269,33 @@ class PgServer:
         if "journal_id" not in meta:
             raise JournalCorrupt(f"{self.url}: the journal records no id (cuaderno_meta); nothing was changed")
         return str(meta["journal_id"]), setting != "off"
+
+    def _check_incarnation(self, conn: psycopg.Connection[Any], seen: str | None) -> None:
+        """Inside the open's transaction: refuse a journal whose tables are not the ones it
+        recorded (:data:`INCARNATION_META`) unless ``accept_rollback``; record them when it
+        recorded none (a journal created, or first opened by this cuaderno, for writing).
+
+        What it catches: a ``pg_restore`` of a ``pg_dump`` (into this database, ``--clean``, or
+        a new one) creates the tables anew, with new object ids, and restores the rows, this
+        record included: the ids differ, and resuming from the dump would repeat the effects its
+        runs made after it was taken. Dumps and restores keep every row; only the tables'
+        identity tells. A journal restored before any cuaderno recorded its tables cannot be told
+        from the original (say so with ``cuaderno mark-restored``). Read-only stores read it as
+        it is (reading repeats nothing), as SQLite's do a rolled-back file."""
+        now = str(_one(conn.execute("SELECT to_regclass('cuaderno_events')::oid::bigint"))[0])
+        if seen is None:
+            if not self._readonly:
+                conn.execute("INSERT INTO cuaderno_meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+                             (INCARNATION_META, now))
+            return
+        if seen == now or self._readonly or self._accept_rollback:
+            return
+        raise JournalRolledBack(
+            f"journal {self.url} (schema {self.schema!r}): its tables were created anew since this journal last "
+            "recorded them (a pg_restore of a dump, or a copy of the journal): its runs may have gone on after the "
+            "dump, and resuming them from it would repeat effects that already happened. Nothing was changed. Say "
+            "what happens to them before any worker starts: cuaderno mark-restored --runs-after-backup "
+            "needs-human|accept (or open the journal with accept_rollback=True)", path=self.url)
 
     def _schema_of(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
         """The recorded schema version, refusing one newer than this cuaderno's."""

@@ -58,6 +58,7 @@ from cuaderno import faults
 from cuaderno.errors import JournalError, RunBusy, UsageError, quoted
 from cuaderno.events import RESTORE_STEP, StepEvent
 from cuaderno.journal import _anchor, _claims
+from cuaderno.journal._anchor import INCARNATION_META
 from cuaderno.journal.base import Checkpointer
 from cuaderno.journal.keys import KeyProvider, environment_keys
 
@@ -325,6 +326,10 @@ def mark_runs(store: Checkpointer, report: RestoreReport, src: str, backup_at: f
         if postgres:
             db.execute("INSERT INTO cuaderno_meta (key, value) VALUES ('restored', %s) ON CONFLICT (key) DO UPDATE "
                        "SET value = excluded.value", (value,))
+            # With the record, in its transaction: the restored tables are now the journal's own, and
+            # the next open (a worker's) is no longer refused as a restore.
+            db.execute("INSERT INTO cuaderno_meta (key, value) VALUES (%s, to_regclass('cuaderno_events')::oid::text) "
+                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (INCARNATION_META,))
         else:
             db.execute("INSERT OR REPLACE INTO cuaderno_meta (key, value) VALUES ('restored', ?)", (value,))
 

@@ -166,11 +166,16 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         keys: encrypt at rest with this :class:`~cuaderno.journal.keys.KeyProvider` (as
             :class:`~cuaderno.journal.sqlite.SqliteCheckpointer`'s ``keys``; recorded in
             ``cuaderno_meta``, so a store without the key is refused at open).
+        accept_rollback: open a journal whose tables were created anew since it recorded them (a
+            ``pg_restore`` of a dump), which is otherwise refused with
+            :class:`~cuaderno.errors.JournalRolledBack` before anything is written; say what
+            happens to its runs with :func:`cuaderno.operations.mark_restored`, which records the
+            restored tables as the journal's own.
     """
 
     def __init__(self, conninfo: str, *, schema: str | None = None, create: bool = True, readonly: bool = False,
                  compress: bool | None = None, pool_size: int = 8, dead_peer_after_s: int = 30,
-                 connect_timeout_s: int = 10, keys: KeyProvider | None = None) -> None:
+                 connect_timeout_s: int = 10, keys: KeyProvider | None = None, accept_rollback: bool = False) -> None:
         if not isinstance(conninfo, str) or not conninfo:
             raise UsageError("a PostgreSQL journal needs a connection string or URL")
         if schema is not None and (not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema)):
@@ -184,7 +189,10 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         self.url = _masked(conninfo)
         self._label = f"journal {self.url}"
         self.schema = schema
+        if not isinstance(accept_rollback, bool):
+            raise UsageError(f"accept_rollback must be True or False, got {accept_rollback!r:.40}")
         self._readonly = bool(readonly)
+        self._accept_rollback = accept_rollback
         self._create = create and not self._readonly
         self._keepalive = max(1, int(dead_peer_after_s) // 3)
         self._connect_timeout = int(connect_timeout_s)
@@ -229,7 +237,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
 
     @classmethod
     def from_url(cls, url: str, *, create: bool = True, readonly: bool = False,
-                 keys: KeyProvider | None = None) -> PostgresCheckpointer:
+                 keys: KeyProvider | None = None, accept_rollback: bool = False) -> PostgresCheckpointer:
         """Open the journal a ``postgresql://`` URL names. Besides libpq's own query parameters
         (``sslmode``, ``connect_timeout``, ...; libpq refuses unknown ones), the URL may carry
         ``schema=NAME`` and ``compress=on|off``."""
@@ -251,7 +259,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             raise UsageError(f"journal URL {_masked(url)!r}: compress={mine['compress']!r} is not one of on, off")
         compress = None if "compress" not in mine else mine["compress"] == "on"
         conninfo = parts._replace(scheme="postgresql", query=urlencode(rest)).geturl()
-        return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress, keys=keys)
+        return cls(conninfo, schema=mine.get("schema"), create=create, readonly=readonly, compress=compress, keys=keys,
+                   accept_rollback=accept_rollback)
 
     # -- writes (the algorithm is journal._sql_write's) -------------------------------------------
 
