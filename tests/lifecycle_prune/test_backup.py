@@ -300,11 +300,13 @@ def _pg_rows(schema: str) -> list[Any]:
     """Every row of the journal's tables in ``schema`` (to show a refusal wrote nothing)."""
     import psycopg
     from _pg import PG_URL
+    from psycopg import sql
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY 1",
                                              (schema,))]
-        return [(t, sorted(map(repr, conn.execute(f'SELECT * FROM "{schema}"."{t}"').fetchall()))) for t in tables]
+        return [(t, sorted(map(repr, conn.execute(sql.SQL("SELECT * FROM {}.{}").format(
+            sql.Identifier(schema), sql.Identifier(t))).fetchall()))) for t in tables]
 
 
 @pytest.mark.postgres
@@ -313,6 +315,7 @@ def test_a_postgres_journal_records_its_tables_and_an_older_one_gets_the_record(
     cuaderno) gets the record at its first open for writing, never at a read-only one."""
     import psycopg
     from _pg import PG_URL, drop_schemas, new_schema, schema_url, server_or_skip
+    from psycopg import sql
 
     from cuaderno.journal._anchor import INCARNATION_META
 
@@ -323,14 +326,15 @@ def test_a_postgres_journal_records_its_tables_and_an_older_one_gets_the_record(
 
         def recorded() -> list[Any]:
             with psycopg.connect(PG_URL, autocommit=True) as conn:
-                return conn.execute(f'SELECT value FROM "{schema}".cuaderno_meta WHERE key = %s',
-                                    (INCARNATION_META,)).fetchall()
+                return conn.execute(sql.SQL("SELECT value FROM {}.cuaderno_meta WHERE key = %s").format(
+                    sql.Identifier(schema)), (INCARNATION_META,)).fetchall()
 
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             oid = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f'"{schema}".cuaderno_events',)).fetchone()
         assert oid is not None and recorded() == [(str(oid[0]),)]
         with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DELETE FROM "{schema}".cuaderno_meta WHERE key = %s', (INCARNATION_META,))
+            conn.execute(sql.SQL("DELETE FROM {}.cuaderno_meta WHERE key = %s").format(sql.Identifier(schema)),
+                         (INCARNATION_META,))
         open_journal(schema_url(schema), readonly=True).close()
         assert recorded() == []
         open_journal(schema_url(schema)).close()
