@@ -1,6 +1,7 @@
-"""A journal encrypted at rest offloads nothing: a 2 MB tool result holding a secret (over the
-offload threshold, 1 MB) rests in its row, sealed, never in the blob tables (whose chunks are
-not sealed), and a run killed right after recording it resumes and reads it (both backends).
+"""A journal encrypted at rest offloads under its run's data key: a 2 MB tool result holding a
+secret (over the offload threshold, 1 MB) rests in the blob tables, each chunk sealed, at an
+address keyed by the run's key (not the content's digest), its row holding only a sealed
+reference; a run killed right after recording it resumes and reads it (both backends).
 
 A real run in a child process records the result and is SIGKILLed at ``tool.K7`` (right after
 the commit that holds it); another child resumes the run to its end. The tool's own ledger file,
@@ -8,6 +9,7 @@ not the journal, proves it ran once."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from cuaderno import open_journal
 from cuaderno.errors import UsageError
 from cuaderno.events import StepEvent
 from cuaderno.journal import SqliteCheckpointer, offloaded_payloads
+from cuaderno.journal._offload import CHUNK
 from cuaderno.journal.keys import StaticKeys
 
 HERE = Path(__file__).resolve().parent
@@ -89,11 +92,13 @@ def test_a_2_mb_tool_result_rests_sealed_in_its_row_and_the_run_resumes_and_read
         assert grep_files(files, token) == {f.name: 0 for f in files}
     stored = _stored_bytes(journal_url)  # (SQLite: this reader's close folds the -wal in)
     assert token.encode() not in stored and len(stored) > 1_000_000  # the 2 MB is there, sealed
-    # In its row, sealed; no blob (a chunk is compressed, not sealed: a grep alone may miss one).
-    assert _count(journal_url, "SELECT count(*) FROM {} WHERE codec LIKE '%aesgcm' AND phase = 'result' "
-                  "AND length(payload) > 1000000",
-                  "cuaderno_events") == 1
-    assert _count(journal_url, "SELECT count(*) FROM {}", "cuaderno_blobs") == 0
+    # Offloaded: the row holds a sealed reference, the blob's chunks are each sealed.
+    assert _count(journal_url, "SELECT count(*) FROM {} WHERE codec = 'json+blob+aesgcm' AND phase = 'result' "
+                  "AND length(payload) < 1000", "cuaderno_events") == 1
+    chunks = _count(journal_url, "SELECT count(*) FROM {}", "cuaderno_blobs")
+    assert chunks >= 2
+    assert _count(journal_url, "SELECT count(*) FROM {} WHERE codec LIKE '%+aesgcm'", "cuaderno_blobs") == chunks
+    assert _count(journal_url, "SELECT count(*) FROM {} WHERE run_id = 'big-1'", "cuaderno_blob_refs") == 1
     assert raw_tables(journal_url)["cuaderno_keys"]  # the run's data key, wrapped
 
     status, out = _child("resume", journal_url, token, ledger, key_text(master))
@@ -104,7 +109,13 @@ def test_a_2_mb_tool_result_rests_sealed_in_its_row_and_the_run_resumes_and_read
     try:
         result = next(e for e in store.load("big-1") if e.kind == "tool" and e.phase == "result")
         assert token in str(result.payload) and len(str(result.payload)) > 2_000_000
-        assert offloaded_payloads(store, "big-1") == []  # nothing offloaded: the row holds it
+        (off,) = offloaded_payloads(store, "big-1")
+        assert (off.step_id, off.phase, off.size) == (result.step_id, "result", len(result.encoded_payload()))
+        assert chunks == -(-off.size // CHUNK)
+        # Its address is keyed by the run's data key: not the plaintext's digest, which would let
+        # anyone holding the file confirm a guessed content.
+        assert off.sha256 != hashlib.sha256(result.encoded_payload()).hexdigest()
+        assert _count(journal_url, "SELECT count(DISTINCT digest) FROM {}", "cuaderno_blobs") == 1
     finally:
         store.close()
 

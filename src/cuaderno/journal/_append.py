@@ -239,7 +239,7 @@ def decode_row(row: RawRow, keys: RunKeys | None = None) -> StepEvent:
     if codec == CODEC_JSON_ZSTD:  # tested here too, so that plain rows do not build the message
         codec, raw = unpack(codec, raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
     elif codec == CODEC_JSON_BLOB:  # offloaded: its JSON read back from the blob, chunk by chunk
-        codec, raw = CODEC_JSON, fetched(raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})")
+        codec, raw = CODEC_JSON, fetched(raw, f"run {run_id!r}: journal row {seq} ({step_id}:{phase})", keys, run_id)
     if codec != CODEC_JSON and codec != CODEC_ERASED:
         # Appends store no other codec, and the chain does not cover the column: a damaged one
         # is refused here, not when (or whether) the payload is first decoded.

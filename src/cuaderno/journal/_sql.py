@@ -265,7 +265,7 @@ class SqlJournal:
             head = db.execute(self._dialect.summary, (run_id,)).fetchone()
             rows: list[RawRow] = [] if head is None else db.execute(self._dialect.run_events, (run_id,)).fetchall()
             keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
-            rows = inlined(rows)  # offloaded payloads read in this snapshot
+            rows = inlined(rows, keys)  # offloaded payloads read in this snapshot
         if head is None:
             raise RunNotFound(run_id)
         with self._reading(run_id):
@@ -336,7 +336,7 @@ class SqlJournal:
             base = None if snap is None else tail_base(snap[2])
             rows: list[RawRow] = [] if base is None else db.execute(self._dialect.tail, (run_id, base)).fetchall()
             keys = None if self._sealer is None or head is None else self._sealer.preload(db, run_id)
-            rows = inlined(rows)  # offloaded payloads read in this snapshot
+            rows = inlined(rows, keys)  # offloaded payloads read in this snapshot
         if head is None:
             raise RunNotFound(run_id)
         if snap is None or base is None:

@@ -51,14 +51,11 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def held_for(store: SqlJournal) -> Held | None:
-    """What an append of ``store`` offloads into (a :class:`~._offload.Held` at its threshold), or
-    ``None`` for a store that encrypts at rest: it offloads nothing. Blob chunks rest as they are
-    and are shared by content across runs, so a sealed run's large payload would land there in
-    plaintext; an encrypted store keeps every payload in its row, compressed and sealed (the
-    per-payload limit, ``store.max_payload``, still applies)."""
-    above = offload_above(store)  # checked either way: a bad setting is refused the same on both
-    return None if store._sealer is not None else Held(above)
+def held_for(store: SqlJournal) -> Held:
+    """What an append of ``store`` offloads into: a :class:`~._offload.Held` at its threshold.
+    A store that encrypts offloads too: each blob is then its run's own, keyed and sealed with
+    the run's data key (see :mod:`._offload`), so no payload rests in plaintext there."""
+    return Held(offload_above(store))
 
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
@@ -66,10 +63,11 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
     """The events table's columns of each new row (the thirteen of :data:`RawRow`): over
     ``held``'s threshold its payload is a reference to the blob ``held`` keeps for the
     transaction to write (:mod:`._offload`), else it is compressed when ``compress``; then it is
-    sealed with its run's data key when the store encrypts (``keys``; see :mod:`._sealing`). The
-    row hash and deduplication cover the JSON bytes; offload, compression and sealing are how
-    they rest. The reference is taken before packing and sealing (it names the JSON bytes'
-    digest). A payload over ``max_payload`` is refused:
+    sealed with its run's data key when the store encrypts (``keys``; see :mod:`._sealing`; an
+    offloaded payload's blob is then sealed too, and its reference is). The row hash and
+    deduplication cover the JSON bytes; offload, compression and sealing are how they rest. The
+    reference is taken before packing and sealing (it names the JSON bytes' digest, keyed by
+    the run's data key when the store encrypts). A payload over ``max_payload`` is refused:
     compressed it would fit, and no reader could open it."""
     rows = []
     for e, payload in new:
@@ -77,7 +75,7 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
             raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
                                f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
                                "was committed")
-        ref = held.take(e.run_id, payload) if held is not None and e.codec == CODEC_JSON else None
+        ref = held.take(e.run_id, payload, keys) if held is not None and e.codec == CODEC_JSON else None
         codec, stored = ref or (pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload))
         codec, stored = sealed(keys, e, codec, stored)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
