@@ -13,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "lifecycle_erase"))
 sys.path.insert(0, str(HERE.parent / "crash"))  # _pg, _pgcluster
+sys.path.insert(0, str(HERE.parent / "lifecycle_prune"))  # prune_journals
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -1,0 +1,288 @@
+"""Large payloads offloaded under encryption at rest (both backends): each blob is its run's own,
+addressed by its content digest keyed with the run's data key, each chunk sealed with AES-GCM
+under that key and bound to its blob and part; erase and prune remove it, rekey leaves it as it
+is (the data key does not change), and a process killed between two of its chunks leaves neither
+chunk nor row (the append redone stores it whole)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _encrypt_world import key_text, keys_of, new_key, sqlite_files
+from _erase_world import grep_files, secret
+from prune_journals import _connect, _param, age, end, start
+
+from cuaderno import open_journal, operations
+from cuaderno.errors import JournalCorrupt, KeyMissing
+from cuaderno.events import StepEvent
+from cuaderno.journal import offloaded_payloads
+from cuaderno.journal._offload import CHUNK, CODEC_SEALED_BLOB
+from cuaderno.journal.keys import MasterKey, StaticKeys
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+ABOVE = 10_000
+"""The offload threshold these tests set (a payload over it goes to the blob tables)."""
+
+
+def _query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """``sql`` on the journal, read without cuaderno (``?`` placeholders, either backend)."""
+    db = _connect(url)
+    try:
+        return [tuple(r) for r in db.execute(_param(url, sql), params).fetchall()]
+    finally:
+        db.close()
+
+
+def _write(url: str, sql: str, *params: Any) -> None:
+    db = _connect(url)
+    try:
+        db.execute(_param(url, sql), params)
+        db.commit()
+    finally:
+        db.close()
+
+
+def _data(token: str) -> str:
+    """About 2.5 MB of text (random hex: it compresses to half, not to nothing) holding ``token``:
+    three chunks."""
+    half = os.urandom(600_000).hex()
+    return f"{half}{token}{half}"
+
+
+def _tool(run_id: str, data: str, step: str = "t0000.tool00") -> StepEvent:
+    return StepEvent(run_id=run_id, step_id=step, phase="result", kind="tool", name="f", payload={"data": data})
+
+
+def _open(url: str, master: MasterKey, *older: MasterKey) -> Any:
+    store = open_journal(url, keys=keys_of(master, *older))
+    store.offload_above = ABOVE
+    return store
+
+
+def _blobs(url: str, run_id: str) -> list[tuple[str, int, str, bytes]]:
+    """The chunks of the blobs ``run_id`` refers to: (address, part, codec, data)."""
+    return sorted((str(a), int(p), str(c), bytes(d)) for a, p, c, d in _query(
+        url, "SELECT b.digest, b.part, b.codec, b.data FROM cuaderno_blobs b JOIN cuaderno_blob_refs r "
+             "ON r.digest = b.digest WHERE r.run_id = ?", run_id))
+
+
+def test_each_run_s_blob_is_its_own_keyed_and_sealed_and_reads_back(journal_url: str) -> None:
+    token, master = secret(), new_key()
+    data = _data(token)
+    store = _open(journal_url, master)
+    try:
+        for run_id in ("a", "b"):  # the same content in two runs
+            store.append([start(run_id), _tool(run_id, data)])
+        store.append([_tool("a", data, step="t0001.tool00")])  # and twice in one run
+        plain = hashlib.sha256(store.load("a")[1].encoded_payload()).hexdigest()
+        for run_id, steps in (("a", 3), ("b", 2)):
+            events = store.load(run_id)
+            assert len(events) == steps and all(e.payload == {"data": data} for e in events[1:])
+        shown = {run_id: offloaded_payloads(store, run_id) for run_id in ("a", "b")}
+    finally:
+        store.close()
+    assert [o.step_id for o in shown["a"]] == ["t0000.tool00", "t0001.tool00"]
+    a, b = _blobs(journal_url, "a"), _blobs(journal_url, "b")
+    parts = -(-shown["b"][0].size // CHUNK)
+    assert parts == 3 and len(a) == len(b) == parts  # one blob per run: stored once within it, never shared
+    (addr_a,), (addr_b,) = {c[0] for c in a}, {c[0] for c in b}
+    assert addr_a != addr_b and plain not in (addr_a, addr_b)  # keyed: not the content's digest
+    assert {o.sha256 for o in shown["a"]} == {addr_a} and shown["b"][0].sha256 == addr_b
+    assert all(c[2].endswith("+aesgcm") for c in a + b)  # every chunk sealed
+    rows = _query(journal_url, "SELECT codec, payload FROM cuaderno_events WHERE phase = 'result'")
+    assert len(rows) == 3 and all(c == CODEC_SEALED_BLOB and len(bytes(p)) < 200 for c, p in rows)
+    assert all(addr_a.encode() not in bytes(p) for _, p in rows)  # the reference itself is sealed
+    stored = b"".join(c[3] for c in a + b) + b"".join(bytes(p) for _, p in rows)
+    assert token.encode() not in stored
+    with pytest.raises(KeyMissing):
+        open_journal(journal_url)  # no key: refused, as every encrypted journal is
+
+
+def test_a_chunk_swapped_moved_or_altered_does_not_open(journal_url: str) -> None:
+    master = new_key()
+    store = _open(journal_url, master)
+    try:
+        for run_id in ("a", "b"):
+            store.append([start(run_id), _tool(run_id, _data(secret()))])
+    finally:
+        store.close()
+    a, b = _blobs(journal_url, "a"), _blobs(journal_url, "b")
+
+    def refused(match: str) -> None:
+        store = _open(journal_url, master)
+        try:
+            with pytest.raises(JournalCorrupt, match=match):
+                store.load("a")
+            assert len(store.load("b")) == 2  # the other run reads
+        finally:
+            store.close()
+
+    update = "UPDATE cuaderno_blobs SET data = ? WHERE digest = ? AND part = ?"
+    # Two parts swapped (reordered): each is bound to its part number.
+    _write(journal_url, update, a[1][3], a[0][0], 0)
+    _write(journal_url, update, a[0][3], a[0][0], 1)
+    refused("chunk 0 of its sealed payload does not open")
+    _write(journal_url, update, a[0][3], a[0][0], 0)
+    _write(journal_url, update, a[1][3], a[0][0], 1)
+    # Another run's chunk, same part: bound to its blob (and sealed under another key).
+    _write(journal_url, update, b[0][3], a[0][0], 0)
+    refused("chunk 0 of its sealed payload does not open")
+    _write(journal_url, update, a[0][3], a[0][0], 0)
+    # One byte altered; then the codec column changed (bound too).
+    _write(journal_url, update, a[2][3][:-1] + bytes([a[2][3][-1] ^ 1]), a[0][0], 2)
+    refused("chunk 2 of its sealed payload does not open")
+    _write(journal_url, update, a[2][3], a[0][0], 2)
+    other = "raw+aesgcm" if a[0][2] == "zstd+aesgcm" else "zstd+aesgcm"
+    _write(journal_url, "UPDATE cuaderno_blobs SET codec = ? WHERE digest = ? AND part = 0", other, a[0][0])
+    refused("chunk 0 of its sealed payload does not open")
+    _write(journal_url, "UPDATE cuaderno_blobs SET codec = ? WHERE digest = ? AND part = 0", a[0][2], a[0][0])
+    # A part removed: missing, named.
+    _write(journal_url, "DELETE FROM cuaderno_blobs WHERE digest = ? AND part = 2", a[0][0])
+    refused("chunk 2 of its payload .* is missing")
+
+
+def test_rekey_rewraps_the_data_key_and_leaves_every_chunk_as_it_is(journal_url: str) -> None:
+    old, new = new_key(), new_key()
+    data = _data(secret())
+    store = _open(journal_url, old)
+    try:
+        store.append([start("a"), _tool("a", data)])
+    finally:
+        store.close()
+    chunks = _query(journal_url, "SELECT digest, part, codec, data FROM cuaderno_blobs ORDER BY digest, part")
+    store = _open(journal_url, new, old)
+    try:
+        assert operations.rekey(store).runs == 1
+    finally:
+        store.close()
+    assert _query(journal_url, "SELECT key_id FROM cuaderno_keys") == [(new.key_id,)]
+    assert _query(journal_url, "SELECT digest, part, codec, data FROM cuaderno_blobs ORDER BY digest, part") == chunks
+    store = _open(journal_url, new)  # the old master key gone: the chunks open with the re-wrapped data key
+    try:
+        assert store.load("a")[1].payload == {"data": data}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("erase", [False, True], ids=["prune", "erase"])
+def test_erase_and_prune_remove_the_run_s_sealed_blob(journal_url: str, erase: bool) -> None:
+    master = new_key()
+    store = _open(journal_url, master)
+    kept = _data(secret())
+    try:
+        store.append([start("gone"), _tool("gone", _data(secret())), end("gone")])
+        store.append([start("kept"), _tool("kept", kept), end("kept")])
+        store.append([start("later")])
+    finally:
+        store.close()
+    gone = _blobs(journal_url, "gone")
+    assert len(gone) == 3
+    age(journal_url, 10 * 86_400, ["gone"])
+    store = _open(journal_url, master)
+    try:
+        if erase:
+            assert operations.erase(store, "gone").scrubbed
+        else:
+            assert operations.prune(store, "1d").runs == ["gone"]
+        assert store.load("kept")[1].payload == {"data": kept}
+    finally:
+        store.close()
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blobs WHERE digest = ?", gone[0][0]) == [(0,)]
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blob_refs WHERE run_id = 'gone'") == [(0,)]
+    assert len(_blobs(journal_url, "kept")) == 3
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_keys WHERE run_id = 'gone'") == [(0,)]
+
+
+def test_an_erased_run_s_sealed_chunks_leave_every_file(tmp_path: Path) -> None:
+    """SQLite: not a byte run of the erased run's chunks (sealed: its secret never was in a file)
+    is left in the database, its -wal or -shm."""
+    path, token, master = tmp_path / "j.db", secret(), new_key()
+    store = _open(str(path), master)
+    try:
+        store.append([start("gone"), _tool("gone", _data(token)), end("gone")])
+        store.append([start("kept"), _tool("kept", _data(secret())), end("kept")])
+        chunks = _blobs(str(path), "gone")
+        probes = [c[3][100:164] for c in chunks]  # 64 bytes of each sealed chunk
+        files = [f for f in sqlite_files(path) if f.name.endswith(("db", "-wal", "-shm"))]
+        assert all(sum(f.read_bytes().count(p) for f in files if f.exists()) > 0 for p in probes)  # can fail
+        assert grep_files(files, token) == {f.name: 0 for f in files}
+        assert operations.erase(store, "gone").scrubbed
+        files = [f for f in sqlite_files(path) if f.name.endswith(("db", "-wal", "-shm"))]
+        left = {f.name: sum(f.read_bytes().count(p) for p in probes) for f in files if f.exists()}
+        assert left == dict.fromkeys(left, 0), left
+        assert grep_files(files, token) == {f.name: 0 for f in files}
+    finally:
+        store.close()
+
+
+def _killed_child(url: str, master: MasterKey, point: str, code: str) -> None:
+    env = {**os.environ, "CUADERNO_CRASH_AT": point, "CUADERNO_KEY": key_text(master), "PYTHONPATH": SRC}
+    env.pop("CUADERNO_OLD_KEYS", None)
+    env.pop("CUADERNO_KEY_FILE", None)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=180, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_killed_between_sealed_chunks_leaves_neither_chunk_nor_row_and_the_redone_append_reads(
+        journal_url: str, after: int) -> None:
+    master, token = new_key(), secret()
+    data = "q" * 1_500_000 + token + "r" * 1_000_000
+    _killed_child(journal_url, master, f"offload.O1:{after}", f"""
+        from cuaderno import open_journal
+        from cuaderno.events import StepEvent
+        store = open_journal({journal_url!r})
+        store.offload_above = {ABOVE}
+        store.append([StepEvent(run_id="k", step_id="run", phase="start", kind="run", payload={{"task": "t"}})])
+        store.append([StepEvent(run_id="k", step_id="t0000.tool00", phase="result", kind="tool", name="f",
+                                payload={{"data": "q" * 1_500_000 + {token!r} + "r" * 1_000_000}})])
+        print("not killed")
+    """)
+    # Rolled back whole: no chunk, no reference, no row; the run's data key (written by the first
+    # append) stays.
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blobs") == [(0,)]
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blob_refs") == [(0,)]
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_events") == [(1,)]
+    store = _open(journal_url, master)
+    try:
+        assert len(store.load("k")) == 1
+        store.append([_tool("k", data)])  # what a resume does: the append again
+        assert store.load("k")[1].payload == {"data": data}
+    finally:
+        store.close()
+    assert len(_blobs(journal_url, "k")) == 3
+
+
+def test_an_encrypted_run_killed_inside_its_sealed_offload_never_reruns_its_tool_blindly(journal_url: str,
+                                                                                        tmp_path: Path) -> None:
+    """A real run: its tool's 2 MB result is being offloaded (one chunk sealed and written) when
+    the process is killed. No chunk is left; the resumed run, whose tool (not idempotent) ran
+    once and whose result was never committed, asks a person (``needs_human``) rather than run
+    it again: the tool's own ledger says it ran once. The same as a kill inside any result
+    transaction; the offload adds nothing a resume could mistake for the result."""
+    from test_encrypt_large_payload import _child
+
+    token, ledger, master = secret(), tmp_path / "ledger.txt", new_key()
+    status, out = _child("record", journal_url, token, ledger, key_text(master), crash="offload.O1:1")
+    assert status == -9, (status, out[-2000:])
+    assert ledger.read_text().count("called") == 1
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blobs") == [(0,)]
+    status, out = _child("resume", journal_url, token, ledger, key_text(master))
+    assert status == 0 and "STATUS needs_human" in out, out[-2000:]
+    assert ledger.read_text().count("called") == 1  # not run again
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blobs") == [(0,)]
+    store = open_journal(journal_url, keys=StaticKeys(master))
+    try:
+        assert not any(e.kind == "tool" and e.phase == "result" for e in store.load("big-1"))
+        assert offloaded_payloads(store, "big-1") == []
+    finally:
+        store.close()
