@@ -286,3 +286,33 @@ def test_an_encrypted_run_killed_inside_its_sealed_offload_never_reruns_its_tool
         assert offloaded_payloads(store, "big-1") == []
     finally:
         store.close()
+
+
+def test_a_schema_6_file_is_raised_to_7_by_its_first_sealed_blob_only(tmp_path: Path) -> None:
+    """A cuaderno of schema 6 would take a keyed reference or a sealed chunk for damage: the first
+    transaction that writes one raises the file to schema 7 (which it refuses); until then an
+    encrypted file keeps its schema."""
+    import sqlite3
+    from contextlib import closing
+
+    from cuaderno.journal._sqlite_file import _OFFLOADED_SINCE, _SEALED_BLOB_SINCE
+
+    path, master = str(tmp_path / "runs.db"), new_key()
+    store = _open(path, master)
+    try:
+        store.append([start("r1")])
+    finally:
+        store.close()
+    schema = "SELECT value FROM cuaderno_meta WHERE key='schema_version'"
+    with closing(sqlite3.connect(path)) as con:  # as a cuaderno of schema 6 left it
+        con.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_OFFLOADED_SINCE),))
+        con.commit()
+    store = _open(path, master)
+    try:
+        store.append([_tool("r1", "small", step="t0009.tool00")])
+        assert _query(path, schema) == [(str(_OFFLOADED_SINCE),)]  # nothing sealed offloaded: kept
+        store.append([_tool("r1", _data(secret()))])
+        assert _query(path, schema) == [(str(_SEALED_BLOB_SINCE),)]
+        assert len(store.load("r1")) == 3
+    finally:
+        store.close()

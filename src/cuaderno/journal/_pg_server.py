@@ -76,6 +76,11 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # in chunks, and which runs use each (see cuaderno.journal._offload); rows refer to them
     # with the storage codec ``json+blob``.
     _offload.BLOB_TABLES_PG,
+    # Version 6 (large payloads under encryption): an encrypted run's blob is its own, keyed and
+    # sealed (see cuaderno.journal._offload; rows with the storage codec ``json+blob+aesgcm``).
+    # No table changes: the number is what makes a cuaderno of version 5, which would take such
+    # a row for damage, refuse the journal.
+    (),
 ]
 
 

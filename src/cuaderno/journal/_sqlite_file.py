@@ -75,9 +75,15 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # is raised only by the first transaction that writes an offloaded row (see sqlite.py's
     # _inserted), as schema 2 was by compression: a journal without large payloads stays readable
     # by a cuaderno of schema 4 (or 5, when encrypted), and one with them is refused by it (it
-    # would take a reference for damage). A store that encrypts offloads nothing (see
-    # _sql_write.held_for).
+    # would take a reference for damage).
     _offload.BLOB_TABLES_SQLITE,
+    # Schema 7 (large payloads under encryption): an encrypted run's blob is its own, addressed
+    # by a digest keyed with its data key and sealed chunk by chunk (see journal._offload); its
+    # rows have the storage codec ``json+blob+aesgcm``. No table changes: the number is raised
+    # only by the first transaction that writes such a row (sqlite.py's _inserted), so that a
+    # cuaderno of schema 6, which would take the keyed reference or a sealed chunk for damage,
+    # refuses the file instead.
+    (),
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -93,6 +99,9 @@ _SEALED_SINCE = 5
 
 _OFFLOADED_SINCE = 6
 """The schema from which rows may refer to blobs (``json+blob``, see :mod:`._offload`)."""
+
+_SEALED_BLOB_SINCE = 7
+"""The schema from which an encrypted run's rows may refer to its sealed blobs (``json+blob+aesgcm``)."""
 
 
 _READ_AS_IS_FROM = 1

@@ -58,7 +58,7 @@ from cuaderno.errors import (
 from cuaderno.journal import _anchor, _claims, _lease, _shm
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._erase import SqlEraser
-from cuaderno.journal._offload import CODEC_JSON_BLOB, reading
+from cuaderno.journal._offload import CODEC_JSON_BLOB, CODEC_SEALED_BLOB, reading
 from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import SQLITE
@@ -67,6 +67,7 @@ from cuaderno.journal._sqlite_file import (
     _COMPRESSED_SINCE,
     _OFFLOADED_SINCE,
     _OPEN_RACE_S,
+    _SEALED_BLOB_SINCE,
     SqliteFile,
     _open_failure,
     _open_race,
@@ -242,6 +243,10 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             # The first offloaded row: from this commit on, schema 4 must refuse the file.
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_OFFLOADED_SINCE),))
             self._bump = _OFFLOADED_SINCE
+        if self._file_schema < _SEALED_BLOB_SINCE and any(r[8] == CODEC_SEALED_BLOB for r in rows):
+            # The first sealed blob: from this commit on, schema 6 must refuse the file.
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_SEALED_BLOB_SINCE),))
+            self._bump = _SEALED_BLOB_SINCE
 
     # -- erasure (the algorithm is journal._erase's) --------------------------------------------------
 
