@@ -1,7 +1,13 @@
 """Large payloads: what writing and reading a run with one large tool result costs with the payload
-offloaded to the blob table (``json+blob``) against kept in its row (the threshold raised past it).
+offloaded to the blob table (``json+blob``) against kept in its row (the threshold raised past it),
+and offloaded in a journal encrypted at rest (``offload+sealed``: the run's blob keyed and sealed
+chunk by chunk under its data key, ``json+blob+aesgcm``).
 
-Usage: ``python benchmarks/bench_offload.py [--size 20000000] [--repeats 5] [--pg URL]``
+Usage: ``python benchmarks/bench_offload.py [--size 20000000] [--repeats 5] [--pg URL] [--processes]``
+
+``--processes``: each mode once more in a child process of its own (one append and one load of
+the payload, nothing else), reporting the kernel's figures for it (``os.wait4``): CPU seconds
+(user + system) and peak RSS, so plain and encrypted offload are compared in the same run.
 
 Each repeat, on a fresh journal per mode: one ``append`` of a run start, one of a tool result of
 ``--size`` characters of hex text (it compresses to about half, as real data would), then one
@@ -13,8 +19,10 @@ Reported: medians in milliseconds, and the journal's size on disk (SQLite) per m
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cuaderno import open_journal
 from cuaderno.events import StepEvent, encode_payload
+from cuaderno.journal.keys import StaticKeys, master_key
+
+MODES = ("inline", "offload", "offload+sealed")
+_KEY = master_key(os.urandom(32))
 
 
 def _events(run_id: str, data: str) -> tuple[StepEvent, StepEvent]:
@@ -35,10 +47,10 @@ def _events(run_id: str, data: str) -> tuple[StepEvent, StepEvent]:
     return start, result
 
 
-def _once(url: str, data: str, offload: bool) -> tuple[float, float]:
-    store: Any = open_journal(url)
+def _once(url: str, data: str, mode: str) -> tuple[float, float]:
+    store: Any = open_journal(url, keys=StaticKeys(_KEY) if mode == "offload+sealed" else None)
     store.max_payload = 2 * len(data) + 1_000_000
-    store.offload_above = 1024 * 1024 if offload else 10 * len(data)
+    store.offload_above = 1024 * 1024 if mode != "inline" else 10 * len(data)
     try:
         run_id = f"bench-{uuid.uuid4().hex[:8]}"
         start, result = _events(run_id, data)
@@ -59,8 +71,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pg", default=None, help="a PostgreSQL URL with ?schema=... (dropped by you)")
+    parser.add_argument("--processes", action="store_true", help="CPU and peak RSS per mode, a child each")
+    parser.add_argument("--child", nargs=2, metavar=("MODE", "URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     data = os.urandom(args.size // 2).hex()
+    if args.child:
+        global _KEY
+        _KEY = master_key(base64.b64decode(os.environ["BENCH_KEY"]))
+        print(*_once(args.child[1], data, args.child[0]))
+        return
     floor = []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -72,18 +91,36 @@ def main() -> None:
         if args.pg:
             backends.append(("postgres", lambda mode, i: args.pg))
         for name, url_of in backends:
-            for mode in ("inline", "offload"):
+            for mode in MODES:
                 appends, loads = [], []
                 for i in range(args.repeats):
-                    a, b = _once(url_of(mode, i), data, mode == "offload")
+                    a, b = _once(url_of(f"{mode}-r", i), data, mode)
                     appends.append(a)
                     loads.append(b)
                 size = ""
                 if name == "sqlite":
-                    path = url_of(mode, 0)
+                    path = url_of(f"{mode}-r", 0)
                     size = f", file {sum(os.path.getsize(path + s) for s in ('', '-wal') if os.path.exists(path + s)) / 1e6:.1f} MB"
-                print(f"{name:8} {mode:7} append {statistics.median(appends):7.1f} ms, "
+                print(f"{name:8} {mode:14} append {statistics.median(appends):7.1f} ms, "
                       f"load {statistics.median(loads):7.1f} ms{size}")
+            if args.processes:
+                for mode in MODES:
+                    print(f"{name:8} {mode:14} {_in_child(mode, url_of(f'{mode}-p', 0), args.size)}")
+
+
+def _in_child(mode: str, url: str, size: int) -> str:
+    """One append and one load of the payload in a child process: its CPU and peak RSS."""
+    env = {**os.environ, "BENCH_KEY": base64.b64encode(_KEY.secret).decode()}
+    proc = subprocess.Popen([sys.executable, __file__, "--size", str(size), "--child", mode, url], env=env,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    out = proc.stdout.read().decode().split()
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    assert status == 0, status
+    return (f"child: append {float(out[0]):7.1f} ms, load {float(out[1]):7.1f} ms, "
+            f"CPU {usage.ru_utime + usage.ru_stime:5.2f} s, peak RSS {usage.ru_maxrss / 1024:6.1f} MB")
 
 
 if __name__ == "__main__":
