@@ -6,7 +6,8 @@ of the JSON bytes and cut in :data:`CHUNK` pieces, each a Zstandard frame of its
 piece as it is when compression saves nothing); its row holds a *reference* (storage codec
 :data:`CODEC_JSON_BLOB`): the digest, the size and the chunk size. ``cuaderno_blob_refs`` says
 which runs use a blob, so that prune and erase remove a blob no run uses any more, and keep one
-another run still uses.
+another run still uses. Under encryption at rest the address is keyed and the chunks sealed, per
+run (below).
 
 What replay needs is unchanged, as with compression (:mod:`._compress`): the event's codec stays
 ``json`` and its payload bytes are the canonical JSON, restored when the row is read, before the
