@@ -316,3 +316,55 @@ def test_a_schema_6_file_is_raised_to_7_by_its_first_sealed_blob_only(tmp_path: 
         assert len(store.load("r1")) == 3
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from cuaderno.testing.ledger import LedgerProcess
+
+    with LedgerProcess(tmp_path_factory.mktemp("ledger-sealblob") / "dedup.db", mode="dedup") as served:
+        yield served
+
+
+TURNS = 2
+
+
+@pytest.mark.parametrize("point", ["offload.O1:2", "offload.O1:5"], ids=["first-result", "second-result"])
+def test_a_run_killed_inside_a_sealed_offload_resumes_to_its_end_each_transfer_once(
+        journal_url: str, point: str, ledger: Any) -> None:
+    """A real run of two transfers, each result about 2.5 MB (three sealed chunks): SIGKILLed
+    after a chunk of the first or the second result, inside its transaction. A second process
+    resumes it to its end; the ledger's receipts (not the journal) say each transfer happened
+    once; each result read back is the receipt the ledger keeps; every chunk stored belongs to a
+    result row (no orphan), each sealed."""
+    from cuaderno.testing.ledger import read_receipts
+
+    master, run_id = new_key(), f"pay-{point[-1]}-{os.urandom(3).hex()}"
+    env = {**os.environ, "CUADERNO_KEY": key_text(master), "PYTHONPATH": SRC}
+    for name in ("CUADERNO_CRASH_AT", "CUADERNO_OLD_KEYS", "CUADERNO_KEY_FILE"):
+        env.pop(name, None)
+    argv = [sys.executable, str(Path(__file__).with_name("_sealed_offload_child.py")), journal_url, run_id,
+            ledger.url, str(TURNS)]
+    killed = subprocess.run(argv, env={**env, "CUADERNO_CRASH_AT": point}, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr[-2000:]
+    chunks_after_kill = len(_blobs(journal_url, run_id))
+    assert chunks_after_kill == (0 if point.endswith(":2") else 3)  # the killed result's chunks rolled back
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "STATUS completed" in done.stdout, done.stdout + done.stderr[-2000:]
+    receipts = read_receipts(ledger.db_path, business_id=run_id)
+    assert len(receipts) == TURNS and len({r["key"] for r in receipts}) == TURNS
+    store = open_journal(journal_url, keys=StaticKeys(master))
+    try:
+        results = [e for e in store.load(run_id) if e.kind == "tool" and e.phase == "result"]
+        shown = offloaded_payloads(store, run_id)
+    finally:
+        store.close()
+    assert len(results) == TURNS and len(shown) == TURNS
+    kept = {r["key"] for r in receipts}
+    found = [{k for k in kept if k in str(e.payload)} for e in results]  # each result holds its receipt
+    assert all(len(f) == 1 for f in found) and set().union(*found) == kept
+    chunks = _blobs(journal_url, run_id)
+    assert len(chunks) == sum(-(-o.size // CHUNK) for o in shown) == 3 * TURNS
+    assert {c[0] for c in chunks} == {o.sha256 for o in shown}  # every chunk is a result row's
+    assert all(c[2].endswith("+aesgcm") for c in chunks)
