@@ -70,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=int, default=20_000_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--pg", default=None, help="a PostgreSQL URL with ?schema=... (dropped by you)")
+    parser.add_argument("--pg", default=None, help="a PostgreSQL URL with ?schema=NAME (NAME_<mode> schemas, dropped by you)")
     parser.add_argument("--processes", action="store_true", help="CPU and peak RSS per mode, a child each")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "URL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -89,7 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         backends = [("sqlite", lambda mode, i: str(Path(tmp) / f"{mode}-{i}.db"))]
         if args.pg:
-            backends.append(("postgres", lambda mode, i: args.pg))
+            # A schema per mode: an encrypted journal refuses a store without its key.
+            backends.append(("postgres", lambda mode, i: args.pg + "_" + mode.replace("+", "_").replace("-", "_")))
         for name, url_of in backends:
             for mode in MODES:
                 appends, loads = [], []
