@@ -368,3 +368,35 @@ def test_a_run_killed_inside_a_sealed_offload_resumes_to_its_end_each_transfer_o
     assert len(chunks) == sum(-(-o.size // CHUNK) for o in shown) == 3 * TURNS
     assert {c[0] for c in chunks} == {o.sha256 for o in shown}  # every chunk is a result row's
     assert all(c[2].endswith("+aesgcm") for c in chunks)
+
+
+def test_show_export_fork_and_a_backup_read_an_encrypted_offloaded_payload(tmp_path: Path) -> None:
+    """The operations that read a run whole: ``shown`` (what ``show`` and the page render) and
+    ``export_lines`` read the payload; a fork copies it into a run of its own (another data key:
+    another blob, at another address); a backup (SQLite) carries the sealed chunks and its copy
+    reads them with the key."""
+    from cuaderno.journal.backups import backup
+
+    path, master = str(tmp_path / "j.db"), new_key()
+    data = _data(secret())
+    model = StepEvent(run_id="a", step_id="t0001.model", phase="request", kind="model", payload={"turn": 1})
+    store = _open(path, master)
+    try:
+        store.append([start("a"), _tool("a", data), model])
+        _, events = operations.shown(store, "a")
+        assert events[1].payload == {"data": data}
+        assert data in list(operations.export_lines(store, "a"))[1]
+        operations.fork(store, "a", at="t0001.model", new_run_id="b")
+        assert store.load("b")[1].payload == {"data": data}
+        forked, original = offloaded_payloads(store, "b"), offloaded_payloads(store, "a")
+    finally:
+        store.close()
+    assert len(forked) == len(original) == 1 and forked[0].sha256 != original[0].sha256
+    assert {c[0] for c in _blobs(path, "b")} == {forked[0].sha256}
+    report = backup(path, tmp_path / "copy.db", keys=StaticKeys(master))
+    assert report.runs == 2
+    copy = _open(str(tmp_path / "copy.db"), master)
+    try:
+        assert copy.load("a")[1].payload == copy.load("b")[1].payload == {"data": data}
+    finally:
+        copy.close()
