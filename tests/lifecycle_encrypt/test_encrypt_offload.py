@@ -400,3 +400,40 @@ def test_show_export_fork_and_a_backup_read_an_encrypted_offloaded_payload(tmp_p
         assert copy.load("a")[1].payload == copy.load("b")[1].payload == {"data": data}
     finally:
         copy.close()
+
+
+@pytest.mark.parametrize("point", ["erase.E2:1", "prune.P1:1"], ids=["erase", "prune"])
+def test_killed_before_an_erase_or_prune_commits_no_sealed_blob_is_lost_then_it_finishes(journal_url: str,
+                                                                                        point: str) -> None:
+    master = new_key()
+    store = _open(journal_url, master)
+    gone, kept = _data(secret()), _data(secret())
+    try:
+        store.append([start("gone"), _tool("gone", gone), end("gone")])
+        store.append([start("kept"), _tool("kept", kept), end("kept")])
+        store.append([start("later")])  # SQLite keeps the run of the journal's last row
+    finally:
+        store.close()
+    age(journal_url, 10 * 86_400, ["gone"])
+    before = _query(journal_url, "SELECT digest, part, codec, data FROM cuaderno_blobs ORDER BY digest, part")
+    act = 'operations.erase(store, "gone")' if point.startswith("erase") else 'operations.prune(store, "1d")'
+    _killed_child(journal_url, master, point, f"""
+        from cuaderno import open_journal, operations
+        store = open_journal({journal_url!r})
+        {act}
+        print("not killed")
+    """)
+    # Rolled back whole: every chunk as it was, every run reads.
+    assert _query(journal_url, "SELECT digest, part, codec, data FROM cuaderno_blobs ORDER BY digest, part") == before
+    store = _open(journal_url, master)
+    try:
+        assert store.load("gone")[1].payload == {"data": gone}
+        if point.startswith("erase"):
+            assert operations.erase(store, "gone").scrubbed
+        else:
+            assert operations.prune(store, "1d").runs == ["gone"]
+        assert store.load("kept")[1].payload == {"data": kept}
+    finally:
+        store.close()
+    assert _blobs(journal_url, "gone") == [] and len(_blobs(journal_url, "kept")) == 3
+    assert _query(journal_url, "SELECT count(*) FROM cuaderno_blobs") == [(3,)]  # only the kept run's
