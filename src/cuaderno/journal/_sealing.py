@@ -18,6 +18,11 @@ and every hook below is then the identity (an unencrypted journal's bytes are un
   (:func:`~._append.decode_row`). An erased row is never sealed (its payload is a digest). Rows
   written before encryption was turned on stay as they are and read as they are: one run may
   hold both.
+- **Offloaded payloads**: a payload over the offload threshold goes to the blob tables as its
+  run's own blob, addressed by its digest keyed with the run's data key and sealed chunk by
+  chunk under it (:mod:`._offload`); its row's reference is sealed here like any payload. So a
+  run's data key opens everything of it, ``erase`` destroys it with the run's rows and blobs,
+  and ``rekey`` (which re-wraps it) touches no chunk.
 - **Summaries**: the summary's content fields (the outcome, pending arguments, uncertain
   evidence, a cancellation's record, the task's fingerprint) are sealed into one ``"sealed"``
   field, with run id and ``"summary"`` as associated data; what stays readable is structure:
