@@ -1,5 +1,6 @@
 """Rotating the master key of a journal encrypted at rest: every run's data key re-wrapped under
-the provider's current master key (:func:`~._crypto.rewrap`); no row is touched.
+the provider's current master key (:func:`~._crypto.rewrap`); no row is touched, nor any
+offloaded blob's chunk (sealed with the run's data key, which re-wrapping does not change).
 
 Resumable by construction: each batch is its own transaction and selects only the runs whose
 key is still wrapped by another master key, so a kill at any point leaves every data key wrapped
