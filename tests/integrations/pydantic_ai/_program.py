@@ -7,7 +7,11 @@ declares the transfer tools (``lookup``: asked by key after a crash, the default
 lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``; ``compensate``: runs the cancelled run's compensations, refunds,
 printing ``{"status": "compensated", "outcomes": [...]}``; a cancelled run prints
 ``{"status": "cancelled", "cleanup": N}``; ``stream``: declared with lookups, run with an ``event_stream_handler`` (the model requests are
-streamed), the output then saying how many events the handler saw: ``events``).
+streamed), the output then saying how many events the handler saw: ``events``; ``run_stream``
+and ``iter``: declared with lookups, run through ``DurableAgent.run_stream`` (reading the output
+as it streams, ``caller.K1`` passed at each partial output) or ``DurableAgent.iter`` (``caller.K1``
+passed at each node), the output saying how many partial outputs or nodes the caller saw: ``seen``;
+``run_stream_peek`` and ``iter_peek`` leave after the first partial output or node).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
 (the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
@@ -170,6 +174,8 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
 
         streaming = {"event_stream_handler": handler} if kind == "stream" else {}
         try:
+            if kind.startswith(("run_stream", "iter")):
+                return await _shaped(durable, kind, run_id, prompt, Deps(receipts, http))
             result = await durable.run(prompt, run_id=run_id, deps=Deps(receipts, http), **streaming)
         except UncertainEffect as exc:
             print(json.dumps({"status": "needs_human", "step": exc.step_id}))
@@ -186,6 +192,34 @@ async def main(journal: str, provider_url: str, receipts: str, run_id: str, prom
     print(json.dumps({"status": result.status, "output": output, "replayed": result.replayed, "reason": result.reason,
                       **({"events": len(seen)} if streaming else {}),
                       "pending": [{"step": p.step_id, "fingerprint": p.fingerprint} for p in result.pending]}))
+    return 0
+
+
+async def _shaped(durable: DurableAgent[Paid | DeferredToolRequests], kind: str, run_id: str, prompt: str,
+                  deps: Deps) -> int:
+    """Run through ``run_stream`` or ``iter`` (module docstring); print what the caller got."""
+    seen, output = 0, None
+    peek = kind.endswith("_peek")
+    if kind.startswith("run_stream"):
+        async with durable.run_stream(prompt, run_id=run_id, deps=deps) as stream:
+            async for _partial in stream.stream_output(debounce_by=None):
+                seen += 1
+                faults.point("caller.K1")
+                if peek:
+                    break
+            if not peek:
+                output = await stream.get_output()
+    else:
+        async with durable.iter(prompt, run_id=run_id, deps=deps) as agent_run:
+            async for _node in agent_run:
+                seen += 1
+                faults.point("caller.K1")
+                if peek:
+                    break
+            if agent_run.result is not None:
+                output = agent_run.result.output
+    dumped = output.model_dump() if isinstance(output, BaseModel) else output
+    print(json.dumps({"status": "completed" if output is not None else "left", "output": dumped, "seen": seen}))
     return 0
 
 

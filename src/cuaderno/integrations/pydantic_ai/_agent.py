@@ -26,15 +26,19 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import TypeAdapter
 from pydantic_ai import Agent
+from pydantic_ai._agent_graph import GraphAgentState
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from pydantic_ai.models import Model
+from pydantic_ai.result import StreamedRunResult
+from pydantic_ai.run import AgentRun, AgentRunResult
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_core import to_jsonable_python
@@ -42,15 +46,14 @@ from pydantic_core import to_jsonable_python
 from cuaderno import faults
 from cuaderno.durable.approval import Approval
 from cuaderno.durable.opening import Mismatch, Opened, open_run
-from cuaderno.errors import BudgetExceeded, RunCancelled, UncertainEffect, UsageError
+from cuaderno.errors import RunClosed, UsageError
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
-from cuaderno.integrations._budget import RunBudget, ended_fields
+from cuaderno.integrations._budget import RunBudget
 from cuaderno.integrations._compensate import (
     Compensation,
     check_compensations,
-    close_cancelled,
     compensate_run,
     reopened,
 )
@@ -60,7 +63,8 @@ from cuaderno.integrations.pydantic_ai._messages import content, dump
 from cuaderno.integrations.pydantic_ai._model import JournaledModel, check_sdk_retries
 from cuaderno.integrations.pydantic_ai._resume import AgentResumable
 from cuaderno.integrations.pydantic_ai._state import RunState
-from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, ToolBug, arguments_fingerprint
+from cuaderno.integrations.pydantic_ai._stream import cancelled_closes, ended_on_failure, iter_refused
+from cuaderno.integrations.pydantic_ai._toolset import EFFECT_VERSION, JournaledToolset, arguments_fingerprint
 from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.agent import RetryPolicy
 
@@ -219,30 +223,108 @@ class DurableAgent(Generic[OutputT]):
             UncertainEffect: a tool's effect may or may not have happened; the run is
                 ``needs_human`` (``cuaderno show`` has the evidence, ``cuaderno resolve`` settles it).
         """
-        if not isinstance(run_id, str) or not run_id:
-            raise UsageError("run_id must be a non-empty string")
         history = list(message_history or [])
-        task = {"prompt": to_jsonable_python(user_prompt, fallback=repr), "history": content(dump(history))}
-        with reopened(self.journal, run_id):
-            opened = open_run(self.journal, run_id,
-                              task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
-                              task_fingerprint=fingerprint(task), versions=self.run_versions(),
-                              tenant=self.tenant, owner=self.owner, name=self.agent.name,
-                              start={"framework": "pydantic-ai", "prompt": task["prompt"], "history": dump(history)},
-                              on_version_mismatch=self.on_version_mismatch)
+        opened = self._open(run_id, user_prompt, history)
         if opened.closed:
             return self._answered(opened)
         try:
-            if opened.checkpoint.cancel_requested is not None:
-                close_cancelled(opened)  # asked while nobody held it: closed now, nothing more runs
-            try:
+            with cancelled_closes(opened):
                 return await self._go(opened, user_prompt, history, deps, run_kwargs)
-            except RunCancelled:
-                # The journal refused a step's intent: the cancellation committed. Close the run
-                # with its record (what happened, what is uncertain, what cleanup is scheduled).
-                close_cancelled(opened)
         finally:
             opened.release()
+
+    @asynccontextmanager
+    async def run_stream(self, user_prompt: str | None = None, *, run_id: str,
+                         message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
+                         **run_kwargs: Any) -> AsyncIterator[StreamedRunResult[Any, OutputT]]:
+        """Pydantic AI's ``run_stream``, durable: ``async with durable.run_stream(..., run_id=...) as
+        stream`` gives the framework's own ``StreamedRunResult``; the run's end is journaled when
+        the stream was read whole (:mod:`._stream`). An ended run gives one holding its journaled
+        output and conversation. Raises what :meth:`run` raises, and
+        :class:`~cuaderno.errors.RunClosed` for a run that ended ``failed``."""
+        history = list(message_history or [])
+        opened = self._open(run_id, user_prompt, history)
+        if opened.closed:
+            answered = self._answered(opened)
+            if answered.status != "completed":
+                raise RunClosed(opened.run_id, opened.checkpoint.status)
+            messages = list(answered.messages)
+            yield StreamedRunResult(messages, len(history),
+                                    run_result=AgentRunResult(cast(OutputT, answered.output),
+                                                              _state=GraphAgentState(message_history=messages),
+                                                              _new_message_index=len(history)))
+            return
+        try:
+            with cancelled_closes(opened), ended_on_failure(opened):
+                state = self._state(opened)
+                async with self.agent.run_stream(user_prompt, message_history=history, deps=deps,
+                                                 capabilities=[CuadernoJournal(state)], **run_kwargs) as stream:
+                    yield stream
+                    if stream.is_complete:  # read whole: its output is the run's (else the run stays open)
+                        self._ended(opened, state, await stream.get_output(), stream.all_messages())
+        finally:
+            opened.release()
+
+    @asynccontextmanager
+    async def iter(self, user_prompt: str | None = None, *, run_id: str,
+                   message_history: Sequence[ModelMessage] | None = None, deps: Any = None,
+                   **run_kwargs: Any) -> AsyncIterator[AgentRun[Any, OutputT]]:
+        """Pydantic AI's ``iter``, durable: ``async with durable.iter(..., run_id=...) as
+        agent_run`` gives the framework's own ``AgentRun``; the run's end is journaled when the
+        graph reached its end (:mod:`._stream`). Raises what :meth:`run` raises, and
+        :class:`~cuaderno.errors.RunClosed` for an ended run (the framework's graph run cannot be
+        rebuilt from a journal: :meth:`run` answers it)."""
+        history = list(message_history or [])
+        opened = self._open(run_id, user_prompt, history)
+        if opened.closed:
+            raise iter_refused(opened.run_id, opened.checkpoint.status)
+        try:
+            with cancelled_closes(opened), ended_on_failure(opened):
+                state = self._state(opened)
+                async with self.agent.iter(user_prompt, message_history=history, deps=deps,
+                                           capabilities=[CuadernoJournal(state)], **run_kwargs) as agent_run:
+                    yield agent_run
+                    if agent_run.result is not None:  # the graph reached its end
+                        self._ended(opened, state, agent_run.result.output, agent_run.result.all_messages())
+        finally:
+            opened.release()
+
+    def _open(self, run_id: str, user_prompt: str | None, history: list[ModelMessage]) -> Opened:
+        """Open (or reopen) ``run_id`` for this call: the task it is checked against is the prompt
+        and the history, journaled on its ``run/start`` (module docstring)."""
+        if not isinstance(run_id, str) or not run_id:
+            raise UsageError("run_id must be a non-empty string")
+        task = {"prompt": to_jsonable_python(user_prompt, fallback=repr), "history": content(dump(history))}
+        with reopened(self.journal, run_id):
+            return open_run(self.journal, run_id,
+                            task=user_prompt if isinstance(user_prompt, str) else json.dumps(task["prompt"]),
+                            task_fingerprint=fingerprint(task), versions=self.run_versions(),
+                            tenant=self.tenant, owner=self.owner, name=self.agent.name,
+                            start={"framework": "pydantic-ai", "prompt": task["prompt"], "history": dump(history)},
+                            on_version_mismatch=self.on_version_mismatch)
+
+    def _state(self, opened: Opened) -> RunState:
+        """The per-run state the journaled model and toolset share."""
+        return RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
+                        retry=self.retry, key_headers=self.key_headers, prices=self.prices, store=self.journal,
+                        rate_limit=self.rate_limit, rng=random.Random(), budget=self.budget,
+                        compensations=self.compensations)
+
+    def _finish(self, opened: Opened, output: Any, messages: list[ModelMessage]) -> None:
+        """Journal the run's end: its output and whole conversation, what a later call answers from."""
+        faults.point("final.K0")
+        jsonable = to_jsonable_python(output, fallback=repr)
+        opened.finish(output if isinstance(output, str) else json.dumps(jsonable, sort_keys=True),
+                      structured=jsonable, structured_type=type(output).__qualname__, messages=dump(messages))
+        faults.point("final.K7")
+
+    def _ended(self, opened: Opened, state: RunState, output: Any, messages: list[ModelMessage]) -> None:
+        """A streamed run's end: approvals it ended in are journaled (:meth:`_approvals`; the run
+        goes on with :meth:`run` once decided), any other output finishes the run."""
+        if isinstance(output, DeferredToolRequests):
+            self._approvals(state, output)
+        else:
+            self._finish(opened, output, messages)
 
     async def compensate(self, run_id: str) -> list[dict[str, Any]]:
         """Run the compensations the cancelled run ``run_id`` scheduled, each once, as an effect
@@ -257,30 +339,14 @@ class DurableAgent(Generic[OutputT]):
 
     async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
-        state = RunState(log=opened.log, run_id=opened.run_id, tenant=self.tenant, effects=self.effects,
-                         retry=self.retry, key_headers=self.key_headers, prices=self.prices, store=self.journal,
-                         rate_limit=self.rate_limit, rng=random.Random(), budget=self.budget,
-                         compensations=self.compensations)
+        state = self._state(opened)
         capability = CuadernoJournal(state)
         prompt: str | None = user_prompt
         deferred: DeferredToolResults | None = None
         while True:
-            try:
-                try:
-                    result = await self.agent.run(prompt, message_history=history, deferred_tool_results=deferred,
-                                                  deps=deps, capabilities=[capability], **run_kwargs)
-                except BaseExceptionGroup as group:  # tools run concurrently: surface the one that says why
-                    raise _first(group) from group
-            except BudgetExceeded as exc:
-                # Journaled as cuaderno's runner journals it: the run ends failed, and every later
-                # call answers that from the journal.
-                opened.fail("budget", **ended_fields(exc))
-                raise
-            except ToolBug as bug:
-                # A bug is not retried and not guessed around: the run ends failed, with the step
-                # that raised, and every later call answers that from the journal.
-                opened.fail(str(bug), step=bug.step_id, tool=bug.tool)
-                raise bug.cause from bug
+            with ended_on_failure(opened):
+                result = await self.agent.run(prompt, message_history=history, deferred_tool_results=deferred,
+                                              deps=deps, capabilities=[capability], **run_kwargs)
             output = result.output
             if not isinstance(output, DeferredToolRequests):
                 break
@@ -288,12 +354,8 @@ class DurableAgent(Generic[OutputT]):
             if pending:
                 return DurableResult(opened.run_id, "suspended", messages=result.all_messages(), pending=pending)
             prompt, history, deferred = None, result.all_messages(), decisions
-        faults.point("final.K0")
         messages = result.all_messages()
-        jsonable = to_jsonable_python(output, fallback=repr)
-        opened.finish(output if isinstance(output, str) else json.dumps(jsonable, sort_keys=True),
-                      structured=jsonable, structured_type=type(output).__qualname__, messages=dump(messages))
-        faults.point("final.K7")
+        self._finish(opened, output, messages)
         return DurableResult(opened.run_id, "completed", output=output, messages=messages)
 
     def _approvals(self, state: RunState,
@@ -353,11 +415,3 @@ class DurableAgent(Generic[OutputT]):
                 continue
         return jsonable
 
-
-def _first(group: BaseExceptionGroup[Any]) -> BaseException:
-    for exc in group.exceptions:
-        found = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-        if isinstance(found, (UncertainEffect, ToolBug, BudgetExceeded, RunCancelled)):
-            return found
-    first = group.exceptions[0]
-    return _first(first) if isinstance(first, BaseExceptionGroup) else first

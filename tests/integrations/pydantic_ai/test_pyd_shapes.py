@@ -1,0 +1,134 @@
+"""``DurableAgent.run_stream`` and ``DurableAgent.iter``: the framework's own streaming shapes under
+the same promises as ``run``. A real process is SIGKILLed mid-stream, mid-tool, between nodes and
+while the caller reads the output; the run resumed through the same shape bills again only the
+model request in flight at the kill and pays each transfer once. The fake provider's billing and
+the payment service's receipts are the proof (not the journal)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from _program import Deps, build_agent, compensations, effects
+from _pyd_runs import Runner
+from _servers import Provider, Receipts
+
+from cuaderno import SqliteCheckpointer
+from cuaderno.errors import RunClosed
+from cuaderno.integrations.pydantic_ai import DurableAgent
+
+TRANSFERS = [["transfer", "ana", 10], ["transfer", "bob", 20], ["transfer", "cy", 30]]
+PROMPT = "PAY: " + json.dumps(TRANSFERS)
+OUTPUT = {"paid": ["ana", "bob", "cy"], "total": 60}
+SHAPES = ("run_stream", "iter")
+
+
+def _sends(db: Path, run_id: str) -> dict[str, int]:
+    with SqliteCheckpointer(db, readonly=True) as store:
+        events = store.load(run_id)
+    return {e.payload["key"]: e.payload["sends"] for e in events if e.kind == "model" and e.phase == "result"}
+
+
+def _status(db: Path, run_id: str) -> str:
+    with SqliteCheckpointer(db, readonly=True) as store:
+        cp = store.checkpoint(run_id)
+    assert cp is not None
+    return cp.status
+
+
+def _check(provider: Provider, receipts: Receipts, name: str, db: Path) -> Counter[str]:
+    """Each transfer paid once; each model request billed at most as often as the journal counts
+    it sent, always with its key."""
+    paid = receipts.receipts(name)
+    assert sorted(r["to"] for r in paid) == ["ana", "bob", "cy"] and len({r["key"] for r in paid}) == 3, paid
+    billed = Counter(b["key"] for b in provider.billing(name))
+    sends = _sends(db, "pay")
+    assert set(billed) == set(sends) and all(billed[k] <= sends[k] for k in billed), (billed, sends)
+    assert all(b["key"] == b["x_key"] for b in provider.billing(name))
+    return billed
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_run_through_the_shape_is_journaled_and_an_ended_one_sends_nothing(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner, shape: str) -> None:
+    provider, receipts = servers
+    name, db = f"shape-{shape}", tmp_path / "runs.db"
+    done = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=shape)
+    assert done.status == "completed" and done.out is not None and done.out["output"] == OUTPUT, done
+    assert done.out["seen"] > 0
+    assert _status(db, "pay") == "completed"
+    assert sorted(_check(provider, receipts, name, db).values()) == [1, 1, 1, 1]
+    # Ended: run and run_stream answer from the journal, and nothing is billed again.
+    for kind in ("run_stream", "lookup"):
+        again = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=kind)
+        assert again.out is not None and again.out["output"] == OUTPUT, again
+    assert len(provider.billing(name)) == 4 and len(receipts.receipts(name)) == 3
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("point", "in_flight"), [
+    ("model.K4:2", True),    # mid-stream: the answer's headers in, its chunks unread
+    ("tool.K4:2", False),    # bob paid, the reply unread: the lookup finds it
+    ("model.K7:3", False),   # three steps journaled: replayed without a request
+    ("model.K4:4", True),    # the final answer mid-stream, before the caller saw any of it
+    ("caller.K1:2", False),  # the caller reading the run (partial outputs, nodes): its steps journaled
+    ("final.K0", False),     # read whole, the end not journaled yet
+])
+def test_a_kill_resumed_through_the_shape_rebills_only_the_request_in_flight(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner, shape: str, point: str,
+        in_flight: bool) -> None:
+    provider, receipts = servers
+    name = f"shape-{shape}-" + point.replace(":", "-").replace(".", "-")
+    db = tmp_path / "runs.db"
+    killed = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=shape,
+                        crash_at=point)
+    assert killed.killed, killed
+    assert _status(db, "pay") != "completed"
+    resumed = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=shape)
+    assert resumed.status == "completed" and resumed.out is not None and resumed.out["output"] == OUTPUT, resumed
+    billed = _check(provider, receipts, name, db)
+    assert len(billed) == 4
+    assert sum(n - 1 for n in billed.values()) == (1 if in_flight else 0), billed
+    assert _status(db, "pay") == "completed"
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_caller_that_leaves_early_leaves_the_run_open_and_the_next_call_goes_on(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner, shape: str) -> None:
+    provider, receipts = servers
+    name, db = f"shape-peek-{shape}", tmp_path / "runs.db"
+    left = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=f"{shape}_peek")
+    assert left.status == "left" and left.out is not None and left.out["seen"] == 1, left
+    assert _status(db, "pay") != "completed"  # nothing read whole: no end journaled
+    done = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, kind=shape)
+    assert done.status == "completed" and done.out is not None and done.out["output"] == OUTPUT, done
+    billed = _check(provider, receipts, name, db)
+    assert sorted(billed.values()) == [1, 1, 1, 1]  # what the first call journaled was not asked for again
+
+
+def test_iter_refuses_an_ended_run_and_names_what_answers_it(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner) -> None:
+    provider, receipts = servers
+    name, db = "shape-iter-ended", tmp_path / "runs.db"
+    assert runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT).status == "completed"
+    before = db.read_bytes()
+
+    async def iterate() -> None:
+        async with httpx.AsyncClient() as http:
+            with SqliteCheckpointer(db) as store:
+                durable = DurableAgent(build_agent(provider.base_url(name)), journal=store,
+                                       effects=effects("lookup", receipts.base_url(name), http),
+                                       compensations=compensations(receipts.base_url(name)))
+                async with durable.iter(PROMPT, run_id="pay", deps=Deps(receipts.base_url(name), http)):
+                    raise AssertionError("an ended run must not be handed out as a live agent run")
+
+    with pytest.raises(RunClosed) as caught:
+        asyncio.run(iterate())
+    assert caught.value.status == "completed"
+    assert any("DurableAgent.run" in note for note in caught.value.__notes__)
+    assert len(provider.billing(name)) == 4
+    assert db.read_bytes() == before  # the refusal wrote nothing
