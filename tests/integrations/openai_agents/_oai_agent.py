@@ -3,7 +3,8 @@
 ``python _oai_agent.py JOURNAL PROVIDER_URL LEDGER_URL RUN_ID [--approval] [--text] [--budget=NAME=N]`` runs (or
 resumes) the run and prints one JSON line: ``{"status": "completed", "final": ...}``,
 ``{"status": "suspended", "pending": [...]}``, ``{"status": "needs_human", "step": ...}``,
-``{"status": "failed", "budget": ...}`` (past ``RunBudget(NAME=N)``), ``{"status": "cancelled",
+``{"status": "failed", "budget": ...}`` (past ``RunBudget(NAME=N)``; ``--budget=tool_calls_per_tool=TOOL/N``
+bounds one tool), ``{"status": "cancelled",
 "cleanup": N}`` (``--refunds``: transfers declared with a refund as compensation;
 ``--compensate``: run a cancelled run's refunds, ``{"status": "compensated", ...}``) or
 ``{"status": "error", ...}``. ``CUADERNO_CRASH_AT`` kills it at a named point. ``OAI_STREAM=1``
@@ -134,6 +135,14 @@ COMPENSATIONS = {"transfer": Compensation(refund, lookup=find_refund)}
 """With ``--refunds``: each transfer is undone by a refund if the run is cancelled."""
 
 
+def _limit(name: str, value: str) -> Any:
+    """A bound as ``--budget=`` gives it: a count, or ``TOOL/N`` for ``tool_calls_per_tool``."""
+    if name == "tool_calls_per_tool":
+        tool, _, count = value.partition("/")
+        return {tool: int(count)}
+    return int(value)
+
+
 async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, flags: list[str]) -> dict[str, Any]:
     global LEDGER_URL
     LEDGER_URL = ledger_url
@@ -143,7 +152,7 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     try:
         effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
         limits = [f.removeprefix("--budget=").partition("=") for f in flags if f.startswith("--budget=")]
-        budget = RunBudget(**{k: int(v) for k, _, v in limits}) if limits else None
+        budget = RunBudget(**{k: _limit(k, v) for k, _, v in limits}) if limits else None
         runner = DurableRunner(store, effects=effects, budget=budget,
                                compensations=COMPENSATIONS if "--refunds" in flags else None)
         if "--compensate" in flags:  # run the cancelled run's compensations

@@ -4,7 +4,7 @@ Usage: ``python _program.py JOURNAL PROVIDER_URL RECEIPTS_URL RUN_ID PROMPT [EFF
 declares the transfer tools (``lookup``: asked by key after a crash, the default;
 ``non_idempotent``: undeclared, an unknown outcome stops the run ``needs_human``;
 ``broken_lookup``: declared with a lookup that always fails; ``budget:NAME=N``: declared with
-lookups, run with ``RunBudget(NAME=N)``, a run past it printing ``{"status": "failed", "budget": NAME}``; ``compensate``: runs the cancelled run's compensations, refunds,
+lookups, run with ``RunBudget(NAME=N)`` (``budget:tool_calls_per_tool=TOOL/N``: that tool's bound), a run past it printing ``{"status": "failed", "budget": NAME}``; ``compensate``: runs the cancelled run's compensations, refunds,
 printing ``{"status": "compensated", "outcomes": [...]}``; a cancelled run prints
 ``{"status": "cancelled", "cleanup": N}``; ``stream``: declared with lookups, run with an ``event_stream_handler`` (the model requests are
 streamed), the output then saying how many events the handler saw: ``events``; ``run_stream``
@@ -148,6 +148,9 @@ def budget(kind: str) -> RunBudget | None:
     if not kind.startswith("budget:"):
         return None
     name, _, value = kind.removeprefix("budget:").partition("=")
+    if name == "tool_calls_per_tool":  # budget:tool_calls_per_tool=transfer/1
+        tool, _, count = value.partition("/")
+        return RunBudget(tool_calls_per_tool={tool: int(count)})
     return RunBudget(**{name: float(value) if name == "cost_usd" else int(value)})
 
 

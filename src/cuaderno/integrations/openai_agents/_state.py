@@ -8,7 +8,7 @@ from cuaderno.durable import JournalLog
 from cuaderno.durable.model_call import Retrying
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
-from cuaderno.integrations._budget import RunBudget
+from cuaderno.integrations._budget import RunBudget, ToolCalls
 from cuaderno.integrations._compensate import Compensation
 
 __all__ = ["POLICY_VERSION", "RunShared"]
@@ -46,5 +46,7 @@ class RunShared:
     """What undoes each tool's effect if the run is cancelled (journaled with each result)."""
     guards: dict[tuple[str, str], int] = field(default_factory=dict)
     """Calls of each guardrail (``in``/``out``, name) in this pass: the number in its step id."""
+    tool_calls: ToolCalls = field(default_factory=ToolCalls)
+    """The run's tool calls in this process, admitted under the budget's tool bounds."""
     model_steps: int = 0
     turn: int = -1

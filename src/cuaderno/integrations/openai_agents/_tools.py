@@ -127,7 +127,8 @@ def wrap_tool(tool: FunctionTool, effect: ToolEffect, shared: RunShared) -> Func
                      idempotent=effect.kind in ("idempotent", "effect_free"), effect_free=effect.kind == "effect_free",
                      policy_version=POLICY_VERSION, retry=shared.retry, sleep=asyncio.sleep,
                      compensation=scheduled(shared.compensations, name, args))
-        settled = await eff.run()
+        async with shared.tool_calls.admit(shared.budget, log, name, step_id):  # within the run's tool bounds
+            settled = await eff.run()
         log.commit()  # tool.K6 inside its transaction, tool.K7 after (the journal log passes them)
         return await _answer(tool, ctx, settled.payload)
 

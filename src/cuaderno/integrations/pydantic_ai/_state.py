@@ -15,7 +15,7 @@ from cuaderno.durable.log import JournalLog
 from cuaderno.errors import ReplayDivergence
 from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
-from cuaderno.integrations._budget import RunBudget
+from cuaderno.integrations._budget import RunBudget, ToolCalls
 from cuaderno.integrations._compensate import Compensation
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect
 from cuaderno.loop.agent import RetryPolicy
@@ -44,6 +44,8 @@ class RunState:
     """The run's spending bounds, checked before every send (``None``: unbounded)."""
     compensations: dict[str, Compensation] = field(default_factory=dict)
     """What undoes each tool's effect if the run is cancelled (journaled with each result)."""
+    tool_calls: ToolCalls = field(default_factory=ToolCalls)
+    """The run's tool calls in this process, admitted under the budget's tool bounds."""
     model_steps: int = 0
     """Model requests made (or replayed) so far in this process's pass over the run."""
     calls: dict[str, str] = field(default_factory=dict)

@@ -145,7 +145,8 @@ class JournaledToolset(WrapperToolset[Any]):
                         compensation=scheduled(state.compensations, name, arguments),
                         policy_version=EFFECT_VERSION, retry=state.retry, sleep=asyncio.sleep, rng=state.rng)
         try:
-            settled = await effect.run()
+            async with state.tool_calls.admit(state.budget, log, name, step_id):  # within the run's tool bounds
+                settled = await effect.run()
         except _Deferred as deferred:
             # Its intent is journaled; the result comes from outside: say so, and stop the run
             # for it (UncertainEffect). A resolve with the result lets the next run go on.
