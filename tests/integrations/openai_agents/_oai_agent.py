@@ -43,6 +43,7 @@ from cuaderno.integrations.openai_agents import (
     effect_key,
     lookup,
 )
+from cuaderno.journal import open_journal
 from cuaderno.testing.ledger import LedgerClient, LedgerReplyLost, LedgerUnavailable
 
 
@@ -148,7 +149,8 @@ async def main(journal: str, provider_url: str, ledger_url: str, run_id: str, fl
     LEDGER_URL = ledger_url
     set_tracing_disabled(True)
     agent = build(provider_url, approval="--approval" in flags, structured="--text" not in flags)
-    store = SqliteCheckpointer(journal)
+    # A SQLite file, or a PostgreSQL URL (the worker tests run both).
+    store = open_journal(journal) if "://" in journal else SqliteCheckpointer(journal)
     try:
         effects = {**EFFECTS, "notify": lookup(find_notification)} if "--approval" in flags else EFFECTS
         limits = [f.removeprefix("--budget=").partition("=") for f in flags if f.startswith("--budget=")]

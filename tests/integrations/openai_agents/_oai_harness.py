@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cuaderno.journal import open_journal
 from cuaderno.journal._compress import stored_payload
 from cuaderno.testing.ledger import read_receipts
 
@@ -56,7 +57,7 @@ class ProviderProcess:
                 self.proc.stdout.close()
 
 
-def run_agent(journal: Path, provider: str, ledger: str, run_id: str, *flags: str, crash_at: str | None = None,
+def run_agent(journal: Path | str, provider: str, ledger: str, run_id: str, *flags: str, crash_at: str | None = None,
               script: Path | None = None, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run (or resume) the agent in a new process; ``crash_at`` arms a named point."""
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{HERE}", **(extra_env or {})}
@@ -77,7 +78,16 @@ def outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return out
 
 
-def journal_events(journal: Path, run_id: str) -> list[dict[str, Any]]:
+def journal_events(journal: Path | str, run_id: str) -> list[dict[str, Any]]:
+    """The run's events, read straight from the SQLite file (as stored), or through the journal
+    for a PostgreSQL URL."""
+    if "://" in str(journal):
+        store = open_journal(str(journal), create=False)
+        try:
+            return [{"step_id": e.step_id, "phase": e.phase, "kind": e.kind, "payload": e.payload}
+                    for e in store.load(run_id)]
+        finally:
+            store.close()
     con = sqlite3.connect(journal)
     try:
         rows = con.execute("SELECT step_id, phase, kind, codec, payload FROM cuaderno_events WHERE run_id=? "
@@ -109,9 +119,9 @@ class Truth:
     effects: Counter[str] = field(default_factory=Counter)
 
 
-def truth(journal: Path, run_id: str, ledger_db: Path, bills: list[dict[str, Any]]) -> Truth:
+def truth(journal: Path | str, run_id: str, ledger_db: Path, bills: list[dict[str, Any]]) -> Truth:
     t = Truth()
-    events = journal_events(journal, run_id) if journal.exists() else []
+    events = journal_events(journal, run_id) if "://" in str(journal) or Path(journal).exists() else []
     keys = {e["payload"]["effect_key"] for e in events if e["kind"] == "tool" and e["phase"] == "intent"}
     receipts = [r for r in read_receipts(ledger_db) if r["key"] in keys]
     per_key = Counter(r["key"] for r in receipts)

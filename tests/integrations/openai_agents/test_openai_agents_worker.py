@@ -1,7 +1,8 @@
 """``cuaderno worker`` resumes wrapped OpenAI Agents SDK runs: the run's process is SIGKILLed with
 a transfer made and its reply unread, a ``cuaderno worker --agent module:attr`` process (``attr``:
 ``DurableRunner.resumable(agent, context=...)``) finishes it; the receipts server and the fake
-provider's billing prove each transfer made once and no journaled model call sent again."""
+provider's billing prove each transfer made once and no journaled model call sent again. On both
+journals: a SQLite file, and a schema of its own on the machine's PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _oai_harness import HERE, SRC, ProviderProcess, outcome, run_agent, truth
+from _pg import fresh_journal_url
 
-from cuaderno import SqliteCheckpointer
+from cuaderno.journal import open_journal
 from cuaderno.testing.ledger import LedgerProcess
 
 
-def _worker(journal: Path, provider: str, ledger: str) -> tuple[int, dict[str, Any], str]:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The journal the run and the worker share: a SQLite file, or a fresh PostgreSQL schema."""
+    yield from fresh_journal_url(request.param, tmp_path)
+
+
+def _worker(journal: Path | str, provider: str, ledger: str) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{HERE}", "OAI_JOURNAL": str(journal),
            "OAI_PROVIDER": provider, "OAI_LEDGER": ledger}
     env.pop("CUADERNO_CRASH_AT", None)
@@ -29,14 +39,17 @@ def _worker(journal: Path, provider: str, ledger: str) -> tuple[int, dict[str, A
     return done.returncode, (json.loads(lines[-1]) if lines else {}), done.stderr
 
 
-def test_a_worker_finishes_a_run_whose_process_was_killed(tmp_path: Path) -> None:
-    journal, run_id = tmp_path / "runs.db", "run-worker"
+def test_a_worker_finishes_a_run_whose_process_was_killed(tmp_path: Path, journal: str) -> None:
+    run_id = "run-worker"
     with ProviderProcess(tmp_path / "billing.jsonl") as provider, \
             LedgerProcess(tmp_path / "ledger.db", mode="nodedup") as ledger:
         first = outcome(run_agent(journal, provider.url, ledger.url, run_id, crash_at="tool.K4:2"))
         assert first["status"] == "killed"
-        with SqliteCheckpointer(journal, readonly=True) as store:
+        store = open_journal(journal, create=False)
+        try:
             cp = store.checkpoint(run_id)
+        finally:
+            store.close()
         assert cp is not None and cp.status == "running"
 
         code, stats, err = _worker(journal, provider.url, ledger.url)

@@ -50,6 +50,7 @@ from cuaderno.integrations.pydantic_ai import (
     ToolEffect,
     current_effect_key,
 )
+from cuaderno.journal import open_journal
 
 
 @dataclass
@@ -156,7 +157,8 @@ def budget(kind: str) -> RunBudget | None:
 
 async def main(journal: str, provider_url: str, receipts: str, run_id: str, prompt: str, kind: str = "lookup") -> int:
     async with httpx.AsyncClient() as http:
-        store = SqliteCheckpointer(journal)
+        # A SQLite file, or a PostgreSQL URL (the worker tests run both).
+        store = open_journal(journal) if "://" in journal else SqliteCheckpointer(journal)
         durable = DurableAgent(build_agent(provider_url), journal=store, effects=effects(kind, receipts, http),
                                budget=budget(kind), compensations=compensations(receipts))
         if kind == "compensate":  # run the cancelled run's compensations

@@ -40,7 +40,7 @@ class Runner:
         self.tmp = tempfile.mkdtemp(prefix="pyd-zygote-")
         self.n = 0
 
-    def run(self, journal: Path, provider_url: str, receipts_url: str, run_id: str, prompt: str, *,
+    def run(self, journal: Path | str, provider_url: str, receipts_url: str, run_id: str, prompt: str, *,
             crash_at: str | None = None, kind: str = "lookup", kill_after: float | None = None,
             program: str = "cuaderno") -> Ran:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -62,7 +62,7 @@ class Runner:
             self.proc.stdout.close()
 
 
-def cli(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(journal: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
     """``cuaderno --db JOURNAL ARGS`` as a user types it."""
     return subprocess.run([sys.executable, "-m", "cuaderno", "--db", str(journal), *args], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})

@@ -1,6 +1,6 @@
 """The wrapped agent ``cuaderno worker --agent _pyd_worker_target:resumable`` resumes: the same
 agent and effects as ``_program.py`` (so the runs it started are of the same versions), its
-journal, provider and payment service named by ``PYD_JOURNAL``, ``PYD_PROVIDER``, ``PYD_RECEIPTS``.
+journal (a SQLite file or a PostgreSQL URL), provider and payment service named by ``PYD_JOURNAL``, ``PYD_PROVIDER``, ``PYD_RECEIPTS``.
 
 The deps hold an HTTP client: ``deps_factory`` opens one for each drive and closes it after."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from _program import Deps, build_agent, compensations
 
-from cuaderno import SqliteCheckpointer
 from cuaderno.integrations.pydantic_ai import DurableAgent, Lookup
+from cuaderno.journal import open_journal
 
 RECEIPTS = os.environ["PYD_RECEIPTS"]
 
@@ -35,7 +35,7 @@ async def _deps() -> AsyncIterator[Deps]:
         yield Deps(RECEIPTS, http)
 
 
-durable = DurableAgent(build_agent(os.environ["PYD_PROVIDER"]), journal=SqliteCheckpointer(os.environ["PYD_JOURNAL"]),
+durable = DurableAgent(build_agent(os.environ["PYD_PROVIDER"]), journal=open_journal(os.environ["PYD_JOURNAL"]),
                        effects={"transfer": Lookup(_find), "big_transfer": Lookup(_find)},
                        compensations=compensations(RECEIPTS))
 resumable = durable.resumable(deps_factory=_deps)

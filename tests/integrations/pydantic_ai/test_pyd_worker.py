@@ -2,7 +2,8 @@
 a ``cuaderno worker --agent module:attr`` process (``attr``: the ``DurableAgent``'s resumable)
 finishes it, and the payment service's receipts and the provider's billing prove each transfer
 made once and no journaled model request sent again. A decided approval is continued by the
-worker too; a run of another agent definition is left alone."""
+worker too; a run of another agent definition is left alone. Each on both journals: a SQLite
+file, and a schema of its own on the machine's PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,19 +12,28 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+from _pg import fresh_journal_url
 from _pyd_runs import Runner, cli
 from _servers import Provider, Receipts
 
-from cuaderno import SqliteCheckpointer
+from cuaderno.journal import open_journal
 
 HERE = Path(__file__).resolve().parent
 PROMPT = 'PAY: [["transfer", "ana", 10], ["transfer", "bob", 20], ["transfer", "cy", 30]]'
 
 
-def _worker(db: Path, provider: str, receipts: str, *extra: str) -> tuple[int, dict[str, Any], str]:
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The journal the runs and the worker share: a SQLite file, or a fresh PostgreSQL schema."""
+    yield from fresh_journal_url(request.param, tmp_path)
+
+
+def _worker(db: str, provider: str, receipts: str, *extra: str) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "PYD_JOURNAL": str(db), "PYD_PROVIDER": provider, "PYD_RECEIPTS": receipts}
     env.pop("CUADERNO_CRASH_AT", None)
     done = subprocess.run([sys.executable, "-m", "cuaderno", "worker", "--journal", str(db), "--agent",
@@ -34,17 +44,20 @@ def _worker(db: Path, provider: str, receipts: str, *extra: str) -> tuple[int, d
     return done.returncode, stats, done.stderr
 
 
-def _status(db: Path, run_id: str) -> str:
-    with SqliteCheckpointer(db, readonly=True) as store:
+def _status(db: str, run_id: str) -> str:
+    store = open_journal(db, create=False)
+    try:
         cp = store.checkpoint(run_id)
+    finally:
+        store.close()
     assert cp is not None
     return cp.status
 
 
-def test_a_worker_finishes_a_run_whose_process_was_killed(tmp_path: Path, servers: tuple[Provider, Receipts],
+def test_a_worker_finishes_a_run_whose_process_was_killed(db: str, servers: tuple[Provider, Receipts],
                                                           runner: Runner) -> None:
     provider, receipts = servers
-    name, db = "worker-kill", tmp_path / "runs.db"
+    name = f"worker-kill-{'pg' if '://' in db else 'sqlite'}"
     # Killed with bob's transfer made and its reply unread: the worker must ask the payment
     # service (the lookup) and not pay bob again.
     killed = runner.run(db, provider.base_url(name), receipts.base_url(name), "pay", PROMPT, crash_at="tool.K4:2")
@@ -69,10 +82,10 @@ def test_a_worker_finishes_a_run_whose_process_was_killed(tmp_path: Path, server
     assert len(provider.billing(name)) == len(billed) and len(receipts.receipts(name)) == 3
 
 
-def test_a_worker_continues_a_run_once_its_approval_is_decided(tmp_path: Path, servers: tuple[Provider, Receipts],
+def test_a_worker_continues_a_run_once_its_approval_is_decided(db: str, servers: tuple[Provider, Receipts],
                                                                runner: Runner) -> None:
     provider, receipts = servers
-    name, db = "worker-approve", tmp_path / "runs.db"
+    name = f"worker-approve-{'pg' if '://' in db else 'sqlite'}"
     prompt = 'PAY: [["transfer", "ana", 10], ["big_transfer", "bob", 5000]]'
     first = runner.run(db, provider.base_url(name), receipts.base_url(name), "big", prompt)
     assert first.out is not None and first.out["status"] == "suspended"
@@ -88,10 +101,10 @@ def test_a_worker_continues_a_run_once_its_approval_is_decided(tmp_path: Path, s
     assert max(billed.values()) == 1
 
 
-def test_a_worker_leaves_runs_of_another_definition_alone(tmp_path: Path, servers: tuple[Provider, Receipts],
+def test_a_worker_leaves_runs_of_another_definition_alone(db: str, servers: tuple[Provider, Receipts],
                                                           runner: Runner) -> None:
     provider, receipts = servers
-    name, db = "worker-versions", tmp_path / "runs.db"
+    name = f"worker-versions-{'pg' if '://' in db else 'sqlite'}"
     killed = runner.run(db, provider.base_url(name), receipts.base_url(name), "other", PROMPT, crash_at="tool.K4:1",
                         kind="non_idempotent")  # declared otherwise: another definition
     assert killed.killed
