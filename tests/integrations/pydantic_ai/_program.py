@@ -10,8 +10,9 @@ printing ``{"status": "compensated", "outcomes": [...]}``; a cancelled run print
 streamed), the output then saying how many events the handler saw: ``events``; ``run_stream``
 and ``iter``: declared with lookups, run through ``DurableAgent.run_stream`` (reading the output
 as it streams, ``caller.K1`` passed at each partial output) or ``DurableAgent.iter`` (``caller.K1``
-passed at each node), the output saying how many partial outputs or nodes the caller saw: ``seen``;
-``run_stream_peek`` and ``iter_peek`` leave after the first partial output or node).
+passed at each node; an ended run, which ``iter`` refuses, answered by ``run``), the output saying how many partial outputs or nodes the caller saw: ``seen``;
+``run_stream_peek`` and ``iter_peek`` leave after the first partial output or node; a run that
+ends in approvals prints ``{"status": "deferred", "approvals": [TOOL...]}``).
 ``CUADERNO_CRASH_AT`` kills it at a named point: the protocol's own (``model.K2``, ``tool.K5``...),
 the journal's (``append.W1:N``), and the ones marked here on the real request paths: ``model.K3``
 (the OpenAI client hands the request to its transport), ``model.K4`` (the provider answered, the
@@ -41,7 +42,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import DeferredToolRequests
 
 from cuaderno import SqliteCheckpointer, faults
-from cuaderno.errors import BudgetExceeded, RunCancelled, UncertainEffect
+from cuaderno.errors import BudgetExceeded, RunCancelled, RunClosed, UncertainEffect
 from cuaderno.integrations.pydantic_ai import (
     Compensation,
     DurableAgent,
@@ -215,14 +216,20 @@ async def _shaped(durable: DurableAgent[Paid | DeferredToolRequests], kind: str,
             if not peek:
                 output = await stream.get_output()
     else:
-        async with durable.iter(prompt, run_id=run_id, deps=deps) as agent_run:
-            async for _node in agent_run:
-                seen += 1
-                faults.point("caller.K1")
-                if peek:
-                    break
-            if agent_run.result is not None:
-                output = agent_run.result.output
+        try:
+            async with durable.iter(prompt, run_id=run_id, deps=deps) as agent_run:
+                async for _node in agent_run:
+                    seen += 1
+                    faults.point("caller.K1")
+                    if peek:
+                        break
+                if agent_run.result is not None:
+                    output = agent_run.result.output
+        except RunClosed:  # ended (a kill after its end was journaled): run answers it from the journal
+            output = (await durable.run(prompt, run_id=run_id, deps=deps)).output
+    if isinstance(output, DeferredToolRequests):  # ended in approvals: journaled, the run waits for them
+        print(json.dumps({"status": "deferred", "approvals": [p.tool_name for p in output.approvals], "seen": seen}))
+        return 0
     dumped = output.model_dump() if isinstance(output, BaseModel) else output
     print(json.dumps({"status": "completed" if output is not None else "left", "output": dumped, "seen": seen}))
     return 0

@@ -32,9 +32,9 @@ def outside_truth(billed: list[dict[str, Any]], paid: list[dict[str, Any]]) -> d
 
 
 def soak(runner: Runner, provider: Provider, receipts: Receipts, tmp: Path, *, program: str, label: str, runs: int,
-         transfers: int, seed: int, max_kills: int = 8) -> dict[str, Any]:
-    """``runs`` runs of ``transfers`` transfers each under ``program`` (``cuaderno`` or ``dbos``),
-    each killed at random moments up to ``max_kills`` times, then let run to its end. For cuaderno
+         transfers: int, seed: int, max_kills: int = 8, kind: str = "lookup") -> dict[str, Any]:
+    """``runs`` runs of ``transfers`` transfers each under ``program`` (``cuaderno`` or ``dbos``;
+    ``kind``: how ``_program.py`` runs it, ``run_stream`` or ``iter`` for those shapes), each killed at random moments up to ``max_kills`` times, then let run to its end. For cuaderno
     the journal is read too: every request billed more than once must be one it counted
     (``unknowingly`` stays 0)."""
     rng = random.Random(seed)
@@ -47,7 +47,7 @@ def soak(runner: Runner, provider: Provider, receipts: Receipts, tmp: Path, *, p
         probe = f"{label}-probe{i}"
         t0 = time.monotonic()
         clean = runner.run(tmp / f"{probe}.db", provider.base_url(probe), receipts.base_url(probe), "probe", prompt,
-                           program=program)
+                           program=program, kind=kind)
         spans.append(time.monotonic() - t0)
         assert clean.status == "completed", clean
     span = min(spans)
@@ -56,7 +56,8 @@ def soak(runner: Runner, provider: Provider, receipts: Receipts, tmp: Path, *, p
         db = tmp / f"{name}.db"
         for attempt in range(max_kills + 1):
             ran = runner.run(db, provider.base_url(name), receipts.base_url(name), f"pay-{n}", prompt,
-                             program=program, kill_after=rng.uniform(0.0, span) if attempt < max_kills else None)
+                             program=program, kind=kind,
+                             kill_after=rng.uniform(0.0, span) if attempt < max_kills else None)
             if ran.killed:
                 totals["kills"] += 1
                 continue

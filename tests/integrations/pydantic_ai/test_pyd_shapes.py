@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from _program import Deps, build_agent, compensations, effects
-from _pyd_runs import Runner
+from _pyd_runs import Runner, cli
 from _servers import Provider, Receipts
+from _soak import soak
 
 from cuaderno import SqliteCheckpointer
 from cuaderno.errors import RunClosed
@@ -132,3 +135,46 @@ def test_iter_refuses_an_ended_run_and_names_what_answers_it(
     assert any("DurableAgent.run" in note for note in caught.value.__notes__)
     assert len(provider.billing(name)) == 4
     assert db.read_bytes() == before  # the refusal wrote nothing
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_shape_that_ends_in_approvals_journals_them_and_run_goes_on_once_decided(
+        tmp_path: Path, servers: tuple[Provider, Receipts], runner: Runner, shape: str) -> None:
+    provider, receipts = servers
+    name, db = f"shape-approve-{shape}", tmp_path / "runs.db"
+    prompt = 'PAY: [["transfer", "ana", 10], ["big_transfer", "bob", 5000]]'
+    first = runner.run(db, provider.base_url(name), receipts.base_url(name), "big", prompt, kind=shape)
+    assert first.out is not None and first.out["status"] == "deferred" and first.out["approvals"] == ["big_transfer"]
+    assert _status(db, "big") == "suspended" and [r["to"] for r in receipts.receipts(name)] == ["ana"]
+    with SqliteCheckpointer(db, readonly=True) as store:
+        cp = store.checkpoint("big")
+    assert cp is not None and list(cp.pending) == ["t0001.tool00.approval"]
+    request = next(e for e in store_events(db, "big") if e.step_id == "t0001.tool00.approval" and e.phase == "request")
+    decided = cli(db, "approve", "big", "t0001.tool00", "--fingerprint", request.fingerprint or "", "--by", "ana")
+    assert decided.returncode == 0, decided.stderr
+    # Decided: run (the same run id) replays up to the approval and pays bob, once.
+    done = runner.run(db, provider.base_url(name), receipts.base_url(name), "big", prompt)
+    assert done.status == "completed", done
+    assert [(r["to"], r["amount"]) for r in receipts.receipts(name)] == [("ana", 10), ("bob", 5000)]
+    billed = Counter(b["key"] for b in provider.billing(name))
+    assert max(billed.values()) == 1, billed
+
+
+def store_events(db: Path, run_id: str) -> list[Any]:
+    with SqliteCheckpointer(db, readonly=True) as store:
+        return list(store.load(run_id))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_random_kills_through_the_shape_pay_each_transfer_once(tmp_path: Path, runner: Runner, shape: str) -> None:
+    """SIGKILLs from outside at random moments of each run (up to four a run), resumed through the
+    same shape until it completes: no transfer twice, no request billed more often than the journal
+    counts it sent, every request keyed (``CUADERNO_SOAK=1``: ``CUADERNO_SOAK_RUNS`` runs, else 6)."""
+    runs = int(os.environ.get("CUADERNO_SOAK_RUNS", "20")) if os.environ.get("CUADERNO_SOAK") == "1" else 6
+    with Provider(tmp_path) as provider, Receipts(tmp_path) as receipts:
+        totals = soak(runner, provider, receipts, tmp_path, program="cuaderno", label=f"shape-soak-{shape}",
+                      runs=runs, transfers=4, seed=11, max_kills=4, kind=shape)
+    print(f"\nSHAPE SOAK {json.dumps(totals)}")
+    assert totals["kills"] > 0 and totals["unfinished"] == 0 and totals["needs_human"] == 0
+    assert totals["duplicated"] == 0 and totals["unknowingly"] == 0 and totals["keyed"] == totals["billed"]
