@@ -21,8 +21,8 @@ from _servers import Provider, Receipts
 from _soak import soak
 
 from cuaderno import SqliteCheckpointer
-from cuaderno.errors import RunClosed
-from cuaderno.integrations.pydantic_ai import DurableAgent
+from cuaderno.errors import BudgetExceeded, RunClosed
+from cuaderno.integrations.pydantic_ai import DurableAgent, RunBudget
 
 TRANSFERS = [["transfer", "ana", 10], ["transfer", "bob", 20], ["transfer", "cy", 30]]
 PROMPT = "PAY: " + json.dumps(TRANSFERS)
@@ -178,3 +178,29 @@ def test_random_kills_through_the_shape_pay_each_transfer_once(tmp_path: Path, r
     print(f"\nSHAPE SOAK {json.dumps(totals)}")
     assert totals["kills"] > 0 and totals["unfinished"] == 0 and totals["needs_human"] == 0
     assert totals["duplicated"] == 0 and totals["unknowingly"] == 0 and totals["keyed"] == totals["billed"]
+
+
+def test_a_budget_met_in_run_stream_ends_the_run_and_a_later_stream_is_refused(
+        tmp_path: Path, servers: tuple[Provider, Receipts]) -> None:
+    provider, receipts = servers
+    name, db = "shape-budget", tmp_path / "runs.db"
+
+    async def stream_once() -> None:
+        async with httpx.AsyncClient() as http:
+            with SqliteCheckpointer(db) as store:
+                durable = DurableAgent(build_agent(provider.base_url(name)), journal=store,
+                                       effects=effects("lookup", receipts.base_url(name), http),
+                                       compensations=compensations(receipts.base_url(name)),
+                                       budget=RunBudget(tool_calls=1))
+                async with durable.run_stream(PROMPT, run_id="pay", deps=Deps(receipts.base_url(name), http)) as s:
+                    await s.get_output()
+
+    with pytest.raises(BudgetExceeded) as over:
+        asyncio.run(stream_once())
+    assert over.value.budget == "tool_calls"
+    assert [r["to"] for r in receipts.receipts(name)] == ["ana"] and len(provider.billing(name)) == 2
+    assert _status(db, "pay") == "failed"  # journaled: the run ended with the budget record
+    with pytest.raises(RunClosed) as closed:  # ended failed: no stream to give, nothing sent
+        asyncio.run(stream_once())
+    assert closed.value.status == "failed"
+    assert len(provider.billing(name)) == 2 and len(receipts.receipts(name)) == 1
