@@ -121,9 +121,10 @@ class DurableRunner:
         rate_limit: the provider's requests and tokens per minute, shared by every process on
             the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
             intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
-        budget: bounds on what a run spends (cost, tokens, model calls:
+        budget: bounds on what a run spends (cost, tokens, model calls, tool calls:
             :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
-            nothing again) and checked before every request: past one, the run ends ``failed``
+            nothing again) and checked before every request and every new tool call: past one,
+            the run ends ``failed``
             and :class:`~cuaderno.errors.BudgetExceeded` is raised.
         compensations: what undoes each function tool's effect if the run is cancelled
             (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result

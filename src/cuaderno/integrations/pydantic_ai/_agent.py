@@ -5,7 +5,9 @@ the agent from the start with a per-run capability (:class:`CuadernoJournal`) th
 model request through the model-call protocol and every tool call through the effect protocol.
 What the journal holds is replayed (nothing is sent or run again); the first step it lacks is
 made live. So resuming a crashed run, in this process or another, is calling ``run`` again with
-the same run id; a run that ended answers from its journal.
+the same run id; a run that ended answers from its journal. :meth:`DurableAgent.run_stream` and
+:meth:`DurableAgent.iter` give the framework's own streaming shapes under the same promises
+(:mod:`._stream`: when their end is journaled, what an ended run gives).
 
 Tools that require approval (``requires_approval=True``, Pydantic AI's deferred tools) end the
 agent's run with ``DeferredToolRequests``; each call becomes a cuaderno approval request on disk,
@@ -144,9 +146,10 @@ class DurableAgent(Generic[OutputT]):
         rate_limit: the provider's requests and tokens per minute, shared by every process on
             the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
             intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
-        budget: bounds on what a run spends (cost, tokens, model calls:
+        budget: bounds on what a run spends (cost, tokens, model calls, tool calls:
             :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
-            nothing again) and checked before every request: past one, the run ends ``failed``
+            nothing again) and checked before every request and every new tool call: past one,
+            the run ends ``failed``
             and :class:`~cuaderno.errors.BudgetExceeded` is raised.
         compensations: what undoes each tool's effect if the run is cancelled
             (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result
