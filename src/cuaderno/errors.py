@@ -57,8 +57,11 @@ output must not become a megabyte message (or a megabyte line on a terminal).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
+
+if TYPE_CHECKING:
+    from cuaderno.events.payloads import Escalation
 
 __all__ = [
     "ApprovalError",
@@ -389,7 +392,7 @@ class VersionMismatch(CuadernoError):
     Resume with an explicit choice: unchanged, migrate, drain on the old worker, or cancel.
     """
 
-    def __init__(self, run_id: str, recorded: dict[str, Any], current: dict[str, Any]) -> None:
+    def __init__(self, run_id: str, recorded: Mapping[str, object], current: Mapping[str, object]) -> None:
         self.run_id, self.recorded, self.current = run_id, recorded, current
         diff = {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
                 if recorded.get(k) != current.get(k)}
@@ -423,6 +426,25 @@ class ApprovalMismatch(ApprovalError):
     """The decision names other arguments than the ones shown to the person."""
 
 
+class ErrorJSON(TypedDict, total=False):
+    """The journaled form of a classified failure (``to_json`` of a :class:`ToolError` or a :class:`GatewayError`):
+    what the model is told, and what replay hands back instead of running the call again."""
+
+    error_class: Required[str]
+    message: Required[str]
+    sent: Required[bool | None]
+    """``False``: the request never left (safe to send again); ``None``: a tool did not say."""
+    type: Required[str]
+    """The exception's class name, shown; never decides anything on replay."""
+    data: Mapping[str, object]
+    retry_after: float | None
+    status: int | None
+    escalations: list[Escalation]
+    size: int
+    limit: int
+    step_id: str
+
+
 class ToolError(CuadernoError):
     """A tool call failed, classified at the boundary that knows why.
 
@@ -431,13 +453,13 @@ class ToolError(CuadernoError):
     """
 
     def __init__(self, message: str, *, error_class: ErrorClass = ErrorClass.PERMANENT,
-                 sent: bool | None = None, data: dict[str, Any] | None = None) -> None:
+                 sent: bool | None = None, data: Mapping[str, object] | None = None) -> None:
         self.error_class = ErrorClass(error_class)
         self.sent = sent
-        self.data = data or {}
+        self.data: Mapping[str, object] = data or {}
         super().__init__(message)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ErrorJSON:
         """The journaled form: what the model is told and what replay hands back."""
         return {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
                 "data": self.data, "type": type(self).__name__}
@@ -447,7 +469,7 @@ class ToolError(CuadernoError):
 
 
 def _rebuild_tool_error(cls: type[ToolError], message: str, error_class: str, sent: bool | None,
-                        data: dict[str, Any]) -> ToolError:
+                        data: Mapping[str, object]) -> ToolError:
     err = cls.__new__(cls)
     ToolError.__init__(err, message, error_class=ErrorClass(error_class), sent=sent, data=data)
     return err
@@ -456,7 +478,7 @@ def _rebuild_tool_error(cls: type[ToolError], message: str, error_class: str, se
 class ToolArgumentsInvalid(ToolError):
     """The arguments fail the tool's schema; the tool did not run."""
 
-    def __init__(self, message: str, *, data: dict[str, Any] | None = None, **_: Any) -> None:
+    def __init__(self, message: str, *, data: Mapping[str, object] | None = None, **_: Any) -> None:
         super().__init__(message, error_class=ErrorClass.INVALID_INPUT, sent=False, data=data)
 
 
@@ -484,14 +506,14 @@ class GatewayError(CuadernoError):
         self.sent = sent
         self.retry_after = retry_after
         self.status = status
-        self.escalations: tuple[dict[str, Any], ...] = ()
+        self.escalations: tuple[Escalation, ...] = ()
         """Evidence of lower-tier calls made (and maybe billed) for this step before it failed."""
         super().__init__(message)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ErrorJSON:
         """The journaled form of the failure."""
-        out: dict[str, Any] = {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
-                               "retry_after": self.retry_after, "status": self.status, "type": type(self).__name__}
+        out: ErrorJSON = {"error_class": self.error_class.value, "message": str(self), "sent": self.sent,
+                          "retry_after": self.retry_after, "status": self.status, "type": type(self).__name__}
         if self.escalations:
             out["escalations"] = list(self.escalations)
         return out
@@ -639,7 +661,7 @@ class ResponseTooLarge(GatewayError):
                          f"JSON, more than the journal's limit of {limit:,} bytes per payload; it was not stored "
                          "(the call was made, and may be billed)", error_class=ErrorClass.PERMANENT, sent=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ErrorJSON:
         return {**super().to_json(), "size": self.size, "limit": self.limit, "step_id": self.step_id}
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -657,7 +679,7 @@ class LadderExhausted(BudgetExceeded):
             because it would remove every tool the task needs, not applicable), as journaled.
     """
 
-    def __init__(self, run_id: str, rungs: list[str], skipped: list[dict[str, Any]]) -> None:
+    def __init__(self, run_id: str, rungs: list[str], skipped: Sequence[Mapping[str, object]]) -> None:
         self.rungs, self.skipped = list(rungs), list(skipped)
         BudgetExceeded.__init__(self, run_id, "ladder", len(self.rungs))
         tried = ", ".join(self.rungs) or "none: no recovery"

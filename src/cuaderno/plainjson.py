@@ -23,14 +23,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from json import encoder as _encoder
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 
 from pydantic_core import to_jsonable_python
 
 from cuaderno.errors import ToolResultInvalid
 
-__all__ = ["MAX_DEPTH", "compact", "compact_ascii", "journalable", "loads_object", "not_plain", "shown",
+__all__ = ["MAX_DEPTH", "JSONObject", "JSONValue", "compact", "compact_ascii", "journalable", "loads_object", "not_plain", "shown",
            "sorted_compact", "sorted_compact_ascii", "sorted_compact_nan"]
+
+JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"
+"""A value as JSON holds it: what a model writes (tool arguments) or a provider answers, before
+the code that needs one of its fields narrows it (``isinstance``). mypy checks it recursively:
+unlike ``Any``, reading a field of it without narrowing is an error."""
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+"""A JSON object (``{...}``): a tool's arguments, a provider's request or response body."""
 
 
 def _default(value: object) -> NoReturn:

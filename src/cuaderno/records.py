@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = ["append_synced", "read_records"]
 
 
-def append_synced(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+def append_synced(path: str | os.PathLike[str], record: Mapping[str, object]) -> None:
     """Append one JSON line (with ``pid``) and fsync it before returning."""
     line = (json.dumps({**record, "pid": os.getpid()}, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -55,7 +55,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -133,7 +133,7 @@ class Picking:
             ``last_seq``.
     """
 
-    def __init__(self, versions: dict[str, Any], stats: WorkerStats, say: Callable[[str], None]) -> None:
+    def __init__(self, versions: Mapping[str, object], stats: WorkerStats, say: Callable[[str], None]) -> None:
         self.versions, self.stats, self.say = versions, stats, say
         self.seen_new: dict[str, int] = {}
         self.backoff: dict[str, tuple[int, float, float]] = {}

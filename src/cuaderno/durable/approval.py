@@ -81,13 +81,7 @@ class Approval:
             ApprovalMismatch: the request journaled at this step binds other arguments (the call
                 at this position is not the call the person is asked about).
         """
-        rec = self.log.get(self.step_id, "request")
-        if rec is None:
-            return False
-        if rec.fingerprint != self.fingerprint:
-            raise ApprovalMismatch(f"run {self.log.run_id!r} step {self.step_id!r}: the request binds "
-                                   f"{rec.fingerprint}, the call has {self.fingerprint}; nothing ran")
-        return True
+        return self._bound("request") is not None
 
     def request(self, reason: str, *, extra: Mapping[str, Any] | None = None) -> bool:
         """Stage the approval request unless one is journaled; ``True`` if staged. The caller
@@ -104,7 +98,7 @@ class Approval:
         problem = not_plain(dict(self.arguments)) or not_plain(dict(extra or {}))
         if problem is not None:
             raise UsageError(f"approval of {self.tool!r}: the request is not plain JSON: it holds {problem}")
-        payload: dict[str, Any] = {"tool_step": self.tool_step, "arguments": dict(self.arguments), "reason": reason}
+        payload: dict[str, object] = {"tool_step": self.tool_step, "arguments": dict(self.arguments), "reason": reason}
         clash = sorted(set(payload) & set(extra or {}))
         if clash:
             raise UsageError(f"approval of {self.tool!r}: extra may not replace {', '.join(clash)}")
@@ -123,15 +117,21 @@ class Approval:
         """
         if not self.requested():
             return None
-        rec = self.log.get(self.step_id, "decision")
+        rec = self._bound("decision")
         if rec is None:
             return None
-        if rec.fingerprint != self.fingerprint:
-            raise ApprovalMismatch(f"run {self.log.run_id!r} step {self.step_id!r}: the decision binds "
-                                   f"{rec.fingerprint}, the call has {self.fingerprint}; nothing ran")
         reason, approver = rec.payload.get("reason"), rec.payload.get("approver")
         return Decided("approved" if rec.decision == "approved" else "rejected",
                        reason if isinstance(reason, str) else None, approver if isinstance(approver, str) else None)
+
+    def _bound(self, phase: str) -> StepEvent | None:
+        """The journaled ``request`` or ``decision`` of this step, if any; it must bind this call's
+        fingerprint (a request or decision about other arguments never lets this call run)."""
+        rec = self.log.get(self.step_id, phase)
+        if rec is not None and rec.fingerprint != self.fingerprint:
+            raise ApprovalMismatch(f"run {self.log.run_id!r} step {self.step_id!r}: the {phase} binds "
+                                   f"{rec.fingerprint}, the call has {self.fingerprint}; nothing ran")
+        return rec
 
     def require_approved(self) -> None:
         """Return only if a person approved exactly this call: what a tool wrapper asks before the

@@ -287,7 +287,7 @@ class Effect:
     def _intend(self, attempt: int, after: str | None) -> None:
         """Stage the intent that must commit before the body runs, for every run of it."""
         self._sends += 1
-        payload: dict[str, Any] = {"effect_key": self.key, "idempotent": self.idempotent}
+        payload: dict[str, object] = {"effect_key": self.key, "idempotent": self.idempotent}
         if self.policy_version is not None:
             payload["policy_version"] = self.policy_version
         if self._sends > 1:

@@ -41,7 +41,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
 
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
@@ -52,6 +52,9 @@ from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
 from cuaderno.journal.base import payload_limit
 from cuaderno.plainjson import not_plain, shown
+
+if TYPE_CHECKING:
+    from cuaderno.events.payloads import ModelResult
 
 __all__ = ["FrameworkPayload", "Gate", "ModelCall", "Retrying", "Sent", "accepted", "plain_calls"]
 
@@ -217,7 +220,7 @@ class ModelCall:
     def intend(self, send: int, *, after: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
         """Stage the intent of send ``send`` (``intent``, then ``intent.N``): it must commit before
         the request leaves (:meth:`send` commits it)."""
-        payload: dict[str, Any] = {"key": self.key, "turn": self.turn}
+        payload: dict[str, object] = {"key": self.key, "turn": self.turn}
         if after is not None:
             payload["after"] = after
         if extra:
@@ -293,7 +296,7 @@ class ModelCall:
         return Sent(response, sends, retries)
 
     def finish(self, sent: Sent, *, require_tool: bool = False, output_type: Any = None,
-               extra: Mapping[str, Any] | None = None, framework: FrameworkPayload | None = None) -> dict[str, Any]:
+               extra: Mapping[str, Any] | None = None, framework: FrameworkPayload | None = None) -> ModelResult:
         """Stage the step's result: the response with its verdict (empty or refused generations
         rejected; a structured answer validated against ``output_type``) and counters; returns
         its payload. The caller commits it with its next commit (the runner: with the next
@@ -315,8 +318,8 @@ class ModelCall:
         counters = {"retries": sent.retries} if sent.retries else {}
         if verdict.rejected:
             counters["rejected_responses"] = 1
-        payload: dict[str, Any] = {"response": response.to_json(), "key": self.key, "sends": sent.sends,
-                                   "verdict": verdict.to_json(), "counters": counters, **(extra or {})}
+        payload: dict[str, object] = {"response": response.to_json(), "key": self.key, "sends": sent.sends,
+                                      "verdict": verdict.to_json(), "counters": counters, **(extra or {})}
         if output is not None:
             payload["output"] = output  # the validated value: what the final record and replay use
         if held is not None:
@@ -324,11 +327,11 @@ class ModelCall:
         self._refuse_too_large(sent, payload, counters, held)
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K6")
-        return payload
+        return cast("ModelResult", payload)  # built above with the keys ModelResult declares
 
 
-    def _refuse_too_large(self, sent: Sent, payload: dict[str, Any], counters: dict[str, int],
-                          held: dict[str, Any] | None) -> None:
+    def _refuse_too_large(self, sent: Sent, payload: dict[str, object], counters: dict[str, int],
+                          held: FrameworkJSON | None) -> None:
         """Journal the send as failed and raise :class:`ResponseTooLarge` when ``payload`` is over
         the journal's limit: an append refused later would stop the run mid-step, with the answer
         neither journaled nor reported as a failure (and a resume would meet it again)."""
@@ -345,7 +348,7 @@ class ModelCall:
         raise err
 
 
-def _rough_chars(response: ModelResponse, held: dict[str, Any] | None) -> int:
+def _rough_chars(response: ModelResponse, held: FrameworkJSON | None) -> int:
     """At least the characters the result's JSON holds beyond its small fields: the text twice
     (a validated output is parsed from it), the reasoning, refusal and every call's arguments."""
     n = 2 * len(response.text) + len(response.reasoning or "") + len(response.refusal or "")
@@ -356,7 +359,15 @@ def _rough_chars(response: ModelResponse, held: dict[str, Any] | None) -> int:
     return n
 
 
-def _framework(framework: FrameworkPayload) -> dict[str, Any]:
+class FrameworkJSON(TypedDict):
+    """The journaled form of a :class:`FrameworkPayload` (the result's ``framework``)."""
+
+    name: str
+    payload: object
+    """Plain JSON, checked by :func:`_framework` before anything is staged."""
+
+
+def _framework(framework: FrameworkPayload) -> FrameworkJSON:
     """The journaled form of ``framework``, checked before anything is staged."""
     if not isinstance(framework, FrameworkPayload) or not isinstance(framework.name, str) or not framework.name:
         raise UsageError(f"a framework payload is a FrameworkPayload with a non-empty name, got {framework!r}"[:300])

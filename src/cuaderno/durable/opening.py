@@ -26,7 +26,7 @@ CLOSED = ("completed", "failed", "cancelled")
 """The statuses of a run that never goes on: an opening answers it from its journal."""
 
 
-Mismatch = Callable[[dict[str, Any], dict[str, Any]], NoReturn]
+Mismatch = Callable[[Mapping[str, object], Mapping[str, object]], NoReturn]
 """What a caller does with a run started under other versions (recorded, current): it raises."""
 
 

@@ -131,7 +131,7 @@ class _ParentRun(Generic[T]):
         self.cancel_requested = opened.checkpoint.cancel_requested is not None
         return None
 
-    def _version_mismatch(self, recorded: dict[str, Any], current: dict[str, Any]) -> NoReturn:
+    def _version_mismatch(self, recorded: Mapping[str, object], current: Mapping[str, object]) -> NoReturn:
         """The parent was started under other versions: ``session.on_version_mismatch`` says what
         to do, before anything is written. An episode refuses (``"refuse"``) or leaves the run to
         a worker of its versions (``"drain"``); going on under other code (``"resume"``,

@@ -61,7 +61,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import Any, Generic
+from typing import Generic
 
 from pydantic import BaseModel, ValidationError
 
@@ -202,7 +202,7 @@ class Episode(Generic[T]):
             text += f"\n\nYour previous answer was not accepted:\n{feedback[:_FEEDBACK_LIMIT]}"
         return text
 
-    def versions(self) -> dict[str, Any]:
+    def versions(self) -> dict[str, str | int]:
         """Recorded when the parent run starts; a resume under others is refused."""
         return {"schema": EVENT_SCHEMA_VERSION, "episode": EPISODE_VERSION,
                 "agent": fingerprint({"instructions": self.instructions, "model": self.model,

@@ -103,11 +103,23 @@ class ToolCallJSON(TypedDict, total=False):
 
 
 class Escalation(TypedDict, total=False):
-    """A lower-tier call made and rejected inside one model step: sent, billed, counted."""
+    """A lower-tier call made and rejected inside one model step: sent, billed, counted
+    (``gateway.tiered.escalation_evidence``). Only ``usage`` and ``cost`` enter the counters; the
+    rest is evidence, shown, never compared on replay."""
 
     usage: ReadOnly[UsageJSON]
     cost: ReadOnly[float | None]
     """``None``: unpriced (counted in ``unpriced_calls``), never taken as free."""
+    from_tier: ReadOnly[str]
+    to_tier: ReadOnly[str]
+    reason: ReadOnly[str]
+    """A ``gateway.empty.Reason`` value: why the answer was rejected."""
+    outcome: ReadOnly[str]
+    detail: ReadOnly[str]
+    finish_reason: ReadOnly[str | None]
+    body_sha256: ReadOnly[str | None]
+    model: ReadOnly[str | None]
+    provider_request_id: ReadOnly[str | None]
 
 
 class Response(TypedDict, total=False):

@@ -7,7 +7,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypedDict, TypeVar
 
 import httpx2
 
@@ -20,6 +20,7 @@ from cuaderno.plainjson import not_plain, shown
 
 __all__ = [
     "LITELLM_COST_HEADER",
+    "Evidence",
     "adopted_client",
     "NO_KEY_PLACEHOLDER",
     "as_int",
@@ -37,6 +38,19 @@ __all__ = [
 ]
 
 LITELLM_COST_HEADER = "x-litellm-response-cost"
+
+
+class Evidence(TypedDict):
+    """What a parsed response carries besides its answer, passed to :class:`ModelResponse` as
+    keyword arguments: the accounting the projection sums, and how to find the call again."""
+
+    usage: Usage
+    model: str | None
+    """The model that answered, as the body names it (``None``: the body does not say)."""
+    cost: float | None
+    provider_request_id: str | None
+    response_id: str | None
+    body_sha256: str
 
 NO_KEY_PLACEHOLDER = "cuaderno-no-key"
 """Sent as the key to a custom ``base_url`` when none is configured: local servers (llama.cpp,
@@ -76,7 +90,7 @@ def sha256_hex(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def parse_body(raw: bytes, provider: str) -> dict[str, Any]:
+def parse_body(raw: bytes, provider: str) -> dict[str, object]:
     """Decode a 2xx body as a JSON object.
 
     Raises:

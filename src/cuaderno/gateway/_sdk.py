@@ -15,8 +15,9 @@ transport; without that mark, nothing left the process.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx2
@@ -117,19 +118,11 @@ class SdkGateway:
         kwargs = self._request_kwargs(request)
         headers = key_headers(self.idempotency_header, idempotency_key)
         _watch_sends(sdk_http_client(self._client))
-        attempt = _Attempt()
-        token = _ATTEMPT.set(attempt)
-        try:
+        with classified(self.provider_name):
             raw = await self._create(kwargs, headers)
             rate.report(raw.http_response.headers, status=raw.http_response.status_code)
             body = await raw.http_response.aread()
             enforce_size(body, self.max_body_bytes)
-        except Exception as exc:
-            report_failure(exc)
-            err = reraise(exc, self.provider_name)
-            raise (err if attempt.handed_over else _not_sent(err)) from exc
-        finally:
-            _ATTEMPT.reset(token)
         return self._parse(body, raw.http_response.headers, request)
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
@@ -148,6 +141,26 @@ def report_failure(exc: BaseException) -> None:
     response = getattr(exc, "response", None)
     if isinstance(response, httpx2.Response):
         rate.report(response.headers, status=response.status_code)
+
+
+@contextlib.contextmanager
+def classified(provider: str, *, passing: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """One send (a plain call or a stream), its failures raised as a classified
+    :class:`GatewayError`: ``sent`` only when its request reached the HTTP client's send step
+    (see the module). An exception of ``passing`` (already classified, or the caller's own) goes
+    out as it is."""
+    attempt = _Attempt()
+    token = _ATTEMPT.set(attempt)
+    try:
+        yield
+    except passing:
+        raise
+    except Exception as exc:
+        report_failure(exc)
+        err = reraise(exc, provider)
+        raise (err if attempt.handed_over else _not_sent(err)) from exc
+    finally:
+        _ATTEMPT.reset(token)
 
 
 def _not_sent(err: GatewayError) -> GatewayError:

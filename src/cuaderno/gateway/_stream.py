@@ -41,12 +41,11 @@ from cuaderno.gateway._common import (
     LITELLM_COST_HEADER,
     enforce_size,
     key_headers,
-    reraise,
     sdk_http_client,
     sha256_hex,
 )
 from cuaderno.gateway._errors import ResponseTooLarge, malformed_body
-from cuaderno.gateway._sdk import _ATTEMPT, SdkGateway, _Attempt, _not_sent, _watch_sends, report_failure
+from cuaderno.gateway._sdk import SdkGateway, _watch_sends, classified
 from cuaderno.gateway.base import ModelRequest, ModelResponse
 
 __all__ = ["AnthropicEvents", "OnToken", "OpenAIEvents", "SseDecoder", "stream_call"]
@@ -102,7 +101,7 @@ class Events(Protocol):
 
     def event(self, name: str | None, data: Any, on_token: OnToken) -> None: ...
 
-    def body(self) -> dict[str, Any]: ...
+    def body(self) -> dict[str, object]: ...
 
 
 class _CallerFailed(Exception):
@@ -118,8 +117,6 @@ async def stream_call(gateway: SdkGateway, request: ModelRequest, idempotency_ke
     """Send one streamed request and return the complete response (see the module docstring)."""
     headers = key_headers(gateway.idempotency_header, idempotency_key)
     _watch_sends(sdk_http_client(gateway._client))
-    attempt = _Attempt()
-    token = _ATTEMPT.set(attempt)
 
     def hand_over(text: str) -> None:
         try:
@@ -128,36 +125,29 @@ async def stream_call(gateway: SdkGateway, request: ModelRequest, idempotency_ke
             raise _CallerFailed(exc) from exc
 
     try:
-        async with open_stream(headers) as raw:
-            http = raw.http_response
-            rate.report(http.headers, status=http.status_code)
-            received = bytearray()
-            decoder = SseDecoder()
-            try:
-                async for chunk in _chunks(http.aiter_bytes()):
-                    received += chunk
-                    if len(received) > gateway.max_body_bytes:
-                        enforce_size(bytes(received), gateway.max_body_bytes)
-                    for name, data in decoder.feed(chunk):
-                        events.event(name, _json(data, gateway.provider_name), hand_over)
-            except (GatewayError, _CallerFailed, ResponseTooLarge):
-                raise  # already classified (too large: permanent), or the caller's own
-            except Exception as exc:
-                raise _interrupted(gateway, events, len(received), f"{type(exc).__name__}: {exc}") from exc
-            if not events.done:
-                what = "an event cut in the middle" if decoder.partial else "no end event"
-                raise _interrupted(gateway, events, len(received), f"the stream ended with {what}")
-            response_headers = http.headers
+        with classified(gateway.provider_name, passing=(_CallerFailed, StreamInterrupted)):
+            async with open_stream(headers) as raw:
+                http = raw.http_response
+                rate.report(http.headers, status=http.status_code)
+                received = bytearray()
+                decoder = SseDecoder()
+                try:
+                    async for chunk in _chunks(http.aiter_bytes()):
+                        received += chunk
+                        if len(received) > gateway.max_body_bytes:
+                            enforce_size(bytes(received), gateway.max_body_bytes)
+                        for name, data in decoder.feed(chunk):
+                            events.event(name, _json(data, gateway.provider_name), hand_over)
+                except (GatewayError, _CallerFailed, ResponseTooLarge):
+                    raise  # already classified (too large: permanent), or the caller's own
+                except Exception as exc:
+                    raise _interrupted(gateway, events, len(received), f"{type(exc).__name__}: {exc}") from exc
+                if not events.done:
+                    what = "an event cut in the middle" if decoder.partial else "no end event"
+                    raise _interrupted(gateway, events, len(received), f"the stream ended with {what}")
+                response_headers = http.headers
     except _CallerFailed as failed:
         raise failed.original from None
-    except StreamInterrupted:
-        raise
-    except Exception as exc:
-        report_failure(exc)
-        err = reraise(exc, gateway.provider_name)
-        raise (err if attempt.handed_over else _not_sent(err)) from exc
-    finally:
-        _ATTEMPT.reset(token)
     body = json.dumps(events.body()).encode()
     parsed: ModelResponse = gateway._parse(body, response_headers, request)
     cost = parsed.cost
@@ -276,7 +266,7 @@ class OpenAIEvents:
             if isinstance(function.get("arguments"), str):
                 into.arguments += function["arguments"]
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         message: dict[str, object] = {"role": "assistant", "content": "".join(self._text)}
         if self._reasoning:
             message["reasoning_content"] = "".join(self._reasoning)
@@ -289,7 +279,7 @@ class OpenAIEvents:
         choice: dict[str, object] = {"index": 0, "message": message, "finish_reason": self._finish}
         if self._native_finish is not None:
             choice["native_finish_reason"] = self._native_finish
-        body: dict[str, Any] = {**self._top, "object": "chat.completion", "choices": [choice]}
+        body: dict[str, object] = {**self._top, "object": "chat.completion", "choices": [choice]}
         if self._usage is not None:
             body["usage"] = self._usage
         if self._error is not None and not self._text and not self._calls:
@@ -349,7 +339,7 @@ class AnthropicEvents:
                                     f"({clipped(str(error.get('type', '?')))}: {clipped(str(error.get('message', '')))}) after "
                                     f"{self.text_chars} characters of text; the provider may bill the answer")
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         content: list[dict[str, object]] = []
         for index, block in sorted(self._blocks.items()):
             block = dict(block)

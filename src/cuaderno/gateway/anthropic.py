@@ -39,6 +39,7 @@ from anthropic.types import ContentBlockParam, MessageParam, ToolParam, ToolResu
 from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
+    Evidence,
     adopted_client,
     as_int,
     capped_http_client,
@@ -175,7 +176,7 @@ class AnthropicGateway(SdkGateway):
             kwargs.update(self._temperature(request.temperature))
         return kwargs
 
-    def _temperature(self, temperature: float) -> dict[str, Any]:
+    def _temperature(self, temperature: float) -> dict[str, dict[str, float]]:
         """The ``create()`` arguments that carry ``temperature`` under :attr:`on_temperature`.
 
         ``messages.create()`` of this SDK takes no ``temperature`` (passing it is a ``TypeError``
@@ -197,13 +198,13 @@ class AnthropicGateway(SdkGateway):
     def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
         data = parse_body(raw, _PROVIDER)
         usage = _usage(data.get("usage"))
-        model = data.get("model") if isinstance(data.get("model"), str) else None
+        model = named if isinstance(named := data.get("model"), str) else None
         cost = choose_cost(headers=headers, body_cost=None, usage=usage, prices=self.prices,
                            models=(model, request.model or self.model),
                            zero_cost_is_unpriced=self.zero_cost_is_unpriced)
-        common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "body_sha256": sha256_hex(raw),
-                                  "provider_request_id": headers.get("request-id") or _str(data.get("id")),
-                                  "response_id": _str(data.get("id"))}
+        common: Evidence = {"usage": usage, "model": model, "cost": cost, "body_sha256": sha256_hex(raw),
+                            "provider_request_id": headers.get("request-id") or _str(data.get("id")),
+                            "response_id": _str(data.get("id"))}
         if data.get("type") == "error":
             # An error object under a 2xx: an empty generation, rejected by the detector as "error".
             return ModelResponse(finish_reason="error", **common)

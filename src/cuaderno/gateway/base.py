@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from cuaderno.plainjson import JSONObject, JSONValue
+
+if TYPE_CHECKING:
+    from cuaderno.events.payloads import Escalation, Response, ToolCallJSON, UsageJSON
 
 __all__ = [
     "Message",
@@ -49,20 +54,19 @@ class ToolCall:
     """The provider's call id; echoed back in the tool result message."""
     name: str
     """The tool's name as the model wrote it (it may not exist: that is checked, not trusted)."""
-    arguments: dict[str, Any] = field(default_factory=dict[str, Any])
+    arguments: JSONObject = field(default_factory=dict[str, JSONValue])
     """The parsed arguments. Empty when ``arguments_error`` is set."""
     arguments_error: str | None = None
     """Why the raw arguments could not be parsed as a JSON object; a tool never runs then."""
     raw_arguments: str | None = None
     """The raw argument text when it failed to parse, kept as evidence."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ToolCallJSON:
         """The journaled form."""
-        out: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
-        if self.arguments_error is not None:
-            out["arguments_error"] = self.arguments_error
-            out["raw_arguments"] = self.raw_arguments
-        return out
+        if self.arguments_error is None:
+            return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "name": self.name, "arguments": self.arguments,
+                "arguments_error": self.arguments_error, "raw_arguments": self.raw_arguments}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ToolCall:
@@ -83,7 +87,7 @@ class Usage:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> UsageJSON:
         """The journaled form."""
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "cached_tokens": self.cached_tokens, "reasoning_tokens": self.reasoning_tokens}
@@ -129,15 +133,15 @@ class ModelResponse:
     """sha256 of the raw response body, kept as evidence."""
     tier: str | None = None
     """Which tier answered when a tiered gateway was used."""
-    escalations: tuple[dict[str, Any], ...] = ()
+    escalations: tuple[Escalation, ...] = ()
     """Evidence of each lower-tier answer that was rejected and escalated within this step
     (``{"from_tier", "to_tier", "reason", "usage", "cost", "finish_reason", "body_sha256"}``).
     Those calls were made (and maybe billed); the loop counts them from here."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Response:
         """The journaled form (``response_id`` only when known: a response without one is
         journaled byte for byte as before the field existed)."""
-        data: dict[str, Any] = {
+        data: Response = {
             "text": self.text,
             "tool_calls": [c.to_json() for c in self.tool_calls],
             "finish_reason": self.finish_reason,
@@ -152,7 +156,7 @@ class ModelResponse:
             "escalations": list(self.escalations),
         }
         if self.response_id is not None:
-            data["response_id"] = self.response_id
+            return {**data, "response_id": self.response_id}
         return data
 
     @classmethod
@@ -219,9 +223,9 @@ class ModelRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         """The neutral body, as plain JSON (used for fingerprints and by fakes)."""
-        body: dict[str, Any] = {"instructions": self.instructions, "messages": list(self.messages),
+        body: dict[str, object] = {"instructions": self.instructions, "messages": list(self.messages),
                                 "tools": list(self.tools), "model": self.model,
                                 "require_tool": self.require_tool}
         if self.max_output_tokens is not None:

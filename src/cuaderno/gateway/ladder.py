@@ -233,6 +233,31 @@ class RungChange(TypedDict):
     require_tool: bool
 
 
+class SkippedRung(TypedDict):
+    """A rung the climb passed over, and why, as the intent of the next rung sent (or the
+    run's end, when none is left) journals it. Evidence: replay reads only ``refused`` (counted
+    in ``rungs_refused``, the rest in ``rungs_skipped``)."""
+
+    rung: str
+    position: int
+    why: str
+    refused: bool
+    """It would have removed every tool the task needs (refused), rather than changed nothing."""
+
+
+class PlanIntent(TypedDict, total=False):
+    """What a rung's step intent adds to its payload (:meth:`Plan.intent_extra`)."""
+
+    rung: RungIntent
+    counters: dict[str, int]
+
+
+class RungIntent(RungChange):
+    """:class:`RungChange` with the rungs skipped to reach it."""
+
+    skipped: list[SkippedRung]
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What one model step sends: the request, its tier, and how it got there.
@@ -245,7 +270,7 @@ class Plan:
     tier: str | None
     position: int = 0
     rung: str | None = None
-    skipped: tuple[dict[str, Any], ...] = ()
+    skipped: tuple[SkippedRung, ...] = ()
     counters: Mapping[str, int] = field(default_factory=dict[str, int])
 
     def keyed(self, fp: str) -> str:
@@ -260,18 +285,18 @@ class Plan:
         return {"rung": self.rung, "position": self.position, "tier": self.tier,
                 "tools": [str(t.get("name")) for t in self.request.tools], "require_tool": self.request.require_tool}
 
-    def intent_extra(self, *, first: bool) -> dict[str, Any]:
+    def intent_extra(self, *, first: bool) -> PlanIntent:
         """What the step's intent records of the plan: the rung (and, on a step's first intent
         only, its counters: a re-send after a crash must not count the rung twice); nothing for
         the original request (journaled exactly as without a ladder)."""
         if self.rung is None:
             return {}
-        extra: dict[str, Any] = {"rung": {**self.change(), "skipped": list(self.skipped)}}
+        extra: PlanIntent = {"rung": {**self.change(), "skipped": list(self.skipped)}}
         if first and self.counters:
             extra["counters"] = dict(self.counters)
         return extra
 
-    def on_result(self) -> dict[str, Any]:
+    def on_result(self) -> dict[str, int]:
         """What the step's result payload records of the plan: ``{"rung": position}`` for a rung
         (the next step climbs from there), nothing for the original request (journaled as before)."""
         return {} if self.rung is None else {"rung": self.position}
@@ -289,7 +314,7 @@ class Plan:
 class Exhausted:
     """No rung is left to try."""
 
-    skipped: tuple[dict[str, Any], ...]
+    skipped: tuple[SkippedRung, ...]
 
 
 def current_route() -> str | None:
@@ -336,7 +361,7 @@ class Ladder:
         if not tiers:
             raise UsageError("a ladder needs at least one tier")
         tried = {_signature(_Change(request, tiers[0], changed=False))}
-        skipped: list[dict[str, Any]] = []
+        skipped: list[SkippedRung] = []
         for index, rung in enumerate(self.rungs):
             change = rung.apply(request, tiers)
             if index < start:
@@ -435,8 +460,8 @@ def _start(loop: _Loop, turn: int, ladder: Ladder) -> int | None:
 
 def _exhausted(loop: _Loop, ladder: Ladder, plan: Exhausted, turn: int) -> NoReturn:
     skipped = list(plan.skipped)
-    payload: dict[str, Any] = {"status": "failed", "reason": "ladder_exhausted", "budget": LADDER_BUDGET,
-                               "limit": len(ladder.rungs), "rungs": list(ladder.names), "skipped": skipped,
+    payload: dict[str, object] = {"status": "failed", "reason": "ladder_exhausted", "budget": LADDER_BUDGET,
+                                  "limit": len(ladder.rungs), "rungs": list(ladder.names), "skipped": skipped,
                                "turn": turn}
     loop.commit()  # the rejected answer that ended the climb lands before the record that ends the run
     loop.store.append([StepEvent(run_id=loop.run_id, step_id="run", phase="end", kind="run", payload=payload)],

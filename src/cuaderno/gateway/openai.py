@@ -33,6 +33,7 @@ from openai.types.shared_params import FunctionDefinition
 from cuaderno.errors import UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
+    Evidence,
     KeyHeaders,
     adopted_client,
     as_int,
@@ -164,13 +165,13 @@ class OpenAIGateway(SdkGateway):
     def _parse(self, raw: bytes, headers: Mapping[str, str], request: ModelRequest) -> ModelResponse:
         data = parse_body(raw, _PROVIDER)
         usage, body_cost = _usage(data.get("usage"))
-        model = data.get("model") if isinstance(data.get("model"), str) else None
+        model = named if isinstance(named := data.get("model"), str) else None
         cost = choose_cost(headers=headers, body_cost=body_cost, usage=usage, prices=self.prices,
                            models=(model, request.model or self.model),
                            zero_cost_is_unpriced=self.zero_cost_is_unpriced, api_url=str(self._client.base_url))
         request_id = headers.get("x-request-id") or _str(data.get("id"))
-        common: dict[str, Any] = {"usage": usage, "model": model, "cost": cost, "provider_request_id": request_id,
-                                  "response_id": _str(data.get("id")), "body_sha256": sha256_hex(raw)}
+        common: Evidence = {"usage": usage, "model": model, "cost": cost, "provider_request_id": request_id,
+                            "response_id": _str(data.get("id")), "body_sha256": sha256_hex(raw)}
         choices = data.get("choices")
         if not choices and data.get("error") is not None:
             # A 200 that carries an error object and no answer (seen behind proxies/routers): an

@@ -20,14 +20,18 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuaderno import faults
 from cuaderno.errors import IdempotencyKeyReuse
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, Usage
 from cuaderno.gateway.rate import RateLimit
+from cuaderno.plainjson import JSONObject
 from cuaderno.records import append_synced, read_records
+
+if TYPE_CHECKING:
+    from cuaderno.events.payloads import Response
 
 __all__ = ["ScriptedGateway"]
 
@@ -65,7 +69,7 @@ class ScriptedGateway:
         """Calls answered from the idempotency store."""
         self.keys: list[str] = []
         self.requests: list[ModelRequest] = []
-        self._store: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._store: dict[str, tuple[str, Response]] = {}
         self._lock = threading.Lock()
         for rec in read_records(self.billing_log) if self.billing_log is not None else ():
             self._store.setdefault(rec["key"], (rec["fingerprint"], rec["response"]))
@@ -84,7 +88,7 @@ class ScriptedGateway:
         return ScriptedGateway.parallel((name, arguments), call_id=call_id, cost=cost)
 
     @staticmethod
-    def parallel(*calls: tuple[str, dict[str, Any]], call_id: str | None = None,
+    def parallel(*calls: tuple[str, JSONObject], call_id: str | None = None,
               cost: float | None = None) -> ModelResponse:
         """A response that asks for several tool calls, in order."""
         tool_calls = tuple(ToolCall(id=call_id or f"call_{i}_{name}", name=name, arguments=args)

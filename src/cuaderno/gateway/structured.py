@@ -24,6 +24,7 @@ import pydantic
 
 from cuaderno.gateway.base import Message, ModelResponse, assistant_message
 from cuaderno.gateway.empty import Outcome, Reason, ResponseOutcome
+from cuaderno.plainjson import JSONObject
 
 __all__ = ["check_output", "feedback_messages"]
 
@@ -38,7 +39,7 @@ def answer_json(text: str) -> str:
 
 
 def check_output(output_type: type[pydantic.BaseModel],
-                 response: ModelResponse) -> tuple[ResponseOutcome, dict[str, Any] | None]:
+                 response: ModelResponse) -> tuple[ResponseOutcome, JSONObject | None]:
     """The verdict on a final answer, and the validated value as JSON when it is accepted.
 
     The rejected verdict's ``detail`` is the whole message the model is sent back (the errors and

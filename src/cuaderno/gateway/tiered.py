@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cuaderno.errors import GatewayError, UsageError
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.gateway.empty import Outcome, ResponseOutcome, classify_response
 from cuaderno.gateway.ladder import DEFAULT_LADDER, Ladder, current_route
+
+if TYPE_CHECKING:
+    from cuaderno.events.payloads import Escalation
 
 __all__ = ["DEFAULT_ESCALATE_ON", "TieredGateway", "escalation_evidence", "strong_key"]
 
@@ -79,7 +82,7 @@ class TieredGateway:
         self.ladder = ladder
         self.escalations = 0
         self.calls: dict[str, int] = {names[0]: 0, names[1]: 0}
-        self._rejected: dict[str, dict[str, Any]] = {}
+        self._rejected: dict[str, Escalation] = {}
         """Rejected cheap answers by key, until the strong tier answers for that key."""
 
     async def preflight(self) -> None:
@@ -102,7 +105,7 @@ class TieredGateway:
             return await self._routed(route, request, idempotency_key)
         cheap_name, strong_name = self.names
         evidence = self._rejected.get(idempotency_key)
-        prior: tuple[dict[str, Any], ...] = ()
+        prior: tuple[Escalation, ...] = ()
         if evidence is None:
             self.calls[cheap_name] += 1
             first = await self.cheap.complete(request, idempotency_key=idempotency_key)
@@ -147,7 +150,7 @@ def strong_key(idempotency_key: str, tier: str) -> str:
 
 
 def escalation_evidence(response: ModelResponse, verdict: ResponseOutcome, *, from_tier: str,
-                        to_tier: str) -> dict[str, Any]:
+                        to_tier: str) -> Escalation:
     """The journaled record of a rejected answer: what it cost, why it was rejected, how to find it.
 
     Keys: ``from_tier``, ``to_tier``, ``reason`` (a :class:`~cuaderno.gateway.empty.Reason` value),

@@ -23,7 +23,7 @@ from cuaderno.loop import _snapshots
 from cuaderno.loop._state import RunState
 from cuaderno.loop.steps import Step
 
-__all__ = ["RunLog"]
+__all__ = ["RunLog", "StepsOver"]
 
 
 class RunLog:
@@ -239,3 +239,17 @@ class RunLog:
             st.chain = chain(st.chain, fingerprint(message))
         st.unhashed.clear()
         return st.chain
+
+
+class StepsOver:
+    """What the loop's model steps and tool steps share: one run's state and log, and the log's
+    per-step methods bound once (they run on every step: an attribute lookup saved each time)."""
+
+    __slots__ = ("_add_message", "_recorded", "_show", "log", "state")
+
+    def __init__(self, state: RunState, log: RunLog) -> None:
+        self.state = state
+        self.log = log
+        self._add_message = log.add_message
+        self._recorded = log.recorded
+        self._show = log.show

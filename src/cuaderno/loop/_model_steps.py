@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from cuaderno import faults
 from cuaderno.durable.model_call import ModelCall, accepted
@@ -13,26 +13,18 @@ from cuaderno.flow.ratelimit import rate_gate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
 from cuaderno.gateway.ladder import climb
 from cuaderno.gateway.structured import feedback_messages
-from cuaderno.loop._log import RunLog
-from cuaderno.loop._state import RunState, Turn, Unrecorded
+from cuaderno.loop._log import StepsOver
+from cuaderno.loop._state import Turn, Unrecorded
 from cuaderno.loop.steps import FinalStep, ModelStep
 
 __all__ = ["ModelSteps"]
 
 
-class ModelSteps:
+class ModelSteps(StepsOver):
     """The model half of the loop, over one run's state and log. Writes the state's
     ``output_data`` and, while replaying, its ``chain``, ``rebased`` and ``unhashed``."""
 
-    __slots__ = ("_add_message", "_recorded", "_show", "log", "state")
-
-    def __init__(self, state: RunState, log: RunLog) -> None:
-        self.state = state
-        self.log = log
-        # Bound once: these run on every turn.
-        self._add_message = log.add_message
-        self._recorded = log.recorded
-        self._show = log.show
+    __slots__ = ()
 
     async def turn(self, turn: int) -> Turn | None:
         """Replay or make turn ``turn``'s model call. ``None`` means the response was rejected
@@ -52,7 +44,9 @@ class ModelSteps:
             for message in feedback_messages(payload):  # an invalid structured answer: told why
                 self._add_message(message)
             return None  # otherwise not part of the conversation: the same request is asked again
-        self._add_message(assistant_message(payload["response"]))
+        journaled = payload["response"]
+        assert journaled is not None, "a result staged from a response holds it"
+        self._add_message(assistant_message(journaled))
         st.output_data = payload.get("output")
         return Turn(response.text, response.tool_calls)
 
@@ -80,22 +74,22 @@ class ModelSteps:
             st.unhashed.append({"migrated_to": st.config_fp})
         fp = self.log.request_fingerprint()
         rec = self._recorded(step_id, "result", "model", None, fp)
-        if rec is None or view(rec, ModelResult)["response"] is None:
+        result = None if rec is None else view(rec, ModelResult)
+        data = None if result is None else result["response"]
+        if result is None or data is None:
             return Unrecorded(step_id, fp)
-        result = view(rec, ModelResult)
         if not accepted(result):
-            for message in feedback_messages(rec.payload):
+            for message in feedback_messages(result):
                 self._add_message(message)
             return None
-        # The gateway's helpers take the response's JSON as a plain dict (the same object).
-        data: dict[str, Any] = rec.payload["response"]
+        # The gateway's helpers read the response's JSON as it is (the same object, not a copy).
         self._add_message(assistant_message(data))
         st.output_data = result.get("output")
         # Only what the loop reads of the response is rebuilt (the whole ModelResponse is three
         # times the work, and a resume replays every turn).
         return Turn(data.get("text") or "", tuple(ToolCall.from_json(c) for c in data.get("tool_calls") or ()))
 
-    async def _call(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, dict[str, Any]]:
+    async def _call(self, turn: int, step_id: str, fp: str) -> tuple[ModelResponse, ModelResult]:
         """Send the request once its intent is durable (:class:`~cuaderno.durable.ModelCall`);
         return the response and its staged result payload."""
         st, log = self.state, self.log

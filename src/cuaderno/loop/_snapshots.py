@@ -39,7 +39,7 @@ replay of the turns before the snapshot would have left.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from cuaderno.checkpoint import Checkpoint, differing, project
 from cuaderno.durable.model_call import accepted
@@ -94,13 +94,13 @@ def first_request(state: RunState) -> str:
     return chain(state.config_fp, fingerprint({"role": "user", "content": state.task}))
 
 
-def _simple(cp: Checkpoint, versions: dict[str, Any]) -> bool:
+def _simple(cp: Checkpoint, versions: Mapping[str, object]) -> bool:
     """A run a snapshot may open: running, nothing waiting, uncertain or cancelled, same versions."""
     return (cp.status == "running" and cp.cancel_requested is None and not cp.uncertain and not cp.pending
             and cp.versions == versions)
 
 
-def tail_open(state: RunState, cp: Checkpoint, versions: dict[str, Any]) -> tuple[Checkpoint, list[StepEvent]] | None:
+def tail_open(state: RunState, cp: Checkpoint, versions: Mapping[str, object]) -> tuple[Checkpoint, list[StepEvent]] | None:
     """The run's checked summary and its events after its latest snapshot's base (see the
     module), with the snapshot kept on ``state`` (``snaps.restored``); ``None``: open it from the whole
     journal. ``cp`` (the summary as read before, unchecked) only saves a read that cannot help."""
@@ -194,14 +194,15 @@ def conversation_before(state: RunState, snap: Restored) -> list[Message]:
     last_start, last_fp = 0, None
     for turn in range(snap.turn):
         rec = index.get((model_step_id(turn), "result"))
-        if rec is None or view(rec, ModelResult).get("response") is None:
+        answer = None if rec is None else view(rec, ModelResult)
+        response = None if answer is None else answer.get("response")
+        if rec is None or answer is None or response is None:
             raise JournalCorrupt(f"run {state.run_id!r}: turn {turn} has no response before its snapshot at turn "
                                  f"{snap.turn}; the conversation cannot be rebuilt")
         last_start, last_fp = len(out), rec.fingerprint
-        if not accepted(view(rec, ModelResult)):
-            out.extend(feedback_messages(rec.payload))
+        if not accepted(answer):
+            out.extend(feedback_messages(answer))
             continue
-        response: dict[str, Any] = rec.payload["response"]  # the gateway's helpers take the JSON dict
         out.append(assistant_message(response))
         for i, raw in enumerate(response.get("tool_calls") or ()):
             call = journalable_call(ToolCall.from_json(raw))

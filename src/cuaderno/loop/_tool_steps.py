@@ -13,8 +13,8 @@ from cuaderno.events import approval_step_id, tool_step_id
 from cuaderno.events.payloads import ApprovalDecision, ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
-from cuaderno.loop._log import RunLog
-from cuaderno.loop._state import RunState, effect_key, journalable_call, tool_message
+from cuaderno.loop._log import StepsOver
+from cuaderno.loop._state import effect_key, journalable_call, tool_message
 from cuaderno.loop.executor import ToolInfo
 from cuaderno.loop.steps import ApprovalStep, ToolStep
 from cuaderno.plainjson import journalable
@@ -25,7 +25,7 @@ __all__ = ["ToolSteps"]
 _journalable = journalable_call  # the name the loop used before (kept importable)
 
 
-class ToolSteps:
+class ToolSteps(StepsOver):
     """The tool half of the loop, over one run's state and log (it writes no state field itself:
     its results go through the log). A cancelled run's compensations subclass it
     (:mod:`cuaderno.loop.cleanup`) with their own keys."""
@@ -33,14 +33,6 @@ class ToolSteps:
     _tells_the_model = True
     """Whether each result becomes a tool message the model answers (a repair, a replan, a
     reflection: counted against the budgets). A compensation's does not."""
-
-    def __init__(self, state: RunState, log: RunLog) -> None:
-        self.state = state
-        self.log = log
-        # Bound once: these run on every tool call.
-        self._recorded = log.recorded
-        self._show = log.show
-        self._add_message = log.add_message
 
     async def call(self, turn: int, index: int, call: ToolCall) -> bool:
         """Replay or run one tool call. Returns ``True`` when the run is now waiting for a person."""
@@ -181,7 +173,7 @@ class ToolSteps:
                            tenant=self.state.s.tenant, data=data, call_id=call.id)
 
     def _tool_result(self, step_id: str, call: ToolCall, args_fp: str, outcome: str, *, decision: str | None,
-                     error: dict[str, Any] | None = None, reason: str | None = None,
+                     error: Mapping[str, object] | None = None, reason: str | None = None,
                      policy_version: str | None = None) -> None:
         """The result of a call that never ran (an unknown tool, arguments refused, a denial)."""
         payload = result_payload(outcome, error=error, reason=reason, policy_version=policy_version,

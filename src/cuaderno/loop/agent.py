@@ -188,10 +188,10 @@ class Agent:
             raise UsageError(f"output_type must be a pydantic model class, got {output_type!r:.80}")
         self.output_type = output_type
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> dict[str, object]:
         """The parts of every request that do not depend on the conversation."""
-        config: dict[str, Any] = {"instructions": self.instructions, "tools": list(self.tool_schemas),
-                                  "model": self.model, "require_tool": self.require_tool}
+        config: dict[str, object] = {"instructions": self.instructions, "tools": list(self.tool_schemas),
+                                     "model": self.model, "require_tool": self.require_tool}
         if self.max_output_tokens is not None:
             config["max_output_tokens"] = self.max_output_tokens
         if self.temperature is not None:
@@ -200,7 +200,7 @@ class Agent:
             config["output_schema"] = self.output_type.model_json_schema()
         return config
 
-    def versions(self) -> dict[str, Any]:
+    def versions(self) -> dict[str, str | int]:
         """Event schema, loop, policy, capability and agent versions, recorded when a run starts."""
         return {
             "schema": EVENT_SCHEMA_VERSION,

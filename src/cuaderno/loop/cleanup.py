@@ -30,6 +30,7 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.events import StepEvent, cleanup_step_id, not_happened_since_sent, numbered
+from cuaderno.events.payloads import ToolResult, view
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall
 from cuaderno.journal.base import Checkpointer
@@ -46,7 +47,7 @@ __all__ = ["compensate"]
 
 async def compensate(agent: Agent, store: Checkpointer, run_id: str, *, tenant: str | None = None,
                      runtime: Runtime = DEFAULT_RUNTIME, ownership: Ownership | None = None,
-                     tools: ToolExecutor | None = None, retry: RetryPolicy | None = None) -> list[dict[str, Any]]:
+                     tools: ToolExecutor | None = None, retry: RetryPolicy | None = None) -> list[ToolResult]:
     """Run the cleanup a cancelled run scheduled; return each compensation's journaled result.
 
     Args:
@@ -141,13 +142,13 @@ class _Cleanup(ToolSteps):
         for ev in events:
             state.journal[(ev.step_id, ev.phase)] = ev
         super().__init__(state, RunLog(state))
-        self.for_step: dict[str, Any] = {}
+        self.for_step: dict[str, object] = {}
 
-    async def run(self, step_id: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    async def run(self, step_id: str, entry: Mapping[str, Any]) -> ToolResult:
         """Run (or replay, or reconcile) one compensation; return its journaled result."""
         done = self.state.journal.get((step_id, "result"))
         if done is not None:
-            return done.payload
+            return view(done, ToolResult)
         name, arguments = _what(self.state.tools, entry)
         if name is None:
             # Settled by a person, and its tool declares no compensation: nothing to undo.
@@ -156,7 +157,7 @@ class _Cleanup(ToolSteps):
                                                                       reason="the tool declares no compensation"),
                                  points=())
             self.log.commit()
-            return event.payload
+            return view(event, ToolResult)
         assert isinstance(arguments, dict)  # _check refused, before anything was written, what cannot run
         self._unsettleable(step_id, name)
         self.for_step[step_id] = entry.get("for_step")
@@ -167,7 +168,7 @@ class _Cleanup(ToolSteps):
         result = next(ev for ev in self.state.pending if (ev.step_id, ev.phase) == (step_id, "result"))
         self.log.commit()
         self.state.journal[(step_id, "result")] = result
-        return result.payload
+        return view(result, ToolResult)
 
     def _fresh_key(self, step_id: str, call: ToolCall, info: ToolInfo) -> str:
         """A compensation's own identity: never the key of the effect it undoes."""

@@ -21,15 +21,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Required, TypedDict
 
 from pydantic_core import to_jsonable_python
 
 from cuaderno import telemetry
-from cuaderno.plainjson import not_plain
+from cuaderno.plainjson import JSONObject, JSONValue, not_plain
 from cuaderno.tools.definition import Tool, ToolContext
 
-__all__ = ["AgentTools", "ToolExecutor", "ToolInfo", "TracedTools"]
+__all__ = ["AgentTools", "CompensationCall", "ToolExecutor", "ToolInfo", "TracedTools"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,15 @@ class ToolInfo:
     """It only reads: a run of unknown outcome that fails when run again has simply failed."""
 
 
+class CompensationCall(TypedDict, total=False):
+    """The compensation a completed call declares, as journaled with its result (``compensation``)."""
+
+    tool: Required[str]
+    arguments: Required[JSONValue]
+    """The compensating tool's arguments; ``None`` when they could not be worked out (``error`` says why)."""
+    error: str
+
+
 class ToolExecutor(Protocol):
     """Runs tools by name for the loop."""
 
@@ -58,26 +67,26 @@ class ToolExecutor(Protocol):
         """The tool's declaration, or ``None`` if there is no such tool."""
         ...
 
-    def check(self, name: str, arguments: dict[str, Any]) -> None:
+    def check(self, name: str, arguments: JSONObject) -> None:
         """Raise :class:`~cuaderno.errors.ToolError` (``invalid_input``) if the arguments do not
         fit the tool's schema. Nothing runs."""
         ...
 
-    def context_data(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def context_data(self, name: str, arguments: JSONObject) -> JSONObject:
         """Extra context for the tool and its lookup (the business id the tool declares)."""
         ...
 
-    def compensation(self, name: str, arguments: dict[str, Any], value: Any) -> dict[str, Any] | None:
+    def compensation(self, name: str, arguments: JSONObject, value: Any) -> CompensationCall | None:
         """The compensation the tool declares for this completed call (``{"tool", "arguments"}``,
         or with ``"error"`` when its arguments cannot be worked out), or ``None``."""
         ...
 
-    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         """Run the tool once on arguments :meth:`check` accepted; return its JSON-able result.
         A :class:`~cuaderno.errors.ToolError` is a classified failure; anything else is a bug."""
         ...
 
-    async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def lookup(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         """Ask the receiver whether the effect keyed ``ctx.effect_key`` happened: its JSON-able
         receipt, ``None`` when its absence is proven; raise when nobody can tell."""
         ...
@@ -93,7 +102,7 @@ class AgentTools:
         # much as the rest of a tool step's bookkeeping, and the loop checks a call's arguments
         # before its intent, then runs it (maybe more than once) on the same dict: it is
         # validated once. Keyed by identity (the dict itself is kept, so its id is never reused).
-        self._checked: tuple[str, dict[str, Any], dict[str, Any]] | None = None
+        self._checked: tuple[str, JSONObject, dict[str, object]] | None = None
 
     def names(self) -> list[str]:
         return sorted(self.tools)
@@ -109,10 +118,10 @@ class AgentTools:
             self._info[name] = known
         return known[1]
 
-    def check(self, name: str, arguments: dict[str, Any]) -> None:
+    def check(self, name: str, arguments: JSONObject) -> None:
         self._kwargs(name, arguments)
 
-    def _kwargs(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def _kwargs(self, name: str, arguments: JSONObject) -> dict[str, object]:
         checked = self._checked
         if checked is not None and checked[0] == name and checked[1] is arguments:
             return checked[2]
@@ -120,11 +129,11 @@ class AgentTools:
         self._checked = (name, arguments, kwargs)
         return kwargs
 
-    def context_data(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def context_data(self, name: str, arguments: JSONObject) -> JSONObject:
         business_id = self.tools[name].business_id
         return {"business_id": business_id(arguments)} if business_id else {}
 
-    def compensation(self, name: str, arguments: dict[str, Any], value: Any) -> dict[str, Any] | None:
+    def compensation(self, name: str, arguments: JSONObject, value: Any) -> CompensationCall | None:
         declared = self.tools[name].compensation
         if declared is None:
             return None
@@ -136,12 +145,12 @@ class AgentTools:
             return {"tool": declared.tool, "arguments": None, "error": f"{type(exc).__name__}: {exc}"}
         return {"tool": declared.tool, "arguments": worked_out}
 
-    def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Coroutine[Any, Any, Any]:
+    def invoke(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Coroutine[Any, Any, Any]:
         # The tool's own coroutine, not one more around it: a coroutine frame per tool step is
         # measurable next to the rest of a step's bookkeeping.
         return self.tools[name].invoke(self._kwargs(name, arguments), ctx)
 
-    async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def lookup(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         find = self.tools[name].lookup
         assert find is not None, "lookup is asked only of a tool whose info has_lookup"
         found = find(ctx, arguments)
@@ -158,7 +167,7 @@ class TracedTools:
         self.names, self.info, self.check = inner.names, inner.info, inner.check
         self.context_data, self.compensation, self.lookup = inner.context_data, inner.compensation, inner.lookup
 
-    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         with telemetry.tool_call(name, run_id=ctx.run_id, step_id=ctx.step_id, call_id=ctx.call_id) as span:
             value = await self.inner.invoke(name, arguments, ctx)
             span.ok()

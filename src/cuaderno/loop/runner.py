@@ -33,8 +33,8 @@ first collection afterwards walks the same objects).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, NoReturn
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import NoReturn
 
 from cuaderno import faults, telemetry
 from cuaderno.cancellation import cancel, finalize, in_flight
@@ -62,8 +62,9 @@ from cuaderno.loop._model_steps import ModelSteps
 from cuaderno.loop._state import effect_key, new_state, tool_message
 from cuaderno.loop._tool_steps import ToolSteps
 from cuaderno.loop.agent import Agent, Session
-from cuaderno.loop.steps import FinalStep, Step
+from cuaderno.loop.steps import FinalStep, Step, VersionChange
 from cuaderno.loop.versions import Migration
+from cuaderno.plainjson import JSONObject
 
 __all__ = ["Runner", "effect_key", "tool_message"]
 
@@ -164,7 +165,7 @@ class Runner:
             self._add_task()
         return None
 
-    def _checked(self, task_fp: str, versions: dict[str, Any]) -> tuple[Checkpoint, list[StepEvent]] | FinalStep:
+    def _checked(self, task_fp: str, versions: Mapping[str, object]) -> tuple[Checkpoint, list[StepEvent]] | FinalStep:
         """Everything that can refuse to resume an existing run, before anything is written: the
         run's summary and journal (checked against each other), or the answer of a closed run.
 
@@ -225,7 +226,7 @@ class Runner:
         raise ReplayDivergence(self.run_id, beyond, f"{seen.kind} step {beyond}{name} ({seen.phase}) at this point",
                                f"the end of the run at max_turns={self.state.agent.max_turns} without reaching it")
 
-    def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: dict[str, Any]) -> FinalStep | None:
+    def _check_resumable(self, cp: Checkpoint, task_fp: str, versions: Mapping[str, object]) -> FinalStep | None:
         # Before anything is written (a migration, a cancel request); the schema before any
         # version choice (not even "resume" may replay events of a newer schema).
         check_reopened(cp, self.run_id, task_fingerprint=task_fp, tenant=self.state.s.tenant)
@@ -242,7 +243,7 @@ class Runner:
                     raise UncertainEffect(self.run_id, step_id, evidence)
         return None
 
-    def _closed_answer(self, cp: Checkpoint, versions: dict[str, Any]) -> FinalStep:
+    def _closed_answer(self, cp: Checkpoint, versions: Mapping[str, object]) -> FinalStep:
         """The answer of a completed run (``cp`` was checked against the journal), under the
         same version rule as an open run; nothing is written either way.
 
@@ -253,19 +254,19 @@ class Runner:
         (no record is written, the migration function is not called), but the caller learns the
         answer came from other code.
         """
-        mismatch = None
+        mismatch: VersionChange | None = None
         if cp.versions != versions:
             choice = self.state.s.on_version_mismatch
             if choice == "refuse":
                 raise VersionMismatch(self.run_id, cp.versions, versions)
             if choice == "drain":
                 raise DrainOnOldWorker(self.run_id, cp.versions, versions)
-            mismatch = {"recorded": cp.versions, "current": versions}
+            mismatch = VersionChange(recorded=cp.versions, current=versions)
         outcome = cp.outcome or {}
         return FinalStep(step_id="final", output=str(outcome.get("output", "")), replayed=True, data=outcome,
                          version_mismatch=mismatch)
 
-    def _version_choice(self, cp: Checkpoint, versions: dict[str, Any], events: list[StepEvent]) -> bool:
+    def _version_choice(self, cp: Checkpoint, versions: Mapping[str, object], events: list[StepEvent]) -> bool:
         """Apply ``on_version_mismatch``; ``events`` is the journal ``cp`` was checked against.
         Returns whether the recorded turns are left uncompared: the run was migrated (they stand
         as they were sent), or its cancellation was requested (nothing is replayed)."""
@@ -300,7 +301,7 @@ class Runner:
             return True
         raise VersionMismatch(self.run_id, cp.versions, versions)
 
-    def _refuses(self, name: str, arguments: dict[str, Any] | None) -> str | None:
+    def _refuses(self, name: str, arguments: JSONObject | None) -> str | None:
         """Why this agent would refuse a call it must settle (``None``: it accepts it)."""
         if self.state.tools.info(name) is None:
             return f"no tool {name!r}"
@@ -452,8 +453,8 @@ class Runner:
             self._end_failed(*self.state.over_budget)
 
     def _end_failed(self, budget: str, limit: int) -> None:
-        payload: dict[str, Any] = {"status": "failed", "reason": "budget", "budget": budget, "limit": limit,
-                                   "spent": self.state.spent.get(budget)}
+        payload: dict[str, object] = {"status": "failed", "reason": "budget", "budget": budget, "limit": limit,
+                                      "spent": self.state.spent.get(budget)}
         # A bound can be found exceeded on opening (lowered since the run started) while a tool
         # step is in flight: the failure record names it, as a cancellation's does.
         uncertain = in_flight(self.state.store.load(self.run_id))

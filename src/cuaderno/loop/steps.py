@@ -8,11 +8,13 @@ The full timeline is :meth:`Checkpointer.load <cuaderno.journal.base.Checkpointe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from cuaderno.events.payloads import FinalResult
 from cuaderno.gateway.base import ModelResponse
+from cuaderno.plainjson import JSONObject
 
 __all__ = ["ApprovalStep", "FinalStep", "ModelStep", "Step", "ToolStep"]
 
@@ -36,7 +38,7 @@ class ToolStep:
 
     step_id: str
     tool: str
-    arguments: dict[str, Any]
+    arguments: JSONObject
     decision: str
     """``allow``, ``deny``, ``require_approval`` (policy) or ``approved``/``rejected`` (a person)."""
     outcome: str
@@ -53,13 +55,20 @@ class ApprovalStep:
     step_id: str
     tool_step_id: str
     tool: str
-    arguments: dict[str, Any]
+    arguments: JSONObject
     fingerprint: str
     """The fingerprint of exactly these arguments; an approval is bound to it."""
     status: str
     """``pending``, ``approved`` or ``rejected``."""
     approver: str | None = None
     reason: str | None = None
+
+
+class VersionChange(TypedDict):
+    """The versions a closed run was recorded under and those of the agent replaying it."""
+
+    recorded: Mapping[str, object]
+    current: Mapping[str, object]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,7 +82,7 @@ class FinalStep:
     data: FinalResult = field(default_factory=lambda: cast(FinalResult, {}))
     """The journaled final record (``output``, ``turn``), the same on the first answer and on
     every replay of the closed run."""
-    version_mismatch: dict[str, Any] | None = None
+    version_mismatch: VersionChange | None = None
     """Set only on the replay of a run that closed under other versions than the agent replaying
     it, which an explicit ``on_version_mismatch`` choice let through (``"refuse"``, the default,
     raises :class:`~cuaderno.errors.VersionMismatch` instead): ``{"recorded": ..., "current":

@@ -45,7 +45,16 @@ from cuaderno.durable.log import JournalLog
 from cuaderno.durable.model_call import ModelCall, Sent
 from cuaderno.errors import GatewayError, ReplayDivergence, ToolError, UsageError, VersionMismatch
 from cuaderno.events import StepEvent
-from cuaderno.events.payloads import ModelIntent, ModelResult, PayloadMalformed, RunStart, ToolResult, check, view
+from cuaderno.events.payloads import (
+    ModelIntent,
+    ModelResult,
+    PayloadMalformed,
+    Response,
+    RunStart,
+    ToolResult,
+    check,
+    view,
+)
 from cuaderno.fingerprint import fingerprint
 from cuaderno.flow.ratelimit import RateGate, rate_gate
 from cuaderno.gateway.base import Message, ModelGateway, ModelRequest, assistant_message
@@ -297,7 +306,9 @@ class CuadernoActivities:
         payload = call.finish(Sent(response, sends, inp.retries), require_tool=a.require_tool)
         call.log.commit()
         faults.point("temporal.model.A2")  # journaled, not returned: the re-executed activity pays nothing
-        return slim_response(payload["response"])
+        journaled = payload["response"]
+        assert journaled is not None, "a result staged from a response holds it"
+        return slim_response(journaled)
 
     def _rate_gate(self, run_id: str, step_id: str, journal: dict[tuple[str, str], StepEvent],
                    inp: ModelTurnInput) -> RateGate | None:
@@ -630,17 +641,17 @@ def journal_kind(url: str) -> str:
     return f"PostgreSQL {target.url} (shared by workers on any host)"
 
 
-def _response(result: StepEvent) -> dict[str, Any]:
+def _response(result: StepEvent) -> Response:
     """A journaled model result's response, as JSON (the gateway's helpers take it so).
 
     Raises:
         ApplicationError: the result holds none (a classified failure journaled as evidence): no
             conversation can be built on it.
     """
-    if view(result, ModelResult)["response"] is None:
+    response = view(result, ModelResult)["response"]
+    if response is None:
         raise ApplicationError(f"step {result.step_id!r} has no journaled response", type="JournalCorrupt",
                                non_retryable=True)
-    response: dict[str, Any] = result.payload["response"]
     return response
 
 

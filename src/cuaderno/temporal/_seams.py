@@ -28,7 +28,7 @@ from cuaderno.journal.base import Checkpointer
 from cuaderno.loop.executor import AgentTools
 from cuaderno.loop.holds import Loop, Where
 from cuaderno.loop.runtime import Runtime
-from cuaderno.plainjson import sorted_compact, sorted_compact_nan
+from cuaderno.plainjson import JSONObject, sorted_compact, sorted_compact_nan
 from cuaderno.temporal._names import (
     LOOKUP,
     MODEL_TURN,
@@ -297,12 +297,12 @@ class ActivityTools(AgentTools):
             self._ran[ctx.call_id] = None if ctx.call_id in self._ran else (ctx.step_id, sorted_compact_nan(value))
         return value
 
-    def _input(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> ToolCallInput:
+    def _input(self, name: str, arguments: JSONObject, ctx: ToolContext) -> ToolCallInput:
         return ToolCallInput(agent=self.agent_name, run_id=ctx.run_id, step_id=ctx.step_id, tool=name,
                              arguments=arguments, effect_key=ctx.effect_key, attempt=ctx.attempt,
                              tenant=ctx.tenant, data=dict(ctx.data), call_id=ctx.call_id)
 
-    async def invoke(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def invoke(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         self.check(name, arguments)
         known = self.replayed.get(ctx.step_id)
         if known is not None and known.get("effect_key") == ctx.effect_key:
@@ -318,7 +318,7 @@ class ActivityTools(AgentTools):
         except ActivityError as exc:
             raise self._tool_error(exc, "tool activity") from None
 
-    async def lookup(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    async def lookup(self, name: str, arguments: JSONObject, ctx: ToolContext) -> Any:
         try:
             return await workflow.execute_activity(LOOKUP, slim_input(self._input(name, arguments, ctx)),
                                                    **_options(CODE, self.policy))

@@ -20,7 +20,7 @@ import pydantic
 
 from cuaderno.errors import ToolArgumentsInvalid, UsageError
 from cuaderno.fingerprint import fingerprint
-from cuaderno.plainjson import journalable
+from cuaderno.plainjson import JSONObject, JSONValue, journalable
 
 __all__ = ["Compensation", "Lookup", "Tool", "ToolContext", "tool"]
 
@@ -40,12 +40,12 @@ class ToolContext:
     effect_key: str
     attempt: int = 1
     tenant: str = "default"
-    data: dict[str, Any] = field(default_factory=dict[str, Any])
+    data: JSONObject = field(default_factory=dict[str, JSONValue])
     call_id: str | None = None
     """The model's id for this call; a compensation, which no model asked for, has its step id."""
 
 
-Lookup = Callable[[ToolContext, dict[str, Any]], Any]
+Lookup = Callable[[ToolContext, JSONObject], Any]
 """A reconciliation lookup: given the context (with ``effect_key``) and the arguments, return the
 recorded result if the effect exists, ``None`` if its absence is proven, or raise if unknown."""
 
@@ -64,7 +64,7 @@ class Compensation:
     """
 
     tool: str
-    arguments: Callable[[dict[str, Any], Any], dict[str, Any]]
+    arguments: Callable[[JSONObject, Any], Mapping[str, object]]
 
 
 class Tool:
@@ -72,7 +72,7 @@ class Tool:
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                  idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
-                 business_id: Callable[[dict[str, Any]], str] | None = None,
+                 business_id: Callable[[JSONObject], str] | None = None,
                  compensation: Compensation | None = None, effect_free: bool = False) -> None:
         self.fn = fn
         self.effect_free = effect_free
@@ -92,9 +92,9 @@ class Tool:
         self._ctx_param, self._model = _signature_model(fn, self.name)
         schema = self._model.model_json_schema()
         schema.pop("title", None)
-        self.parameters: dict[str, Any] = schema
+        self.parameters: JSONObject = schema
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> JSONObject:
         """The neutral tool schema sent to the model."""
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
@@ -105,7 +105,7 @@ class Tool:
         extra = {"effect_free": True} if self.effect_free else {}
         return fingerprint({**self.schema(), "idempotent": self.idempotent, "effect_type": self.effect_type, **extra})
 
-    def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
+    def validate(self, arguments: Mapping[str, object]) -> dict[str, object]:
         """Check arguments against the schema; return them as the function will receive them.
 
         Raises:
@@ -178,13 +178,13 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(*, name: str | None = None, description: str | None = None, idempotent: bool = False,
          effect_type: str | None = None, lookup: Lookup | None = None,
-         business_id: Callable[[dict[str, Any]], str] | None = None,
+         business_id: Callable[[JSONObject], str] | None = None,
          compensation: Compensation | None = None, effect_free: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          idempotent: bool = False, effect_type: str | None = None, lookup: Lookup | None = None,
-         business_id: Callable[[dict[str, Any]], str] | None = None,
+         business_id: Callable[[JSONObject], str] | None = None,
          compensation: Compensation | None = None, effect_free: bool = False) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function: ``@tool`` or ``@tool(idempotent=True)``.
 

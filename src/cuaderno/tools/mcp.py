@@ -97,7 +97,7 @@ class McpTool(Tool):
     def _unused(**_: Any) -> None:  # pragma: no cover - McpTool overrides invoke
         raise AssertionError("an MCP tool runs through invoke")
 
-    def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
+    def validate(self, arguments: Mapping[str, object]) -> dict[str, object]:
         """Check arguments against the server's input schema (before any intent is written).
 
         Raises:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from cuaderno.errors import UsageError
+from cuaderno.plainjson import JSONObject
 
 __all__ = ["Policy", "PolicyDecision", "Rule"]
 
@@ -36,7 +37,7 @@ class PolicyDecision:
             raise UsageError(f"PolicyDecision.reason must be a string, got {type(self.reason).__name__}")
 
 
-Rule = Verdict | Callable[[str, dict[str, Any]], "Verdict | PolicyDecision"]
+Rule = Verdict | Callable[[str, JSONObject], "Verdict | PolicyDecision"]
 """A fixed verdict, or a function of (tool name, arguments)."""
 
 
@@ -69,7 +70,7 @@ class Policy:
         self.default: Verdict = default
         self.version = version
 
-    def decide(self, tool: str, arguments: dict[str, Any]) -> PolicyDecision:
+    def decide(self, tool: str, arguments: JSONObject) -> PolicyDecision:
         """Decide one call."""
         rule = self.rules.get(tool, self.default)
         verdict = rule(tool, arguments) if callable(rule) else rule
