@@ -20,7 +20,7 @@ itself when the run is waiting for a person — writes one ``cancelled`` record:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NoReturn, TypedDict
+from typing import NoReturn, Required, TypedDict
 
 from cuaderno.checkpoint import Checkpoint, verified
 from cuaderno.errors import (
@@ -37,6 +37,7 @@ from cuaderno.events.payloads import InFlight, ToolResult, view
 from cuaderno.journal.base import Checkpointer, validate_event
 from cuaderno.loop.ownership import DEFAULT_OWNERSHIP, Ownership, ProcessOwnership
 from cuaderno.loop.runtime import DEFAULT_RUNTIME, Runtime
+from cuaderno.plainjson import JSONObject
 
 __all__ = ["cancel", "cancellation_record", "check_store", "check_strings", "close", "confirmed_since", "derived_cleanup", "in_flight",
            "request_cancel", "wait_for_holder"]
@@ -247,8 +248,32 @@ class CompletedEffect(TypedDict):
     """The effect's identity, as the intent journaled it: what the external service saw."""
 
 
+class DerivedFrom(TypedDict):
+    """The original call of an effect a person confirmed: ``compensate`` works its compensation
+    out from the agent's declaration for ``tool``."""
+
+    tool: str | None
+    arguments: JSONObject | None
+    """As the intent (or, failing that, the model's response) journaled them."""
+    value: object
+    """The result the person recorded, handed to the compensation's ``arguments`` function."""
+
+
+class CleanupEntry(TypedDict, total=False):
+    """A ``cleanup`` entry of a cancelled run's record: a compensation scheduled for the effect of
+    ``for_step``, as declared with its result (``tool``, ``arguments``, ``error``) or, for an
+    effect a person confirmed, to be derived (``derive_from``). Its index names its step."""
+
+    for_step: Required[str]
+    status: Required[str]
+    tool: str
+    arguments: JSONObject | None
+    error: str
+    derive_from: DerivedFrom
+
+
 def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: Mapping[str, object], epoch: int,
-          asked: list[StepEvent] | None = None) -> dict[str, Any]:
+          asked: list[StepEvent] | None = None) -> dict[str, object]:
     """Close a cancelled run with the record of ``journal`` (after ``asked``, the request when it
     is not written yet), compare-and-set: :class:`~cuaderno.errors.RunChanged` if anything was
     appended since ``journal`` was read, so the record never misses a step. Returns the record."""
@@ -257,7 +282,7 @@ def close(store: Checkpointer, run_id: str, journal: list[StepEvent], request: M
     return record
 
 
-def end_event(run_id: str, record: dict[str, Any]) -> StepEvent:
+def end_event(run_id: str, record: dict[str, object]) -> StepEvent:
     """The event that closes a cancelled run."""
     return StepEvent(run_id=run_id, step_id="run", phase="end", kind="run", payload=record)
 
@@ -271,7 +296,7 @@ def in_flight(events: list[StepEvent]) -> list[InFlight]:
             and not not_happened_since_sent(by_key, ev.step_id)]
 
 
-def confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
+def confirmed_since(events: list[StepEvent]) -> list[CleanupEntry]:
     """Cleanup for effects a person confirmed (``resolve(happened=True)``) after the cancellation
     record was written: they were listed as uncertain then. Appended after the record's own
     entries, in journal order, so the step ids of those never move."""
@@ -285,7 +310,7 @@ def confirmed_since(events: list[StepEvent]) -> list[dict[str, Any]]:
 
 
 def derived_cleanup(result: StepEvent, events: list[StepEvent],
-                    by_key: dict[tuple[str, str], StepEvent]) -> dict[str, Any]:
+                    by_key: dict[tuple[str, str], StepEvent]) -> CleanupEntry:
     """The cleanup entry for an effect a person confirmed (``resolve(happened=True)``): its result
     was written without the agent, so the entry names the original call and ``compensate``
     works the compensation out from the agent's declaration."""
@@ -301,7 +326,7 @@ def _in_flight(intent: StepEvent, by_key: dict[tuple[str, str], StepEvent]) -> I
             "evidence": (by_key.get((intent.step_id, "uncertain")) or intent).payload}
 
 
-def cancellation_record(events: list[StepEvent], request: Mapping[str, object]) -> dict[str, Any]:
+def cancellation_record(events: list[StepEvent], request: Mapping[str, object]) -> dict[str, object]:
     """What a cancelled run keeps, derived from its journal alone."""
     by_key = {(e.step_id, e.phase): e for e in events}
     completed: list[CompletedEffect] = []

@@ -232,18 +232,19 @@ def _event_json(ev: StepEvent) -> TimelineRow:
 
 
 def run_detail(cp: Checkpoint, events: Sequence[StepEvent] | None,
-               state: RunState | None = None, *, offloaded: Sequence[Offloaded] = ()) -> dict[str, Any]:
+               state: RunState | None = None, *, offloaded: Sequence[Offloaded] = ()) -> dict[str, object]:
     """``cuaderno show --json``: the checkpoint, every counter, the offloaded payloads (count, bytes,
     and each one's step, size and content digest), and the timeline unless ``events`` is None."""
-    out: dict[str, Any] = {
-        "run_id": cp.run_id, "status": cp.status, **_state_fields(state), "open": cp.is_open, "next_step": cp.next_step,
-        "last_seq": cp.last_seq, "epoch": cp.epoch, "versions": cp.versions,
-        "task_fingerprint": cp.task_fingerprint, "counters": _counters(cp), "cost": cost_summary(cp),
-        "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
-    }
+    cost = cost_summary(cp)
     # What the providers may have billed: known + possibly doubled (computed from the events;
     # None when they were not read, --no-timeline).
-    out["cost"]["upper_usd"] = cost_upper_usd(cp, events) if events is not None else None
+    cost["upper_usd"] = cost_upper_usd(cp, events) if events is not None else None
+    out: dict[str, object] = {
+        "run_id": cp.run_id, "status": cp.status, **_state_fields(state), "open": cp.is_open, "next_step": cp.next_step,
+        "last_seq": cp.last_seq, "epoch": cp.epoch, "versions": cp.versions,
+        "task_fingerprint": cp.task_fingerprint, "counters": _counters(cp), "cost": cost,
+        "pending_approvals": _pending_list(cp), "uncertain": cp.uncertain, "outcome": cp.outcome,
+    }
     out["offloaded"] = {"payloads": len(offloaded), "bytes": sum(o.size for o in offloaded),
                         "each": [{"step_id": o.step_id, "phase": o.phase, "size": o.size, "sha256": o.sha256}
                                  for o in offloaded]}

@@ -32,7 +32,7 @@ import json
 from typing import Any, Final, Literal, Protocol, TypedDict
 
 from cuaderno.events.names import KINDS, PHASES, Kind, Phase, family
-from cuaderno.plainjson import loads_object, sorted_compact, sorted_compact_ascii
+from cuaderno.plainjson import JSONObject, loads_object, sorted_compact, sorted_compact_ascii
 
 __all__ = [
     "CODEC_ERASED",
@@ -101,7 +101,7 @@ def cleanup_step_id(index: int) -> str:
     return f"{_CLEANUP}{index:02d}"
 
 
-def call_arguments(events: list[StepEvent], step_id: str) -> dict[str, Any] | None:
+def call_arguments(events: list[StepEvent], step_id: str) -> JSONObject | None:
     """The arguments the model gave the tool call at ``step_id`` (``tNNNN.toolMM``), from the
     journaled response of that turn; ``None`` if the journal does not hold them."""
     turn, _, index = step_id.partition(".tool")

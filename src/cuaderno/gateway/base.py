@@ -226,8 +226,8 @@ class ModelRequest:
     def body(self) -> dict[str, object]:
         """The neutral body, as plain JSON (used for fingerprints and by fakes)."""
         body: dict[str, object] = {"instructions": self.instructions, "messages": list(self.messages),
-                                "tools": list(self.tools), "model": self.model,
-                                "require_tool": self.require_tool}
+                                   "tools": list(self.tools), "model": self.model,
+                                   "require_tool": self.require_tool}
         if self.max_output_tokens is not None:
             body["max_output_tokens"] = self.max_output_tokens
         if self.temperature is not None:

@@ -115,7 +115,7 @@ class PruneReport:
     vacuum: VacuumReport | None = None
     """What :func:`vacuum` gave back, when asked."""
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"cutoff": self.cutoff, "dry_run": self.dry_run, "pruned_runs": len(self.runs), "events": self.events,
                 "batches": self.batches, "kept": dict(sorted(self.kept.items())), "vacuum": self.vacuum}
 

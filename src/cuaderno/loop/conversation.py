@@ -40,7 +40,7 @@ starts (the resumed send finds the message recorded and starts its run).
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cuaderno import faults
 from cuaderno.errors import (
@@ -148,11 +148,11 @@ class Conversation:
         return history
 
     @property
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self) -> list[dict[str, str]]:
         """The conversation as recorded: each user message and, when its run completed, the
         answer; ``run_id`` and ``status`` name the message's run and how it stands."""
         _, _, recorded = self._head()
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, str]] = []
         for ev in recorded:
             run_id = str(view(ev, ConversationMessage)["run_id"])
             cp = self.store.checkpoint(run_id)

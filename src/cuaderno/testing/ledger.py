@@ -312,7 +312,7 @@ class LedgerProcess:
         """How many receipts (for ``key``, or in all) record an applied effect."""
         return sum(1 for r in self.receipts(key) if r["applied"])
 
-    def balances(self) -> dict[str, Any]:
+    def balances(self) -> dict[str, int | float]:
         """Account balances moved by ``transfer`` effects, read from the ledger's file."""
         conn = sqlite3.connect(self.db_path)
         try:

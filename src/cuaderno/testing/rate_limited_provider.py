@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 __all__ = ["Limits", "ProviderProcess", "main", "read_log", "summary"]
 
@@ -235,7 +235,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+class LogLine(TypedDict):
+    """One request the provider answered, as its log holds it (seconds since it started)."""
+
+    t: float
+    key: str
+    """The first 12 hex digits of the sha256 of the request's API key: whose limit it counted against."""
+    idempotency_key: str | None
+    prompt_tokens: int
+    charged: int
+    """Tokens taken from the limit on admission (the prompt plus the answer's bound)."""
+    status: int
+    """200, or 429 when the limit refused it."""
+    completion_tokens: int
+    retry_after_s: NotRequired[float]
+
+
+LogSummary = TypedDict("LogSummary", {
+    "requests": int, "ok": int, "429": int, "span_s": float, "per_minute": float | None,
+    "steady_per_minute": float | None, "tokens": int, "steady_tokens_per_minute": float | None})
+"""What :func:`summary` counts (a functional TypedDict: ``429`` is not a name)."""
+
+
+def read_log(path: str | os.PathLike[str]) -> list[LogLine]:
     """Every line of a provider's log, in order."""
     p = Path(path)
     if not p.exists():
@@ -243,7 +265,7 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(lines: list[LogLine]) -> LogSummary:
     """Counts and pace from a log: requests, 429s, accepted requests per minute between the first
     and the last accepted one (``per_minute``), and the same over the second half of them
     (``steady_per_minute``: a fleet's first requests arrive late, behind their process's cold
