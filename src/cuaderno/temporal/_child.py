@@ -75,7 +75,19 @@ from cuaderno.journal.memory import MemoryCheckpointer
 from cuaderno.loop.agent import RetryPolicy as LoopRetry
 from cuaderno.loop.agent import Session
 from cuaderno.temporal._activities import CuadernoActivities, _heartbeating
-from cuaderno.temporal._names import RECORD, EventRow, RecordInput, event_row, row_event
+from cuaderno.temporal._names import (
+    APPLY,
+    DECIDE,
+    EPISODE_CHILD,
+    EPISODE_LOAD,
+    EPISODE_RECORD,
+    EPISODE_WORKFLOW,
+    RECORD,
+    EventRow,
+    RecordInput,
+    event_row,
+    row_event,
+)
 from cuaderno.temporal._profiles import CODE, EffectPolicy, load_effect_policy
 from cuaderno.temporal._seams import ActivityModelCaller, ActivityTools, WorkflowOwnership, WorkflowRuntime
 from cuaderno.temporal._workflow import _NoGateway, cancel_requested, gave_up
@@ -84,13 +96,6 @@ from cuaderno.tools.sandbox import ReadOnlyRoot
 __all__ = ["APPLY", "DECIDE", "EPISODE_CHILD", "EPISODE_LOAD", "EPISODE_RECORD", "EPISODE_WORKFLOW", "EPISODES", "ApplyInput",
            "ChildInput", "DecideInput", "EpisodeActivities", "EpisodeChildWorkflow", "EpisodeInput",
            "EpisodeRecordInput", "EpisodeWorkflow", "TemporalChildRunner", "build_episode_worker", "register_episode"]
-
-EPISODE_WORKFLOW: Final = "cuaderno.episode"
-EPISODE_CHILD: Final = "cuaderno.episode_child"
-DECIDE: Final = "cuaderno.episode_decide"
-APPLY: Final = "cuaderno.episode_apply"
-EPISODE_RECORD: Final = "cuaderno.episode_record"
-EPISODE_LOAD: Final = "cuaderno.episode_load"
 
 APPLY_TIMEOUT: Final = timedelta(seconds=120)
 APPLY_ATTEMPTS: Final = 3

@@ -17,7 +17,7 @@ from cuaderno.events import EventHeader, StepEvent
 from cuaderno.events.payloads import Response
 from cuaderno.loop.agent import RetryPolicy
 
-__all__ = ["EarlierSteps", "EventRow", "GivenDecision", "event_row", "row_event", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
+__all__ = ["APPLY", "DECIDE", "EPISODE_CHILD", "EPISODE_LOAD", "EPISODE_RECORD", "EPISODE_WORKFLOW", "EarlierSteps", "EventRow", "GivenDecision", "event_row", "row_event", "JOURNAL_MARK", "JournalMark", "Replayed", "ReplayedModel", "ReplayedTool", "LOOKUP", "MODEL_TURN", "RECORD", "REPLAY_RUN", "TASK_REF", "RecordInput", "TOOL_CALL", "WORKER_SHUTDOWN", "WORKFLOW",
            "ReplayInput", "ModelTurnInput", "RunInput", "ToolCallInput", "slim_input"]
 
 WORKFLOW: Final = "cuaderno.run"
@@ -27,6 +27,13 @@ LOOKUP: Final = "cuaderno.tool_lookup"
 REPLAY_RUN: Final = "cuaderno.replay_run"
 RECORD: Final = "cuaderno.record"
 JOURNAL_MARK: Final = "cuaderno.journal_mark"
+# The episodes' workflows and activities (cuaderno.temporal._child).
+EPISODE_WORKFLOW: Final = "cuaderno.episode"
+EPISODE_CHILD: Final = "cuaderno.episode_child"
+DECIDE: Final = "cuaderno.episode_decide"
+APPLY: Final = "cuaderno.episode_apply"
+EPISODE_RECORD: Final = "cuaderno.episode_record"
+EPISODE_LOAD: Final = "cuaderno.episode_load"
 TASK_REF: Final = {"role": "user", "ref": "task"}
 """The task's message in a model input: the activity reads the text from the workflow's start
 event (turn 0 of the first run, before the journal has the run) or from the journal's ``run
