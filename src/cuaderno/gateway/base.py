@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from cuaderno.plainjson import JSONObject, JSONValue
 
@@ -141,7 +141,7 @@ class ModelResponse:
     def to_json(self) -> Response:
         """The journaled form (``response_id`` only when known: a response without one is
         journaled byte for byte as before the field existed)."""
-        data: Response = {
+        data: dict[str, object] = {
             "text": self.text,
             "tool_calls": [c.to_json() for c in self.tool_calls],
             "finish_reason": self.finish_reason,
@@ -156,8 +156,8 @@ class ModelResponse:
             "escalations": list(self.escalations),
         }
         if self.response_id is not None:
-            return {**data, "response_id": self.response_id}
-        return data
+            data["response_id"] = self.response_id  # in place: a copy would cost every model step
+        return cast("Response", data)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ModelResponse:
