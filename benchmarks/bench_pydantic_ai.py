@@ -15,6 +15,11 @@ What the wrapper costs and why: per model step one intent and one result appende
 (two SQLite transactions, each fsynced), the request's fingerprint (the conversation so far,
 dumped as JSON and hashed: it grows with the conversation) and the response's dump; per tool call
 an intent and a result (two transactions) and the arguments' fingerprint.
+
+Measured 2026-12-07 (``--runs 10 --steps 10 --repeats 3``, shared 2-core machine, load average
+7-12, run just before ``bench_openai_agents.py``): bare 3.06 ms, cuaderno 7.02 ms (x2.3),
+cuaderno-N 4.75 ms (x1.6), dbos 8.01 ms (x2.6) CPU per step. Earlier (2026-12-06): 3.1, 8.1,
+5.9 and 9.3 ms.
 """
 
 from __future__ import annotations
