@@ -150,6 +150,19 @@ def test_a_memory_journal_gets_a_limiter_of_its_own_and_other_stores_are_refused
         SharedLimits(object())
 
 
+def test_a_sqlite_journal_in_memory_gets_a_limiter_of_its_own_too() -> None:
+    """It has no file a second connection could open (side_connection refuses it), and no second
+    process to share with."""
+    store = SqliteCheckpointer(":memory:")
+    with pytest.raises(UsageError, match="in memory"):
+        store.side_connection()
+    limits = SharedLimits.of(store)
+    limit = RateLimit(requests_per_minute=60)
+    assert limits.reserve("k", limit, 0).wait <= 0.0
+    assert limits.reserve("k", limit, 0).wait > 0.5  # the second turn waits: the row is kept
+    store.close()
+
+
 def test_the_table_holds_no_key_and_the_journal_still_opens(tmp_path: Path) -> None:
     store = SqliteCheckpointer(tmp_path / "j.db")
     SharedLimits.of(store).reserve(bucket_label(RateLimit(requests_per_minute=1), endpoint="e", api_key="sk-secret",

@@ -284,14 +284,15 @@ class SharedLimits:
     def __init__(self, store: object) -> None:
         side = getattr(store, "side_connection", None)
         path = getattr(store, "path", None)
-        if isinstance(path, str) and path and callable(side):
+        if isinstance(store, MemoryCheckpointer) or path == ":memory:":
+            # No second process to share with: a table of this process's own.
+            self._rows: _Store = _Sqlite(sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False))
+        elif isinstance(path, str) and path and callable(side):
             # The store's own way to a writable connection: one opened plainly could share a
             # read-only index of the -wal with the store (see cuaderno.journal._shm).
-            self._rows: _Store = _Sqlite(side())
+            self._rows = _Sqlite(side())
         elif callable(side):
             self._rows = _Postgres(side)
-        elif isinstance(store, MemoryCheckpointer):
-            self._rows = _Sqlite(sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False))
         else:
             raise UsageError(f"a shared rate limit needs a SQLite or PostgreSQL journal, not a {type(store).__name__}")
         # The connection lives as long as the store: closed when the store is collected.
