@@ -173,6 +173,12 @@ class GroupCommit:
             :attr:`alone_direct`); ``False`` (the default): it commits through a group of one.
     """
 
+    max_payload: int | None = None
+    offload_above: int | None = None
+    """The store's size settings (:func:`cuaderno.journal.base.byte_setting`): ``None`` here (unless
+    set on this wrapper) sends the read on to the store. Declared, not left to :meth:`__getattr__`,
+    because every step reads them, and a miss there costs an AttributeError raised and caught."""
+
     def __init__(self, store: Checkpointer, *, max_group: int = 512, share_loop: bool = True,
                  close_store: bool = True, alone_direct: bool = False) -> None:
         if not isinstance(store, Checkpointer):
