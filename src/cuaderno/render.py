@@ -24,6 +24,7 @@ from rich.text import Text
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import EventHeader, StepEvent, shown_payload
+from cuaderno.events.payloads import ApprovalDecision, ModelResult, ToolResult, shown_as
 
 if TYPE_CHECKING:
     from cuaderno.journal import Offloaded
@@ -451,7 +452,7 @@ def compensations(cp: Checkpoint, events: Sequence[StepEvent]) -> list[Compensat
         step_id = f"cleanup{index:02d}"
         result = by_key.get((step_id, "result"))
         if result is not None:
-            state = f"done: {shown_payload(result).get('outcome')}"
+            state = f"done: {shown_as(result, ToolResult).get('outcome')}"
         elif step_id in cp.uncertain:
             state = "uncertain: settle it (cuaderno resolve), then run compensate() again"
         elif (step_id, "intent") in by_key:
@@ -491,7 +492,7 @@ def _step_cost(ev: StepEvent) -> str:
     """What a model answer cost, as journaled: its price, ``unpriced``, or nothing for other events."""
     if ev.kind != "model" or ev.phase != "result":
         return ""
-    response = shown_payload(ev).get("response")
+    response = shown_as(ev, ModelResult).get("response")
     if not isinstance(response, dict):
         return ""
     cost = response.get("cost")
@@ -544,7 +545,7 @@ def render_pending_call(console: Console, run_id: str, step_id: str, entry: Mapp
 
 def render_decision(console: Console, event: StepEvent) -> None:
     """The decision that was journaled."""
-    payload = shown_payload(event)
+    payload = shown_as(event, ApprovalDecision)
     who = f" by {clean(str(payload.get('approver')))}" if payload.get("approver") else ""
     _line(console, Text(clean(event.decision or "?"), style="bold"), who,
           f": journaled at seq {event.seq} ({clean(event.step_id)}:{clean(event.phase)}). "

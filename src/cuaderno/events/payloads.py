@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, Required, TypedDict, TypeVar, cast
 
 from cuaderno.errors import JournalCorrupt
+from cuaderno.events import shown_payload
 from cuaderno.events.names import Kind, Phase, family
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ __all__ = [
     "UncertainEvidence",
     "UsageJSON",
     "check",
+    "shown_as",
     "type_of",
     "view",
 ]
@@ -168,6 +170,9 @@ class RunStart(TypedDict, total=False):
     """The head of a conversation (:mod:`cuaderno.loop.conversation`), not a run of the loop."""
     engine: ReadOnly[str]
     """``temporal``: started by a Temporal activity."""
+    forked_from: ReadOnly[Any]
+    """A fork's origin (``cuaderno fork``: ``run_id``, the point it was cut at), for people; no
+    replay reads it."""
 
 
 class RunEnd(TypedDict, total=False):
@@ -493,6 +498,12 @@ def view(ev: StepEvent, as_type: Callable[..., P]) -> P:
     """``ev``'s payload, typed as ``as_type`` (one of :data:`PAYLOADS`), without a copy or a check:
     for a journal that was read chain-checked. Example: ``view(ev, ModelResult)["response"]``."""
     return cast(P, ev.payload)
+
+
+def shown_as(ev: StepEvent, as_type: Callable[..., P]) -> P:
+    """:func:`view` of the payload as shown to people (:func:`cuaderno.events.shown_payload`: an
+    erased event's reads as ``{"erased": true}``): for the renderers (``show``, the page)."""
+    return cast(P, shown_payload(ev))
 
 
 # -- checking ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cuaderno.events import StepEvent, shown_payload
+from cuaderno.events.payloads import ModelResult, RunCounters, ToolResult, shown_as
 from cuaderno.render import dumps, money
 
 __all__ = ["INLINE_EVENTS", "PAYLOAD_SHOWN", "STEPS_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
@@ -153,17 +154,18 @@ def _mark(step: Step) -> None:
     counters: dict[str, int] = {}
     phases = [ev.phase for ev in step.events]
     for ev in step.events:
-        payload = shown_payload(ev)
-        for name, n in (payload.get("counters") or {}).items():
+        # Every row that carries counters (model intent/error/result, tool result, run) declares
+        # them as RunCounters does.
+        for name, n in (shown_as(ev, RunCounters).get("counters") or {}).items():
             if isinstance(n, int) and not isinstance(n, bool):
                 counters[name] = counters.get(name, 0) + n
-        response = payload.get("response")
+        response = shown_as(ev, ModelResult).get("response")
         if ev.kind == "model" and ev.phase == "result" and isinstance(response, dict):
             _price(step, response.get("cost"))
             for esc in response.get("escalations") or ():
                 counters["escalations"] = counters.get("escalations", 0) + 1
                 _price(step, esc.get("cost") if isinstance(esc, dict) else None)
-        if ev.decision in ("deny", "rejected") or payload.get("outcome") == "denied":
+        if ev.decision in ("deny", "rejected") or shown_as(ev, ToolResult).get("outcome") == "denied":
             step.markers.append(Marker("denied" if ev.decision == "deny" else "rejected by a person", "denied"))
     resends = sum(1 for p in phases if p.startswith("intent."))
     if resends:

@@ -71,6 +71,7 @@ from cuaderno.errors import (
     clipped,
 )
 from cuaderno.events import StepEvent, shown_payload
+from cuaderno.events.payloads import RunStart, shown_as
 from cuaderno.flow import queued_state
 from cuaderno.journal.keys import KeyProvider
 from cuaderno.journal.sqlite import SqliteCheckpointer
@@ -288,7 +289,7 @@ class _UI:
                             if (ev.kind, ev.phase) in (("final", "result"), ("run", "end"))), None)
         return self.page(request, "run.html", cp=cp, detail=detail, timeline=timeline, payloads=payloads,
                          state=_badged(cp, queued_state(self.store, operations.run_state(self.store, cp), cp.run_id)),
-                         task=shown_payload(start).get("task") if start is not None else None,
+                         task=shown_as(start, RunStart).get("task") if start is not None else None,
                          forked=_forked_from(start),
                          started=start.created_at if start is not None else None,
                          groups=render.counter_groups(cp), cost=render.cost_text(cp, short=False),
@@ -473,7 +474,7 @@ def _next(target: str | None) -> str:
 
 def _forked_from(start: StepEvent | None) -> Mapping[str, object] | None:
     """Where a fork came from (``cuaderno fork`` records it in the run's start), if it is one."""
-    origin = shown_payload(start).get("forked_from") if start is not None else None
+    origin = shown_as(start, RunStart).get("forked_from") if start is not None else None
     return origin if isinstance(origin, dict) and isinstance(origin.get("run_id"), str) else None
 
 
