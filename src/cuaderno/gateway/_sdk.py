@@ -26,6 +26,8 @@ from cuaderno.errors import GatewayError
 from cuaderno.gateway import rate
 from cuaderno.gateway._common import (
     KeyHeaders,
+    adopted_client,
+    capped_http_client,
     enforce_size,
     key_headers,
     preflight_reachable,
@@ -33,6 +35,7 @@ from cuaderno.gateway._common import (
     sdk_http_client,
 )
 from cuaderno.gateway.base import ModelRequest, ModelResponse
+from cuaderno.gateway.pricing import Prices
 from cuaderno.gateway.rate import RateLimit
 
 __all__ = ["SdkGateway", "report_failure"]
@@ -79,6 +82,35 @@ class SdkGateway:
     rate_limit: RateLimit | None = None
     """The provider's limit this gateway's requests share with every worker on the journal
     (:mod:`cuaderno.flow.ratelimit`); ``None``: none is kept."""
+    _default_http_client: type[httpx2.AsyncClient]
+    """The SDK's own ``httpx2`` client class, built when no ``http_client`` is given."""
+
+    def __init__(self, model: str, *, client: Any, base_url: str | None, api_key: str | None,
+                 http_client: httpx2.AsyncClient | None, idempotency_header: KeyHeaders, prices: Prices | None,
+                 max_body_bytes: int, timeout: float | httpx2.Timeout, zero_cost_is_unpriced: bool,
+                 rate_limit: RateLimit | None) -> None:
+        """The settings both gateways keep (their arguments, checked by the subclass first) and
+        the SDK client: ``client`` adopted, or a new one (:meth:`_new_client`) on the HTTP client
+        with the body limit installed."""
+        self.model = model
+        self.rate_limit = rate_limit
+        self.idempotency_header = idempotency_header
+        self.prices = prices
+        self.zero_cost_is_unpriced = zero_cost_is_unpriced
+        self.max_body_bytes = max_body_bytes
+        self._timeout = timeout
+        if client is not None:
+            self._client = adopted_client(client, base_url=base_url, api_key=api_key, http_client=http_client,
+                                          max_body_bytes=max_body_bytes)
+        else:
+            hc = capped_http_client(http_client, default=self._default_http_client, timeout=timeout,
+                                    max_body_bytes=max_body_bytes)
+            self._client = self._new_client(base_url, api_key, hc, timeout)
+
+    def _new_client(self, base_url: str | None, api_key: str | None, http_client: httpx2.AsyncClient,
+                    timeout: float | httpx2.Timeout) -> Any:
+        """The SDK client of a gateway given no ``client=``: retries off, sending through ``http_client``."""
+        raise NotImplementedError
 
     def rate_bucket(self, request: ModelRequest) -> str:
         """The shared budget a request of this gateway counts against: its endpoint and API key

@@ -40,9 +40,7 @@ from cuaderno.errors import ErrorClass, GatewayError, UsageError
 from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
     Evidence,
-    adopted_client,
     as_int,
-    capped_http_client,
     choose_cost,
     parse_body,
     parse_tool_call,
@@ -98,6 +96,8 @@ class AnthropicGateway(SdkGateway):
 
     provider_name = _PROVIDER
     """``gen_ai.provider.name`` for telemetry."""
+    _client: anthropic.AsyncAnthropic
+    _default_http_client = anthropic.DefaultAsyncHttpxClient
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  client: anthropic.AsyncAnthropic | None = None, http_client: httpx2.AsyncClient | None = None,
@@ -111,31 +111,19 @@ class AnthropicGateway(SdkGateway):
         if on_temperature is not None and on_temperature not in _TEMPERATURE_RULES:
             raise UsageError(f"on_temperature must be one of {', '.join(_TEMPERATURE_RULES)} or None, "
                              f"got {on_temperature!r}")
-        self.model = model
-        self.rate_limit = rate_limit
-        self.idempotency_header = idempotency_header
-        self.prices = prices
         self.default_max_tokens = default_max_tokens
-        self.zero_cost_is_unpriced = zero_cost_is_unpriced
-        self.max_body_bytes = max_body_bytes
-        self._timeout = timeout
-        self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
+        super().__init__(model, client=client, base_url=base_url, api_key=api_key, http_client=http_client,
+                         idempotency_header=idempotency_header, prices=prices, max_body_bytes=max_body_bytes,
+                         timeout=timeout, zero_cost_is_unpriced=zero_cost_is_unpriced, rate_limit=rate_limit)
         self.on_temperature: TemperatureRule = on_temperature or _default_temperature_rule(self._client)
 
-    @staticmethod
-    def _build_client(client: anthropic.AsyncAnthropic | None, base_url: str | None, api_key: str | None,
-                      http_client: httpx2.AsyncClient | None, timeout: float | httpx2.Timeout,
-                      max_body_bytes: int) -> anthropic.AsyncAnthropic:
-        if client is not None:
-            return adopted_client(client, base_url=base_url, api_key=api_key, http_client=http_client,
-                                  max_body_bytes=max_body_bytes)
-        hc = capped_http_client(http_client, default=anthropic.DefaultAsyncHttpxClient, timeout=timeout,
-                                max_body_bytes=max_body_bytes)
+    def _new_client(self, base_url: str | None, api_key: str | None, http_client: httpx2.AsyncClient,
+                    timeout: float | httpx2.Timeout) -> anthropic.AsyncAnthropic:
         key, token = _resolve_credentials(api_key, base_url)
         if token is not None:
-            return anthropic.AsyncAnthropic(auth_token=token, base_url=base_url, http_client=hc, max_retries=0,
-                                            timeout=timeout)
-        return anthropic.AsyncAnthropic(api_key=key, base_url=base_url, http_client=hc, max_retries=0,
+            return anthropic.AsyncAnthropic(auth_token=token, base_url=base_url, http_client=http_client,
+                                            max_retries=0, timeout=timeout)
+        return anthropic.AsyncAnthropic(api_key=key, base_url=base_url, http_client=http_client, max_retries=0,
                                         timeout=timeout)
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:

@@ -35,9 +35,7 @@ from cuaderno.gateway._common import (
     NO_KEY_PLACEHOLDER,
     Evidence,
     KeyHeaders,
-    adopted_client,
     as_int,
-    capped_http_client,
     choose_cost,
     key_header_names,
     parse_body,
@@ -93,6 +91,8 @@ class OpenAIGateway(SdkGateway):
 
     provider_name = _PROVIDER
     """``gen_ai.provider.name`` for telemetry."""
+    _client: openai.AsyncOpenAI
+    _default_http_client = openai.DefaultAsyncHttpxClient
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
                  client: openai.AsyncOpenAI | None = None, http_client: httpx2.AsyncClient | None = None,
@@ -102,27 +102,16 @@ class OpenAIGateway(SdkGateway):
                  rate_limit: RateLimit | None = None) -> None:
         if not model:
             raise UsageError("OpenAIGateway needs a default model")
-        self.model = model
-        self.rate_limit = rate_limit
-        self.idempotency_header = key_header_names(idempotency_header)  # a bad name fails here, not per call
-        self.prices = prices
-        self.zero_cost_is_unpriced = zero_cost_is_unpriced
-        self.max_body_bytes = max_body_bytes
-        self._timeout = timeout
-        self._client = self._build_client(client, base_url, api_key, http_client, timeout, max_body_bytes)
+        super().__init__(model, client=client, base_url=base_url, api_key=api_key, http_client=http_client,
+                         idempotency_header=key_header_names(idempotency_header),  # a bad name fails here, not per call
+                         prices=prices, max_body_bytes=max_body_bytes, timeout=timeout,
+                         zero_cost_is_unpriced=zero_cost_is_unpriced, rate_limit=rate_limit)
         self.max_tokens_field = max_tokens_field or _default_max_tokens_field(self._client.base_url)
 
-    @staticmethod
-    def _build_client(client: openai.AsyncOpenAI | None, base_url: str | None, api_key: str | None,
-                      http_client: httpx2.AsyncClient | None, timeout: float | httpx2.Timeout,
-                      max_body_bytes: int) -> openai.AsyncOpenAI:
-        if client is not None:
-            return adopted_client(client, base_url=base_url, api_key=api_key, http_client=http_client,
-                                  max_body_bytes=max_body_bytes)
-        key = _resolve_key(api_key, base_url)
-        hc = capped_http_client(http_client, default=openai.DefaultAsyncHttpxClient, timeout=timeout,
-                                max_body_bytes=max_body_bytes)
-        return openai.AsyncOpenAI(api_key=key, base_url=base_url, http_client=hc, max_retries=0, timeout=timeout)
+    def _new_client(self, base_url: str | None, api_key: str | None, http_client: httpx2.AsyncClient,
+                    timeout: float | httpx2.Timeout) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(api_key=_resolve_key(api_key, base_url), base_url=base_url, http_client=http_client,
+                                  max_retries=0, timeout=timeout)
 
     async def _create(self, kwargs: dict[str, Any], headers: dict[str, str]) -> Any:
         return await self._client.chat.completions.with_raw_response.create(**kwargs, extra_headers=headers, timeout=self._timeout)
