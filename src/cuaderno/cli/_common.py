@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,13 +26,15 @@ from cuaderno.operations import STATUSES
 from cuaderno.render import clean
 
 __all__ = ["DEFAULT_DB", "ERROR_EXIT", "NOT_FOUND_EXIT", "STATUSES", "USAGE_EXIT", "ByOption", "NotFound", "Options",
-           "ReasonOption", "Refused", "RunArg",
-           "check_sqlite_file", "exit_code", "fail", "normal_fingerprint", "opened", "print_json", "refusals",
+           "LinesJsonOption", "ReasonOption", "Refused", "RunArg",
+           "check_sqlite_file", "exit_code", "fail", "normal_fingerprint", "opened", "print_json", "print_listing",
+           "refusals",
            "say_error", "stdout"]
 
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="The run id.")]
 """The run a command acts on (every command that takes one names it the same way)."""
 ByOption = Annotated[str | None, typer.Option("--by", metavar="NAME", help="Who decides, for the record.")]
+LinesJsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")]
 ReasonOption = Annotated[str | None, typer.Option("--reason", metavar="TEXT", help="Why, for the record.")]
 
 USAGE_EXIT: Final = 2
@@ -151,6 +153,23 @@ def check_sqlite_file(path: Path) -> None:
 def print_json(value: Any) -> None:
     """``value`` as indented ASCII JSON on stdout."""
     typer.echo(json.dumps(value, indent=2, ensure_ascii=True))
+
+
+_Found = TypeVar("_Found")
+
+
+def print_listing(ctx: typer.Context, read: Callable[[Checkpointer], _Found], *, as_json: bool,
+                  jsonable: Callable[[_Found], Any], lines: Callable[[_Found], Iterable[str]]) -> None:
+    """A listing command's whole body: what ``read`` finds in the journal (opened read-only),
+    printed as JSON (:func:`print_json` of ``jsonable(found)``) or one line an item."""
+    with refusals(), opened(ctx, readonly=True) as store:
+        found = read(store)
+    if as_json:
+        print_json(jsonable(found))
+        return
+    out = stdout()
+    for line in lines(found):
+        out.print(line, soft_wrap=True)
 
 
 def normal_fingerprint(fingerprint: str) -> str:

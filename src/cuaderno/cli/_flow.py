@@ -10,12 +10,11 @@ every worker of the journal keeps.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from cuaderno.cli._common import USAGE_EXIT, fail, opened, refusals, stdout
+from cuaderno.cli._common import USAGE_EXIT, LinesJsonOption, fail, opened, print_listing, refusals, stdout
 
 __all__ = ["flow_app"]
 
@@ -44,18 +43,9 @@ def limit(
 
 
 @flow_app.command("limits")
-def limits_command(
-    ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")] = False,
-) -> None:
+def limits_command(ctx: typer.Context, as_json: LinesJsonOption = False) -> None:
     """List the concurrency limits."""
     from cuaderno.flow import limits
 
-    with refusals(), opened(ctx, readonly=True) as store:
-        found = limits(store)
-    if as_json:
-        typer.echo(json.dumps(found, indent=2, sort_keys=True, ensure_ascii=True))
-        return
-    out = stdout()
-    for key, n in sorted(found.items()):
-        out.print(f"{key}  {n}", soft_wrap=True)
+    print_listing(ctx, limits, as_json=as_json, jsonable=lambda found: dict(sorted(found.items())),
+                  lines=lambda found: (f"{key}  {n}" for key, n in sorted(found.items())))

@@ -13,12 +13,11 @@ time.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from cuaderno.cli._common import opened, refusals, stdout
+from cuaderno.cli._common import LinesJsonOption, opened, print_listing, refusals, stdout
 
 __all__ = ["schedule_app"]
 
@@ -50,24 +49,17 @@ def add(
 
 
 @schedule_app.command("list")
-def list_command(
-    ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of lines.")] = False,
-) -> None:
+def list_command(ctx: typer.Context, as_json: LinesJsonOption = False) -> None:
     """List the schedules."""
     from cuaderno.flow.schedules import list_schedules
 
-    with refusals(), opened(ctx, readonly=True) as store:
-        found = list_schedules(store)
-    if as_json:
-        typer.echo(json.dumps([{"name": s.name, "cron": s.cron, "agent": s.agent, "task": s.task, "tenant": s.tenant,
-                                "priority": s.priority, "concurrency_key": s.concurrency_key,
-                                "catch_up": s.catch_up, "last_fire": s.last_fire} for s in found],
-                              indent=2, ensure_ascii=True))
-        return
-    out = stdout()
-    for s in found:
-        out.print(f"{s.name}  {s.cron}  agent {s.agent}  catch-up {s.catch_up}  task {s.task[:60]!r}", soft_wrap=True)
+    print_listing(ctx, list_schedules, as_json=as_json,
+                  jsonable=lambda found: [{"name": s.name, "cron": s.cron, "agent": s.agent, "task": s.task,
+                                           "tenant": s.tenant, "priority": s.priority,
+                                           "concurrency_key": s.concurrency_key, "catch_up": s.catch_up,
+                                           "last_fire": s.last_fire} for s in found],
+                  lines=lambda found: (f"{s.name}  {s.cron}  agent {s.agent}  catch-up {s.catch_up}  "
+                                       f"task {s.task[:60]!r}" for s in found))
 
 
 @schedule_app.command("remove")
