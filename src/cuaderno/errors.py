@@ -63,57 +63,6 @@ from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
 if TYPE_CHECKING:
     from cuaderno.events.payloads import Escalation
 
-__all__ = [
-    "ApprovalError",
-    "ApprovalMismatch",
-    "BudgetExceeded",
-    "ConversationClosed",
-    "ConversationDivergence",
-    "CuadernoError",
-    "DrainOnOldWorker",
-    "ErrorClass",
-    "FencedOut",
-    "GatewayError",
-    "IdempotencyKeyReuse",
-    "JournalConflict",
-    "ConnectionLost",
-    "JournalCorrupt",
-    "JournalError",
-    "JournalLinked",
-    "JournalLocked",
-    "JournalReplaced",
-    "JournalRolledBack",
-    "KeyInvalid",
-    "KeyMissing",
-    "LadderExhausted",
-    "MessageUnfinished",
-    "MigrationFailed",
-    "NotUncertain",
-    "NotWaitingForApproval",
-    "PayloadTooLarge",
-    "ReplayDivergence",
-    "RunBusy",
-    "RunCancelled",
-    "RunChanged",
-    "RunClosed",
-    "RunErased",
-    "RunNotFound",
-    "RunStillOpen",
-    "SchemaTooNew",
-    "ResponseTooLarge",
-    "StreamInterrupted",
-    "SubmitConflict",
-    "ToolArgumentsInvalid",
-    "ToolError",
-    "ToolResultInvalid",
-    "RateLimitWaitTooLong",
-    "UncertainEffect",
-    "UsageError",
-    "VersionMismatch",
-    "clipped",
-    "quoted",
-]
-
 QUOTE_LIMIT: Final = 200
 """Characters of a value (a run id, a step id, a tool name) quoted in a message before it is cut."""
 LINE_LIMIT: Final = 2_000
@@ -798,3 +747,11 @@ class KeyMissing(JournalError):
 class KeyInvalid(JournalError):
     """A master key that is not 32 bytes of base64, a key file others can read, or a key that is
     not the one a stored data key was wrapped with; nothing was read or written."""
+
+
+__all__ = sorted(["ErrorClass", "clipped", "quoted",
+                  *(name for name, value in list(globals().items())
+                    if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == __name__
+                    and not name.startswith("_"))])
+"""Every error class defined here (a new one cannot be left out), ``ErrorClass``, and the two
+message helpers."""
