@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Required, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Required, TypedDict, cast
 
 if TYPE_CHECKING:
     from cuaderno.events.payloads import Escalation
@@ -111,6 +111,15 @@ class ErrorClass(enum.StrEnum):
 class CuadernoError(Exception):
     """Base of every error cuaderno raises on purpose."""
 
+    _pickled: ClassVar[tuple[str, ...]] = ()
+    """The attributes, in ``__init__``'s order, an error is built again from when it is unpickled;
+    ``()``: from its arguments, as any exception."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._pickled:
+            return cast("tuple[Any, ...]", super().__reduce__())  # an exception's is always a tuple
+        return (type(self), tuple(getattr(self, name) for name in self._pickled))
+
 
 class UsageError(CuadernoError):
     """A developer mistake: fix the code, retrying will not help."""
@@ -126,13 +135,12 @@ class ToolResultInvalid(UsageError):
     written. Fix the tool to return plain JSON (a dict, list, str, int, finite float, bool, None).
     """
 
+    _pickled = ("run_id", "step_id", "tool", "problem")
+
     def __init__(self, run_id: str, step_id: str, tool: str, problem: str) -> None:
         self.run_id, self.step_id, self.tool, self.problem = run_id, step_id, tool, problem
         super().__init__(f"run {quoted(run_id)} step {quoted(step_id)}: tool {quoted(tool)} returned a value the "
                          f"journal cannot hold ({clipped(problem)}); nothing of it was written")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.tool, self.problem))
 
 
 class JournalError(CuadernoError):
@@ -146,6 +154,8 @@ class JournalConflict(JournalError):
     what happened at one position, which is never resolved by overwriting.
     """
 
+    _pickled = ("run_id", "step_id", "phase")
+
     def __init__(self, run_id: str, step_id: str, phase: str) -> None:
         self.run_id, self.step_id, self.phase = run_id, step_id, phase
         super().__init__(
@@ -154,9 +164,6 @@ class JournalConflict(JournalError):
             "the journal is append-only and was not changed"
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.phase))
-
 
 class RunChanged(JournalError):
     """The run changed between the caller's read and its write (a compare-and-set append).
@@ -164,13 +171,12 @@ class RunChanged(JournalError):
     Read the run again and decide again; nothing was written.
     """
 
+    _pickled = ("run_id", "expected", "found")
+
     def __init__(self, run_id: str, expected: int, found: int) -> None:
         self.run_id, self.expected, self.found = run_id, expected, found
         super().__init__(f"run {quoted(run_id)} changed since it was read (event {found}, expected {expected}); "
                          "nothing was written")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.expected, self.found))
 
 
 class JournalCorrupt(JournalError):
@@ -202,15 +208,14 @@ def _rebuild_rolled_back(message: str, path: str, seen_row: int, holds_row: int)
 class SchemaTooNew(JournalError):
     """The journal was written by a newer cuaderno whose schema this version cannot read."""
 
+    _pickled = ("found", "supported", "what")
+
     def __init__(self, found: int, supported: int, what: str = "journal schema") -> None:
         self.found, self.supported, self.what = found, supported, what
         super().__init__(
             f"{clipped(what)} version {clipped(str(found), QUOTE_LIMIT)} is newer than this cuaderno supports "
             f"({supported}); upgrade cuaderno to read it. Nothing was changed."
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.found, self.supported, self.what))
 
 
 class FencedOut(JournalError):
@@ -220,14 +225,13 @@ class FencedOut(JournalError):
     lost its lease can never record a step.
     """
 
+    _pickled = ("run_id", "epoch", "current")
+
     def __init__(self, run_id: str, epoch: int, current: int) -> None:
         self.run_id, self.epoch, self.current = run_id, epoch, current
         super().__init__(
             f"run {quoted(run_id)}: this process holds epoch {epoch} but epoch {current} owns the run now; stopping"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.epoch, self.current))
 
 
 class RunBusy(JournalError):
@@ -238,28 +242,28 @@ class RunBusy(JournalError):
     ``force`` if you know it is stuck. Nothing was changed.
     """
 
+    _pickled = ("run_id", "holder")
+
     def __init__(self, run_id: str, holder: str) -> None:
         self.run_id, self.holder = run_id, holder
         super().__init__(f"run {quoted(run_id)} is being run by {clipped(str(holder), QUOTE_LIMIT)}; wait for it, "
                          "stop it, or take the run over with force (its step in flight may then run twice)")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.holder))
-
 
 class RunNotFound(CuadernoError):
     """No run with that id is in the journal."""
+
+    _pickled = ("run_id",)
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no run {quoted(run_id)} in this journal")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id,))
-
 
 class RunClosed(CuadernoError):
     """The run already ended; it cannot take this operation."""
+
+    _pickled = ("run_id", "status")
 
     def __init__(self, run_id: str, status: str) -> None:
         self.run_id, self.status = run_id, status
@@ -269,15 +273,14 @@ class RunClosed(CuadernoError):
         else:
             super().__init__(f"run {quoted(run_id)} already ended ({clipped(str(status), QUOTE_LIMIT)})")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.status))
-
 
 class RunCancelled(CuadernoError):
     """The run was cancelled: no new step is admitted after the cancellation committed.
 
     ``record`` says what completed, what is still uncertain and what cleanup was scheduled.
     """
+
+    _pickled = ("run_id", "record")
 
     def __init__(self, run_id: str, record: Mapping[str, Any]) -> None:
         self.run_id, self.record = run_id, record
@@ -288,9 +291,6 @@ class RunCancelled(CuadernoError):
                          f"{len(record.get('uncertain') or [])} uncertain, "
                          f"{cleanup} cleanup action{'' if cleanup == 1 else 's'} scheduled")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.record))
-
 
 class ReplayDivergence(CuadernoError):
     """The step the code asks for is not the step recorded at that position.
@@ -300,6 +300,8 @@ class ReplayDivergence(CuadernoError):
     start a new run.
     """
 
+    _pickled = ("run_id", "step_id", "expected", "found")
+
     def __init__(self, run_id: str, step_id: str, expected: str, found: str) -> None:
         self.run_id, self.step_id, self.expected, self.found = run_id, step_id, expected, found
         super().__init__(
@@ -307,9 +309,6 @@ class ReplayDivergence(CuadernoError):
             f"but the code now asks for {clipped(found)}. "
             "Check that the agent (instructions, tools, code) is the one the run started with."
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.expected, self.found))
 
 
 class UncertainEffect(CuadernoError):
@@ -319,6 +318,8 @@ class UncertainEffect(CuadernoError):
     attached and journaled; a person or a reconciliation lookup must decide.
     """
 
+    _pickled = ("run_id", "step_id", "evidence")
+
     def __init__(self, run_id: str, step_id: str, evidence: Mapping[str, Any]) -> None:
         self.run_id, self.step_id, self.evidence = run_id, step_id, evidence
         tool = evidence.get("tool", "?")
@@ -326,9 +327,6 @@ class UncertainEffect(CuadernoError):
             f"run {quoted(run_id)} step {quoted(step_id)}: tool {quoted(tool)} was started and never recorded a "
             "result; it may or may not have taken effect. Reconcile it by hand (see `cuaderno show`) before resuming."
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.evidence))
 
 
 class NotUncertain(CuadernoError):
@@ -341,6 +339,8 @@ class VersionMismatch(CuadernoError):
     Resume with an explicit choice: unchanged, migrate, drain on the old worker, or cancel.
     """
 
+    _pickled = ("run_id", "recorded", "current")
+
     def __init__(self, run_id: str, recorded: Mapping[str, object], current: Mapping[str, object]) -> None:
         self.run_id, self.recorded, self.current = run_id, recorded, current
         diff = {k: (recorded.get(k), current.get(k)) for k in sorted(set(recorded) | set(current))
@@ -350,9 +350,6 @@ class VersionMismatch(CuadernoError):
             "choose explicitly how to resume "
             "(on_version_mismatch='resume'|'migrate'|'drain'|'cancel')"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.recorded, self.current))
 
 
 class DrainOnOldWorker(VersionMismatch):
@@ -483,12 +480,11 @@ def _rebuild_gateway_error(cls: type[GatewayError], message: str, error_class: s
 class BudgetExceeded(CuadernoError):
     """A per-run bound ran out (turns, retries, repairs, rejected responses...)."""
 
+    _pickled = ("run_id", "budget", "limit")
+
     def __init__(self, run_id: str, budget: str, limit: int) -> None:
         self.run_id, self.budget, self.limit = run_id, budget, limit
         super().__init__(f"run {quoted(run_id)}: budget {quoted(budget)} exhausted (limit {limit})")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.budget, self.limit))
 
 
 class JournalReplaced(JournalError):
@@ -528,6 +524,8 @@ class ConversationDivergence(ReplayDivergence):
     ``Conversation.resume()`` to continue after the last one, or start a new conversation id.
     """
 
+    _pickled = ("conversation_id", "number", "recorded", "sent")
+
     def __init__(self, conversation_id: str, number: int, recorded: str, sent: str) -> None:
         self.conversation_id, self.number, self.recorded, self.sent = conversation_id, number, recorded, sent
         self.run_id, self.step_id = conversation_id, f"m{number:04d}"
@@ -536,9 +534,6 @@ class ConversationDivergence(ReplayDivergence):
             self, f"conversation {quoted(conversation_id)} message {number}: the journal recorded "
             f"{quoted(recorded)}, but {quoted(sent)} was sent. Send the recorded messages in order, "
             "call resume() to continue after the last one, or start a new conversation id.")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.conversation_id, self.number, self.recorded, self.sent))
 
 
 class MessageUnfinished(CuadernoError):
@@ -549,14 +544,13 @@ class MessageUnfinished(CuadernoError):
     finishes it; the next message follows its answer.
     """
 
+    _pickled = ("conversation_id", "message_run_id", "status")
+
     def __init__(self, conversation_id: str, message_run_id: str, status: str) -> None:
         self.conversation_id, self.message_run_id, self.status = conversation_id, message_run_id, status
         super().__init__(f"conversation {quoted(conversation_id)}: message run {quoted(message_run_id)} is "
                          f"{quoted(status)}, not finished; finish it (approve, deny or resolve it, then "
                          "resume()) before sending the next message")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.conversation_id, self.message_run_id, self.status))
 
 
 class ConversationClosed(CuadernoError):
@@ -565,12 +559,11 @@ class ConversationClosed(CuadernoError):
     Its recorded messages and answers stay readable (``Conversation.messages``). Start a new
     conversation id to go on talking."""
 
+    _pickled = ("conversation_id",)
+
     def __init__(self, conversation_id: str) -> None:
         self.conversation_id = conversation_id
         super().__init__(f"conversation {quoted(conversation_id)} is closed; start a new conversation id")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.conversation_id,))
 
 
 class StreamInterrupted(GatewayError):
@@ -604,17 +597,18 @@ class ResponseTooLarge(GatewayError):
         limit: the limit it passed.
     """
 
+    _pickled = ("run_id", "step_id", "size", "limit")
+
     def __init__(self, run_id: str, step_id: str, size: int, limit: int) -> None:
         self.run_id, self.step_id, self.size, self.limit = run_id, step_id, size, limit
         super().__init__(f"run {quoted(run_id)}, step {quoted(step_id)}: the model's answer is {size:,} bytes of "
                          f"JSON, more than the journal's limit of {limit:,} bytes per payload; it was not stored "
                          "(the call was made, and may be billed)", error_class=ErrorClass.PERMANENT, sent=True)
 
+    __reduce__ = CuadernoError.__reduce__  # built again from its own arguments, not GatewayError's
+
     def to_json(self) -> ErrorJSON:
         return {**super().to_json(), "size": self.size, "limit": self.limit, "step_id": self.step_id}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.size, self.limit))
 
 
 class LadderExhausted(BudgetExceeded):
@@ -628,15 +622,14 @@ class LadderExhausted(BudgetExceeded):
             because it would remove every tool the task needs, not applicable), as journaled.
     """
 
+    _pickled = ("run_id", "rungs", "skipped")
+
     def __init__(self, run_id: str, rungs: list[str], skipped: Sequence[Mapping[str, object]]) -> None:
         self.rungs, self.skipped = list(rungs), list(skipped)
         BudgetExceeded.__init__(self, run_id, "ladder", len(self.rungs))
         tried = ", ".join(self.rungs) or "none: no recovery"
         Exception.__init__(self, f"run {quoted(run_id)}: the answer stayed empty on every rung of the ladder "
                                  f"({clipped(tried)}); the run ended failed (reason ladder_exhausted)")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.rungs, self.skipped))
 
 
 class RateLimitWaitTooLong(CuadernoError):
@@ -652,14 +645,13 @@ class RateLimitWaitTooLong(CuadernoError):
         max_wait: the configured bound.
     """
 
+    _pickled = ("bucket", "wait", "max_wait")
+
     def __init__(self, bucket: str, wait: float, max_wait: float) -> None:
         self.bucket, self.wait, self.max_wait = bucket, float(wait), float(max_wait)
         super().__init__(f"rate limit {quoted(bucket)}: this model request would wait {self.wait:.1f} s for its turn, "
                          f"more than max_wait={self.max_wait:g} s; nothing was sent or journaled; raise max_wait, "
                          "lower the workers' concurrency, or ask the provider for a higher limit")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.bucket, self.wait, self.max_wait))
 
 
 class SubmitConflict(CuadernoError):
@@ -672,12 +664,11 @@ class SubmitConflict(CuadernoError):
         why: what the journal holds under it.
     """
 
+    _pickled = ("run_id", "why")
+
     def __init__(self, run_id: str, why: str) -> None:
         self.run_id, self.why = run_id, why
         super().__init__(f"run {quoted(run_id)}: {clipped(why)}; nothing was written")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.why))
 
 
 class PayloadTooLarge(JournalError):
@@ -695,14 +686,13 @@ class PayloadTooLarge(JournalError):
         limit: the limit it passed.
     """
 
+    _pickled = ("run_id", "step_id", "phase", "size", "limit")
+
     def __init__(self, run_id: str, step_id: str, phase: str, size: int, limit: int) -> None:
         self.run_id, self.step_id, self.phase, self.size, self.limit = run_id, step_id, phase, size, limit
         super().__init__(f"run {quoted(run_id)}, step {quoted(step_id)}:{clipped(phase, 40)}: the payload is "
                          f"{size:,} bytes of JSON, more than the journal's limit of {limit:,} bytes per payload; "
                          "nothing was written")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.step_id, self.phase, self.size, self.limit))
 
 
 class RunErased(CuadernoError):
@@ -715,28 +705,26 @@ class RunErased(CuadernoError):
         what: what was asked for (a ``step:phase``, an operation).
     """
 
+    _pickled = ("run_id", "what")
+
     def __init__(self, run_id: str, what: str = "") -> None:
         self.run_id, self.what = run_id, what
         where = f" ({clipped(what, QUOTE_LIMIT)})" if what else ""
         super().__init__(f"run {quoted(run_id)}: its content was erased{where}; only its structure is left, it "
                          "cannot be resumed, forked or exported with its content")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.what))
-
 
 class RunStillOpen(CuadernoError):
     """The run has not ended, or a worker still has work in it (a compensation to run): erasing
     it would take the content its next step needs. Cancel it (and let its cleanup finish) first."""
+
+    _pickled = ("run_id", "status")
 
     def __init__(self, run_id: str, status: str) -> None:
         self.run_id, self.status = run_id, status
         super().__init__(f"run {quoted(run_id)} is {clipped(str(status), QUOTE_LIMIT)}: only an ended run with no "
                          "work left is erased; cancel it first (`cuaderno cancel`) and let its cleanup finish. "
                          "Nothing was changed")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.run_id, self.status))
 
 
 class KeyMissing(JournalError):
