@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from pydantic import BaseModel
 
 T = TypeVar("T", bound=BaseModel)
+N = TypeVar("N", int, float)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,27 @@ class PassRecord:
     """The decision's reason, the validation errors, or why the child ended."""
 
 
+class _Summed(Generic[N]):
+    """A total of :class:`_PassTotals`: one :class:`PassRecord` field summed over its passes
+    (``ndigits``: rounded, for money)."""
+
+    def __init__(self, doc: str, *, ndigits: int | None = None) -> None:
+        self.__doc__, self.ndigits, self.field = doc, ndigits, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name
+
+    @overload
+    def __get__(self, totals: None, owner: type) -> _Summed[N]: ...
+    @overload
+    def __get__(self, totals: _PassTotals, owner: type) -> N: ...
+    def __get__(self, totals: _PassTotals | None, owner: type) -> N | _Summed[N]:
+        if totals is None:
+            return self
+        total = sum(getattr(p, self.field) for p in totals.passes)
+        return cast(N, total if self.ndigits is None else round(total, self.ndigits))
+
+
 class _PassTotals:
     """What a run of passes spent, summed over its :attr:`passes` (an episode's result, and the
     parent's tally while it walks)."""
@@ -74,30 +96,12 @@ class _PassTotals:
     __slots__ = ()
     passes: Sequence[PassRecord]
 
-    @property
-    def turns(self) -> int:
-        """Model calls of every pass."""
-        return sum(p.turns for p in self.passes)
-
-    @property
-    def rejected(self) -> int:
-        """Rejected responses in the episode."""
-        return sum(p.rejected for p in self.passes)
-
-    @property
-    def cost_usd(self) -> float:
-        """Cost of the priced calls of every pass (unpriced ones are counted in :attr:`unpriced_calls`)."""
-        return round(sum(p.cost_usd for p in self.passes), 10)
-
-    @property
-    def unpriced_calls(self) -> int:
-        """Calls with no price: a loss made visible, not free."""
-        return sum(p.unpriced_calls for p in self.passes)
-
-    @property
-    def possibly_billed_twice(self) -> int:
-        """Re-sends after a crash in flight, in every pass."""
-        return sum(p.possibly_billed_twice for p in self.passes)
+    turns = _Summed[int]("Model calls of every pass.")
+    rejected = _Summed[int]("Rejected responses in the episode.")
+    cost_usd = _Summed[float]("Cost of the priced calls of every pass (unpriced ones are counted in "
+                              ":attr:`unpriced_calls`).", ndigits=10)
+    unpriced_calls = _Summed[int]("Calls with no price: a loss made visible, not free.")
+    possibly_billed_twice = _Summed[int]("Re-sends after a crash in flight, in every pass.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
