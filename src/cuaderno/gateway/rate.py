@@ -39,6 +39,9 @@ __all__ = ["RateLimit", "RateSignal", "Watch", "bucket_label", "parse_duration",
 class RateLimit:
     """How much one API key (or one model) may send per minute, shared by every worker.
 
+    A request that must wait waits for its turn before its intent is written, and a 429's
+    ``Retry-After`` pauses every worker of the key.
+
     Args:
         requests_per_minute: requests per minute; ``None``: no request limit.
         tokens_per_minute: tokens (prompt + output) per minute; ``None``: no token limit. A

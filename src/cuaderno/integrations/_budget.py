@@ -49,7 +49,11 @@ class RunBudget:
     tokens. ``model_calls``: answered model requests (the run's model steps). ``model_sends``:
     requests sent, re-sends included (each re-send of a step whose fate was unknown counts).
     ``tool_calls``: tool calls started (module docstring); ``tool_calls_per_tool``: the same, for
-    each tool named (``{"transfer": 3}``)."""
+    each tool named (``{"transfer": 3}``).
+
+    Given to a wrapper (``budget=``), it is counted from the run's journal (a resume counts
+    nothing again) and checked before every request and every new tool call: past one, the run
+    ends ``failed`` and :class:`~cuaderno.errors.BudgetExceeded` is raised."""
 
     cost_usd: float | None = None
     tokens: int | None = None

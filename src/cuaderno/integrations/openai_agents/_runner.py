@@ -62,9 +62,9 @@ from cuaderno.integrations._compensate import (
     Compensation,
     check_compensations,
     close_cancelled,
-    compensate_run,
     reopened,
 )
+from cuaderno.integrations._wrapper import CompensatingWrapper, checked_limits
 from cuaderno.integrations.openai_agents._definition import agent_fingerprint
 from cuaderno.integrations.openai_agents._effects import ToolEffect, resolve_effects
 from cuaderno.integrations.openai_agents._guardrails import journaled_input_guardrail, journaled_output_guardrail
@@ -99,7 +99,7 @@ class DurableResult:
         return self.result is None and self.status == "completed"
 
 
-class DurableRunner:
+class DurableRunner(CompensatingWrapper):
     """Runs OpenAI Agents SDK agents durably on a cuaderno journal (see the module docstring).
 
     Args:
@@ -119,13 +119,9 @@ class DurableRunner:
             ``genai-prices`` table when the ``[prices]`` extra is installed, found by the model's
             name; unknown models are unpriced and counted as such (``cuaderno show``).
         rate_limit: the provider's requests and tokens per minute, shared by every process on
-            the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
-            intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
-        budget: bounds on what a run spends (cost, tokens, model calls, tool calls:
-            :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
-            nothing again) and checked before every request and every new tool call: past one,
-            the run ends ``failed``
-            and :class:`~cuaderno.errors.BudgetExceeded` is raised.
+            the journal (:class:`~cuaderno.RateLimit`: how a request waits for its turn).
+        budget: bounds on what a run spends (:class:`~cuaderno.integrations.RunBudget`: how they
+            are counted and checked, and what a run past one does).
         compensations: what undoes each function tool's effect if the run is cancelled
             (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result
             that happened, scheduled by the cancellation record, run once each by
@@ -152,24 +148,11 @@ class DurableRunner:
         self.agent_version = agent_version
         self.on_version_mismatch = on_version_mismatch
         self.prices = prices if prices is not None else default_prices()
-        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
-        self.rate_limit = rate_limit
-        if budget is not None and not isinstance(budget, RunBudget):
-            raise UsageError(f"budget must be a RunBudget or None, got {type(budget).__name__}")
-        self.budget = budget
+        self.rate_limit, self.budget = checked_limits(rate_limit, budget)
         self.compensations = check_compensations(compensations)
 
-    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
-        """Run the compensations the cancelled run ``run_id`` scheduled, each once, as an effect
-        (see :class:`~cuaderno.integrations.Compensation`); return their journaled results.
-
-        Raises:
-            CuadernoError: the run is not cancelled.
-            UsageError: a scheduled compensation's tool is not declared in ``compensations``.
-            UncertainEffect: a compensation's fate is unknown; ``cuaderno resolve`` settles it.
-        """
-        return await compensate_run(self.store, run_id, self.compensations, owner=self.owner, retry=self.retry)
+    def _journal(self) -> Checkpointer:
+        return self.store
 
     async def run(self, agent: Agent[Any], input: str | list[Any], *, run_id: str, context: Any = None,
                   max_turns: int = DEFAULT_MAX_TURNS, run_config: RunConfig | None = None) -> DurableResult:

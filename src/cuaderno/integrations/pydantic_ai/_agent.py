@@ -56,9 +56,9 @@ from cuaderno.integrations._budget import RunBudget
 from cuaderno.integrations._compensate import (
     Compensation,
     check_compensations,
-    compensate_run,
     reopened,
 )
+from cuaderno.integrations._wrapper import CompensatingWrapper, checked_limits
 from cuaderno.integrations.pydantic_ai._definition import definition_fingerprint
 from cuaderno.integrations.pydantic_ai._effects import ToolEffect, check_effects
 from cuaderno.integrations.pydantic_ai._messages import content, dump
@@ -124,7 +124,7 @@ class CuadernoJournal(AbstractCapability[Any]):
         return JournaledToolset(toolset, state=self.state)
 
 
-class DurableAgent(Generic[OutputT]):
+class DurableAgent(CompensatingWrapper, Generic[OutputT]):
     """Run ``agent`` durably: journaled, keyed, counted, resumable by run id (module docstring).
 
     Args:
@@ -144,13 +144,9 @@ class DurableAgent(Generic[OutputT]):
             ``genai-prices`` table for the model's endpoint when the ``[prices]`` extra is
             installed; unknown models are unpriced and counted as such (``cuaderno show``).
         rate_limit: the provider's requests and tokens per minute, shared by every process on
-            the journal (:class:`~cuaderno.RateLimit`): a request that must wait waits before its
-            intent is written, and a 429's ``Retry-After`` pauses every worker of the key.
-        budget: bounds on what a run spends (cost, tokens, model calls, tool calls:
-            :class:`~cuaderno.integrations.RunBudget`), counted from its journal (a resume counts
-            nothing again) and checked before every request and every new tool call: past one,
-            the run ends ``failed``
-            and :class:`~cuaderno.errors.BudgetExceeded` is raised.
+            the journal (:class:`~cuaderno.RateLimit`: how a request waits for its turn).
+        budget: bounds on what a run spends (:class:`~cuaderno.integrations.RunBudget`: how they
+            are counted and checked, and what a run past one does).
         compensations: what undoes each tool's effect if the run is cancelled
             (:class:`~cuaderno.integrations.Compensation` by tool name): journaled with each result
             that happened, scheduled by the cancellation record, run once each by
@@ -179,18 +175,13 @@ class DurableAgent(Generic[OutputT]):
         self.effects = check_effects(effects or {})
         self.tenant = tenant
         self.owner = owner or f"pydantic-ai:{os.getpid()}"
-        self.retry = retry or RetryPolicy()
+        self.retry: RetryPolicy = retry or RetryPolicy()
         self.key_headers = tuple(key_headers)
         self.on_version_mismatch = on_version_mismatch
         self.compensations = check_compensations(compensations)
         self.definition = definition_fingerprint(agent, self.effects, self.compensations)
         self.prices = prices
-        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-            raise UsageError(f"rate_limit must be a RateLimit or None, got {type(rate_limit).__name__}")
-        self.rate_limit = rate_limit
-        if budget is not None and not isinstance(budget, RunBudget):
-            raise UsageError(f"budget must be a RunBudget or None, got {type(budget).__name__}")
-        self.budget = budget
+        self.rate_limit, self.budget = checked_limits(rate_limit, budget)
 
     def run_versions(self) -> dict[str, Any]:
         """The versions this agent's runs are started under: its definition's fingerprint and the
@@ -257,16 +248,12 @@ class DurableAgent(Generic[OutputT]):
                                                               _state=GraphAgentState(message_history=messages),
                                                               _new_message_index=len(history)))
             return
-        try:
-            with cancelled_closes(opened), ended_on_failure(opened):
-                state = self._state(opened)
-                async with self.agent.run_stream(user_prompt, message_history=history, deps=deps,
-                                                 capabilities=[CuadernoJournal(state)], **run_kwargs) as stream:
-                    yield stream
-                    if stream.is_complete:  # read whole: its output is the run's (else the run stays open)
-                        self._ended(opened, state, await stream.get_output(), stream.all_messages())
-        finally:
-            opened.release()
+        async with self._streamed(opened) as state, self.agent.run_stream(
+                user_prompt, message_history=history, deps=deps, capabilities=[CuadernoJournal(state)],
+                **run_kwargs) as stream:
+            yield stream
+            if stream.is_complete:  # read whole: its output is the run's (else the run stays open)
+                self._ended(opened, state, await stream.get_output(), stream.all_messages())
 
     @asynccontextmanager
     async def iter(self, user_prompt: str | None = None, *, run_id: str,
@@ -281,14 +268,21 @@ class DurableAgent(Generic[OutputT]):
         opened = self._open(run_id, user_prompt, history)
         if opened.closed:
             raise iter_refused(opened.run_id, opened.checkpoint.status)
+        async with self._streamed(opened) as state, self.agent.iter(
+                user_prompt, message_history=history, deps=deps, capabilities=[CuadernoJournal(state)],
+                **run_kwargs) as agent_run:
+            yield agent_run
+            if agent_run.result is not None:  # the graph reached its end
+                self._ended(opened, state, agent_run.result.output, agent_run.result.all_messages())
+
+    @asynccontextmanager
+    async def _streamed(self, opened: Opened) -> AsyncIterator[RunState]:
+        """The hold of a :meth:`run_stream` or :meth:`iter` on its open run: the state its journaled
+        model and toolset share; a cancellation met closes the run, a failure ends it (:mod:`._stream`),
+        and the run is released at the end whatever happened."""
         try:
             with cancelled_closes(opened), ended_on_failure(opened):
-                state = self._state(opened)
-                async with self.agent.iter(user_prompt, message_history=history, deps=deps,
-                                           capabilities=[CuadernoJournal(state)], **run_kwargs) as agent_run:
-                    yield agent_run
-                    if agent_run.result is not None:  # the graph reached its end
-                        self._ended(opened, state, agent_run.result.output, agent_run.result.all_messages())
+                yield self._state(opened)
         finally:
             opened.release()
 
@@ -329,16 +323,8 @@ class DurableAgent(Generic[OutputT]):
         else:
             self._finish(opened, output, messages)
 
-    async def compensate(self, run_id: str) -> list[dict[str, Any]]:
-        """Run the compensations the cancelled run ``run_id`` scheduled, each once, as an effect
-        (see :class:`~cuaderno.integrations.Compensation`); return their journaled results.
-
-        Raises:
-            CuadernoError: the run is not cancelled.
-            UsageError: a scheduled compensation's tool is not declared in ``compensations``.
-            UncertainEffect: a compensation's fate is unknown; ``cuaderno resolve`` settles it.
-        """
-        return await compensate_run(self.journal, run_id, self.compensations, owner=self.owner, retry=self.retry)
+    def _journal(self) -> Checkpointer:
+        return self.journal
 
     async def _go(self, opened: Opened, user_prompt: str | None, history: list[ModelMessage], deps: Any,
                   run_kwargs: dict[str, Any]) -> DurableResult[OutputT]:
