@@ -48,6 +48,7 @@ from urllib.parse import urlencode, urlsplit
 
 from cuaderno.testing import crash
 from cuaderno.testing._ledger_server import JSONDict, Mode, canonical_json, main, read_receipts, request_hash
+from cuaderno.testing._process import StartedProcess
 
 __all__ = [
     "LedgerClient",
@@ -203,7 +204,7 @@ class LedgerClient:
 # --------------------------------------------------------------------------------------------- process
 
 
-class LedgerProcess:
+class LedgerProcess(StartedProcess):
     """A ledger subprocess for tests and scripts: ``with LedgerProcess(mode="nodedup") as ledger: ...``.
 
     ``db=None`` uses a temporary directory that is removed on exit. Start another ``LedgerProcess``
@@ -252,11 +253,8 @@ class LedgerProcess:
         self._port = int(match.group(1))
         return self
 
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("the ledger is not started")
-        return self._proc.pid
+    def _not_started(self) -> RuntimeError:
+        return RuntimeError("the ledger is not started")
 
     @property
     def port(self) -> int:
@@ -270,7 +268,8 @@ class LedgerProcess:
 
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        """:attr:`running`, by the name the ledger's tests know it by."""
+        return self.running
 
     @property
     def returncode(self) -> int | None:
@@ -281,9 +280,7 @@ class LedgerProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the ledger to exit by itself (for example ``--crash-after-receipt``); its return code."""
-        if self._proc is None:
-            raise RuntimeError("the ledger is not started")
-        return self._proc.wait(timeout)
+        return self._started().wait(timeout)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Terminate the ledger by its PID (SIGTERM, then SIGKILL) and reap it; its return code."""

@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Self
 
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
+from cuaderno.testing._process import StartedProcess
 
 __all__ = [
     "DEFAULT_MODEL_ALIAS",
@@ -106,7 +107,7 @@ def _free_port(host: str) -> int:
         return port
 
 
-class LlamaServer:
+class LlamaServer(StartedProcess):
     """``python -m llama_cpp.server`` as a context manager.
 
     Args:
@@ -171,17 +172,8 @@ class LlamaServer:
         """The OpenAI-compatible base URL, ``http://127.0.0.1:<port>/v1``."""
         return f"{self.url}/v1"
 
-    @property
-    def pid(self) -> int:
-        """The server process id."""
-        if self._proc is None:
-            raise LlamaServerError("the llama.cpp server is not started")
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        """The process is started and has not exited."""
-        return self._proc is not None and self._proc.poll() is None
+    def _not_started(self) -> LlamaServerError:
+        return LlamaServerError("the llama.cpp server is not started")
 
     def command(self, port: int) -> list[str]:
         """The command line for ``port``."""
@@ -241,11 +233,10 @@ class LlamaServer:
 
     def check_alive(self) -> None:
         """Raise :class:`LlamaServerError` (with the log tail) if the server has exited."""
-        if self._proc is None:
-            raise LlamaServerError("the llama.cpp server is not started")
-        code = self._proc.poll()
+        proc = self._started()
+        code = proc.poll()
         if code is not None:
-            raise LlamaServerError(f"the llama.cpp server (pid {self._proc.pid}) exited with code {code}\n"
+            raise LlamaServerError(f"the llama.cpp server (pid {proc.pid}) exited with code {code}\n"
                                    f"{self._describe_log()}")
 
     def __enter__(self) -> Self:
