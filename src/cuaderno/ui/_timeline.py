@@ -102,10 +102,8 @@ class Timeline:
     ticks: list[Tick]
     width: int = _WIDTH
     height: int = 0
-    label_w: int = _LABEL_W
     axis_x0: float = 0.0
     axis_x1: float = 0.0
-    row_h: int = _ROW_H
     span: float = 0.0
     hidden: int = 0
     """Steps before the first one drawn (a long run shows one page of its steps)."""
