@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cuaderno.events import StepEvent, shown_payload
-from cuaderno.events.payloads import ModelResult, RunCounters, ToolResult, shown_as
+from cuaderno.events.payloads import ModelResult, ToolResult, shown_as
 from cuaderno.render import dumps, money
 
 __all__ = ["INLINE_EVENTS", "PAYLOAD_SHOWN", "STEPS_SHOWN", "Marker", "Step", "Timeline", "build", "duration_text", "money"]
@@ -152,12 +152,13 @@ def _mark(step: Step) -> None:
     counters: dict[str, int] = {}
     phases = [ev.phase for ev in step.events]
     for ev in step.events:
-        # Every row that carries counters (model intent/error/result, tool result, run) declares
-        # them as RunCounters does.
-        for name, n in (shown_as(ev, RunCounters).get("counters") or {}).items():
+        # Read as a model result: every row that carries counters (model intent/error/result,
+        # tool result, run) declares them as ModelResult does.
+        row = shown_as(ev, ModelResult)
+        for name, n in (row.get("counters") or {}).items():
             if isinstance(n, int) and not isinstance(n, bool):
                 counters[name] = counters.get(name, 0) + n
-        response = shown_as(ev, ModelResult).get("response")
+        response = row.get("response")
         if ev.kind == "model" and ev.phase == "result" and isinstance(response, dict):
             _price(step, response.get("cost"))
             for esc in response.get("escalations") or ():
