@@ -24,7 +24,7 @@ from rich.text import Text
 
 from cuaderno.checkpoint import COUNTERS, Checkpoint, cost_upper_usd
 from cuaderno.events import EventHeader, StepEvent, shown_payload
-from cuaderno.events.payloads import ApprovalDecision, ModelResult, ToolResult, shown_as
+from cuaderno.events.payloads import ApprovalDecision, ModelResult, PendingApproval, ToolResult, shown_as
 
 if TYPE_CHECKING:
     from cuaderno.journal import Offloaded
@@ -530,7 +530,7 @@ def _render_timeline(console: Console, events: Sequence[StepEvent],
     _print_table(console, table)
 
 
-def render_pending_call(console: Console, run_id: str, step_id: str, entry: Mapping[str, Any], verb: str) -> None:
+def render_pending_call(console: Console, run_id: str, step_id: str, entry: PendingApproval, verb: str) -> None:
     """What a decision is about to be written for: the tool, its exact arguments and their fingerprint."""
     _line(console, Text(f"{verb} ", style="bold"), f"run {clean(run_id)}, step {clean(step_id)}",
           f" (tool step {clean(str(entry.get('tool_step')))})")
