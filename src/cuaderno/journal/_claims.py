@@ -31,7 +31,7 @@ try:
 except ImportError:  # no record locks: the holder named in the journal is asked about instead
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["cleanup_scheduled", "describe_holder", "live_holder", "state_of", "work_for"]
+__all__ = ["cleanup_scheduled", "describe_holder", "held_by_lock", "live_holder", "state_of", "work_for"]
 
 _FLOCK: Final = "hh4xqqi4x"
 """Linux's ``struct flock`` on 64-bit machines: type, whence, start, len, pid (with the padding
@@ -81,6 +81,45 @@ def live_holder(journal: str, run_id: str, stored_owner: str | None) -> dict[str
     if holder is not None and holder.get("process", {}).get("pid") == probed:
         return holder
     return {"owner": holder.get("owner") if holder else None, "process": {"pid": probed, "host": None}}
+
+
+def held_by_lock(journal: str, run_ids: Iterable[str]) -> set[str] | None:
+    """Which of these runs of a SQLite journal a live process holds, from their lock bytes alone
+    (``None``: this machine cannot tell; ask :func:`live_holder` with the journal's record).
+
+    What a claim needs, and only that: the holders are not described, so no record is read and
+    the hold file's path is resolved once for all the runs, not once per run (a claim of a fleet
+    probes every run the other workers hold)."""
+    if fcntl is None or journal == ":memory:" or not hasattr(fcntl, "F_GETLK") or struct.calcsize(_FLOCK) != 32:
+        return None
+    path = os.path.realpath(journal) + "-holds"
+    held: set[str] = set()
+    with _lease._files_lock:
+        fd, mine = _lease._files.get(path) or (-1, set())
+        own = fd < 0  # this process holds no lock in the file: a descriptor of its own is safe to close
+        if own:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                return held  # nobody ever took a run of this journal on this machine
+            except OSError:
+                return None
+        try:
+            for run_id in run_ids:
+                if run_id in mine:
+                    held.add(run_id)
+                    continue
+                try:
+                    answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET,
+                                                                         _lease._byte(run_id), 1, 0))
+                except OSError:
+                    return None
+                if struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK:
+                    held.add(run_id)
+        finally:
+            if own:
+                os.close(fd)
+    return held
 
 
 def _probe(journal: str, run_id: str) -> int | None:

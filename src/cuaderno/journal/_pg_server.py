@@ -419,6 +419,11 @@ class PgServer:
             raise RunBusy(run_id, f"{_lease.describe(holder)}, whose lock the server's restart {up_s:.0f} s ago "
                                   f"ended; it has {grace - up_s:.0f} s more to take it again")
 
+    _keep_holds = False
+    """Keep the lock connection open while no run is held (a worker's store, set by its queue's
+    claims: it takes runs again and again, and would otherwise open the connection again for
+    nearly every claim). Closed with the store."""
+
     def _lock_key(self, run_id: str) -> int:
         digest = hashlib.sha256(f"{self._journal_id}\x00{run_id}".encode("utf-8", "surrogatepass")).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
@@ -455,7 +460,7 @@ class PgServer:
                 self._holds.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key(run_id),))
             except psycopg.Error:
                 self._drop_holds()  # a dead connection holds nothing any more
-            if not self._locked:
+            if not self._locked and not self._keep_holds:
                 self._drop_holds()  # nothing held: no connection kept open for it
 
     def _holds_connection(self) -> psycopg.Connection[Any]:
@@ -498,7 +503,7 @@ class PgServer:
         """The server process of this store's lock connection (``None``: it holds no run): what
         ``pg_terminate_backend`` ends to simulate this holder's death."""
         with self._holds_lock:
-            if self._holds is None or self._holds.closed:
+            if self._holds is None or self._holds.closed or not self._locked:
                 return None
             return int(self._holds.info.backend_pid)
 

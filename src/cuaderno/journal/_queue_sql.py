@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from cuaderno import faults
 from cuaderno.errors import JournalError, SubmitConflict, UsageError, quoted
+from cuaderno.journal._claims import held_by_lock
 from cuaderno.journal._takeover import take_over
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
@@ -125,6 +126,16 @@ _KEY_IN_PROGRESS = {False: "SELECT q.run_id, q.concurrency_key, q.lock_key FROM 
                           "WHERE NOT q.done AND q.concurrency_key = %s AND r.epoch > 0"}
 _HAS_WAITING = {False: "SELECT 1 FROM cuaderno_queue WHERE done = 0 AND versions = ? LIMIT 1",
                 True: "SELECT 1 FROM cuaderno_queue WHERE NOT done AND versions = %s LIMIT 1"}
+# What open_runs selects (journal._sql), less the running runs that have a queue row: those a
+# worker claims through the queue only.
+_OUTSIDE = {False: "SELECT 1 FROM cuaderno_runs r WHERE (r.status = 'running' AND NOT EXISTS "
+                   "(SELECT 1 FROM cuaderno_queue q WHERE q.run_id = r.run_id)) "
+                   "OR (r.status IN ('suspended', 'needs_human') AND r.checkpoint LIKE '%\"cancel_requested\":{%') "
+                   "OR (r.status = 'cancelled' AND r.checkpoint LIKE '%\"cleanup\":[{%') LIMIT 1",
+            True: "SELECT 1 FROM cuaderno_runs r WHERE (r.status = 'running' AND NOT EXISTS "
+                  "(SELECT 1 FROM cuaderno_queue q WHERE q.run_id = r.run_id)) "
+                  "OR (r.status IN ('suspended', 'needs_human') AND strpos(r.checkpoint, '\"cancel_requested\":{') > 0) "
+                  "OR (r.status = 'cancelled' AND strpos(r.checkpoint, '\"cleanup\":[{') > 0) LIMIT 1"}
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
@@ -178,7 +189,8 @@ class Claim:
     """Runs picked that ended between the claim's read and its takeover (their holder finished
     them meanwhile): refused by the takeover's own check, nothing written."""
     at_limit: dict[str, int] = field(default_factory=dict[str, int])
-    """Concurrency keys with runs waiting because K of them are in progress: key -> waiting."""
+    """Concurrency keys with runs waiting because K of them are in progress: key -> waiting (among
+    the candidates the claim read)."""
 
 
 class _Exec(Protocol):
@@ -371,6 +383,10 @@ class JournalQueue(_OnStore):
         out = Claim()
         if free <= 0:
             return out
+        if self._pg:
+            # A store that claims takes runs again and again: its lock connection stays open
+            # between them instead of being opened again for nearly every claim.
+            self.store._keep_holds = True  # type: ignore[attr-defined]
         with self._claim_lock() as db:
             # PostgreSQL: the holds are read before the candidates, so a run seen running and
             # unheld was unheld after it was last seen held (a holder that finished it meanwhile
@@ -378,35 +394,23 @@ class JournalQueue(_OnStore):
             locked = self._pg_locked(db) if self._pg else None
             now = time.time() if not self._pg else float(
                 db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
-            rows = db.execute(_PICK[self._pg], (versions, now, _CANDIDATES)).fetchall()
-            closed = [r[0] for r in rows if r[3] in CLOSED_STATUSES]
-            live = [r for r in rows if r[3] == "running" and r[0] not in skip]
-            if closed:
-                self._mark_done(db, closed)
-            if not live:
+            # The best candidates come first: the runs in progress (this worker's, which it
+            # skips, and the other workers'), those ended since the last claim, then the waiting
+            # ones. A few more than those are read first; all of them only when that was not enough.
+            first = min(_CANDIDATES, 2 * (free + len(skip)) + 64)
+            picked, live, closed, read = self._pick(db, out, versions, now, first, free, skip, locked)
+            if len(picked) < free and read >= first and first < _CANDIDATES:
+                out.at_limit.clear()
+                out.keyed.clear()
+                picked, live, closed, read = self._pick(db, out, versions, now, _CANDIDATES, free, skip, locked)
+            if not picked:
+                if closed:
+                    self._mark_done(db, closed)
                 return out
-            keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall()
-            held = self._held(db, [(r[0], int(r[2])) for r in live if r[4]] + [(r[0], int(r[2])) for r in keyed], locked)
-            limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
-            running: dict[str, int] = {}
-            for run_id, key, _ in keyed:
-                if run_id in held:
-                    running[key] = running.get(key, 0) + 1
-            picked: list[str] = []
-            for run_id, key, _, _, _, _ in live:
-                if run_id in held:
-                    continue
-                if key is not None and key in limits and running.get(key, 0) >= limits[key]:
-                    out.at_limit[key] = out.at_limit.get(key, 0) + 1
-                    continue
-                if len(picked) < free:
-                    picked.append(run_id)
-                    if key is not None:
-                        running[key] = running.get(key, 0) + 1
-                        out.keyed.add(run_id)
             # Under the claim lock: the next claimer reads the holds after these takeovers. All
-            # of them in one transaction (one synced commit per claim, not one per run).
-            took = take_over(self.store, picked, owner)
+            # of them in one transaction (one synced commit per claim, not one per run), with
+            # the rows of the runs found ended marked done.
+            took = take_over(self.store, picked, owner, done=closed)
             out.taken, out.lost, out.stale = took.taken, len(took.lost), len(took.stale)
             out.keyed.intersection_update(r for r, _ in took.taken)
             tasks = {r[0]: r[5] for r in live}
@@ -414,6 +418,36 @@ class JournalQueue(_OnStore):
             if out.taken:
                 faults.point("queue.C1")  # runs taken over, the claim lock still held, none driven yet
         return out
+
+    def _pick(self, db: _Exec, out: Claim, versions: str, now: float, limit: int, free: int, skip: set[str],
+              locked: set[int] | None) -> tuple[list[str], list[Any], list[str], int]:
+        """The runs to take (at most ``free``) of the best ``limit`` candidates, the live
+        candidates read, the runs found ended (their rows to mark done) and how many rows were read."""
+        rows = db.execute(_PICK[self._pg], (versions, now, limit)).fetchall()
+        closed = [r[0] for r in rows if r[3] in CLOSED_STATUSES]
+        live = [r for r in rows if r[3] == "running" and r[0] not in skip]
+        picked: list[str] = []
+        if not live:
+            return picked, live, closed, len(rows)
+        keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall()
+        held = self._held(db, [(r[0], int(r[2])) for r in live if r[4]] + [(r[0], int(r[2])) for r in keyed], locked)
+        limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
+        running: dict[str, int] = {}
+        for run_id, key, _ in keyed:
+            if run_id in held:
+                running[key] = running.get(key, 0) + 1
+        for run_id, key, _, _, _, _ in live:
+            if run_id in held:
+                continue
+            if key is not None and key in limits and running.get(key, 0) >= limits[key]:
+                out.at_limit[key] = out.at_limit.get(key, 0) + 1
+                continue
+            if len(picked) < free:
+                picked.append(run_id)
+                if key is not None:
+                    running[key] = running.get(key, 0) + 1
+                    out.keyed.add(run_id)
+        return picked, live, closed, len(rows)
 
     def _mark_done(self, db: _Exec, run_ids: list[str]) -> None:
         # The run ended: its row no longer competes for a claim (its key stays, for debounce).
@@ -441,7 +475,9 @@ class JournalQueue(_OnStore):
             locked = self._pg_locked(db) if locked is None else locked
             return {run_id for run_id, key in runs if key in locked}
         lite: SqliteCheckpointer = self.store  # type: ignore[assignment]
-        return set(lite.holders([run_id for run_id, _ in runs]))
+        wanted = [run_id for run_id, _ in runs]
+        held = held_by_lock(lite.path, wanted)  # the lock bytes alone: no record read, no holder described
+        return held if held is not None else set(lite.holders(wanted))
 
     @contextmanager
     def _claim_lock(self) -> Iterator[_Exec]:
@@ -486,6 +522,19 @@ class JournalQueue(_OnStore):
             if self._has_tables():
                 raise
             return set()
+
+    def work_outside(self) -> bool:
+        """Whether an open run may need a worker outside the queue (``open_runs`` would return
+        one that a claim does not take: a running run without a queue row, a cancellation to
+        close, compensations to run). ``False`` lets a worker skip reading the open runs'
+        summaries while every open run is the queue's."""
+        try:
+            with self._read() as db:
+                return db.execute(_OUTSIDE[self._pg]).fetchone() is not None
+        except JournalError:
+            if self._has_tables():
+                raise
+            return True
 
     def has_waiting(self, versions: str) -> bool:
         """Whether a submitted run of ``versions`` is still waiting or in progress (its row not

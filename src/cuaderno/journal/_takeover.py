@@ -54,17 +54,19 @@ class Takeovers:
     """Closed (or gone) since the caller read them: nothing to take."""
 
 
-def take_over(store: Checkpointer, run_ids: Sequence[str], owner: str) -> Takeovers:
+def take_over(store: Checkpointer, run_ids: Sequence[str], owner: str, *, done: Sequence[str] = ()) -> Takeovers:
     """Take over ``run_ids`` for ``owner`` in one transaction (a SQLite or PostgreSQL store;
-    another store is asked run by run with its own ``acquire``)."""
+    another store is asked run by run with its own ``acquire``). ``done``: queued runs the claim
+    found ended, whose queue rows the same transaction marks done (so that claims stop reading
+    them) instead of a transaction of their own."""
     wanted = list(dict.fromkeys(run_ids))
     if not wanted:
         return Takeovers()
     kind = type(store).__name__
     if kind == "SqliteCheckpointer":
-        return _sqlite(store, wanted, owner)  # type: ignore[arg-type]
+        return _sqlite(store, wanted, owner, list(done))  # type: ignore[arg-type]
     if kind == "PostgresCheckpointer":
-        return _postgres(store, wanted, owner)  # type: ignore[arg-type]
+        return _postgres(store, wanted, owner, list(done))  # type: ignore[arg-type]
     return _one_by_one(store, wanted, owner)
 
 
@@ -82,13 +84,15 @@ def _one_by_one(store: Checkpointer, run_ids: list[str], owner: str) -> Takeover
     return out
 
 
-def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str) -> Takeovers:
+def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str, done: list[str]) -> Takeovers:
     out = Takeovers()
     locked: list[str] = []  # locks this call took: given back if its transaction does not commit
     try:
         with store._txn() as db:
             store._schema_of(db)
             _lease.refuse_second_names(store.path)  # as acquire: a journal with a second name is refused before any lock
+            for run_id in done:
+                db.execute("UPDATE cuaderno_queue SET done = 1 WHERE run_id = ?", (run_id,))
             record: str | None = None
             for run_id in run_ids:
                 row = db.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=?",
@@ -120,7 +124,7 @@ def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str) -> Takeov
     return out
 
 
-def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str) -> Takeovers:
+def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done: list[str]) -> Takeovers:
     out = Takeovers()
     wanted = sorted(r for r in run_ids if storable(r))  # rows locked in one order: no deadlock between claimers
     locked: list[str] = []
@@ -128,6 +132,8 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str) -> Ta
     try:
         with store._txn() as cur:
             store._schema_of(cur)
+            if done:
+                cur.execute("UPDATE cuaderno_queue SET done = true WHERE run_id = ANY(%s)", (done,))
             rows: dict[str, Any] = {r[0]: r[1:] for r in cur.execute(
                 "SELECT run_id, epoch, owner, status, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%s) "
                 "ORDER BY run_id FOR UPDATE", (wanted,)).fetchall()} if wanted else {}
