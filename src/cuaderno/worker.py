@@ -373,6 +373,11 @@ class Worker:
         if free <= 0:
             return []
         assert isinstance(store, SupportsClaims)
+        if self._queue is not None and not self._queue.work_outside():
+            # Every open run is the queue's (claimed above): one read of the runs table instead of up to
+            # 200 open runs' summaries read and parsed, by every worker of a fleet at each look.
+            self._picking.seen_new = {}
+            return []
         candidates = self._picking.candidates(store, active, max(200, 20 * self.concurrency))
         if self._queue is not None and candidates:
             # A queued run waiting for a worker is claimed through the queue only (its priority,
