@@ -265,6 +265,7 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             "attempts": taken + lost + sum(r["claim_stale"] for r in results), "lost": lost,
             "stale": sum(r["claim_stale"] for r in results), "lost_share": lost / max(1, taken + lost + sum(r["claim_stale"] for r in results)),
             "cpu_ms_per_run": 1000 * sum(r["cpu_s"] for r in results) / max(1, done), "wall_s": wall,
+            "cpu_ms": 1000 * sum(r["cpu_s"] for r in results),
             "claim_calls": calls, "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
             "claim_ms_per_run": 1000 * claim_s / max(1, done) if calls else None,
             "errors": sum(r["errors"] for r in results),
@@ -305,6 +306,11 @@ def main() -> int:
                         found = [cell(_new_url(backend, directory, schemas), mode, w, c, args.runs, args.tools,
                                       args.profile)
                                  for _ in range(args.repeats)]
+                        # What the W workers cost with nothing to claim (open the journal, look once,
+                        # close): counted in every cell's CPU, spread over its runs. Median of 3.
+                        fixed = statistics.median(
+                            cell(_new_url(backend, directory, schemas), mode, w, c, 0, args.tools)["cpu_ms"]
+                            for _ in range(3))
                         # Medians of CPU and wall time; the claims summed over the repeats.
                         sums = {k: sum(f[k] for f in found) for k in ("runs", "completed", "attempts", "lost",
                                                                        "stale", "errors")}
@@ -312,7 +318,9 @@ def main() -> int:
                                    cpu_ms_per_run=statistics.median(f["cpu_ms_per_run"] for f in found),
                                    wall_s=statistics.median(f["wall_s"] for f in found),
                                    cpu_ms_per_run_all=[round(f["cpu_ms_per_run"], 1) for f in found],
-                                   probe_us=statistics.median(f["probe_us"] for f in found))
+                                   probe_us=statistics.median(f["probe_us"] for f in found), fixed_ms=fixed,
+                                   cpu_ms_per_run_less_fixed=statistics.median(
+                                       (f["cpu_ms"] - fixed) / max(1, f["completed"]) for f in found))
                         cells.append(row)
                         print(_line(row), flush=True)
         finally:
@@ -331,9 +339,11 @@ def main() -> int:
             if one and four:
                 ratio = four["cpu_ms_per_run"] / one["cpu_ms_per_run"]
                 probe = four["probe_us"] / one["probe_us"] if one["probe_us"] else float("nan")
+                less = four["cpu_ms_per_run_less_fixed"] / one["cpu_ms_per_run_less_fixed"]
                 print(f"{backend} {mode}: CPU per run 4x8 / 1x32 = {ratio:.2f}; the fixed probe's CPU 4x8 / 1x32 = "
                       f"{probe:.2f} (the same work costing more with four processes on the cores); "
-                      f"the ratio at the probe's cost = {ratio / probe:.2f}")
+                      f"the ratio at the probe's cost = {ratio / probe:.2f}; less the workers' fixed cost "
+                      f"({one['fixed_ms']:.0f} and {four['fixed_ms']:.0f} ms in all) = {less:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(cells, indent=2))
     return 0
@@ -345,7 +355,8 @@ def _line(c: dict[str, Any]) -> str:
     return (f"{c['backend']:8} {c['mode']:6} {c['shape']:5} runs {c['completed']}/{c['runs']}  attempts "
             f"{c['attempts']:4}  lost {c['lost']:4} ({100 * c['lost_share']:.1f}%), stale {c['stale']}  CPU/run {c['cpu_ms_per_run']:6.1f} ms"
             f" {c.get('cpu_ms_per_run_all', '')}  wall {c['wall_s']:5.1f} s  claim {per_call} ms/call, {per_run} ms/run"
-            f"  probe {c['probe_us']:.0f} us  errors {c['errors']}")
+            f"  probe {c['probe_us']:.0f} us  errors {c['errors']}"
+            f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms")
 
 
 if __name__ == "__main__":
