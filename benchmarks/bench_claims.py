@@ -85,6 +85,73 @@ each worker's fixed cost (``--runs 4``: about 15-40 ms of CPU per process, 0.2-0
 300 runs). What is left is spread over the step path of four processes each committing smaller
 groups (about 7 appends per transaction against 20), and no single change found here moves it.
 
+Where the four processes' extra CPU goes (2026-12-07, queue mode, 300 runs; per-thread CPU from
+``time.thread_time`` in each thread, rusage for the process, ``strace -f -c``, ``perf record``,
+``py-spy``; a 2-CPU machine at load average 2-6 shared with other sessions):
+
+- Almost all of it is the main thread's (the event loop: the runs, their group commits). The one
+  other thread is the claim's (``asyncio.to_thread``): SQLite 0.06-0.14 ms per run at 1x32,
+  0.34-0.45 at 4x8; PostgreSQL 0.24-0.31 and 0.64-0.76. There is no heartbeat, lease or poller
+  thread: PostgreSQL's LISTEN is read on the loop, SQLite's holds are kernel record locks.
+- Most of the gap is the concurrency of one worker, not the number of processes: one process at
+  concurrency 8 against 32 (medians of 4 interleaved runs, after the changes below): SQLite 1x32
+  2.8, 2x16 3.3, 1x8 3.7, 4x8 4.1 ms; PostgreSQL 1x32 4.3, 1x8 5.5, 4x8 6.6 ms. A run makes
+  about ten appends; at concurrency 8 they commit in groups of at most 8 (mean about 6), at 32 in
+  groups of about 27, so each run pays for more transactions (SQLite 1x32 about 400 transactions
+  for 300 runs, 310 of them each run's final commit alone; 4x8 about 700-760), and each claim
+  takes fewer runs (13-21 claims against 45-77). ``perf``, 1x8 against 1x32: +0.29 ms per run in
+  the interpreter, +0.12 in the kernel (the virtio kicks of the extra syncs, context switches),
+  +0.19 in the claim's thread.
+- Four processes add, on SQLite (``strace -f -c``, 1x32 against 4x8): pread64 1,309 against
+  12,709 (SQLite drops its page cache whenever another connection committed, and reads the pages
+  again), fdatasync 1,356 against 1,876, fcntl 17,203 against 28,794, futex 338 against 2,917
+  (the claim's thread and the loop taking turns at the GIL), clock_nanosleep 0 against 1,233
+  (SQLite's busy handler waiting for another process's write lock: sleeps, not spinning), flock
+  0 against 69 (claims waiting for the claim lock); and every process's own start (open, one
+  look, close: SQLite 6-8 ms for one worker, 22-28 ms for four; PostgreSQL 13-17 and 49-58 ms:
+  0.06-0.15 ms per run at 300 runs, the ``fixed`` column). Process start-up proper (the
+  interpreter, imports) is not in the measure: the workers are forked after the imports and no
+  module is imported while they run.
+- Not the gap: the WAL (at most 4.2 MB in both shapes: its checkpoints keep up); the summaries
+  each process re-reads after another's commit (the same cells with the cache kept across other
+  processes' commits, an unsafe change made only to measure it: 4x8 5.41 against 5.44 ms).
+
+What was changed (one commit each), and the same invocations before (main) and after, three each,
+``--modes queue --repeats 3`` (CPU per run 4x8 and 1x32 in ms, medians of the three repeats; the
+ratio; stale claims of 900):
+
+- a claim reads a window of the best candidates (2 x (free + skipped) + 64 rows) before all 512,
+  probes holds from the lock bytes alone (it read each run's owner record and resolved the hold
+  file's path once per run), and marks the queue rows of ended runs done inside its takeover's
+  transaction (one synced commit per claim, not two). Its thread's CPU per run at 4x8 on SQLite
+  fell from 0.34-0.45 to 0.20-0.27 ms, and a claim is quick enough that the runs it picks rarely
+  end before its takeover (stale claims 44, 78, 112 of 900 before; 3, 0, 2 after);
+- a PostgreSQL store that claims keeps its lock connection open between runs (it was closed
+  whenever no run was held and opened again, with its five statements, at nearly every claim:
+  9-10 connections per worker per 300 runs, now 1);
+- a worker no longer reads the open runs' summaries (up to 200, and a queue lookup per run, at
+  start and every 4 poll intervals while busy) while every open run is the queue's;
+- a claim asks for the keys' runs in progress only when a candidate has a key.
+
+=========  =============================  =============================
+backend    before (main)                  after
+=========  =============================  =============================
+SQLite     4.1/2.8 1.48; 5.5/3.1 1.79;    3.7/2.7 1.37; 4.5/3.5 1.27;
+           4.3/2.8 1.55                   3.6/3.0 1.20
+Postgres   7.6/4.4 1.73; 8.7/6.3 1.39;    6.8/4.2 1.64; 7.3/6.0 1.23;
+           7.5/4.9 1.53                   7.0/4.6 1.53
+=========  =============================  =============================
+
+The ratio less the workers' fixed cost: SQLite 1.46, 1.78, 1.53 before, 1.35, 1.26, 1.19 after;
+PostgreSQL 1.71, 1.37, 1.51 before, 1.61, 1.21, 1.50 after. The fixed probe's CPU 4x8 / 1x32:
+0.97-1.06. The target of 1.2 is not met: SQLite's 4x8 CPU per run fell by about a seventh and its
+ratio to about 1.2-1.35 (the middle after-run's 1x32 cell, 3.5 ms, was a slow repeat); PostgreSQL
+gained little (its four workers' extra round trips per run are most of what is left). What is
+left is mostly what concurrency 8 costs in any one process (groups a quarter the size: one
+worker at concurrency 8 costs 1.3x one at 32 on SQLite, 1.27x on PostgreSQL), then the page
+cache SQLite drops at every other process's commit and the context switches of eight processes
+(four workers, their database) on two cores.
+
 (Another PostgreSQL poll 4x8 run: 146 of 446 attempts lost, 32.7%.) Lost claims: none through the
 queue; a *stale* claim picked a run its holder closed between the claim's read and its takeover
 (refused by the takeover's own check, nothing written; SQLite, whose holds are probed after the
