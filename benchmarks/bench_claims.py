@@ -89,10 +89,13 @@ Where the four processes' extra CPU goes (2026-12-07, queue mode, 300 runs; per-
 ``time.thread_time`` in each thread, rusage for the process, ``strace -f -c``, ``perf record``,
 ``py-spy``; a 2-CPU machine at load average 2-6 shared with other sessions):
 
-- Almost all of it is the main thread's (the event loop: the runs, their group commits). The one
-  other thread is the claim's (``asyncio.to_thread``): SQLite 0.06-0.14 ms per run at 1x32,
-  0.34-0.45 at 4x8; PostgreSQL 0.24-0.31 and 0.64-0.76. There is no heartbeat, lease or poller
-  thread: PostgreSQL's LISTEN is read on the loop, SQLite's holds are kernel record locks.
+- Almost all of it is the main thread's (the event loop: the runs, their group commits). The
+  other threads: the claim's (``asyncio.to_thread``): SQLite 0.06-0.14 ms per run at 1x32,
+  0.34-0.45 at 4x8; PostgreSQL 0.24-0.31 and 0.64-0.76; and on PostgreSQL the connection pool's
+  workers, 0.01-0.04 ms. There is no heartbeat, lease or poller thread: PostgreSQL's LISTEN is
+  read on the loop, SQLite's holds are kernel record locks. On PostgreSQL the main thread waits
+  for the server at every statement: 19 voluntary context switches per run at 1x32, 33 at 4x8
+  (and about 21 involuntary ones in both), each on two CPUs shared with the server's processes.
 - Most of the gap is the concurrency of one worker, not the number of processes: one process at
   concurrency 8 against 32 (medians of 4 interleaved runs, after the changes below): SQLite 1x32
   2.8, 2x16 3.3, 1x8 3.7, 4x8 4.1 ms; PostgreSQL 1x32 4.3, 1x8 5.5, 4x8 6.6 ms. A run makes
