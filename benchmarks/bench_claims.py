@@ -153,7 +153,10 @@ gained little (its four workers' extra round trips per run are most of what is l
 left is mostly what concurrency 8 costs in any one process (groups a quarter the size: one
 worker at concurrency 8 costs 1.3x one at 32 on SQLite, 1.27x on PostgreSQL), then the page
 cache SQLite drops at every other process's commit and the context switches of eight processes
-(four workers, their database) on two cores.
+(four workers, their database) on two cores. One more invocation after, with one worker at
+concurrency 8 beside (``--shapes 1x32,1x8,4x8``, load average 4.2 to 5.6): SQLite 3.3, 4.0 and
+4.5 ms (1.38); PostgreSQL 6.0, 7.0 and 7.0 ms (1.18). PostgreSQL's 1x32 cell alone ranged over
+4.2-6.3 ms across these invocations, which is most of the spread of its ratio (1.18-1.64).
 
 (Another PostgreSQL poll 4x8 run: 146 of 446 attempts lost, 32.7%.) Lost claims: none through the
 queue; a *stale* claim picked a run its holder closed between the claim's read and its takeover
