@@ -112,15 +112,24 @@ def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_
     (a permanent error: sending the same call again would return the same result), and the step is
     settled, so no resume or worker runs it again to meet the same refusal (pydantic-ai#7110).
     Replay reads the record as it is: the value that was too large was never journaled."""
+    return _fitted(payload, store, run_id, step_id, tells_the_model=tells_the_model)[0]
+
+
+def _fitted(payload: dict[str, Any], store: object, run_id: str, step_id: str, *,
+            tells_the_model: bool = True) -> tuple[dict[str, Any], bytes | None]:
+    """:func:`too_large_instead`, and the payload's JSON bytes when it is kept (``None`` for the
+    error record): measuring it encodes it, and an event staged with those bytes is not encoded
+    again when it is appended (:meth:`~cuaderno.events.StepEvent.encoded_payload`)."""
     limit = payload_limit(store)
-    size = len(encode_payload(payload))
+    raw = encode_payload(payload)
+    size = len(raw)
     if size <= limit:
-        return payload
+        return payload, raw
     error = {"error_class": ErrorClass.PERMANENT.value, "sent": True, "type": "PayloadTooLarge", "size": size,
              "limit": limit, "message": str(PayloadTooLarge(run_id, step_id, "result", size, limit)).replace(
                  "nothing was written", "the result was not stored; the call itself was made")}
     return result_payload("error", error=error, effect_key=payload.get("effect_key"), counters=payload.get("counters"),
-                          compensation=payload.get("compensation"), tells_the_model=tells_the_model)
+                          compensation=payload.get("compensation"), tells_the_model=tells_the_model), None
 
 
 def restore_uncertain(run_id: str, evidence: Mapping[str, Any]) -> StepEvent:
@@ -399,12 +408,14 @@ class Effect:
                 compensation: Mapping[str, Any] | None = None) -> Settled:
         payload = result_payload(outcome, value, error=error, effect_key=self.key, counters=counters,
                                  compensation=compensation, tells_the_model=self.tells_the_model)
-        payload = too_large_instead(payload, getattr(self.log, "store", None), self.log.run_id, self.step_id,
-                                    tells_the_model=self.tells_the_model)
-        # The payload was built here for this event: staged as it is (stage_result copies a caller's).
+        payload, raw = _fitted(payload, getattr(self.log, "store", None), self.log.run_id, self.step_id,
+                               tells_the_model=self.tells_the_model)
+        # The payload was built here for this event: staged as it is (stage_result copies a
+        # caller's), with the bytes measuring it gave (the append does not encode it again; nothing
+        # changes it meanwhile: the caller only reads it, to tell the model and show the step).
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="tool",
                                  name=self.tool, decision=self.decision, fingerprint=self.fingerprint,
-                                 payload=payload), "tool.K6")
+                                 payload=payload, raw=raw), "tool.K6")
         return Settled(payload)
 
     def _uncertain(self, evidence: Mapping[str, Any]) -> NoReturn:

@@ -41,7 +41,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
@@ -327,7 +327,8 @@ class ModelCall:
         self._refuse_too_large(sent, payload, counters, held)
         self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K6")
-        return cast("ModelResult", payload)  # built above with the keys ModelResult declares
+        result: ModelResult = payload  # type: ignore[assignment]  # built above with the keys it declares
+        return result
 
 
     def _refuse_too_large(self, sent: Sent, payload: dict[str, object], counters: dict[str, int],
