@@ -67,7 +67,8 @@ def plan_append(
         RunClosed, NotWaitingForApproval, ApprovalMismatch, NotUncertain: a decision that the run's
             state at commit time no longer admits (see :func:`_admit`).
     """
-    if is_erased(cp):
+    outcome = cp.outcome
+    if outcome is not None and isinstance(outcome.get("erased"), dict):  # is_erased(cp), inline: every append
         raise RunErased(cp.run_id, "append")
     if epoch is not None and epoch != cp.epoch:
         raise FencedOut(cp.run_id, epoch, cp.epoch)
@@ -95,8 +96,17 @@ def plan_append(
         if ev.phase in _GUARDED_PHASES or ev.decision == "resolved" or ev.decision == "not_happened":
             _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
+        if ev.salt is not None:
+            salt = _salt_for(ev, keyed)
+        elif keyed and ev.codec == CODEC_JSON:
+            try:
+                salt = _SALTS.pop()
+            except IndexError:
+                salt = _fresh_salts()
+        else:
+            salt = None
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
-                             payload_bytes=payload_bytes, salt=_salt_for(ev, keyed))
+                             payload_bytes=payload_bytes, salt=salt)
         project(cp, stamped)
         seen[ev.key] = stamped
         new.append((stamped, payload_bytes))
@@ -105,6 +115,26 @@ def plan_append(
 
 
 _urandom = os.urandom
+
+_SALTS: list[bytes] = []
+"""Fresh random digest keys, drawn from one ``os.urandom`` call of :data:`_SALTS_AT_ONCE` keys
+(:func:`_fresh_salts`), each taken once (``pop``, atomic under the GIL, so two threads never
+take the same one): a ``getrandom`` system call per row cost more than the row's HMAC. The keys
+are as random as ``os.urandom``'s, and a key that was never taken is never written anywhere."""
+_SALTS_AT_ONCE = 256
+
+# A forked child starts with a copy of its parent's memory, this list included: both would then
+# stamp their next rows with the same "random" keys. The child drops its copy at once, so every
+# key it uses comes from its own os.urandom call. (Registered once, at import: every process that
+# can append has imported this module before it forks, or imports it after.)
+os.register_at_fork(after_in_child=_SALTS.clear)
+
+
+def _fresh_salts() -> bytes:
+    """One fresh digest key, the list refilled with the next ones."""
+    block = _urandom(SALT_BYTES * _SALTS_AT_ONCE)
+    _SALTS.extend([block[i:i + SALT_BYTES] for i in range(SALT_BYTES, len(block), SALT_BYTES)])
+    return block[:SALT_BYTES]
 
 
 def _salt_for(ev: StepEvent, keyed: bool) -> bytes | None:
@@ -115,7 +145,12 @@ def _salt_for(ev: StepEvent, keyed: bool) -> bytes | None:
         if ev.salt and len(ev.salt) != SALT_BYTES:
             raise UsageError(f"a digest key is {SALT_BYTES} bytes (or empty for a version-1 row)")
         return ev.salt or None
-    return _urandom(SALT_BYTES) if keyed and ev.codec == CODEC_JSON else None
+    if not keyed or ev.codec != CODEC_JSON:
+        return None
+    try:
+        return _SALTS.pop()
+    except IndexError:
+        return _fresh_salts()
 
 
 def is_erased(cp: Checkpoint) -> bool:

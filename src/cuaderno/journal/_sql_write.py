@@ -36,7 +36,7 @@ from cuaderno.journal._sealing import RunKeys, sealed, summary_text
 from cuaderno.journal._sql import SqlJournal
 from cuaderno.journal.base import payload_limit, validate_event
 
-__all__ = ["Lost", "SqlWriter", "first_line", "held_for", "next_epoch", "planned_rebuild", "stored_rows"]
+__all__ = ["Lost", "SqlWriter", "first_line", "next_epoch", "planned_rebuild", "stored_rows"]
 
 
 class Lost(JournalError):
@@ -49,13 +49,6 @@ class Lost(JournalError):
 def first_line(exc: BaseException) -> str:
     """An error's first line (a driver's message may go on with its details and hints)."""
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def held_for(store: SqlJournal) -> Held:
-    """What an append of ``store`` offloads into: a :class:`~._offload.Held` at its threshold.
-    A store that encrypts offloads too: each blob is then its run's own, keyed and sealed with
-    the run's data key (see :mod:`._offload`), so no payload rests in plaintext there."""
-    return Held(offload_above(store))
 
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
@@ -71,13 +64,17 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
     compressed it would fit, and no reader could open it."""
     rows = []
     for e, payload in new:
-        if len(payload) > max_payload:
-            raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {len(payload):,} "
+        size = len(payload)
+        if size > max_payload:
+            raise JournalError(f"{journal}: the payload of {e.step_id}:{e.phase} is {size:,} "
                                f"bytes of JSON, more than the {max_payload:,} a journal row holds; nothing "
                                "was committed")
-        ref = held.take(e.run_id, payload, keys) if held is not None and e.codec == CODEC_JSON else None
+        # (Tested here, not left to the callee, where they decide nothing: this runs for every row.)
+        ref = (held.take(e.run_id, payload, keys)
+               if held is not None and size > held.above and e.codec == CODEC_JSON else None)
         codec, stored = ref or (pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload))
-        codec, stored = sealed(keys, e, codec, stored)
+        if keys is not None:
+            codec, stored = sealed(keys, e, codec, stored)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
                      stored, e.created_at, e.row_hash, e.salt))
     return rows
@@ -112,12 +109,24 @@ def next_epoch(run_id: str, value: object) -> int:
     return epoch
 
 
+_UNSET = object()
+
+
 class SqlWriter(SqlJournal):
     """The append, group append and rebuild of a SQL journal (see the module)."""
 
     _compress: bool
     _label: str
     """``journal <where>``: how this store names its journal in an error."""
+
+    max_payload: int | None = None
+    """The store's per-payload limit when set (``store.max_payload = N``); ``None``: the default
+    (see :func:`~cuaderno.journal.base.payload_limit`)."""
+    offload_above: int | None = None
+    """The store's offload threshold when set; ``None``: the default (see :mod:`._offload`)."""
+    _sizes: tuple[object, object, int, int] = (_UNSET, _UNSET, 0, 0)
+    """``(max_payload, offload_above)`` as last read, and the limit and threshold they gave:
+    checked once per value, not per append (see :meth:`_limits`)."""
 
     # -- what a backend supplies --------------------------------------------------------------------
 
@@ -214,16 +223,19 @@ class SqlWriter(SqlJournal):
         (:class:`Duplicate`: the caller redoes the transaction with ``lookups``, one per key)."""
         cp = self._write_summary(db, run_id, epoch, fresh=lookups, unheld=unheld)
 
-        keys = self._keys(db)
+        keys = None if self._sealer is None else self._sealer.bind(db)  # self._keys(db), inline: every append
 
         def existing(ev: StepEvent) -> StepEvent | None:
             row = db.execute(self._dialect.event, ev.key).fetchone()
             return None if row is None else decode_row(row, keys)
 
-        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq,
-                               payload_limit(self), keyed=True)
+        limit, above = self._limits()
+        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq, limit, keyed=True)
         if new:
-            held = held_for(self)
+            # A Held only when a row goes to a blob (rarely: over a megabyte by default). A store
+            # that encrypts offloads too: each blob is then its run's own, keyed and sealed with
+            # the run's data key (see ._offload), so no payload rests in plaintext there.
+            held = Held(above) if any(len(payload) > above for _, payload in new) else None
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held)
             if held is not None:
                 held.write(db)  # before the rows: the SQLite anchor reads the last row inserted
@@ -238,13 +250,25 @@ class SqlWriter(SqlJournal):
                         from None
                 raise Duplicate from None
             self._inserted(db, rows)
-            faults.in_txn("checkpoint")
+            armed = faults.armed()
+            if armed:
+                faults.in_txn("checkpoint")
             upserted = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                             summary_text(keys, cp)))
-            faults.in_txn()
-            faults.point("append.W1")  # everything written, before COMMIT
+                                                             cp.dumps() if keys is None else summary_text(keys, cp)))
+            if armed:
+                faults.in_txn()
+                faults.point("append.W1")  # everything written, before COMMIT
             self._keep(run_id, cp, upserted)
         return out
+
+    def _limits(self) -> tuple[int, int]:
+        """The store's per-payload limit and offload threshold, checked (see
+        :func:`~cuaderno.journal.base.payload_limit`) when either setting changed since the last
+        append, else as they were: two attribute reads per append instead of the two checks."""
+        sizes = self._sizes
+        if sizes[0] is not self.max_payload or sizes[1] is not self.offload_above:
+            sizes = self._sizes = (self.max_payload, self.offload_above, payload_limit(self), offload_above(self))
+        return sizes[2], sizes[3]
 
     def append_group(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
         """The appends of several runs in one transaction and one sync (group commit, see

@@ -100,7 +100,7 @@ from cuaderno.journal._append import plan_append
 from cuaderno.journal._compress import MAX_PAYLOAD
 from cuaderno.journal._erase import SqlEraser
 from cuaderno.journal._group import GroupBatch
-from cuaderno.journal._offload import reading
+from cuaderno.journal._offload import Held, reading
 from cuaderno.journal._open import _masked
 from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
 from cuaderno.journal._pg_server import (
@@ -118,8 +118,8 @@ from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
-from cuaderno.journal._sql_write import held_for, next_epoch, stored_rows
-from cuaderno.journal.base import CLOSED_STATUSES, payload_limit
+from cuaderno.journal._sql_write import next_epoch, stored_rows
+from cuaderno.journal.base import CLOSED_STATUSES
 from cuaderno.journal.keys import KeyProvider
 
 __all__ = ["PostgresCheckpointer"]
@@ -334,14 +334,15 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         runs = list(dict.fromkeys(batches[i].events[0].run_id for i in order))
         summaries = self._group_summaries(cur, runs)
         rows: list[tuple[Any, ...]] = []
-        held = held_for(self)
+        limit, above = self._limits()
+        held = Held(above)
         updated: dict[str, float] = {}  # per run that has new rows, its last new row's time
         written: list[int] = []  # the batches with new rows, in order
         for i in order:
             b = batches[i]
             run_id = b.events[0].run_id
             new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
-                                       payload_limit(self), keyed=True)
+                                       limit, keyed=True)
             if new:
                 rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, self._keys(cur), held))
                 updated[run_id] = new[-1][0].created_at
