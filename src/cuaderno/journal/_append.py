@@ -27,6 +27,7 @@ from cuaderno.errors import (
 from cuaderno.events import CODEC_ERASED, CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal._offload import CODEC_JSON_BLOB, fetched
+from cuaderno.journal._rows import no_existing
 from cuaderno.journal._sealing import RunKeys, opened
 from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, validate_event
 
@@ -83,11 +84,15 @@ def plan_append(
     new: list[tuple[StepEvent, bytes]] = []
     out: list[StepEvent] = []
     seen: dict[tuple[str, str, str], StepEvent] = {}
+    lookups = existing is not no_existing  # an optimistic append looks nothing up: no call per event
     for ev in events:
         validate_event(ev, max_payload)
         if ev.run_id != cp.run_id:
             raise UsageError("one append must hold the events of one run")
-        prior = seen.get(ev.key) or existing(ev)
+        key = ev.key
+        prior = seen.get(key)
+        if prior is None and lookups:
+            prior = existing(ev)
         if prior is not None:
             if not prior.same_as(ev):
                 raise JournalConflict(*ev.key)
@@ -108,7 +113,7 @@ def plan_append(
         stamped = ev.stamped(seq=cp.last_seq + 1, created_at=now, prev_hash=cp.last_hash,
                              payload_bytes=payload_bytes, salt=salt)
         project(cp, stamped)
-        seen[ev.key] = stamped
+        seen[key] = stamped
         new.append((stamped, payload_bytes))
         out.append(stamped)
     return new, out

@@ -235,7 +235,11 @@ class SqlWriter(SqlJournal):
             # A Held only when a row goes to a blob (rarely: over a megabyte by default). A store
             # that encrypts offloads too: each blob is then its run's own, keyed and sealed with
             # the run's data key (see ._offload), so no payload rests in plaintext there.
-            held = Held(above) if any(len(payload) > above for _, payload in new) else None
+            held = None
+            for _, payload in new:
+                if len(payload) > above:
+                    held = Held(above)
+                    break
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held)
             if held is not None:
                 held.write(db)  # before the rows: the SQLite anchor reads the last row inserted
