@@ -213,7 +213,7 @@ class BodyBug(Exception):
         self.settled = settled
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Effect:
     """One effect step of one run (see the module docstring).
 
@@ -260,6 +260,8 @@ class Effect:
     compensation: Callable[[Any], Mapping[str, Any] | None] = lambda value: None
     tells_the_model: bool = True
     unclassified: Literal["bug", "uncertain"] = "bug"
+    _sends: int = field(default=0, init=False, repr=False)
+    """The intents journaled for the step so far (set by ``__post_init__``, then counted)."""
 
     def __post_init__(self) -> None:
         first = self.log.get(self.step_id, "intent")

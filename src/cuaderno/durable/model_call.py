@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -265,8 +265,11 @@ class ModelCall:
             await self.log.commit_before_acting()
             faults.point("model.K2")
             try:
-                with gate.sending() if gate is not None else nullcontext():
+                if gate is None:  # no context manager to enter: the common case, per step
                     response = plain_calls(await request())
+                else:
+                    with gate.sending():
+                        response = plain_calls(await request())
                 break
             except GatewayError as err:
                 left = left or err.sent is not False

@@ -19,7 +19,7 @@ the same journal (``tests/golden``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -225,12 +225,15 @@ class SqlWriter(SqlJournal):
 
         keys = None if self._sealer is None else self._sealer.bind(db)  # self._keys(db), inline: every append
 
-        def existing(ev: StepEvent) -> StepEvent | None:
-            row = db.execute(self._dialect.event, ev.key).fetchone()
-            return None if row is None else decode_row(row, keys)
+        find: Callable[[StepEvent], StepEvent | None] = no_existing
+        if lookups:  # the closure only for the redo that looks keys up (it is a collectable per call)
+            def existing(ev: StepEvent) -> StepEvent | None:
+                row = db.execute(self._dialect.event, ev.key).fetchone()
+                return None if row is None else decode_row(row, keys)
+            find = existing
 
         limit, above = self._limits()
-        new, out = plan_append(cp, events, existing if lookups else no_existing, epoch, expect_seq, limit, keyed=True)
+        new, out = plan_append(cp, events, find, epoch, expect_seq, limit, keyed=True)
         if new:
             # A Held only when a row goes to a blob (rarely: over a megabyte by default). A store
             # that encrypts offloads too: each blob is then its run's own, keyed and sealed with

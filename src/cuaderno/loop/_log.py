@@ -152,7 +152,8 @@ class RunLog:
         the commit waits for the end of the loop's turn, so the loop's other runs join its group
         meanwhile; this run goes on only once its events are durable."""
         st = self.state
-        group = self._capabilities().group
+        caps = self._caps  # self._capabilities(), its common case inline: twice per step
+        group = (caps if caps is not None and caps.store is st.store else self._capabilities()).group
         if not st.pending or group is None or not group.share_loop:
             self.commit()
             return
