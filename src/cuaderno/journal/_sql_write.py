@@ -284,10 +284,13 @@ class SqlWriter(SqlJournal):
         Optimistic, like :meth:`append`: everything in one transaction; if any batch is refused
         (or the commit fails), it is rolled back whole and each batch is appended on its own.
         """
-        for _ in batches:
-            faults.point("append.W0")
-        if any(not b.events or not self._id_ok(b.events[0].run_id) for b in batches):
-            return self._one_by_one(batches)
+        armed = faults.armed()
+        if armed:
+            for _ in batches:
+                faults.point("append.W0")
+        for b in batches:
+            if not b.events or not self._id_ok(b.events[0].run_id):
+                return self._one_by_one(batches)
         if self._hold_lost([b.events[0].run_id for b in batches if b.epoch is not None]):
             return self._one_by_one(batches)  # each batch is refused, or written, on its own
         outs: list[list[StepEvent] | Exception] = [[] for _ in batches]
@@ -301,19 +304,23 @@ class SqlWriter(SqlJournal):
             self._forget(b.events[0].run_id for b in batches)
             self._drop_keys([b.events[0].run_id for b in batches if b.events])
             return self._one_by_one(batches)
-        for i, b in enumerate(batches):
-            moved = self._moved(b.events[0].run_id, b.epoch)
-            if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
-                outs[i] = moved
-        for _ in batches:
-            faults.point("append.W2")
+        if type(self)._moved is not SqlWriter._moved:  # a store whose run locks can move (not SQLite's)
+            for i, b in enumerate(batches):
+                moved = self._moved(b.events[0].run_id, b.epoch)
+                if moved is not None:  # committed; the lock went since, to someone else: not to be acted on
+                    outs[i] = moved
+        if armed:
+            for _ in batches:
+                faults.point("append.W2")
         return outs
 
     def _write_batches(self, db: Any, batches: Sequence[GroupBatch], outs: list[list[StepEvent] | Exception]) -> None:
         """Every batch of a group in ``db``'s transaction, one after the other (each batch's crash
         points passed in its turn); ``outs[i]``: batch ``i``'s stored events."""
+        armed = faults.armed()
         for i, b in enumerate(batches):
-            faults.set_txn_points(*b.points)
+            if armed:
+                faults.set_txn_points(*b.points)
             outs[i] = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
 
     def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
