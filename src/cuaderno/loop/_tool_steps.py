@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from cuaderno import faults
@@ -209,9 +209,11 @@ class _Call:
     def context(self, attempt: int) -> ToolContext:
         return self.steps._context(self.step_id, self.call, self.key, attempt)
 
-    async def body(self, attempt: int) -> Any:
+    def body(self, attempt: int) -> Awaitable[Any]:
+        # The invocation itself, not a coroutine that only awaits it: one await level less in
+        # every tool step (the Effect awaits what this returns).
         call = self.call
-        return await self.steps.state.tools.invoke(call.name, call.arguments, self.context(attempt))
+        return self.steps.state.tools.invoke(call.name, call.arguments, self.context(attempt))
 
     async def lookup(self, attempt: int) -> Any:
         call, state = self.call, self.steps.state

@@ -358,7 +358,9 @@ class Runner:
             yield closed
             return
         # Bound once: these run on every step.
-        model_turn, finish, tool_call = self.models.turn, self.models.finish, self.tool_steps.call
+        model_turn, finish = self.models.turn, self.models.finish
+        # ToolSteps.call, inline: replay, else run the step (one coroutine less per tool step)
+        tool_replay, tool_step = self.tool_steps.replay, self.tool_steps.step
         drain = self.log.drain
         try:
             if self.state.cancel_found:
@@ -377,7 +379,8 @@ class Runner:
                         yield s
                     return
                 for index, call in enumerate(response.tool_calls):
-                    suspended = await tool_call(turn, index, call)
+                    unrecorded = tool_replay(turn, index, call)
+                    suspended = False if unrecorded is None else await tool_step(*unrecorded)
                     for s in drain():
                         yield s
                     self._enforce_budgets()
