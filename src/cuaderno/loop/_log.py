@@ -160,7 +160,11 @@ class RunLog:
         if st.pass_marker is not None:
             st.pending.insert(0, st.pass_marker)
             st.pass_marker = None
-        self._snapshot_if_due()
+        snaps = st.snaps
+        if snaps.since + len(st.pending) >= _snapshots.EVERY:  # _snapshot_if_due's own test first: no call per step
+            self._snapshot_if_due()
+        else:
+            snaps.since += len(st.pending)
         await group.append_async(st.pending, epoch=st.epoch, points=tuple(st.points))
         self._flushed()
 
