@@ -28,7 +28,7 @@ from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import FencedOut, JournalCorrupt, JournalError, RunNotFound
 from cuaderno.events import CODEC_JSON, StepEvent
 from cuaderno.journal._append import RawRow, decode_row, plan_append, plan_rebuild
-from cuaderno.journal._compress import MAX_PAYLOAD, pack
+from cuaderno.journal._compress import COMPRESS_FROM, MAX_PAYLOAD, pack
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal._offload import Held, offload_above
 from cuaderno.journal._rows import Duplicate, checked_epoch, no_existing
@@ -72,7 +72,8 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
         # (Tested here, not left to the callee, where they decide nothing: this runs for every row.)
         ref = (held.take(e.run_id, payload, keys)
                if held is not None and size > held.above and e.codec == CODEC_JSON else None)
-        codec, stored = ref or (pack(payload) if compress and e.codec == CODEC_JSON else (e.codec, payload))
+        codec, stored = ref or (pack(payload) if compress and size >= COMPRESS_FROM and e.codec == CODEC_JSON
+                                else (e.codec, payload))  # pack() keeps a short payload as it is: no call
         if keys is not None:
             codec, stored = sealed(keys, e, codec, stored)
         rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
