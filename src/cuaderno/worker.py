@@ -57,7 +57,7 @@ import socket
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
@@ -117,6 +117,41 @@ class WorkerStats:
     """Runs it left alone because they were started under other versions of the agent."""
 
 
+_Store = TypeVar("_Store", bound=Checkpointer)
+
+
+STOPPED_IN_JOURNAL: tuple[type[CuadernoError], ...] = (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect)
+"""What a drive raises when its run stopped in a state its journal records (closed, cancelled,
+over its budget, waiting for a person on an uncertain effect): a worker counts the run as taken
+and moves on, with no back-off, since another drive would stop at the same place."""
+
+
+def checked_pace(concurrency: object, poll_interval: object) -> tuple[int, float]:
+    """A worker's ``concurrency`` and ``poll_interval``, checked (both workers take the same two).
+
+    Raises:
+        UsageError: ``concurrency`` is not a positive integer, or ``poll_interval`` not a positive
+            number of seconds (booleans are neither).
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise UsageError(f"concurrency must be a positive integer, got {concurrency!r:.40}")
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+        raise UsageError(f"poll_interval must be a positive number of seconds, got {poll_interval!r:.40}")
+    return concurrency, float(poll_interval)
+
+
+def pollable(store: _Store) -> _Store:
+    """``store``, checked to be a journal a worker can poll.
+
+    Raises:
+        UsageError: it does not declare :class:`~cuaderno.journal.base.SupportsClaims`.
+    """
+    if not isinstance(store, SupportsClaims):
+        raise UsageError(f"{type(store).__name__} cannot be polled by a worker (it does not declare the "
+                         "SupportsClaims capability: open_runs and holders)")
+    return store
+
+
 class Picking:
     """What a worker keeps between two looks at its journal's open runs, and the choice it makes
     from them: which runs need it, which to leave (another agent's versions, a failure at the same
@@ -138,6 +173,23 @@ class Picking:
         self.seen_new: dict[str, int] = {}
         self.backoff: dict[str, tuple[int, float, float]] = {}
         self.no_cleanup: dict[str, int] = {}
+
+    def compensations_due(self, store: Checkpointer, cp: Checkpoint, what: str) -> int:
+        """How many compensations of cancelled run ``cp`` are left to run; said in a line when
+        some are, recorded in :attr:`no_cleanup` (not looked at again until the run moves) when
+        none is. ``what`` names the run in that line."""
+        left = cleanup_left(cp, store.load(cp.run_id))
+        if left:
+            self.say(f"running {left} compensation(s) of cancelled {what} {quoted(cp.run_id)}")
+        else:
+            self.no_cleanup[cp.run_id] = cp.last_seq
+        return left
+
+    def stopped(self, run_id: str) -> None:
+        """A drive of ``run_id`` ended in a state its journal records (:data:`STOPPED_IN_JOURNAL`):
+        counted as taken, and no longer backing off."""
+        self.stats.claimed += 1
+        self.backoff.pop(run_id, None)
 
     def candidates(self, store: SupportsClaims, active: set[str], limit: int) -> list[tuple[Checkpoint, str]]:
         """The open runs (up to ``limit`` read) that need a worker now, with what each needs
@@ -213,10 +265,7 @@ class Worker:
             raise UsageError(f"agent must be an Agent, got {type(agent).__name__}")
         if not callable(gateway_factory):
             raise UsageError("gateway_factory must be a function that returns a ModelGateway")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise UsageError(f"concurrency must be a positive integer, got {concurrency!r:.40}")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
-            raise UsageError(f"poll_interval must be a positive number of seconds, got {poll_interval!r:.40}")
+        concurrency, poll_interval = checked_pace(concurrency, poll_interval)
         self._pruner = None if prune_older_than is None else PeriodicPrune(
             parse_duration(str(prune_older_than)), _positive("prune_every", prune_every), cleanup_left,
             lambda line: self._say(f"{self.name}: {line}"))
@@ -285,9 +334,7 @@ class Worker:
         group: GroupCommit | None = None
         previous: dict[signal.Signals, Any] = {}
         try:
-            if not isinstance(store, SupportsClaims):
-                raise UsageError(f"{type(store).__name__} cannot be polled by a worker (it does not declare the "
-                                 "SupportsClaims capability: open_runs and holders)")
+            pollable(store)
             self._queue = _queue(store)
             self._check_backlog(store)
             if handle_signals:
@@ -529,9 +576,8 @@ class Worker:
             self._picking.backoff.pop(run_id, None)
         except RunBusy:
             self.stats.busy += 1  # another worker (or the application) holds it: theirs
-        except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
-            self.stats.claimed += 1
-            self._picking.backoff.pop(run_id, None)  # stopped in a state its journal records
+        except STOPPED_IN_JOURNAL:
+            self._picking.stopped(run_id)
             self._count_end(store, run_id)
         except FencedOut as exc:
             # Another process holds the run now: it took it over (its holder's lock had gone: the
@@ -576,11 +622,8 @@ class Worker:
 
     async def _compensate(self, store: Checkpointer, cp: Checkpoint) -> None:
         run_id = cp.run_id
-        left = cleanup_left(cp, store.load(run_id))
-        if not left:
-            self._picking.no_cleanup[run_id] = cp.last_seq
+        if not self._picking.compensations_due(store, cp, "run"):
             return
-        self._say(f"{self.name}: running {left} compensation(s) of cancelled run {quoted(run_id)}")
         try:
             await compensate(self.agent, store, run_id, tenant=cp.tenant, retry=self.retry)
             self.stats.claimed += 1

@@ -28,20 +28,16 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from cuaderno.errors import (
-    BudgetExceeded,
     CuadernoError,
     JournalError,
     RunBusy,
-    RunCancelled,
-    RunClosed,
     UncertainEffect,
     UsageError,
     quoted,
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal.base import Checkpointer, SupportsClaims
-from cuaderno.operations import cleanup_left
-from cuaderno.worker import Picking, WorkerStats
+from cuaderno.worker import STOPPED_IN_JOURNAL, Picking, WorkerStats, checked_pace, pollable
 
 __all__ = ["IntegrationWorker", "Resumable", "entered", "start_event"]
 
@@ -113,13 +109,8 @@ class IntegrationWorker:
                  name: str | None = None, log: Callable[[str], None] | None = print) -> None:
         if not isinstance(target, Resumable):
             raise UsageError(f"target must be a wrapped agent that can resume its runs, got {type(target).__name__}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise UsageError(f"concurrency must be a positive integer, got {concurrency!r:.40}")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
-            raise UsageError(f"poll_interval must be a positive number of seconds, got {poll_interval!r:.40}")
         self.target = target
-        self.concurrency = concurrency
-        self.poll_interval = float(poll_interval)
+        self.concurrency, self.poll_interval = checked_pace(concurrency, poll_interval)
         self.name = name or f"worker@{socket.gethostname()}:{os.getpid()}"
         self.stats = WorkerStats()
         self._log = log
@@ -142,10 +133,7 @@ class IntegrationWorker:
         Raises:
             UsageError: the wrapper's journal cannot be polled (no SupportsClaims).
         """
-        store = self.target.journal
-        if not isinstance(store, SupportsClaims):
-            raise UsageError(f"{type(store).__name__} cannot be polled by a worker (it does not declare the "
-                             "SupportsClaims capability: open_runs and holders)")
+        store = pollable(self.target.journal)
         previous: dict[signal.Signals, Any] = {}
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -208,9 +196,8 @@ class IntegrationWorker:
         except RunBusy:
             self.stats.busy += 1
             return
-        except (RunClosed, RunCancelled, BudgetExceeded, UncertainEffect):
-            self._picking.backoff.pop(run_id, None)
-            self.stats.claimed += 1
+        except STOPPED_IN_JOURNAL:
+            self._picking.stopped(run_id)
             self._count(store, run_id, None)
             return
         except Exception as exc:  # a drive never ends the worker: the run waits and is tried again
@@ -225,11 +212,8 @@ class IntegrationWorker:
         cp = store.checkpoint(run_id)
         if cp is None:
             return
-        left = cleanup_left(cp, store.load(run_id))
-        if not left:
-            self._picking.no_cleanup[run_id] = cp.last_seq
+        if not self._picking.compensations_due(store, cp, "wrapped run"):
             return
-        self._say(f"{self.name}: running {left} compensation(s) of cancelled wrapped run {quoted(run_id)}")
         try:
             await self.target.compensate(run_id)
         except RunBusy:
