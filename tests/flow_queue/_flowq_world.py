@@ -43,6 +43,14 @@ def fq_journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         drop_schemas(schemas)
 
 
+@pytest.fixture
+def store(fq_journal: str) -> Iterator[Any]:
+    """The journal ``fq_journal`` names, opened (closed after the test)."""
+    s = open_journal(fq_journal)
+    yield s
+    s.close()
+
+
 @dataclass
 class FlowWorld:
     """One test's journal, ledger and the processes it started."""

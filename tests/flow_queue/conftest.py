@@ -5,4 +5,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _flowq_world import fq_journal, fq_world  # noqa: F401 - the fixtures
+from _flowq_world import fq_journal, fq_world, store  # noqa: F401 - the fixtures

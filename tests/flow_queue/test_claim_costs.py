@@ -36,13 +36,6 @@ def _gateway() -> ScriptedGateway:
     return ScriptedGateway([ScriptedGateway.text("done")])
 
 
-@pytest.fixture
-def store(fq_journal: str) -> Any:
-    s = open_journal(fq_journal)
-    yield s
-    s.close()
-
-
 def _done(store: Any, run_id: str) -> bool:
     q = queue_of(store)
     with q._read() as db:

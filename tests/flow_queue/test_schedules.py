@@ -32,13 +32,6 @@ def _agent() -> Any:
     return flowq_agent.agent
 
 
-@pytest.fixture
-def store(fq_journal: str) -> Any:
-    s = open_journal(fq_journal)
-    yield s
-    s.close()
-
-
 def test_add_list_remove_and_refusals(store: Any) -> None:
     made = add_schedule(store, "nightly", "0 3 * * *", _agent(), "key=n nightly report", catch_up=2)
     assert (made.agent, made.catch_up, made.last_fire) == ("flowq", 2, made.created_at)

@@ -48,13 +48,6 @@ def _drain(url: str, concurrency: int = 1) -> None:
         store.close()
 
 
-@pytest.fixture
-def store(fq_journal: str) -> Any:
-    s = open_journal(fq_journal)
-    yield s
-    s.close()
-
-
 def test_a_submitted_run_starts_as_the_loop_would_and_a_worker_claims_it_at_once(store: Any, fq_journal: str) -> None:
     handle = submit(store, agent, "first")
     assert handle.created and handle.run_id.startswith("q-")
