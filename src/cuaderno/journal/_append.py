@@ -132,7 +132,8 @@ _SALTS_AT_ONCE = 256
 # stamp their next rows with the same "random" keys. The child drops its copy at once, so every
 # key it uses comes from its own os.urandom call. (Registered once, at import: every process that
 # can append has imported this module before it forks, or imports it after.)
-os.register_at_fork(after_in_child=_SALTS.clear)
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is no copy to drop
+    os.register_at_fork(after_in_child=_SALTS.clear)
 
 
 def _fresh_salts() -> bytes:
