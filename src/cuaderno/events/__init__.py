@@ -200,31 +200,40 @@ class StepEvent:
 
     __slots__ = ("_payload", "_raw", "codec", "created_at", "decision", "fingerprint", "kind", "name", "phase",
                  "row_hash", "run_id", "salt", "seq", "step_id")
+    # The slots' types, in their order: _stored sets them all and is the one place that does.
+    _payload: dict[str, Any] | None
+    _raw: bytes | None
+    codec: str
+    created_at: float
+    decision: str | None
+    fingerprint: str | None
+    kind: str
+    name: str | None
+    phase: str
+    row_hash: str
+    run_id: str
+    salt: bytes | None
+    seq: int
+    step_id: str
 
     def __init__(self, *, run_id: str, step_id: str, phase: str, kind: str, name: str | None = None,
                  decision: str | None = None, fingerprint: str | None = None,
                  payload: dict[str, Any] | None = None, codec: str = CODEC_JSON, seq: int = 0,
                  created_at: float = 0.0, row_hash: str = "", raw: bytes | None = None) -> None:
-        self.run_id = run_id
-        self.step_id = step_id
-        self.phase = phase
-        self.kind = kind
-        self.name = name
-        self.decision = decision
-        self.fingerprint = fingerprint
-        self._payload = payload if payload is not None or raw is not None else {}
-        self._raw = raw
-        self.codec = codec
-        self.seq = seq
-        self.created_at = created_at
-        self.row_hash = row_hash
-        self.salt: bytes | None = None
+        # The slots are set in one place, _stored (the journal's hot path, which a shared filler
+        # would slow by a call per row); this keyword form is built there and copies its slots.
+        built = StepEvent._stored(run_id, step_id, phase, kind, name, decision, fingerprint, codec,
+                                  payload if payload is not None or raw is not None else {}, raw, seq, created_at,
+                                  row_hash)
+        for slot in StepEvent.__slots__:
+            setattr(self, slot, getattr(built, slot))
 
     @classmethod
     def _stored(cls, run_id: str, step_id: str, phase: str, kind: str, name: str | None, decision: str | None,
-                fingerprint: str | None, codec: str, payload: dict[str, Any] | None, raw: bytes, seq: int,
+                fingerprint: str | None, codec: str, payload: dict[str, Any] | None, raw: bytes | None, seq: int,
                 created_at: float, row_hash: str, salt: bytes | None = None) -> StepEvent:
-        """An event as the journal holds it, from positional fields (``raw`` is the stored payload).
+        """An event as the journal holds it, from positional fields (``raw`` is the stored payload;
+        ``None`` only from the keyword constructor, whose payload is then given).
 
         The journal's own paths build events this way: stamping on append, and every row of a load.
         Keyword parsing costs more than setting thirteen slots, and a resume of a 1000-turn run
