@@ -43,12 +43,12 @@ import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, TypedDict, TypeVar
+from typing import Any, ClassVar, NoReturn, Protocol, TypedDict, TypeVar
 
 from cuaderno.errors import LadderExhausted, UsageError
 from cuaderno.events import StepEvent, model_step_id
 from cuaderno.fingerprint import chain, fingerprint
-from cuaderno.gateway.base import ModelRequest, ToolSchema
+from cuaderno.gateway.base import ModelRequest
 from cuaderno.gateway.empty import Outcome
 
 __all__ = [
@@ -142,16 +142,21 @@ class Rung(Protocol):
         ...
 
 
-def _fitting(fit: Fit, request: ModelRequest) -> tuple[ToolSchema, ...] | Skip:
-    """The request's tools that ``fit`` names, in the request's order; both narrowing rungs
-    (:class:`FittingTools`, :class:`NamedTool`) start from this one selection."""
+def _narrowed(fit: Fit, request: ModelRequest, tiers: tuple[str, ...], *, named: bool) -> _Change | Skip:
+    """The request with only the tools ``fit`` names, in the request's order, to the first tier: both
+    narrowing rungs are this one selection. ``named`` (:class:`NamedTool`): only where exactly one
+    tool fits, and with the obligation to call it; else (:class:`FittingTools`) the obligation unchanged."""
     if not request.tools:
         return Skip("the request has no tools")
     wanted = set(fit(request))
     tools = tuple(t for t in request.tools if t.get("name") in wanted)
     if not tools:
         return Skip("it would remove every tool the task needs (no tool fits)", refused=True)
-    return tools
+    if not named:
+        return _Change(dataclasses.replace(request, tools=tools), tiers[0], changed=True)
+    if len(tools) > 1:
+        return Skip(f"{len(tools)} tools fit, a named choice needs one")
+    return _Change(dataclasses.replace(request, tools=tools, require_tool=True), tiers[0], changed=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,12 +175,11 @@ class FittingTools:
 
     fit: Fit = keyword_fit
     name: str = "fitting_tools"
+    _named: ClassVar[bool] = False
+    """Whether the rung names the one tool that fits (:class:`NamedTool`)."""
 
     def apply(self, request: ModelRequest, tiers: tuple[str, ...]) -> _Change | Skip:
-        tools = _fitting(self.fit, request)
-        if isinstance(tools, Skip):
-            return tools
-        return _Change(dataclasses.replace(request, tools=tools), tiers[0], changed=True)
+        return _narrowed(self.fit, request, tiers, named=self._named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,20 +193,13 @@ class RelaxToolChoice:
 
 
 @dataclass(frozen=True, slots=True)
-class NamedTool:
+class NamedTool(FittingTools):
     """Where exactly one tool fits: only that tool, and the obligation to call it (a named
-    ``tool_choice``, which OpenAI-compatible servers turn into a grammar)."""
+    ``tool_choice``, which OpenAI-compatible servers turn into a grammar). The same selection as
+    :class:`FittingTools` (its ``fit``), narrowed to one tool."""
 
-    fit: Fit = keyword_fit
     name: str = "named_tool"
-
-    def apply(self, request: ModelRequest, tiers: tuple[str, ...]) -> _Change | Skip:
-        tools = _fitting(self.fit, request)
-        if isinstance(tools, Skip):
-            return tools
-        if len(tools) > 1:
-            return Skip(f"{len(tools)} tools fit, a named choice needs one")
-        return _Change(dataclasses.replace(request, tools=tools, require_tool=True), tiers[0], changed=True)
+    _named: ClassVar[bool] = True
 
 
 @dataclass(frozen=True, slots=True)
