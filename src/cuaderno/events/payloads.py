@@ -39,8 +39,10 @@ __all__ = [
     "PAYLOADS",
     "ApprovalDecision",
     "ApprovalRequest",
+    "CallRecord",
     "CancelRequest",
     "CancelState",
+    "Charged",
     "ConversationMessage",
     "Counters",
     "Escalation",
@@ -104,41 +106,41 @@ class ToolCallJSON(TypedDict, total=False):
     raw_arguments: ReadOnly[str | None]
 
 
-class Escalation(TypedDict, total=False):
+class CallRecord(TypedDict, total=False):
+    """What the journal keeps of every model call's answer, accepted (:class:`Response`) or
+    rejected (:class:`Escalation`): the same fields of ``ModelResponse``, under the same names."""
+
+    usage: ReadOnly[UsageJSON]
+    cost: ReadOnly[float | None]
+    """What the call cost; ``None``: unpriced (counted in ``unpriced_calls``), never taken as free.
+    Summed into the run's ``cost_usd``."""
+    finish_reason: ReadOnly[str | None]
+    body_sha256: ReadOnly[str | None]
+    model: ReadOnly[str | None]
+    provider_request_id: ReadOnly[str | None]
+
+
+class Escalation(CallRecord, total=False):
     """A lower-tier call made and rejected inside one model step: sent, billed, counted
     (``gateway.tiered.escalation_evidence``). Only ``usage`` and ``cost`` enter the counters; the
     rest is evidence, shown, never compared on replay."""
 
-    usage: ReadOnly[UsageJSON]
-    cost: ReadOnly[float | None]
-    """``None``: unpriced (counted in ``unpriced_calls``), never taken as free."""
     from_tier: ReadOnly[str]
     to_tier: ReadOnly[str]
     reason: ReadOnly[str]
     """A ``gateway.empty.Reason`` value: why the answer was rejected."""
     outcome: ReadOnly[str]
     detail: ReadOnly[str]
-    finish_reason: ReadOnly[str | None]
-    body_sha256: ReadOnly[str | None]
-    model: ReadOnly[str | None]
-    provider_request_id: ReadOnly[str | None]
 
 
-class Response(TypedDict, total=False):
+class Response(CallRecord, total=False):
     """A model's answer (``ModelResponse.to_json``): replay hands it back instead of calling again."""
 
     text: ReadOnly[str]
     tool_calls: ReadOnly[Sequence[ToolCallJSON]]
     """In order: the tool steps of the turn, by index."""
-    finish_reason: ReadOnly[str | None]
-    usage: ReadOnly[UsageJSON]
-    model: ReadOnly[str | None]
-    cost: ReadOnly[float | None]
-    """What the answer cost; ``None`` when unpriced. Summed into the run's ``cost_usd``."""
     reasoning: ReadOnly[str | None]
     refusal: ReadOnly[str | None]
-    provider_request_id: ReadOnly[str | None]
-    body_sha256: ReadOnly[str | None]
     tier: ReadOnly[str | None]
     escalations: ReadOnly[Sequence[Escalation]]
     response_id: ReadOnly[str]
@@ -152,6 +154,13 @@ class InFlight(TypedDict, total=False):
     effect_key: ReadOnly[str | None]
     evidence: ReadOnly[Mapping[str, Any]]
     """The step's ``uncertain`` payload, or its intent's: what a person decides from."""
+
+
+class Charged(TypedDict, total=False):
+    """A payload that charges counters: the projection adds its ``counters`` to the run's, whatever
+    its row (a model step's intent, error or result, a tool's result, ``run``/``counters``)."""
+
+    counters: ReadOnly[Counters]
 
 
 # -- run -----------------------------------------------------------------------------------------
@@ -206,10 +215,8 @@ RunMigrate = TypedDict("RunMigrate", {
 takes as the run's versions from then on) by the migration ``name``; ``record`` is what it returned."""
 
 
-class RunCounters(TypedDict, total=False):
+class RunCounters(Charged, total=False):
     """``run``/``counters``: counters charged outside any step (added to the run's)."""
-
-    counters: ReadOnly[Counters]
 
 
 class RunPass(TypedDict, total=False):
@@ -222,7 +229,7 @@ class RunPass(TypedDict, total=False):
 # -- model ---------------------------------------------------------------------------------------
 
 
-class ModelIntent(TypedDict, total=False):
+class ModelIntent(Charged, total=False):
     """``model``/``intent`` (``intent.N``: a re-send): a request is about to leave; committed first."""
 
     key: Required[ReadOnly[str]]
@@ -231,23 +238,21 @@ class ModelIntent(TypedDict, total=False):
     """The model turn: a snapshot names the turn it resumes at from it."""
     after: ReadOnly[str | None]
     """Why a re-send: ``crash`` or ``ambiguous`` may bill twice (``possibly_billed_twice``)."""
-    counters: ReadOnly[Counters]
     new: ReadOnly[Sequence[str | Mapping[str, Any]]]
     """Temporal: the messages this turn adds (a bare step id stands for its journaled response or
     tool result; a message may reference one)."""
 
 
-class ModelError(TypedDict, total=False):
+class ModelError(Charged, total=False):
     """``model``/``error.N``: the classified failure that ended send ``N``, and what it spent."""
 
     error: Required[ReadOnly[Mapping[str, Any]]]
     """``GatewayError.to_json``: ``error_class`` (an ``ambiguous`` one is re-sent after a new
     intent), ``escalations`` (lower-tier calls made and rejected: counted)."""
     key: ReadOnly[str]
-    counters: ReadOnly[Counters]
 
 
-class ModelResult(TypedDict, total=False):
+class ModelResult(Charged, total=False):
     """``model``/``result``: the step's answer, paid once; replay hands it back."""
 
     response: Required[ReadOnly[Response | None]]
@@ -256,7 +261,6 @@ class ModelResult(TypedDict, total=False):
     sends: ReadOnly[int]
     verdict: ReadOnly[Mapping[str, Any]]
     """Whether the answer was accepted (an empty or refused one is sent back, with feedback)."""
-    counters: ReadOnly[Counters]
     output: ReadOnly[Any]
     """A structured answer, validated against the agent's ``output_type``: what replay returns."""
 
@@ -283,7 +287,7 @@ class ToolIntent(TypedDict, total=False):
     """Why it runs again: ``absent`` (a lookup found nothing), ``unknown``, ``not_happened``."""
 
 
-class ToolResult(TypedDict, total=False):
+class ToolResult(Charged, total=False):
     """``tool``/``result``: how the step ended; replay tells the model from it, never runs it again."""
 
     outcome: Required[ReadOnly[str]]
@@ -294,7 +298,6 @@ class ToolResult(TypedDict, total=False):
     reason: ReadOnly[str | None]
     policy_version: ReadOnly[str | None]
     effect_key: ReadOnly[str | None]
-    counters: ReadOnly[Counters]
     compensation: ReadOnly[Mapping[str, Any]]
     """How to undo it, should the run be cancelled."""
     resolved: ReadOnly[Mapping[str, Any]]
