@@ -28,9 +28,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, overload
 
 from cuaderno.gateway.base import ModelGateway, ModelRequest, ModelResponse
 from cuaderno.testing._process import StartedProcess
@@ -107,6 +108,30 @@ def _free_port(host: str) -> int:
         return port
 
 
+class _Port:
+    """:attr:`LlamaServer.port`, one name for two things. Given to the constructor: the port to
+    listen on (``None``, the default: a free one). Read: the port the server listens on, an error
+    until it is started. A descriptor field, so the dataclass's argument and the documented
+    attribute keep the name they had."""
+
+    @overload
+    def __get__(self, server: None, owner: type[Any]) -> None: ...
+
+    @overload
+    def __get__(self, server: LlamaServer, owner: type[Any] | None = None) -> int: ...
+
+    def __get__(self, server: LlamaServer | None, owner: type[Any] | None = None) -> int | None:
+        if server is None:
+            return None  # the class's value: the constructor's default
+        if server._port is None:
+            raise server._not_started()
+        return server._port
+
+    def __set__(self, server: LlamaServer, port: int | None) -> None:
+        server._requested_port = port
+
+
+@dataclass(eq=False)
 class LlamaServer(StartedProcess):
     """``python -m llama_cpp.server`` as a context manager.
 
@@ -128,39 +153,36 @@ class LlamaServer(StartedProcess):
 
     Attributes:
         startup_seconds: how long the last start took, until ``/v1/models`` answered.
+        port: the port the server listens on (:class:`LlamaServerError` until it is started).
     """
 
-    def __init__(self, model: Path | str | None = None, *, host: str = "127.0.0.1", port: int | None = None,
-                 chat_format: str = "chatml-function-calling", n_ctx: int = 2048, n_threads: int = 2,
-                 model_alias: str = DEFAULT_MODEL_ALIAS, startup_timeout: float = 120.0, stop_timeout: float = 10.0,
-                 extra_args: Sequence[str] = (), python: str | None = None, keep_log: bool = False,
-                 port_attempts: int = 3) -> None:
-        self.model = Path(model) if model is not None else None
-        self.host = host
-        self._requested_port = port
-        self.chat_format = chat_format
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads
-        self.model_alias = model_alias
-        self.startup_timeout = startup_timeout
-        self.stop_timeout = stop_timeout
-        self.extra_args = tuple(extra_args)
-        self.python = python or sys.executable
-        self.keep_log = keep_log
-        self.port_attempts = max(1, port_attempts)
-        self.startup_seconds: float | None = None
-        self.log_path: Path | None = None
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+    model: Path | str | None = None
+    _: KW_ONLY
+    host: str = "127.0.0.1"
+    port: _Port = _Port()
+    chat_format: str = "chatml-function-calling"
+    n_ctx: int = 2048
+    n_threads: int = 2
+    model_alias: str = DEFAULT_MODEL_ALIAS
+    startup_timeout: float = 120.0
+    stop_timeout: float = 10.0
+    extra_args: Sequence[str] = ()
+    python: str = sys.executable
+    keep_log: bool = False
+    port_attempts: int = 3
+    startup_seconds: float | None = field(default=None, init=False)
+    log_path: Path | None = field(default=None, init=False)
+    _requested_port: int | None = field(init=False, repr=False)  # set through ``port`` (_Port)
+    _port: int | None = field(default=None, init=False, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model = Path(self.model) if self.model is not None else None
+        self.extra_args = tuple(self.extra_args)
+        self.python = self.python or sys.executable  # None, as the signature once allowed: this one
+        self.port_attempts = max(1, self.port_attempts)
 
     # -- public surface ---------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The port the server listens on."""
-        if self._port is None:
-            raise LlamaServerError("the llama.cpp server is not started")
-        return self._port
 
     @property
     def url(self) -> str:
