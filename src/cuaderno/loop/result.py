@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import BudgetExceeded, RunCancelled, RunClosed, UncertainEffect, UsageError
 from cuaderno.events.payloads import Outcome, PendingApproval, UncertainEvidence
+from cuaderno.gateway import base
 from cuaderno.loop.steps import FinalStep, Step
 
 if TYPE_CHECKING:
@@ -31,22 +32,20 @@ if TYPE_CHECKING:
 
 __all__ = ["RunResult", "Usage", "run_sync", "run_to_end"]
 
-_TOKENS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Usage:
-    """Tokens the whole run spent (every process that worked on it), from its checkpoint."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
+class Usage(base.Usage):
+    """Tokens the whole run spent (every process that worked on it), from its checkpoint: the
+    token counts of one call (:class:`cuaderno.Usage`), summed over the run's calls."""
 
     @property
     def total_tokens(self) -> int:
         """Input plus output tokens."""
         return self.input_tokens + self.output_tokens
+
+
+_TOKENS = tuple(f.name for f in fields(Usage))
+"""The checkpoint's counters a run's :class:`Usage` is read from: its fields, by name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
