@@ -70,7 +70,7 @@ from cuaderno import (
     VersionMismatch,
 )
 from cuaderno.checkpoint import rebuild
-from cuaderno.journal._sqlite_file import _KEYED_SINCE
+from cuaderno.journal._sqlite_file import _BLAKE_KEYED_SINCE, _KEYED_SINCE
 from cuaderno.journal.base import SCHEMA_VERSION
 
 GOLDEN_FILES = sorted(JOURNALS.glob("*.v*.jsonl"))
@@ -430,10 +430,10 @@ async def test_committed_schema_journal_resumes_without_re_execution(fixture: Pa
     assert resumed == len(runs)
     with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         compressed = db.execute("SELECT count(*) FROM cuaderno_events WHERE codec='json+zstd'").fetchone()[0]
-    # The resumes wrote compressed rows (schema 2 and 4 are taken); schema 5 is taken only by a
-    # store that encrypts at rest, and schema 6 only by the first offloaded row, so a plain journal
-    # without large payloads stays readable by a cuaderno of schema 4.
-    assert compressed > 0 and schema_of(path) == max(file_version, _KEYED_SINCE)
+    # The resumes wrote compressed rows (schema 2 and 4 are taken) with keyed BLAKE2b digests, so
+    # schema 8 is taken by the first of them (a cuaderno of schema 7 would take their longer key for
+    # damage). Schemas 5 to 7 are about encryption and large payloads, which nothing here writes.
+    assert compressed > 0 and schema_of(path) == max(file_version, _KEYED_SINCE, _BLAKE_KEYED_SINCE)
     assert sha256(fixture) == committed, "the committed journal file was modified"
 
 

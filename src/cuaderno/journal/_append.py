@@ -24,7 +24,16 @@ from cuaderno.errors import (
     RunErased,
     UsageError,
 )
-from cuaderno.events import CODEC_ERASED, CODEC_JSON, SALT_BYTES, StepEvent, row_hash, starts_a_step, verifiable
+from cuaderno.events import (
+    CODEC_ERASED,
+    CODEC_JSON,
+    HMAC_SALT_BYTES,
+    SALT_BYTES,
+    StepEvent,
+    row_hash,
+    starts_a_step,
+    verifiable,
+)
 from cuaderno.journal._compress import CODEC_JSON_ZSTD, unpack
 from cuaderno.journal._offload import CODEC_JSON_BLOB, fetched
 from cuaderno.journal._rows import no_existing
@@ -136,6 +145,11 @@ if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork there is no
     os.register_at_fork(after_in_child=_SALTS.clear)
 
 
+_KEY_LENGTHS = frozenset({SALT_BYTES, HMAC_SALT_BYTES})
+"""The lengths a stored digest key may have: each names the keyed hash of the row's digest (see
+:func:`~cuaderno.events.content_digest`)."""
+
+
 def _fresh_salts() -> bytes:
     """One fresh digest key, the list refilled with the next ones."""
     block = _urandom(SALT_BYTES * _SALTS_AT_ONCE)
@@ -148,8 +162,9 @@ def _salt_for(ev: StepEvent, keyed: bool) -> bytes | None:
     reproduces a recorded chain (``b""``: a row recorded before keyed digests, stamped as version
     1), else a fresh random one where the store keys rows."""
     if ev.salt is not None:
-        if ev.salt and len(ev.salt) != SALT_BYTES:
-            raise UsageError(f"a digest key is {SALT_BYTES} bytes (or empty for a version-1 row)")
+        if ev.salt and len(ev.salt) not in _KEY_LENGTHS:
+            raise UsageError(f"a digest key is {SALT_BYTES} bytes, or {HMAC_SALT_BYTES} for a row recorded with "
+                             "HMAC-SHA256 (or empty for a version-1 row)")
         return ev.salt or None
     if not keyed or ev.codec != CODEC_JSON:
         return None
@@ -286,9 +301,9 @@ def decode_row(row: RawRow, keys: RunKeys | None = None) -> StepEvent:
         # is refused here, not when (or whether) the payload is first decoded.
         raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its codec {codec!r:.40} is "
                              "not one a journal stores; the row was altered or damaged")
-    if salt is not None and (type(salt) is not bytes or len(salt) != SALT_BYTES):
-        raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its digest key is not "
-                             f"{SALT_BYTES} bytes; the row was altered or damaged")
+    if salt is not None and (type(salt) is not bytes or len(salt) not in _KEY_LENGTHS):
+        raise JournalCorrupt(f"run {run_id!r}: journal row {seq} ({step_id}:{phase}): its digest key is neither "
+                             f"{SALT_BYTES} nor {HMAC_SALT_BYTES} bytes; the row was altered or damaged")
     return StepEvent._stored(run_id, step_id, phase, kind, name, decision, fp, codec, None, raw, seq, created_at,
                              rhash, salt)
 

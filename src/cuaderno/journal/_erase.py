@@ -8,8 +8,9 @@ arguments and results, answers, evidence) and the parts of the summary copied fr
 first and makes the second unreadable.
 
 How the chain survives: a row written since schema 4 (SQLite) / 3 (PostgreSQL) links over its
-*keyed content digest*, HMAC-SHA256 of its payload under a random key of its own (the row's
-``salt``, see :func:`cuaderno.events.row_hash`), not over the payload. Erasing such a row
+*keyed content digest*, of its payload under a random key of its own (the row's ``salt``; keyed
+BLAKE2b since schema 8, HMAC-SHA256 before, see :func:`cuaderno.events.content_digest`), not over
+the payload. Erasing such a row
 replaces its payload with that digest and sets its key to NULL: every link still recomputes
 (nothing but the digest was ever hashed), and with the key gone a short value ("yes", a card
 number) cannot be confirmed by hashing guesses against the digest.

@@ -81,6 +81,12 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # No table changes: the number is what makes a cuaderno of version 5, which would take such
     # a row for damage, refuse the journal.
     (),
+    # Version 7 (keyed BLAKE2b digests): a new row's content digest is keyed BLAKE2b under a
+    # 32-byte key, where rows of versions 3 to 6 hold HMAC-SHA256 under a 16-byte one (the key's
+    # length says which, see cuaderno.events.content_digest; both stay readable). No table
+    # changes: the number is what makes a cuaderno of version 6, which would take the longer key
+    # for damage, refuse the journal.
+    (),
 ]
 
 

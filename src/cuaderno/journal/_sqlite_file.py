@@ -84,6 +84,13 @@ _MIGRATIONS: list[tuple[str, ...]] = [
     # cuaderno of schema 6, which would take the keyed reference or a sealed chunk for damage,
     # refuses the file instead.
     (),
+    # Schema 8 (keyed BLAKE2b digests): a new row's content digest is keyed BLAKE2b under a
+    # 32-byte key, where rows of schema 4 to 7 hold HMAC-SHA256 under a 16-byte one (the key's
+    # length says which, see cuaderno.events.content_digest; both stay readable). No table
+    # changes: the number is raised only by the first transaction that writes such a row
+    # (sqlite.py's _inserted), so that a cuaderno of schema 7, which would take the longer key
+    # for damage, refuses the file instead.
+    (),
 ]
 
 assert len(_MIGRATIONS) == SCHEMA_VERSION
@@ -102,6 +109,10 @@ _OFFLOADED_SINCE = 6
 
 _SEALED_BLOB_SINCE = 7
 """The schema from which an encrypted run's rows may refer to its sealed blobs (``json+blob+aesgcm``)."""
+
+_BLAKE_KEYED_SINCE = 8
+"""The schema from which rows may hold keyed BLAKE2b digests (32-byte keys, see
+:func:`cuaderno.events.content_digest`)."""
 
 
 _READ_AS_IS_FROM = 1

@@ -81,11 +81,12 @@ CLOSED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 """Statuses of a run that ended: nothing it records changes any more, and a loop never takes it
 over (``acquire(open_only=True)``)."""
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """The journal file schema this cuaderno writes: its tables and how rows are stored (schema 2
 added compressed payloads, schema 3 the queue's tables, schema 4 keyed content digests and erased
 rows, schema 5 the wrapped data keys of encryption at rest, schema 6 large payloads offloaded to
-blob tables, schema 7 an encrypted run's blobs, keyed and sealed). A journal with a higher number is refused
+blob tables, schema 7 an encrypted run's blobs, keyed and sealed, schema 8 content digests by
+keyed BLAKE2b). A journal with a higher number is refused
 (:class:`~cuaderno.errors.SchemaTooNew`); a lower one is migrated by numbered steps."""
 
 EVENT_SCHEMA_VERSION = 1

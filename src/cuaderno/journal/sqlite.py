@@ -55,6 +55,7 @@ from cuaderno.errors import (
     RunNotFound,
     UsageError,
 )
+from cuaderno.events import SALT_BYTES
 from cuaderno.journal import _anchor, _claims, _lease, _shm
 from cuaderno.journal._compress import CODEC_JSON_ZSTD
 from cuaderno.journal._erase import SqlEraser
@@ -64,6 +65,7 @@ from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import SQLITE
 from cuaderno.journal._sql_write import next_epoch
 from cuaderno.journal._sqlite_file import (
+    _BLAKE_KEYED_SINCE,
     _COMPRESSED_SINCE,
     _OFFLOADED_SINCE,
     _OPEN_RACE_S,
@@ -247,6 +249,10 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             # The first sealed blob: from this commit on, schema 6 must refuse the file.
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_SEALED_BLOB_SINCE),))
             self._bump = _SEALED_BLOB_SINCE
+        if self._file_schema < _BLAKE_KEYED_SINCE and any(r[12] is not None and len(r[12]) == SALT_BYTES for r in rows):
+            # The first row with a keyed BLAKE2b digest: from this commit on, schema 7 must refuse the file.
+            db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_BLAKE_KEYED_SINCE),))
+            self._bump = _BLAKE_KEYED_SINCE
 
     # -- erasure (the algorithm is journal._erase's) --------------------------------------------------
 
