@@ -138,6 +138,13 @@ def _configured() -> tuple[Tracer | None, _Instruments | None] | None:
     """The tracer and the instruments a call reports to, or ``None`` when neither tracing nor
     metrics is configured: every call kind (model, tool) then returns its shared do-nothing handle
     and allocates nothing."""
+    tracers, meters = _tracers, _meters
+    if (tracers.configured is None and meters.configured is None and tracers._env_read and meters._env_read
+            and getattr(trace, tracers._global_name, _MISSING) is None
+            and getattr(_metrics_internal, meters._global_name, _MISSING) is None):
+        # Nothing configured, no global provider: what both look-ups would answer (see
+        # _Resolver.get), from attribute reads, without their two calls per model or tool call.
+        return None
     tracer, instruments = _tracer(), _instruments()
     return None if tracer is None and instruments is None else (tracer, instruments)
 
