@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import cast
 
 from cuaderno import faults
@@ -11,7 +12,7 @@ from cuaderno.events.payloads import FinalResult, ModelResult, view
 from cuaderno.fingerprint import idempotency_key
 from cuaderno.flow.ratelimit import rate_gate
 from cuaderno.gateway.base import ModelRequest, ModelResponse, ToolCall, assistant_message
-from cuaderno.gateway.ladder import climb
+from cuaderno.gateway.ladder import Ladder, climb, current_route
 from cuaderno.gateway.structured import feedback_messages
 from cuaderno.loop._log import StepsOver
 from cuaderno.loop._state import Turn, Unrecorded
@@ -98,20 +99,32 @@ class ModelSteps(StepsOver):
                                tools=agent.tool_schemas, model=agent.model,
                                require_tool=agent.require_tool, max_output_tokens=agent.max_output_tokens,
                                temperature=agent.temperature)
-        plan = climb(log, s.gateway, turn, request)  # the empty-generation ladder's rung, if any
-        request = plan.request
+        # The empty-generation ladder's plan: its rung, if any. Without a ladder, and with no route
+        # set around the loop, there is none to make: the request goes as it is, under the step's
+        # own key, with nothing added to its intent or result and no route to set (what a plan of
+        # the original request would do, without its allocations and its coroutine per step).
+        plan = (climb(log, s.gateway, turn, request)
+                if isinstance(getattr(s.gateway, "ladder", None), Ladder) or current_route() is not None else None)
+        if plan is not None:
+            request = plan.request
         run_id, model = st.run_id, st.model
-        call = ModelCall(log, step_id, key=idempotency_key(run_id, step_id, plan.keyed(fp)), turn=turn,
-                         fingerprint=fp)
+        call = ModelCall(log, step_id, key=idempotency_key(run_id, step_id, fp if plan is None else plan.keyed(fp)),
+                         turn=turn, fingerprint=fp)
         # The provider's shared rate limit, if the gateway declares one: its turn is taken before
         # the intent (a gateway without one, as the workflow's under Temporal, gives None).
         gate = rate_gate(st.store, s.gateway, request, sleep=s.runtime.sleep)
-        sent = await call.send(lambda: plan.routed(model.call(request, run_id=run_id, step_id=step_id,
-                                                              idempotency_key=call.key)),
-                               retry=s.retry, sleep=s.runtime.sleep, rng=s.runtime.random,
-                               charge=log.charge, extra=plan.intent_extra(first=call.sends() == 0), gate=gate)
+        # The original request's intent records nothing of the plan: the journal's intents are then
+        # not counted twice per step (send() counts them too).
+        extra = None if plan is None or plan.rung is None else plan.intent_extra(first=call.sends() == 0)
+
+        def once() -> Awaitable[ModelResponse]:
+            sending = model.call(request, run_id=run_id, step_id=step_id, idempotency_key=call.key)
+            return sending if plan is None else plan.routed(sending)
+
+        sent = await call.send(once, retry=s.retry, sleep=s.runtime.sleep, rng=s.runtime.random,
+                               charge=log.charge, extra=extra, gate=gate)
         payload = call.finish(sent, require_tool=request.require_tool, output_type=agent.output_type,
-                              extra=plan.on_result())
+                              extra=None if plan is None else plan.on_result())
         if payload["counters"]:
             log.charge(payload["counters"])
         if sent.response.escalations:  # the projection counts them from the response
