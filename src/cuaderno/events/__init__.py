@@ -206,7 +206,7 @@ class StepEvent:
 
     __slots__ = ("_payload", "_raw", "codec", "created_at", "decision", "fingerprint", "kind", "name", "phase",
                  "row_hash", "run_id", "salt", "seq", "step_id")
-    # The slots' types, in their order: _stored sets them all and is the one place that does.
+    # The slots' types, in their order: _filled (below the class) sets them all and is the one place that does.
     _payload: dict[str, Any] | None
     _raw: bytes | None
     codec: str
@@ -226,13 +226,10 @@ class StepEvent:
                  decision: str | None = None, fingerprint: str | None = None,
                  payload: dict[str, Any] | None = None, codec: str = CODEC_JSON, seq: int = 0,
                  created_at: float = 0.0, row_hash: str = "", raw: bytes | None = None) -> None:
-        # The slots are set in one place, _stored (the journal's hot path, which a shared filler
-        # would slow by a call per row); this keyword form is built there and copies its slots.
-        built = StepEvent._stored(run_id, step_id, phase, kind, name, decision, fingerprint, codec,
-                                  payload if payload is not None or raw is not None else {}, raw, seq, created_at,
-                                  row_hash)
-        for slot in StepEvent.__slots__:
-            setattr(self, slot, getattr(built, slot))
+        # The slots are set in one place, _filled, which the journal's positional path (_stored)
+        # calls too.
+        _filled(self, run_id, step_id, phase, kind, name, decision, fingerprint, codec,
+                payload if payload is not None or raw is not None else {}, raw, seq, created_at, row_hash, None)
 
     @classmethod
     def _stored(cls, run_id: str, step_id: str, phase: str, kind: str, name: str | None, decision: str | None,
@@ -246,11 +243,8 @@ class StepEvent:
         builds over 4,000 events. ``payload`` may be ``None``: it is then decoded from ``raw`` on
         first use.
         """
-        ev = _new_event(cls)
-        ev.run_id, ev.step_id, ev.phase, ev.kind, ev.name, ev.decision = run_id, step_id, phase, kind, name, decision
-        ev.fingerprint, ev.codec, ev._payload, ev._raw = fingerprint, codec, payload, raw
-        ev.seq, ev.created_at, ev.row_hash, ev.salt = seq, created_at, row_hash, salt
-        return ev
+        return _filled(_new_event(cls), run_id, step_id, phase, kind, name, decision, fingerprint, codec, payload,
+                       raw, seq, created_at, row_hash, salt)
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -423,6 +417,17 @@ def verifiable(event: StepEvent) -> bool:
     but its own header fields are no longer checked (for a run of only such rows: its numbering
     and its head)."""
     return event.codec != CODEC_ERASED or bool(event._raw)
+
+
+def _filled(ev: StepEvent, run_id: str, step_id: str, phase: str, kind: str, name: str | None,
+            decision: str | None, fingerprint: str | None, codec: str, payload: dict[str, Any] | None,
+            raw: bytes | None, seq: int, created_at: float, row_hash: str, salt: bytes | None) -> StepEvent:
+    """Set all fourteen slots of ``ev`` (positional: keyword parsing costs more than the sets on a
+    path that builds every row of a load) and return it."""
+    ev.run_id, ev.step_id, ev.phase, ev.kind, ev.name, ev.decision = run_id, step_id, phase, kind, name, decision
+    ev.fingerprint, ev.codec, ev._payload, ev._raw = fingerprint, codec, payload, raw
+    ev.seq, ev.created_at, ev.row_hash, ev.salt = seq, created_at, row_hash, salt
+    return ev
 
 
 _sha256 = hashlib.sha256
