@@ -55,7 +55,7 @@ from bench_journal import LoopModel, work_tool
 
 from cuaderno import Agent, Session, SqliteCheckpointer
 from cuaderno.loop import _snapshots
-from cuaderno.loop._state import RunState
+from cuaderno.loop._log import RunLog
 
 
 class StopAfterFirst(Exception):
@@ -79,13 +79,13 @@ async def resume_once(path: str, turns: int, use_snapshots: bool) -> dict[str, f
     agent = Agent(instructions="benchmark", tools=[work_tool("x" * 400)], max_turns=turns + 5)
     model = LoopModel(turns + 5)
     marks: dict[str, float] = {}
-    saved_conv, saved_tail = RunState._conversation, _snapshots.tail_open
+    saved_conv, saved_tail = RunLog.conversation, _snapshots.tail_open
 
-    def conversation(self: RunState) -> Any:
+    def conversation(self: RunLog) -> Any:
         marks.setdefault("ready", time.perf_counter())
         return saved_conv(self)
 
-    RunState._conversation = conversation  # type: ignore[method-assign]
+    RunLog.conversation = conversation  # type: ignore[method-assign]
     if not use_snapshots:
         _snapshots.tail_open = lambda *a, **k: None
     try:
@@ -98,7 +98,7 @@ async def resume_once(path: str, turns: int, use_snapshots: bool) -> dict[str, f
         finally:
             store.close()
     finally:
-        RunState._conversation, _snapshots.tail_open = saved_conv, saved_tail  # type: ignore[method-assign]
+        RunLog.conversation, _snapshots.tail_open = saved_conv, saved_tail  # type: ignore[method-assign]
     assert model.calls == 1 and model.first_call_at is not None
     return {"ready": marks["ready"] - t0, "first_call": model.first_call_at - t0}
 
