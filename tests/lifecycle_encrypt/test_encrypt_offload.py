@@ -22,9 +22,10 @@ from prune_journals import _connect, _param, age, end, start
 
 from cuaderno import open_journal, operations
 from cuaderno.errors import JournalCorrupt, KeyMissing
-from cuaderno.events import StepEvent
+from cuaderno.events import HMAC_SALT_BYTES, StepEvent
 from cuaderno.journal import offloaded_payloads
 from cuaderno.journal._offload import CHUNK, CODEC_SEALED_BLOB
+from cuaderno.journal.base import SCHEMA_VERSION
 from cuaderno.journal.keys import MasterKey, StaticKeys
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -309,13 +310,22 @@ def test_a_schema_6_file_is_raised_to_7_by_its_first_sealed_blob_only(tmp_path: 
         con.commit()
     store = _open(path, master)
     try:
-        store.append([_tool("r1", "small", step="t0009.tool00")])
+        # Rows keyed as a cuaderno of schema 7 keyed them (HMAC-SHA256, a 16-byte key, carried as an
+        # importer carries it): they need no schema 8, so the step to 7 is what is seen.
+        store.append([_hmac_keyed(_tool("r1", "small", step="t0009.tool00"))])
         assert _query(path, schema) == [(str(_OFFLOADED_SINCE),)]  # nothing sealed offloaded: kept
-        store.append([_tool("r1", _data(secret()))])
+        store.append([_hmac_keyed(_tool("r1", _data(secret())))])
         assert _query(path, schema) == [(str(_SEALED_BLOB_SINCE),)]
         assert len(store.load("r1")) == 3
+        store.append([_tool("r1", "small", step="t0010.tool00")])  # keyed BLAKE2b: schema 8
+        assert _query(path, schema) == [(str(SCHEMA_VERSION),)]
     finally:
         store.close()
+
+
+def _hmac_keyed(ev: StepEvent) -> StepEvent:
+    ev.salt = os.urandom(HMAC_SALT_BYTES)
+    return ev
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ remove and carry the blobs (both backends)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 from prune_journals import _connect, _param, age, end, start
 
 from cuaderno import JournalCorrupt, open_journal, operations
-from cuaderno.events import StepEvent
+from cuaderno.events import HMAC_SALT_BYTES, StepEvent
 from cuaderno.journal._offload import CHUNK, CODEC_JSON_BLOB, DEFAULT_OFFLOAD_ABOVE, offload_above
-from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD
+from cuaderno.journal.base import DEFAULT_MAX_PAYLOAD, SCHEMA_VERSION
 
 
 def _tool(run_id: str, data: str, step: str = "t0000.tool00") -> StepEvent:
@@ -223,13 +224,22 @@ def test_an_older_file_gets_the_tables_at_open_and_its_schema_raised_with_its_fi
     schema = "SELECT value FROM cuaderno_meta WHERE key='schema_version'"
     store = _store(path)
     try:
-        store.append([_tool("r1", "small", step="t0009.tool00")])
+        # Rows keyed as a cuaderno of schema 4 to 7 keyed them (HMAC-SHA256, a 16-byte key, carried
+        # as an importer carries it): they need no schema 8, so the step to 6 is what is seen.
+        store.append([_hmac_keyed(_tool("r1", "small", step="t0009.tool00"))])
         assert _q(path, schema) == [(str(_KEYED_SINCE),)]  # tables made, a plain journal's schema kept
-        store.append([_tool("r1", _big("x", 20_000))])
+        store.append([_hmac_keyed(_tool("r1", _big("x", 20_000)))])
         assert _q(path, schema) == [(str(_OFFLOADED_SINCE),)]
         assert store.load("r1")[2].payload["result"]["data"] == _big("x", 20_000)
+        store.append([_tool("r1", "small", step="t0010.tool00")])  # keyed BLAKE2b: schema 8
+        assert _q(path, schema) == [(str(SCHEMA_VERSION),)]
     finally:
         store.close()
+
+
+def _hmac_keyed(ev: StepEvent) -> StepEvent:
+    ev.salt = os.urandom(HMAC_SALT_BYTES)
+    return ev
 
 
 def test_show_counts_offloaded_payloads_and_renders_a_reference(journal_url: str) -> None:
