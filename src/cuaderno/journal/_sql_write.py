@@ -128,6 +128,10 @@ class SqlWriter(SqlJournal):
     _sizes: tuple[object, object, int, int] = (_UNSET, _UNSET, 0, 0)
     """``(max_payload, offload_above)`` as last read, and the limit and threshold they gave:
     checked once per value, not per append (see :meth:`_limits`)."""
+    _last_row_alone = False
+    """Insert an append's last row on its own (``execute``, after ``executemany`` of the others),
+    so that :meth:`_inserted` has its cursor: SQLite's gives the row's id without a query. A
+    server's store inserts them all at once (one round trip)."""
 
     # -- what a backend supplies --------------------------------------------------------------------
 
@@ -154,9 +158,10 @@ class SqlWriter(SqlJournal):
         """Drop the cached summaries of runs whose write failed (they hold events never committed)."""
         raise NotImplementedError
 
-    def _inserted(self, db: Any, rows: list[tuple[Any, ...]]) -> None:
+    def _inserted(self, db: Any, rows: list[tuple[Any, ...]], inserted: Any) -> None:
         """After an append's rows are in, in its transaction (SQLite: the anchor's mark, the schema
-        a first compressed row raises)."""
+        a first compressed row raises). ``inserted``: the cursor of the insert when it was one row
+        (``None`` for several), from which SQLite reads the row's id without a query."""
 
     def _schema_of(self, db: Any) -> int:
         """The journal's schema version, refused when this cuaderno cannot read it."""
@@ -247,17 +252,22 @@ class SqlWriter(SqlJournal):
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held)
             if held is not None:
                 held.write(db)  # before the rows: the SQLite anchor reads the last row inserted
+            inserted = None
+            insert = self._dialect.insert
             try:
                 if len(rows) == 1:
-                    db.execute(self._dialect.insert, rows[0])
+                    inserted = db.execute(insert, rows[0])
+                elif self._last_row_alone:
+                    db.executemany(insert, rows[:-1])
+                    inserted = db.execute(insert, rows[-1])
                 else:
-                    db.executemany(self._dialect.insert, rows)
+                    db.executemany(insert, rows)
             except self._dialect.duplicate as exc:
                 if lookups:  # every key was looked up: another writer's row, committed since
                     raise JournalError(f"{self._label}: write failed, nothing was committed: {first_line(exc)}") \
                         from None
                 raise Duplicate from None
-            self._inserted(db, rows)
+            self._inserted(db, rows, inserted)
             armed = faults.armed()
             if armed:
                 faults.in_txn("checkpoint")

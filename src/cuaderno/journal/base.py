@@ -353,9 +353,13 @@ def byte_setting(store: object, name: str, default: int) -> int:
         UsageError: a setting that is not a positive integer.
     """
     value = getattr(store, name, None)
-    if value is None:
+    while value is None:  # unset here: a wrapper's store's setting, else the default (a loop: read per step)
         inner = getattr(store, "store", None)
-        value = default if inner is None or inner is store else byte_setting(inner, name, default)
+        if inner is None or inner is store:
+            value = default
+            break
+        store = inner
+        value = getattr(store, name, None)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name} must be a positive number of bytes, got {value!r:.40}")
     return value

@@ -235,8 +235,13 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         for run_id in run_ids:
             self._cache.pop(run_id, None)
 
-    def _inserted(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        self._mark = (db.execute("SELECT last_insert_rowid()").fetchone()[0], rows[-1][11])
+    def _inserted(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]], inserted: sqlite3.Cursor | None) -> None:
+        # The last row was inserted alone (_last_row_alone): its cursor holds its rowid (sqlite3
+        # sets ``lastrowid`` after execute(), not executemany()), which saves a query per append.
+        rowid = inserted.lastrowid if inserted is not None else None
+        if rowid is None:
+            rowid = db.execute("SELECT last_insert_rowid()").fetchone()[0]
+        self._mark = (rowid, rows[-1][11])
         if self._file_schema < _COMPRESSED_SINCE and any(r[8] == CODEC_JSON_ZSTD for r in rows):
             # The first compressed row: from this commit on, schema 1 must refuse the file.
             db.execute("UPDATE cuaderno_meta SET value=? WHERE key='schema_version'", (str(_COMPRESSED_SINCE),))
@@ -304,6 +309,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
     # -- reads (the algorithm is journal._sql's) -----------------------------------------------------
 
     _dialect = SQLITE
+    _last_row_alone = True
 
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[sqlite3.Connection]:
