@@ -250,6 +250,7 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
         return found
 
     JournalQueue.claim = timed  # type: ignore[method-assign]
+    counts = _count_writes()
     probe = _Probe()
     worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, log=None)  # the default poll_interval
     barrier.wait()
@@ -266,8 +267,38 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
     probe.stop()
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) - probe.spent
-    out.put({"claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
+    out.put({**counts, "claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
              "cpu_s": cpu, "probe_us": probe.median_us(), **{f"claim_{k}": v for k, v in timing.items()}})
+
+
+def _count_writes() -> dict[str, int]:
+    """Counts that do not move with the machine's load, filled in while this worker runs (each
+    is one transaction): its group transactions (``groups``, holding ``appends``), the appends it
+    made alone through the store's own append (``store_appends``: a run's last commit is one),
+    and the store's releases and takeovers."""
+    from cuaderno.journal import GroupCommit, PostgresCheckpointer, SqliteCheckpointer
+    from cuaderno.journal._sql_write import SqlWriter
+
+    counts = {"groups": 0, "appends": 0, "store_appends": 0, "releases": 0, "acquires": 0}
+    close = GroupCommit.close
+
+    def closing(self: GroupCommit) -> None:
+        counts["groups"] += self.groups
+        counts["appends"] += self.appends
+        close(self)
+
+    GroupCommit.close = closing  # type: ignore[method-assign]
+    for cls, name, key in ((SqlWriter, "append", "store_appends"), (SqliteCheckpointer, "release", "releases"),
+                           (PostgresCheckpointer, "release", "releases"), (SqliteCheckpointer, "acquire", "acquires"),
+                           (PostgresCheckpointer, "acquire", "acquires")):
+        original = getattr(cls, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, _key: str = key, **kwargs: Any) -> Any:
+            counts[_key] += 1
+            return _original(self, *args, **kwargs)
+
+        setattr(cls, name, counted)
+    return counts
 
 
 class _Probe:
@@ -342,6 +373,9 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             "claim_calls": calls, "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
             "claim_ms_per_run": 1000 * claim_s / max(1, done) if calls else None,
             "errors": sum(r["errors"] for r in results),
+            **{f"{k}_per_run": sum(r[k] for r in results) / max(1, done)
+               for k in ("groups", "appends", "store_appends", "releases", "acquires")},
+            "claims_per_run": calls / max(1, done),
             "probe_us": statistics.median([r["probe_us"] for r in results if r["probe_us"] is not None] or [0.0])}
 
 
@@ -429,7 +463,10 @@ def _line(c: dict[str, Any]) -> str:
             f"{c['attempts']:4}  lost {c['lost']:4} ({100 * c['lost_share']:.1f}%), stale {c['stale']}  CPU/run {c['cpu_ms_per_run']:6.1f} ms"
             f" {c.get('cpu_ms_per_run_all', '')}  wall {c['wall_s']:5.1f} s  claim {per_call} ms/call, {per_run} ms/run"
             f"  probe {c['probe_us']:.0f} us  errors {c['errors']}"
-            f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms")
+            f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms"
+            f"\n    per run: group txns {c['groups_per_run']:.2f} ({c['appends_per_run']:.1f} appends), own appends "
+            f"{c['store_appends_per_run']:.2f}, releases {c['releases_per_run']:.2f}, acquires {c['acquires_per_run']:.2f}, "
+            f"claims {c['claims_per_run']:.3f}")
 
 
 if __name__ == "__main__":
