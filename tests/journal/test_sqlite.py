@@ -305,6 +305,42 @@ def test_a_commit_by_another_connection_invalidates_every_cached_run(tmp_path: P
         assert [(e.step_id, e.seq) for e in a.load("y")] == [("run", 1), ("b1", 2), ("a2", 3)]
 
 
+def test_a_summary_another_connection_left_as_it_was_is_not_parsed_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """After another connection's commit, a run whose stored summary is still the text this
+    connection wrote is used as it was kept (four workers on one file would otherwise parse every
+    run's summary at nearly every append); one whose text changed is read and parsed again."""
+    path = tmp_path / "j.db"
+    with SqliteCheckpointer(path) as a, SqliteCheckpointer(path) as b:
+        a.append([_ev("x", "run", "start", "run")])
+        a.append([_ev("y", "run", "start", "run")])
+        parsed: list[str] = []
+        original = SqliteCheckpointer._summary_of
+
+        def counted(self: SqliteCheckpointer, db: Any, run_id: str, text: Any) -> Any:
+            if self is a:
+                parsed.append(run_id)
+            return original(self, db, run_id, text)
+
+        monkeypatch.setattr(SqliteCheckpointer, "_summary_of", counted)
+        b.append([_ev("y", "b1")])  # another connection commits, to y only
+        assert a.append([_ev("x", "a1")])[0].seq == 2
+        assert a.append([_ev("y", "a2")])[0].seq == 3, "y's summary as a kept it would reuse seq 2"
+        b.append([_ev("z", "run", "start", "run")])  # and again, to another run
+        assert a.append([_ev("x", "a3")])[0].seq == 3
+        assert parsed == ["y"]
+        monkeypatch.undo()
+        epoch = b.acquire("x", "b")  # a takeover changes the epoch column only: a is fenced all the same
+        with pytest.raises(FencedOut):
+            a.append([_ev("x", "a4")], epoch=0)
+        for run_id in ("x", "y"):
+            loaded = b.load(run_id)
+            cp = a.checkpoint(run_id)
+            assert cp is not None and cp.to_json() == rebuild(run_id, loaded, epoch=cp.epoch).to_json()
+        cp = a.checkpoint("x")
+        assert cp is not None and cp.epoch == epoch
+
+
 class _AppendBeforeEventsRead:
     """Stands in for a store's connection: just before the events are read, another store commits."""
 

@@ -148,10 +148,10 @@ class SqlWriter(SqlJournal):
         what the fencing check compares the writer's with."""
         raise NotImplementedError
 
-    def _keep(self, run_id: str, cp: Checkpoint, upserted: Any) -> None:
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: Any, text: Any) -> None:
         """Cache the summary an append just wrote (``upserted``: the cursor of its upsert, which
-        returns the row version where the dialect keeps one): the next append of the run need not
-        read it."""
+        returns the row version where the dialect keeps one; ``text``: the summary as stored,
+        where the dialect keeps none): the next append of the run need not read it."""
         raise NotImplementedError
 
     def _forget(self, run_ids: Iterable[str]) -> None:
@@ -271,12 +271,12 @@ class SqlWriter(SqlJournal):
             armed = faults.armed()
             if armed:
                 faults.in_txn("checkpoint")
-            upserted = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at,
-                                                             cp.dumps() if keys is None else summary_text(keys, cp)))
+            text = cp.dumps() if keys is None else summary_text(keys, cp)
+            upserted = db.execute(self._dialect.upsert_run, (run_id, cp.status, cp.epoch, new[-1][0].created_at, text))
             if armed:
                 faults.in_txn()
                 faults.point("append.W1")  # everything written, before COMMIT
-            self._keep(run_id, cp, upserted)
+            self._keep(run_id, cp, upserted, text)
         return out
 
     def _limits(self) -> tuple[int, int]:

@@ -134,6 +134,10 @@ def _size(path: str) -> int:
 _WAL_HEADER = 32
 """Bytes of a -wal's header; its frames (the commits in it) follow it."""
 
+_STALE_MAX = 4096
+"""The most summaries kept across other connections' commits (``SqliteFile._stale``): beyond it
+they are dropped, and the next append of each run parses its summary again."""
+
 
 def _read_only(path: str, busy_timeout_ms: float, step_aside: Callable[[], bool], *,
                wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, _shm.Keeper | None]:
@@ -331,6 +335,12 @@ class SqliteFile:
         # cache is dropped if any other connection has committed since this one last wrote:
         # SQLite's data_version changes exactly then, without reading any row.
         self._cache: dict[str, Checkpoint] = {}
+        self._kept: dict[str, object] = {}
+        """The stored text of each summary in ``_cache``, as the append that cached it wrote it."""
+        self._stale: dict[str, tuple[object, Checkpoint]] = {}
+        """Summaries dropped from ``_cache`` because another connection committed, with their text:
+        an append that reads its run's row and finds that very text uses the summary as it is
+        instead of parsing the text again (the other connection wrote other runs)."""
         self._taken: dict[str, int] = {}
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._data_version: int | None = None
@@ -643,7 +653,20 @@ class SqliteFile:
         since it last wrote; return the data version to record once this transaction is written."""
         version: int = db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._data_version:
-            self._cache.clear()  # another connection committed: any cached row may be stale
+            # Another connection committed: any cached row may be stale. Each summary is kept
+            # with the text this connection stored, and used again only where the row still
+            # holds that text (SQLite has no row version to tell it without reading the row):
+            # with several processes on one file, nearly every append finds another's commit
+            # since its own, and would otherwise parse its run's summary again each time.
+            if len(self._stale) > _STALE_MAX:
+                self._stale.clear()
+            kept = self._kept
+            for run_id, cp in self._cache.items():
+                text = kept.get(run_id)
+                if text is not None:
+                    self._stale[run_id] = (text, cp)
+            self._cache.clear()
+            kept.clear()
             if self._sealer is not None:
                 self._sealer.forget_all()  # and any run's key (a run pruned and started again has another)
             self._compress = self._follow_meta(db)  # and perhaps the schema, or the setting

@@ -427,7 +427,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
                 raise _HoldLost(run_id, -1 if epoch is None else epoch, cp.epoch)
         return cp
 
-    def _keep(self, run_id: str, cp: Checkpoint, upserted: psycopg.Cursor[Any]) -> None:
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: psycopg.Cursor[Any], text: Any) -> None:
         xmin = _one(upserted)[0]  # the row version the upsert left
         with self._cache_lock:
             self._cache[run_id] = (xmin, cp)

@@ -222,18 +222,25 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         if cached is not None:
             return cached  # the stored row is still the one this connection wrote with it
         row = db.execute(SQLITE.head, (run_id,)).fetchone()
+        # Taken out, not read: this append folds events into it in place (see _stale).
+        stale = self._stale.pop(run_id, None)
         if row is None:
             return Checkpoint(run_id=run_id)
-        cp = self._summary_of(db, run_id, row[1])
+        if stale is not None and not fresh and stale[0] == row[1]:
+            cp = stale[1]  # the stored text is still the one this connection wrote with it
+        else:
+            cp = self._summary_of(db, run_id, row[1])
         cp.epoch = _epoch(run_id, row[0])
         return cp
 
-    def _keep(self, run_id: str, cp: Checkpoint, upserted: sqlite3.Cursor) -> None:
+    def _keep(self, run_id: str, cp: Checkpoint, upserted: sqlite3.Cursor, text: Any) -> None:
         self._cache[run_id] = cp
+        self._kept[run_id] = text
 
     def _forget(self, run_ids: Iterable[str]) -> None:
         for run_id in run_ids:
             self._cache.pop(run_id, None)
+            self._stale.pop(run_id, None)
 
     def _inserted(self, db: sqlite3.Connection, rows: list[tuple[Any, ...]], inserted: sqlite3.Cursor | None) -> None:
         # The last row was inserted alone (_last_row_alone): its cursor holds its rowid (sqlite3
