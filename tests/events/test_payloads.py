@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cuaderno.errors import JournalCorrupt
-from cuaderno.events import StepEvent
+from cuaderno.events import StepEvent, new_event
 from cuaderno.events.names import KINDS, NUMBERED, PHASES
 from cuaderno.events.payloads import (
     PAYLOADS,
@@ -65,3 +65,17 @@ def test_a_malformed_payload_is_a_typed_error_naming_the_key(kind: str, phase: s
         check(_ev(kind, phase, payload))
     assert says in str(caught.value)
     assert isinstance(caught.value, JournalCorrupt)
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"name": "pay", "decision": "allow", "fingerprint": "f" * 64, "payload": {"a": 1}},
+    {"payload": {"b": [1, 2]}, "raw": b'{"b":[1,2]}'},
+    {"raw": b'{"c":3}'},
+])
+def test_new_event_builds_what_the_class_builds(fields: dict[str, Any]) -> None:
+    """The per-step paths' factory and the class give the same event, field for field."""
+    head = {"run_id": "r", "step_id": "t0001.tool00", "phase": "intent", "kind": "tool"}
+    made, built = new_event(**head, **fields), StepEvent(**head, **fields)
+    assert made == built and made.payload == built.payload and made.salt is built.salt is None
+    assert [getattr(made, s) for s in StepEvent.__slots__] == [getattr(built, s) for s in StepEvent.__slots__]

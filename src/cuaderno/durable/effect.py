@@ -43,7 +43,7 @@ from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.durable.model_call import Retrying
 from cuaderno.errors import ErrorClass, PayloadTooLarge, ToolError, UncertainEffect
-from cuaderno.events import RESTORE_STEP, StepEvent, encode_payload, not_happened_since_sent
+from cuaderno.events import RESTORE_STEP, StepEvent, encode_payload, new_event, not_happened_since_sent
 from cuaderno.fingerprint import fingerprint
 from cuaderno.journal.base import payload_limit
 
@@ -305,7 +305,7 @@ class Effect:
             payload["attempt"] = attempt
             payload["after"] = after
         sends = self._sends
-        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id,
+        self.log.stage(new_event(run_id=self.log.run_id, step_id=self.step_id,
                                  phase="intent" if sends == 1 else f"intent.{sends}", kind="tool", name=self.tool,
                                  decision=self.decision, fingerprint=self.fingerprint, payload=payload),
                        *(("tool.K1",) if sends == 1 else ()))
@@ -415,7 +415,7 @@ class Effect:
         # The payload was built here for this event: staged as it is (stage_result copies a
         # caller's), with the bytes measuring it gave (the append does not encode it again; nothing
         # changes it meanwhile: the caller only reads it, to tell the model and show the step).
-        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="tool",
+        self.log.stage(new_event(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="tool",
                                  name=self.tool, decision=self.decision, fingerprint=self.fingerprint,
                                  payload=payload, raw=raw), "tool.K6")
         return Settled(payload)

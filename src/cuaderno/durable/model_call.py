@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 from cuaderno import faults
 from cuaderno.durable.log import StepLog, numbered
 from cuaderno.errors import ErrorClass, GatewayError, ReplayDivergence, ResponseTooLarge, UsageError
-from cuaderno.events import StepEvent, encode_payload
+from cuaderno.events import StepEvent, encode_payload, new_event
 from cuaderno.gateway.base import ModelResponse
 from cuaderno.gateway.empty import Outcome, classify_response
 from cuaderno.gateway.structured import check_output
@@ -225,7 +225,7 @@ class ModelCall:
             payload["after"] = after
         if extra:
             payload.update(extra)
-        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id,
+        self.log.stage(new_event(run_id=self.log.run_id, step_id=self.step_id,
                                  phase="intent" if send == 1 else f"intent.{send}", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K1")
 
@@ -328,7 +328,7 @@ class ModelCall:
         if held is not None:
             payload["framework"] = held
         self._refuse_too_large(sent, payload, counters, held)
-        self.log.stage(StepEvent(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
+        self.log.stage(new_event(run_id=self.log.run_id, step_id=self.step_id, phase="result", kind="model",
                                  fingerprint=self.fingerprint, payload=payload), "model.K6")
         result: ModelResult = payload  # type: ignore[assignment]  # built above with the keys it declares
         return result

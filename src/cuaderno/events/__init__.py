@@ -302,6 +302,21 @@ class StepEvent:
                 f"kind={self.kind!r}, name={self.name!r}, decision={self.decision!r}, seq={self.seq})")
 
 
+def new_event(*, run_id: str, step_id: str, phase: str, kind: str, name: str | None = None,
+              decision: str | None = None, fingerprint: str | None = None, payload: dict[str, Any] | None = None,
+              raw: bytes | None = None) -> StepEvent:
+    """``StepEvent(...)`` with these fields, as the per-step paths build their events (a step's
+    intent and result). The same event, for about half the instructions: CPython (3.11) gathers
+    the keywords of a call to a class into a dict before ``__init__`` reads them, and not those
+    of a call to a function."""
+    ev = _new_event(StepEvent)
+    ev.run_id, ev.step_id, ev.phase, ev.kind, ev.name, ev.decision = run_id, step_id, phase, kind, name, decision
+    ev.fingerprint, ev.codec, ev._raw = fingerprint, CODEC_JSON, raw
+    ev._payload = payload if payload is not None or raw is not None else {}
+    ev.seq, ev.created_at, ev.row_hash, ev.salt = 0, 0.0, "", None
+    return ev
+
+
 def encode_payload(payload: dict[str, Any]) -> bytes:
     """Encode a payload for storage. Deterministic for equal payloads; rejects NaN and non-JSON.
 
@@ -387,7 +402,8 @@ def content_digest(salt: bytes, fingerprint: str | None, payload_bytes: bytes) -
     HMAC-SHA256, what rows of schema 4 to 7 hold. The link over the digest is the same for both,
     so an erased row (which keeps the digest and drops its key) verifies without knowing which.
     """
-    fp = b"-" if fingerprint is None else b"%d:" % len(fingerprint) + fingerprint.encode("utf-8", "surrogatepass")
+    fp = (b"-" if fingerprint is None
+          else b"%d:%s" % (len(fingerprint), fingerprint.encode("utf-8", "surrogatepass")))  # one bytes built, not two
     if len(salt) != HMAC_SALT_BYTES:
         if len(payload_bytes) < _JOIN_BELOW:
             return _blake2b(fp + payload_bytes, key=salt, digest_size=32).digest()  # one call for small rows
