@@ -317,6 +317,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
 
     _dialect = SQLITE
     _last_row_alone = True
+    _bytearray_blobs = True
 
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[sqlite3.Connection]:
