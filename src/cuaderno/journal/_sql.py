@@ -95,8 +95,10 @@ SQLITE = Dialect(
           "row_hash, salt FROM cuaderno_events WHERE run_id=? AND seq>? ORDER BY seq"),
     event=("SELECT run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, payload, created_at, "
            "row_hash, salt FROM cuaderno_events WHERE run_id=? AND step_id=? AND phase=?"),
+    # name, decision and fingerprint: '' stands for NULL (see _sql_write.stored_rows: an event's
+    # are never empty, and the driver binds a str at once where it looks None up in its adapters).
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
-            "payload, created_at, row_hash, salt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"),
+            "payload, created_at, row_hash, salt) VALUES (?,?,?,?,?,NULLIF(?,''),NULLIF(?,''),NULLIF(?,''),?,?,?,?,?)"),
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint"),

@@ -52,14 +52,15 @@ def first_line(exc: BaseException) -> str:
 
 
 _COPIED_BELOW = 16 * 1024
-"""The largest blob (payload, digest key) bound as a ``bytearray`` copy (see ``as_bytearrays``):
-up to there the copy costs less than the adapter look-up it saves."""
+"""The largest payload bound as a ``bytearray`` copy (see ``as_bytearrays``): up to there the
+copy costs less than the adapter look-up it saves."""
 
 
 def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str,
                 max_payload: int, keys: RunKeys | None = None, held: Held | None = None, *,
                 as_bytearrays: bool = False) -> list[tuple[Any, ...]]:
-    """The events table's columns of each new row (the thirteen of :data:`RawRow`): over
+    """The events table's columns of each new row (the thirteen of :data:`RawRow`; with
+    ``as_bytearrays``, bound as SQLite's insert takes them cheapest, see below): over
     ``held``'s threshold its payload is a reference to the blob ``held`` keeps for the
     transaction to write (:mod:`._offload`), else it is compressed when ``compress``; then it is
     sealed with its run's data key when the store encrypts (``keys``; see :mod:`._sealing`; an
@@ -68,7 +69,7 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
     reference is taken before packing and sealing (it names the JSON bytes' digest, keyed by
     the run's data key when the store encrypts). A payload over ``max_payload`` is refused:
     compressed it would fit, and no reader could open it."""
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for e, payload in new:
         size = len(payload)
         if size > max_payload:
@@ -82,18 +83,19 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
                                 else (e.codec, payload))  # pack() keeps a short payload as it is: no call
         if keys is not None:
             codec, stored = sealed(keys, e, codec, stored)
-        blob: bytes | bytearray = stored
-        salt: bytes | bytearray | None = e.salt
         if as_bytearrays:
-            # Python's sqlite3 (3.11) looks a ``bytes`` parameter up in its adapters' registry
-            # (about 3,400 instructions each under callgrind, two or three per row) and binds a
-            # ``bytearray`` at once: the same BLOB, the copy of a small one cheaper than the look-up.
-            if len(stored) < _COPIED_BELOW:
-                blob = bytearray(stored)
-            if salt is not None:
-                salt = bytearray(salt)
-        rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
-                     blob, e.created_at, e.row_hash, salt))
+            # Python's sqlite3 (3.11) looks a ``bytes`` or ``None`` parameter up in its adapters'
+            # registry (about 3,400 and 2,400 instructions under callgrind, several per row) and
+            # binds a ``bytearray`` or a ``str`` at once: a small blob goes as a bytearray copy (the
+            # same BLOB; the copy costs less than the look-up), and a missing name, decision or
+            # fingerprint as '' (never an event's value: they are non-empty), which SQLite's insert
+            # stores as NULL (NULLIF, see journal._sql).
+            rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name or "", e.decision or "",
+                         e.fingerprint or "", codec, bytearray(stored) if len(stored) < _COPIED_BELOW else stored,
+                         e.created_at, e.row_hash, None if e.salt is None else bytearray(e.salt)))
+        else:
+            rows.append((e.run_id, e.step_id, e.phase, e.seq, e.kind, e.name, e.decision, e.fingerprint, codec,
+                         stored, e.created_at, e.row_hash, e.salt))
     return rows
 
 
