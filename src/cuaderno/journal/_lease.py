@@ -49,7 +49,7 @@ import json
 import os
 import socket
 import threading
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from cuaderno.errors import JournalLinked, JournalReplaced
@@ -59,7 +59,7 @@ try:
 except ImportError:  # not on Windows: the holder named in the journal is asked about instead
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["Holder", "Identity", "check_journal", "claim", "describe", "hold_file", "identity", "is_alive",
+__all__ = ["Holder", "Identity", "check_journal", "claim", "describe", "hold_file", "holds_path", "identity", "is_alive",
            "is_mine", "liveness", "lock", "parse", "released", "take", "this_process", "unlock"]
 
 Identity = tuple[int, int]
@@ -74,20 +74,25 @@ _files: dict[str, tuple[int, set[str]]] = {}
 closed when the last lock is given back (closing any descriptor of a file drops every POSIX lock
 this process holds on it, so never while one is held)."""
 _files_lock = threading.Lock()
+_start_times: dict[int, int | None] = {}
+"""This process's start time by PID (:func:`_started`), emptied in a forked child."""
 
 
 def _after_fork() -> None:
     global _files_lock
     _files_lock = threading.Lock()  # a forked child holds none of its parent's record locks
     _files.clear()
+    _start_times.clear()  # a child of this child may get a PID this process's parent had
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+@lru_cache(maxsize=8192)
 def _byte(run_id: str) -> int:
-    # Never 0 in practice (2**-56): byte 0 is the "holds runs of this journal" lock.
+    # Never 0 in practice (2**-56): byte 0 is the "holds runs of this journal" lock. Kept: a
+    # claim of a fleet probes the byte of every run the other workers hold, at every claim.
     return int.from_bytes(hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).digest()[:7], "big")
 
 
@@ -110,6 +115,12 @@ def links(path: str) -> int:
 
 def _holds_path(journal: str) -> str:
     return os.path.realpath(journal) + "-holds"
+
+
+def holds_path(journal: str) -> str:
+    """The path of the journal's hold file, resolved now: a caller that locks many runs at once
+    resolves it once (``os.path.realpath`` costs more than the lock) and passes it as ``at``."""
+    return _holds_path(journal)
 
 
 def _read_header(fd: int) -> Identity | None:
@@ -180,25 +191,27 @@ def check_journal(journal: str, ident: Identity | None) -> None:
                 os.close(fd)
 
 
-def hold_file(journal: str) -> Identity | None:
-    """The identity of the hold file this process locks the journal's runs in (``None``: none)."""
+def hold_file(journal: str, *, at: str | None = None) -> Identity | None:
+    """The identity of the hold file this process locks the journal's runs in (``None``: none).
+    ``at``: the hold file's path, when the caller resolved it already (:func:`holds_path`)."""
     with _files_lock:
-        fd, _ = _files.get(_holds_path(journal)) or (-1, set())
+        fd, _ = _files.get(at or _holds_path(journal)) or (-1, set())
         if fd < 0:
             return None
         st = os.fstat(fd)
         return st.st_dev, st.st_ino
 
 
-def lock(journal: str, run_id: str, ident: Identity | None = None) -> bool | None:
+def lock(journal: str, run_id: str, ident: Identity | None = None, *, at: str | None = None) -> bool | None:
     """Take the run's lock for this process: ``True`` (taken, or this process had it),
     ``False`` (a live process holds it), ``None`` (no such locks here: ask :func:`is_alive`).
 
     ``ident``, the journal file's identity, is checked against the one the hold file serves
-    (:class:`~cuaderno.errors.JournalReplaced` when it serves another file still held)."""
+    (:class:`~cuaderno.errors.JournalReplaced` when it serves another file still held). ``at``:
+    the hold file's path, when the caller resolved it already (:func:`holds_path`)."""
     if fcntl is None or journal == ":memory:":
         return None
-    path = _holds_path(journal)
+    path = at or _holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if fd < 0:
@@ -227,11 +240,12 @@ def lock(journal: str, run_id: str, ident: Identity | None = None) -> bool | Non
         return True
 
 
-def unlock(journal: str, run_id: str) -> None:
-    """Give the run's lock back (this process stopped running it)."""
+def unlock(journal: str, run_id: str, *, at: str | None = None) -> None:
+    """Give the run's lock back (this process stopped running it). ``at``: the hold file's
+    path, when the caller resolved it already (:func:`holds_path`)."""
     if fcntl is None or journal == ":memory:":
         return
-    path = _holds_path(journal)
+    path = at or _holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if run_id not in runs:
@@ -284,9 +298,18 @@ def _stat(pid: int) -> tuple[str, int] | None:
 def this_process() -> dict[str, Any]:
     """This process's identity."""
     pid = os.getpid()
-    stat = _stat(pid)
-    return {"host": socket.gethostname(), "ns": _pid_namespace(), "pid": pid,
-            "start": None if stat is None else stat[1], "boot": _boot_id()}
+    return {"host": socket.gethostname(), "ns": _pid_namespace(), "pid": pid, "start": _started(pid),
+            "boot": _boot_id()}
+
+
+def _started(pid: int) -> int | None:
+    """This process's start time (clock ticks), read from ``/proc`` once per PID: it never
+    changes while the process lives, and a forked child has a PID of its own (a claim records
+    this process as the holder of every run it takes: one read of ``/proc``, not one per run)."""
+    if pid not in _start_times:
+        stat = _stat(pid)
+        _start_times[pid] = None if stat is None else stat[1]
+    return _start_times[pid]
 
 
 def claim(owner: str, holds: Identity | None = None, server: str | None = None,
@@ -370,23 +393,25 @@ def is_mine(holder: Holder) -> bool:
     return all(proc.get(k) == me[k] for k in ("host", "ns", "pid", "start"))
 
 
-def take(journal: str, run_id: str, holder: Holder | None, ident: Identity | None = None) -> bool:
+def take(journal: str, run_id: str, holder: Holder | None, ident: Identity | None = None, *,
+         at: str | None = None) -> bool:
     """Whether this process may take the run over now (and, where OS record locks exist, take its
     lock): the run's lock is free in the hold file the holder locked it in, or the holder the
     journal names has let go, is this process, or is provably gone.
 
     A lock found free in another hold file than the holder's (it was deleted or replaced under a
-    live holder) proves nothing: the holder's process is asked about instead."""
+    live holder) proves nothing: the holder's process is asked about instead. ``at``: the hold
+    file's path, when the caller resolved it already (:func:`holds_path`: a claim takes many runs)."""
     let_go = holder is None or not holder.get("held") or is_mine(holder)
-    taken = lock(journal, run_id, ident)
+    taken = lock(journal, run_id, ident, at=at)
     if taken is None:
         return let_go or not is_alive(holder)  # type: ignore[arg-type]
     if not taken:
         return False
     recorded = None if holder is None else holder.get("holds")
-    if let_go or recorded is None or recorded == list(hold_file(journal) or ()) or not is_alive(holder):  # type: ignore[arg-type]
+    if let_go or recorded is None or recorded == list(hold_file(journal, at=at) or ()) or not is_alive(holder):  # type: ignore[arg-type]
         return True
-    unlock(journal, run_id)
+    unlock(journal, run_id, at=at)
     return False
 
 

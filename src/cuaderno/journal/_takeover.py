@@ -87,13 +87,15 @@ def _one_by_one(store: Checkpointer, run_ids: list[str], owner: str) -> Takeover
 def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str, done: list[str]) -> Takeovers:
     out = Takeovers()
     locked: list[str] = []  # locks this call took: given back if its transaction does not commit
+    at = _lease.holds_path(store.path)  # resolved once for every run, not once per lock
     try:
         with store._txn() as db:
             store._schema_of(db)
             _lease.refuse_second_names(store.path)  # as acquire: a journal with a second name is refused before any lock
-            for run_id in done:
-                db.execute("UPDATE cuaderno_queue SET done = 1 WHERE run_id = ?", (run_id,))
+            if done:
+                db.executemany("UPDATE cuaderno_queue SET done = 1 WHERE run_id = ?", [(run_id,) for run_id in done])
             record: str | None = None
+            written: list[tuple[int, str, str]] = []
             for run_id in run_ids:
                 row = db.execute("SELECT epoch, owner, status FROM cuaderno_runs WHERE run_id=?",
                                  (run_id,)).fetchone() if store._id_ok(run_id) else None
@@ -102,22 +104,25 @@ def _sqlite(store: SqliteCheckpointer, run_ids: list[str], owner: str, done: lis
                     continue
                 had = run_id in store._taken
                 # Under the write lock, as acquire: two takers cannot both find the run free.
-                if not _lease.take(store.path, run_id, _lease.parse(row[1]), store._ident):
+                if not _lease.take(store.path, run_id, _lease.parse(row[1]), store._ident, at=at):
                     out.lost.append(run_id)
                     continue
                 if not had:
                     locked.append(run_id)
                 if record is None:  # one process, one hold file: the same record for every run
-                    record = _lease.claim(owner, _lease.hold_file(store.path))
+                    record = _lease.claim(owner, _lease.hold_file(store.path, at=at))
                 epoch = next_epoch(run_id, row[0])
-                db.execute("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", (epoch, record, run_id))
-                store._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
+                written.append((epoch, record, run_id))
                 out.taken.append((run_id, epoch))
+            if written:  # every run's row in one statement's loop (the same transaction as before)
+                db.executemany("UPDATE cuaderno_runs SET epoch=?, owner=? WHERE run_id=?", written)
+                for _, _, run_id in written:
+                    store._cache.pop(run_id, None)  # this connection changed the row: the cached epoch is stale
             if out.taken:
                 faults.point("queue.C0")  # every run picked locked and its row written, before COMMIT
     except BaseException:
         for run_id in locked:
-            _lease.unlock(store.path, run_id)
+            _lease.unlock(store.path, run_id, at=at)
         raise
     for run_id, epoch in out.taken:
         store._taken[run_id] = epoch
