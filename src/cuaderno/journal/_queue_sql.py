@@ -136,6 +136,14 @@ _OUTSIDE = {False: "SELECT 1 FROM cuaderno_runs r WHERE (r.status = 'running' AN
                   "(SELECT 1 FROM cuaderno_queue q WHERE q.run_id = r.run_id)) "
                   "OR (r.status IN ('suspended', 'needs_human') AND strpos(r.checkpoint, '\"cancel_requested\":{') > 0) "
                   "OR (r.status = 'cancelled' AND strpos(r.checkpoint, '\"cleanup\":[{') > 0) LIMIT 1"}
+_PG_LOCKED: Final = ("SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+                     "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+# The same keys as one signed bigint each (classid the high half: the shift wraps as the bytes do),
+# with the server's clock: a claim's first statement.
+_PG_NOW_LOCKED: Final = ("SELECT extract(epoch FROM clock_timestamp())::float8, "
+                         "ARRAY(SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
+                         "AND objsubid = 1 AND granted "
+                         "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))")
 _ENTRY = ("SELECT run_id, agent, versions, tenant, task, priority, start_at, submitted_at, concurrency_key, "
           "idempotency_key FROM cuaderno_queue WHERE run_id = ?")
 _INSERT = ("INSERT INTO cuaderno_queue (run_id, agent, versions, tenant, task, priority, start_at, submitted_at, "
@@ -391,9 +399,10 @@ class JournalQueue(_OnStore):
             # PostgreSQL: the holds are read before the candidates, so a run seen running and
             # unheld was unheld after it was last seen held (a holder that finished it meanwhile
             # closed it first: it is not a candidate).
-            locked = self._pg_locked(db) if self._pg else None
-            now = time.time() if not self._pg else float(
-                db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
+            if self._pg:  # the server's clock and its advisory locks in one statement
+                now, locked = self._pg_now_locked(db)
+            else:
+                now, locked = time.time(), None
             # The best candidates come first: the runs in progress (this worker's, which it
             # skips, and the other workers'), those ended since the last claim, then the waiting
             # ones. A few more than those are read first; all of them only when that was not enough.
@@ -431,9 +440,10 @@ class JournalQueue(_OnStore):
             return picked, live, closed, len(rows)
         # A key's runs in progress count only against a key some candidate has: a queue without
         # keys is not asked for them (one statement less per claim).
-        keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall() if any(r[1] is not None for r in live) else []
+        has_keys = any(r[1] is not None for r in live)  # asked once: a claim reads up to 512 candidates
+        keyed = db.execute(_IN_PROGRESS[self._pg]).fetchall() if has_keys else []
         held = self._held(db, [(r[0], int(r[2])) for r in live if r[4]] + [(r[0], int(r[2])) for r in keyed], locked)
-        limits = self._limits(db) if keyed or any(r[1] is not None for r in live) else {}
+        limits = self._limits(db) if keyed or has_keys else {}
         running: dict[str, int] = {}
         for run_id, key, _ in keyed:
             if run_id in held:
@@ -465,9 +475,14 @@ class JournalQueue(_OnStore):
         """The run lock keys held now in this database (PostgreSQL: a session's advisory lock
         ends with its session, so a SIGKILLed holder's runs are free once the server sees it go)."""
         return {int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
-                for high, low in db.execute(
-                    "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-                    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")}
+                for high, low in db.execute(_PG_LOCKED)}
+
+    @staticmethod
+    def _pg_now_locked(db: _Exec) -> tuple[float, set[int]]:
+        """The server's clock and :meth:`_pg_locked`'s keys, read by one statement (a claim's
+        first; the clock is read before the locks, as it was by two statements)."""
+        row = db.execute(_PG_NOW_LOCKED).fetchone()
+        return float(row[0]), {int(k) for k in row[1]}
 
     def _held(self, db: _Exec, runs: Sequence[tuple[str, int]], locked: set[int] | None = None) -> set[str]:
         """Which of these queued runs a live process holds now (the journal's liveness)."""
