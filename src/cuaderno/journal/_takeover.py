@@ -139,26 +139,30 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done:
             store._schema_of(cur)
             if done:
                 cur.execute("UPDATE cuaderno_queue SET done = true WHERE run_id = ANY(%s)", (done,))
-            rows: dict[str, Any] = {r[0]: r[1:] for r in cur.execute(
-                "SELECT run_id, epoch, owner, status, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%s) "
-                "ORDER BY run_id FOR UPDATE", (wanted,)).fetchall()} if wanted else {}
-            started = cur.execute("SELECT pg_postmaster_start_time()::text, "
-                                  "extract(epoch FROM now() - pg_postmaster_start_time())::float8").fetchone()
-            assert started is not None  # a SELECT without FROM has its one row
-            server, up_s = started
+            # The server's start (for _restart_grace) rides on every row: one statement, not two.
+            found = cur.execute(
+                "SELECT run_id, epoch, owner, status, checkpoint, pg_postmaster_start_time()::text, "
+                "extract(epoch FROM now() - pg_postmaster_start_time())::float8 FROM cuaderno_runs "
+                "WHERE run_id = ANY(%s) ORDER BY run_id FOR UPDATE", (wanted,)).fetchall() if wanted else []
+            rows: dict[str, Any] = {r[0]: r[1:5] for r in found}
+            server, up_s = (found[0][5], found[0][6]) if found else ("", 0.0)  # no row: every run is stale
+            open_runs = [r for r in run_ids if r in rows and rows[r][2] not in CLOSED_STATUSES]
+            held_before = {r for r in open_runs if r in store._locked}
+            # Every open run's lock asked for by one statement (with its row locked, as acquire),
+            # not one statement per run.
+            got = _lock_runs(store, open_runs)
+            locked = [r for r in open_runs if got[r] and r not in held_before]  # given back if this fails
+            written: list[tuple[str, int, str]] = []
             for run_id in run_ids:
                 row = rows.get(run_id)
                 if row is None or row[2] in CLOSED_STATUSES:
                     out.stale.append(run_id)
                     continue
-                held_before = run_id in store._locked
-                if not store._lock_run(run_id):  # with the run's row locked, as acquire
+                if not got[run_id]:
                     out.lost.append(run_id)
                     continue
-                if not held_before:
-                    locked.append(run_id)
                 holder = _lease.parse(row[1])
-                if not held_before:
+                if run_id not in held_before:
                     try:
                         store._restart_grace(run_id, holder, server, float(up_s))
                     except RunBusy:  # its holder may still take its lock back after a restart
@@ -168,12 +172,10 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done:
                         continue
                 unsettled = store._unsettled(run_id, holder, row[3], force=run_id in store._taken)
                 epoch = next_epoch(run_id, row[0])
-                cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
-                            (epoch, _lease.claim(owner, server=server, unsettled=unsettled), run_id))
-                with store._cache_lock:
-                    store._cache.pop(run_id, None)
+                written.append((run_id, epoch, _lease.claim(owner, server=server, unsettled=unsettled)))
                 earlier[run_id] = unsettled
                 out.taken.append((run_id, epoch))
+            _write_holders(store, cur, written)
             if out.taken:
                 faults.point("queue.C0")  # every run picked locked and its row written, before COMMIT
     except BaseException:
@@ -187,3 +189,56 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done:
         else:
             store._earlier.pop(run_id, None)
     return out
+
+
+def _write_holders(store: PostgresCheckpointer, cur: Any, written: list[tuple[str, int, str]]) -> None:
+    """Each run's new epoch and holder record (``(run_id, epoch, record)``), by one statement per
+    record, not per run: the runs of a claim nearly always share one (earlier holders differ
+    only after a takeover from a live-looking one). The record goes as a parameter of its own:
+    in a ``text[]`` psycopg escapes every one of its quotes with a regular expression."""
+    by_record: dict[str, list[tuple[str, int]]] = {}
+    for run_id, epoch, record in written:
+        by_record.setdefault(record, []).append((run_id, epoch))
+    for record, runs in by_record.items():
+        cur.execute("UPDATE cuaderno_runs AS r SET epoch = v.epoch, owner = %s "
+                    "FROM unnest(%s::text[], %s::bigint[]) AS v(run_id, epoch) WHERE r.run_id = v.run_id",
+                    (record, [r for r, _ in runs], [e for _, e in runs]))
+    if written:
+        with store._cache_lock:
+            for run_id, _, _ in written:
+                store._cache.pop(run_id, None)  # this store changed the rows: the cached epochs are stale
+
+
+def _lock_runs(store: PostgresCheckpointer, run_ids: list[str]) -> dict[str, bool]:
+    """Each run's advisory lock taken on the store's lock connection, as ``_lock_run`` takes one
+    (``False``: someone holds it), by one statement for all of them: a run this store holds
+    already counts as taken once the connection answers (locks stack; it is not asked again)."""
+    import psycopg
+
+    if not run_ids:
+        return {}
+    with store._holds_lock:
+        for attempt in (1, 2):
+            conn = store._holds_connection()
+            fresh = [r for r in run_ids if r not in store._locked]
+            try:
+                if fresh:
+                    got = [bool(g) for (g,) in conn.execute(
+                        "SELECT pg_try_advisory_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(k, i) ORDER BY i",
+                        ([store._lock_key(r) for r in fresh],)).fetchall()]
+                else:  # all held already: is the connection still alive?
+                    conn.execute("SELECT 1")
+                    got = []
+            except psycopg.OperationalError:
+                # The lock connection died (and with it every lock it held): open a new one.
+                store._drop_holds()
+                if attempt == 2:
+                    raise
+                continue
+            taken = dict.fromkeys(run_ids, True)
+            for run_id, ok in zip(fresh, got, strict=True):
+                taken[run_id] = ok
+                if ok:
+                    store._locked.add(run_id)
+            return taken
+    return {}  # not reached
