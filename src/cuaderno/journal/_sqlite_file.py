@@ -1,12 +1,11 @@
 """SQLite's own side of :class:`~cuaderno.journal.sqlite.SqliteCheckpointer`: opening the file
 (its -wal and -shm left as they are until the store writes), its identity and anchor, the schema
-and its migrations, and what SQLite's refusals mean. The journal algorithm itself is
-:mod:`cuaderno.journal._sql`; the file's durability settings are described in
-:mod:`cuaderno.journal.sqlite`."""
+and its migrations (what SQLite's refusals mean is :mod:`cuaderno.journal._sqlite_errors`). The
+journal algorithm itself is :mod:`cuaderno.journal._sql`; the file's durability settings are
+described in :mod:`cuaderno.journal.sqlite`."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -30,6 +29,13 @@ from cuaderno.journal import _anchor, _lease, _offload, _queue_sql, _shm
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_SQLITE, Sealer, check_journal
 from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
+from cuaderno.journal._sqlite_errors import (
+    errorname,
+    file_size,
+    index_half_written,
+    locked,
+    open_failure,
+)
 from cuaderno.journal.base import SCHEMA_VERSION
 
 __all__ = ["SqliteFile"]
@@ -123,14 +129,6 @@ cannot migrate): up to schema 2 only the codecs grew, and every older codec is s
 _ON_OFF = {True: "on", False: "off"}
 
 
-def _size(path: str) -> int:
-    """The file's size, 0 when it does not exist."""
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
 _WAL_HEADER = 32
 """Bytes of a -wal's header; its frames (the commits in it) follow it."""
 
@@ -142,7 +140,7 @@ they are dropped, and the next append of each run parses its summary again."""
 def _read_only(path: str, busy_timeout_ms: float, step_aside: Callable[[], bool], *,
                wait_for_rebuild: bool = True) -> tuple[sqlite3.Connection, _shm.Keeper | None]:
     """:func:`_read_only_once`, waiting (up to ``busy_timeout_ms``) while SQLite's index of the
-    -wal is half-written (:func:`_index_half_written`): the next write of a process that has the
+    -wal is half-written (:func:`index_half_written`): the next write of a process that has the
     journal open rebuilds it, and no read-only connection can."""
     deadline = time.monotonic() + busy_timeout_ms / 1000
     pause = 0.005
@@ -150,18 +148,10 @@ def _read_only(path: str, busy_timeout_ms: float, step_aside: Callable[[], bool]
         try:
             return _read_only_once(path, busy_timeout_ms, step_aside)
         except sqlite3.Error as exc:
-            if not (wait_for_rebuild and _index_half_written(exc)) or time.monotonic() >= deadline:
+            if not (wait_for_rebuild and index_half_written(exc)) or time.monotonic() >= deadline:
                 raise
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.1)
-
-
-def _index_half_written(exc: BaseException) -> bool:
-    """Whether SQLite refused a read-only read because the -shm's header is damaged while another
-    process has the journal open (``SQLITE_READONLY_RECOVERY``): a writer was killed between the
-    two copies of that header, and rebuilding it needs a connection that may write. Transient: it
-    is not the file's damage (the database file and the -wal are whole)."""
-    return _errorname(exc) == "SQLITE_READONLY_RECOVERY"
 
 
 def _read_only_once(path: str, busy_timeout_ms: float,
@@ -185,8 +175,8 @@ def _read_only_once(path: str, busy_timeout_ms: float,
     uri = f"{Path(path).resolve().as_uri()}?mode=ro"
     # Not while a writer of this process has the file: SQLite would map the -shm read-only for it
     # too (see _shm), and that writer keeps the -shm current anyway.
-    keeper = _shm.Keeper.register(path, step_aside) if _size(path + "-shm") > 0 and \
-        _size(path + "-wal") != _WAL_HEADER else None
+    keeper = _shm.Keeper.register(path, step_aside) if file_size(path + "-shm") > 0 and \
+        file_size(path + "-wal") != _WAL_HEADER else None
     if keeper is not None:
         db = _connect_uri(uri + "&readonly_shm=1", busy_timeout_ms)
         try:
@@ -195,7 +185,7 @@ def _read_only_once(path: str, busy_timeout_ms: float,
         except BaseException as exc:
             db.close()
             keeper.release()
-            if not (isinstance(exc, sqlite3.Error) and _errorname(exc).startswith("SQLITE_PROTOCOL")):
+            if not (isinstance(exc, sqlite3.Error) and errorname(exc).startswith("SQLITE_PROTOCOL")):
                 raise
     return _connect_uri(uri, busy_timeout_ms), None
 
@@ -203,16 +193,6 @@ def _read_only_once(path: str, busy_timeout_ms: float,
 def _connect_uri(uri: str, busy_timeout_ms: float) -> sqlite3.Connection:
     return sqlite3.connect(uri, uri=True, timeout=int(busy_timeout_ms) / 1000, isolation_level=None,
                            check_same_thread=False)
-
-
-def _errorname(exc: BaseException) -> str:
-    """SQLite's name of the error (``SQLITE_BUSY_SNAPSHOT``, ...); empty when it has none."""
-    return str(getattr(exc, "sqlite_errorname", ""))
-
-
-def _locked(exc: sqlite3.Error) -> bool:
-    """Whether SQLite failed because of another connection's lock, not because of the file."""
-    return _errorname(exc).startswith(("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_PROTOCOL")) or _index_half_written(exc)
 
 
 @contextmanager
@@ -230,55 +210,6 @@ def _compress_setting(db: sqlite3.Connection) -> str | None:
     row = db.execute("SELECT value FROM cuaderno_meta WHERE key='compress'").fetchone()
     return None if row is None else str(row[0])
 
-
-_OPEN_RACE_S = 5.0
-"""How long an open that met another process's creation of the same journal is retried."""
-
-
-def _open_race(exc: sqlite3.OperationalError, path: str, readonly: bool) -> bool:
-    """Whether an open may have failed on another process creating the journal at that moment: a
-    lock, or a file that exists but could not be opened (a missing file or folder, or a read-only
-    store, fails at once)."""
-    name = _errorname(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_PROTOCOL")):
-        return True
-    return name.startswith("SQLITE_CANTOPEN") and not readonly and _size(path) > 0
-
-
-def _open_failure(path: str, exc: sqlite3.DatabaseError, busy_timeout_ms: float) -> JournalError:
-    """What SQLite's refusal to open ``path`` means, named by its cause: only a file that is not
-    a database, or a damaged one, is :class:`JournalCorrupt`; a lock, a permission or the disk
-    is a :class:`JournalError` that says what to do (:class:`JournalLocked` for a lock). Nothing was
-    changed in any case (a -shm SQLite had to rebuild aside: see :func:`_read_only`)."""
-    name = _errorname(exc)
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return JournalLocked(f"{path!r} is locked by another process (waited {busy_timeout_ms / 1000:g} s for it); "
-                             "nothing was changed")
-    if name.startswith("SQLITE_PROTOCOL"):
-        return JournalLocked(f"{path!r} could not be opened: SQLite could not read its index of the -wal "
-                             f"({Path(path).name}-shm) consistently ({exc}): another process may be rebuilding it, "
-                             "or this one may not write the -shm to rebuild it. Nothing was changed; try again, and "
-                             "if it persists while no process uses the journal, give this process write access to "
-                             "its folder (or copy the journal and its -wal, without the -shm, to one)")
-    if _index_half_written(exc):
-        return JournalLocked(f"{path!r} could not be opened read-only: a process was killed while it updated SQLite's "
-                             f"index of the -wal ({Path(path).name}-shm), and the processes that still have the "
-                             f"journal open have not written since (waited {busy_timeout_ms / 1000:g} s); the next "
-                             "write rebuilds it, and only a connection that may write can. Nothing was changed; "
-                             "try again, or open it writable")
-    if name == "SQLITE_READONLY_DIRECTORY":
-        return JournalError(f"{path!r} cannot be opened: its folder is not writable, and SQLite creates "
-                            f"{Path(path).name}-wal and -shm beside a WAL journal even to read it; give write access "
-                            "to the folder, or copy the journal to one; nothing was changed")
-    if name.startswith("SQLITE_READONLY"):
-        return JournalError(f"{path!r} is read-only for this process; open it read-only to read it (readonly=True; "
-                            "the CLI's list and show do), or give write access; nothing was changed")
-    if name.startswith("SQLITE_CANTOPEN") and not Path(path).exists():
-        return JournalError(f"{path!r} does not exist: there is no journal there; nothing was created")
-    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR", "SQLITE_FULL", "SQLITE_NOMEM", "SQLITE_PERM",
-                        "SQLITE_AUTH")):
-        return JournalError(f"{path!r} cannot be opened: {exc} ({name}); nothing was changed")
-    return JournalCorrupt(f"{path!r} is not a readable cuaderno journal: {exc}")
 
 class SqliteFile:
     """The file, connection and schema handling a SQLite store is built on (a mixin)."""
@@ -319,10 +250,10 @@ class SqliteFile:
     def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
         """Open the store's connection on the file as it is now (see ``__init__``); on a failure
         the caller closes what was opened."""
-        fresh = not on_disk or _size(self.path) == 0
+        fresh = not on_disk or file_size(self.path) == 0
         if fresh and self._create and self._anchor is not None:
             self._anchor.reset()  # a journal created anew at this path: what was seen at it is gone
-        self._hot_wal = on_disk and not fresh and _size(self.path + "-wal") > 0
+        self._hot_wal = on_disk and not fresh and file_size(self.path + "-wal") > 0
         """A -wal with commits in it was there at open: a store that writes nothing must not fold it."""
         # Reentrant: the first write of a store that opened on a read-only connection swaps in the
         # writer while holding it (so no other thread of the store can use the read-only or the
@@ -374,7 +305,7 @@ class SqliteFile:
                     self._db, self._keeper = _read_only(self.path, busy_timeout_ms, self._step_aside,
                                                         wait_for_rebuild=False)
                 except sqlite3.Error as exc:
-                    if not _index_half_written(exc):
+                    if not index_half_written(exc):
                         raise
                     # A writer died while it updated the -shm, and only a connection that may write
                     # rebuilds it (from the -wal, which stays as it is): this store may, so its
@@ -395,7 +326,7 @@ class SqliteFile:
             raise  # the caller retries an open race, or names the failure
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
-            raise _open_failure(self.path, exc, busy_timeout_ms) from exc
+            raise open_failure(self.path, exc, busy_timeout_ms) from exc
         except BaseException:
             self._close_quietly()
             raise
@@ -453,7 +384,7 @@ class SqliteFile:
             try:
                 self._open_writer(*pending)
             except sqlite3.DatabaseError as exc:
-                raise _open_failure(self.path, exc, pending[1]) from exc
+                raise open_failure(self.path, exc, pending[1]) from exc
 
     def _bind_file(self) -> None:
         """Record which file this store opened (at its first connection), or check that a later
@@ -633,7 +564,7 @@ class SqliteFile:
                     raise
             except sqlite3.Error as exc:
                 self._refuse_if_closed(exc)
-                if _locked(exc):  # another connection kept the write lock past the busy timeout
+                if locked(exc):  # another connection kept the write lock past the busy timeout
                     raise JournalLocked(f"journal {self.path!r}: write failed, nothing was committed: another "
                                         f"connection held the journal's lock ({exc}); try again") from exc
                 # Disk full, I/O error: nothing of this transaction was committed.
@@ -683,13 +614,13 @@ class SqliteFile:
             raise
         except sqlite3.OperationalError as exc:
             self._refuse_if_closed(exc)
-            if not _locked(exc):
+            if not locked(exc):
                 raise JournalCorrupt(f"journal {self.path!r}, run {run_id!r}: unreadable (OperationalError: {exc}); "
                                      "the file was not changed") from exc
-            if _errorname(exc).startswith("SQLITE_PROTOCOL") or _index_half_written(exc):
+            if errorname(exc).startswith("SQLITE_PROTOCOL") or index_half_written(exc):
                 self._index_unread = True  # the next read reopens the connection, rebuilding SQLite's index
             raise JournalLocked(f"journal {self.path!r}, run {run_id!r}: another connection's lock kept it from being "
-                                f"read ({exc}, {_errorname(exc)}); the file was not changed; try again") from exc
+                                f"read ({exc}, {errorname(exc)}); the file was not changed; try again") from exc
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, UnicodeError) as exc:
             if isinstance(exc, sqlite3.Error):
                 self._refuse_if_closed(exc)
@@ -712,7 +643,7 @@ class SqliteFile:
             self._index_unread = False
             self._start_writing()
             return
-        if not self._keeper is not None or not (self._index_unread or _size(self.path + "-wal") == _WAL_HEADER):
+        if not self._keeper is not None or not (self._index_unread or file_size(self.path + "-wal") == _WAL_HEADER):
             return
         with self._lock:
             if not self._keeper is not None or self._closed:

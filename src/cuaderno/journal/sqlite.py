@@ -64,15 +64,15 @@ from cuaderno.journal._rows import checked_epoch as _epoch
 from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import SQLITE
 from cuaderno.journal._sql_write import next_epoch
+from cuaderno.journal._sqlite_errors import OPEN_RACE_S as _OPEN_RACE_S
+from cuaderno.journal._sqlite_errors import open_failure as _open_failure
+from cuaderno.journal._sqlite_errors import open_race as _open_race
 from cuaderno.journal._sqlite_file import (
     _BLAKE_KEYED_SINCE,
     _COMPRESSED_SINCE,
     _OFFLOADED_SINCE,
-    _OPEN_RACE_S,
     _SEALED_BLOB_SINCE,
     SqliteFile,
-    _open_failure,
-    _open_race,
     _read_txn,
 )
 from cuaderno.journal.base import CLOSED_STATUSES, SCHEMA_VERSION
