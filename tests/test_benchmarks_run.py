@@ -24,3 +24,12 @@ def test_bench_resume_runs_on_small_runs() -> None:
     rows = [line.split() for line in out.stdout.splitlines() if line.strip().startswith(("100 ", "200 "))]
     assert [r[0] for r in rows] == ["100", "200"]
     assert all(int(r[1]) > 0 for r in rows)  # the runs were built and resumed, row counts reported
+
+
+def test_bench_claim_cpu_runs_on_a_small_queue() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_claim_cpu.py"), "--backends", "sqlite",
+                          "--runs", "20", "--held", "8", "--free", "4", "--claims", "8"],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "4.0 runs/claim" in out.stdout  # every claim took its 4 runs past the 8 held elsewhere
