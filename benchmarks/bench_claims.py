@@ -237,7 +237,7 @@ def _prepare(url: str, mode: str, runs: int) -> None:
 
 
 def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, profile: str | None = None) -> None:
-    timing = {"calls": 0, "taken": 0, "stale": 0, "seconds": 0.0}
+    timing = {"calls": 0, "taken": 0, "stale": 0, "empty": 0, "seconds": 0.0}
     original = JournalQueue.claim
 
     def timed(self: JournalQueue, **kwargs: Any) -> Any:
@@ -247,6 +247,7 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
         timing["calls"] += 1
         timing["taken"] += len(found.taken)
         timing["stale"] += found.stale
+        timing["empty"] += not found.taken  # a claim that took nothing (every waiting run held, or none left)
         return found
 
     JournalQueue.claim = timed  # type: ignore[method-assign]
@@ -376,6 +377,7 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             **{f"{k}_per_run": sum(r[k] for r in results) / max(1, done)
                for k in ("groups", "appends", "store_appends", "releases", "acquires")},
             "claims_per_run": calls / max(1, done),
+            "empty_claims_per_run": sum(r["claim_empty"] for r in results) / max(1, done),
             "probe_us": statistics.median([r["probe_us"] for r in results if r["probe_us"] is not None] or [0.0])}
 
 
@@ -466,7 +468,7 @@ def _line(c: dict[str, Any]) -> str:
             f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms"
             f"\n    per run: group txns {c['groups_per_run']:.2f} ({c['appends_per_run']:.1f} appends), own appends "
             f"{c['store_appends_per_run']:.2f}, releases {c['releases_per_run']:.2f}, acquires {c['acquires_per_run']:.2f}, "
-            f"claims {c['claims_per_run']:.3f}")
+            f"claims {c['claims_per_run']:.3f} ({c['empty_claims_per_run']:.3f} taking nothing)")
 
 
 if __name__ == "__main__":
