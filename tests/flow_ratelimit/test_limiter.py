@@ -266,3 +266,36 @@ def test_a_lost_postgres_connection_is_opened_again(tmp_path: Path, pg_schemas: 
     assert killed
     assert limits.reserve("k", limit, 0).wait == pytest.approx(0.1, abs=0.05)  # the row kept its turns
     store.close()
+
+
+def test_workers_that_first_use_a_postgres_limit_at_once_all_get_the_table(pg_schemas: list[str]) -> None:
+    """Six connections to one fresh schema make their limiter's rows at the same moment, 30 times:
+    each creates the table if it is not there, and none fails on another's creation (CREATE TABLE
+    IF NOT EXISTS alone failed in 3 of 30 such trials, on a duplicate row type)."""
+    import threading
+
+    from _pg import new_schema, schema_url
+
+    from cuaderno import open_journal
+    from cuaderno.flow.ratelimit import _Postgres
+
+    failed: list[BaseException] = []
+    for _ in range(30):
+        pg_schemas.append(new_schema())
+        store = open_journal(schema_url(pg_schemas[-1]))
+        start = threading.Barrier(6)
+
+        def make(connect: Any = store.side_connection, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                _Postgres(connect).close()
+            except BaseException as exc:  # collected for the assertion below
+                failed.append(exc)
+
+        threads = [threading.Thread(target=make) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        store.close()
+    assert failed == []

@@ -85,6 +85,7 @@ _PG = {
     "table": "CREATE TABLE IF NOT EXISTS cuaderno_rate_limits (bucket TEXT PRIMARY KEY, "
              "req_tat DOUBLE PRECISION NOT NULL DEFAULT 0, tok_tat DOUBLE PRECISION NOT NULL DEFAULT 0, "
              "paused_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
+    "create_lock": "SELECT pg_advisory_xact_lock(1918989413)",  # 0x72617465, "rate": the table's creators take turns
     "now": "SELECT extract(epoch from clock_timestamp())::double precision",
     "row": "SELECT req_tat, tok_tat, paused_until FROM cuaderno_rate_limits WHERE bucket = %s FOR UPDATE",
     "new": "INSERT INTO cuaderno_rate_limits (bucket) VALUES (%s) ON CONFLICT DO NOTHING",
@@ -216,10 +217,13 @@ class _Postgres:
         self._connect = connect
         self._conn = self._open()
         self._lock = threading.Lock()
-        try:
+        # CREATE ... IF NOT EXISTS is not safe against itself: two sessions that both find no table
+        # both create one, and the second fails on the catalogue (a duplicate row type, a duplicate
+        # key in pg_type or pg_class). Creators therefore take turns, under a lock of this table's
+        # own held to the end of the transaction, and the second finds the table there.
+        with self._conn.transaction():
+            self._conn.execute(_PG["create_lock"])
             self._conn.execute(_PG["table"])
-        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-            pass  # another worker created it at the same moment (CREATE ... IF NOT EXISTS races on pg_type)
 
     def _open(self) -> Any:
         conn = self._connect()
