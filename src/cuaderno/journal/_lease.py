@@ -53,6 +53,7 @@ from functools import cache, lru_cache
 from typing import Any
 
 from cuaderno.errors import JournalLinked, JournalReplaced
+from cuaderno.journal._paths import stat_or_none
 
 try:
     import fcntl
@@ -98,29 +99,20 @@ def _byte(run_id: str) -> int:
 
 def identity(path: str) -> Identity | None:
     """Which file ``path`` names now (``None``: none)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    st = stat_or_none(path)
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def links(path: str) -> int:
     """How many names the file at ``path`` has (0: no file)."""
-    try:
-        return os.stat(path).st_nlink
-    except OSError:
-        return 0
-
-
-def _holds_path(journal: str) -> str:
-    return os.path.realpath(journal) + "-holds"
+    st = stat_or_none(path)
+    return 0 if st is None else st.st_nlink
 
 
 def holds_path(journal: str) -> str:
     """The path of the journal's hold file, resolved now: a caller that locks many runs at once
     resolves it once (``os.path.realpath`` costs more than the lock) and passes it as ``at``."""
-    return _holds_path(journal)
+    return os.path.realpath(journal) + "-holds"
 
 
 def _read_header(fd: int) -> Identity | None:
@@ -168,7 +160,7 @@ def check_journal(journal: str, ident: Identity | None) -> None:
     runs a live process still holds (:class:`~cuaderno.errors.JournalReplaced`). Creates nothing."""
     if fcntl is None or journal == ":memory:":
         return
-    path = _holds_path(journal)
+    path = holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         opened = fd < 0
@@ -195,7 +187,7 @@ def hold_file(journal: str, *, at: str | None = None) -> Identity | None:
     """The identity of the hold file this process locks the journal's runs in (``None``: none).
     ``at``: the hold file's path, when the caller resolved it already (:func:`holds_path`)."""
     with _files_lock:
-        fd, _ = _files.get(at or _holds_path(journal)) or (-1, set())
+        fd, _ = _files.get(at or holds_path(journal)) or (-1, set())
         if fd < 0:
             return None
         st = os.fstat(fd)
@@ -211,7 +203,7 @@ def lock(journal: str, run_id: str, ident: Identity | None = None, *, at: str | 
     the hold file's path, when the caller resolved it already (:func:`holds_path`)."""
     if fcntl is None or journal == ":memory:":
         return None
-    path = at or _holds_path(journal)
+    path = at or holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if fd < 0:
@@ -245,7 +237,7 @@ def unlock(journal: str, run_id: str, *, at: str | None = None) -> None:
     path, when the caller resolved it already (:func:`holds_path`)."""
     if fcntl is None or journal == ":memory:":
         return
-    path = at or _holds_path(journal)
+    path = at or holds_path(journal)
     with _files_lock:
         fd, runs = _files.get(path) or (-1, set())
         if run_id not in runs:

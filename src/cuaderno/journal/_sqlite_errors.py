@@ -5,19 +5,11 @@ because these read only an error and a path."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
 from cuaderno.errors import JournalCorrupt, JournalError, JournalLocked
-
-
-def file_size(path: str) -> int:
-    """The file's size, 0 when it does not exist."""
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
+from cuaderno.journal._paths import file_size
 
 
 def errorname(exc: BaseException) -> str:

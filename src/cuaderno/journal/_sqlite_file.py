@@ -26,12 +26,12 @@ from cuaderno.errors import (
     UsageError,
 )
 from cuaderno.journal import _anchor, _lease, _offload, _queue_sql, _shm
+from cuaderno.journal._paths import file_size
 from cuaderno.journal._rows import schema_version as _schema_version
 from cuaderno.journal._sealing import ENCRYPTION_META, KEYS_TABLE_SQLITE, Sealer, check_journal
 from cuaderno.journal._sql import SQLITE, SQLITE_UNKEYED, Dialect
 from cuaderno.journal._sqlite_errors import (
     errorname,
-    file_size,
     index_half_written,
     locked,
     open_failure,
