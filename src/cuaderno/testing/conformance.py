@@ -732,9 +732,12 @@ def check_invalid_ids_refused(factory: Factory) -> None:
 
 
 def check_invalid_names_refused(factory: Factory) -> None:
-    """R12: name like an id (non-empty, no NUL, no lone surrogate, <= 1024); decision/fingerprint storable."""
+    """R12: name like an id (non-empty, no NUL, no lone surrogate, <= 1024); decision/fingerprint
+    storable and non-empty. The SQL stores bind a missing name, decision or fingerprint as ``''``
+    and store it as NULL (``NULLIF``, cheaper to bind than ``None``): an empty one must never reach
+    them, or it would come back as ``None``."""
     cases: list[tuple[str, object]] = [("name", v) for v in ("", "a\x00b", "\ud800", "x" * 1025, "y" * (1 << 20))]
-    cases += [(f, v) for f in ("decision", "fingerprint") for v in ("a\x00b", "\udc00")]
+    cases += [(f, v) for f in ("decision", "fingerprint") for v in ("", "a\x00b", "\udc00")]
     with _open(factory) as store:
         store.append([_start("ok")])
         before = _snapshot(store)
