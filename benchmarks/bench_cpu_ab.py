@@ -33,7 +33,19 @@ mispredicted branches 17,708 -> 18,143 (+2.5%; the interpreter's indirect dispat
 head runs about 8% more bytecode per step (12,300 more instructions in the interpreter's loop)
 and about 19,000 fewer instructions of C in libraries (hashing: BLAKE2b's reference code in
 CPython against OpenSSL's SHA-256), at the same total, and bytecode costs more time per
-instruction than C that hashes.
+instruction than C that hashes (``bench_bytecodes.py``: 5,123 -> 5,739 bytecodes per step; a run's
+fixed cost 13.3k -> 17.1k bytecodes, under 1% of a 50-turn run's steps, so the difference is per
+step, not a fixed cost divided into steps). Not the cause, measured: threads (group commit writes
+on the loop; no thread is started during a cell), context switches (0.24 / 0.25 voluntary per
+step, most of them the syncs), page faults (about 0.001 per step on both), the allocator
+(``PYTHONMALLOC=malloc`` on both: 1.094), the collector (``--gc off``: 1.046 and 1.079 in two runs,
+against 1.061 and 1.033 with it on, so the collector's share is within the noise; cachegrind puts
+it at about 200 of the 853 added L1 misses).
+
+Repeated runs of 10-12 pairs on this shared machine gave paired ratios of 0.996 to 1.094 (the
+range within one run is wider: 0.81-1.37), so read one run's figure as +-5%: a difference of a
+few percent needs several runs, or ``bench_instructions.py`` / ``bench_bytecodes.py``, which
+count and do not time.
 """
 
 from __future__ import annotations
