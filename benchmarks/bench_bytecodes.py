@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ def _child(runs: int, turns: list[int]) -> None:
     def cell(n_turns: int, counts: Counter[str] | None) -> int:
         folder = tempfile.mkdtemp(prefix="bench-bytecodes-")
         store = open_store(f"sqlite:///{folder}/j.db", "group")
+        cleanup.append(folder)
 
         def tracer(frame: Any, event: str, arg: Any) -> Any:
             frame.f_trace_opcodes, frame.f_trace_lines = True, False
@@ -71,12 +73,17 @@ def _child(runs: int, turns: list[int]) -> None:
             sys.settrace(None)
             store.close()
 
-    cell(5, None)  # imports and first calls
-    out = []
-    for n_turns in turns:
-        counts: Counter[str] = Counter()
-        steps = cell(n_turns, counts)
-        out.append({"steps": steps, "counts": dict(counts)})
+    cleanup: list[str] = []
+    try:
+        cell(5, None)  # imports and first calls
+        out = []
+        for n_turns in turns:
+            counts: Counter[str] = Counter()
+            steps = cell(n_turns, counts)
+            out.append({"steps": steps, "counts": dict(counts)})
+    finally:
+        for folder in cleanup:
+            shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(out))
 
 
