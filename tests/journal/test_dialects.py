@@ -22,6 +22,7 @@ DIFFERENT = {
     "list_runs": "PostgreSQL must be told the type of a NULL parameter",
     "open_runs": "LIKE with % in a %s-style statement would need escaping; strpos says the same",
     "insert": "SQLite's driver binds '' at once where it looks None up in its adapters: its insert stores '' as NULL",
+    "summaries": "a list of ids as one parameter: a PostgreSQL array, a JSON array SQLite's json_each reads",
     "upsert_run": "PostgreSQL returns the row version (xmin) its summary cache is keyed on",
     "rebuild_head": "SQLite reads the summary as bytes; PostgreSQL locks the row",
     "tail_index_found": "each catalogue is its own",

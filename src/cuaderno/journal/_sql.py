@@ -56,6 +56,10 @@ class Dialect:
     """One row by its key ``(run_id, step_id, phase)`` (an append's lookups)."""
     insert: str
     """One new row of the events table (all thirteen columns)."""
+    summaries: str
+    """``(run_id, epoch, checkpoint)`` of several runs, named by one parameter (PostgreSQL: an
+    array of their ids; SQLite: a JSON array of them): a group's summaries not cached, read in one
+    statement."""
     upsert_run: str
     """The summary row an append writes, created or updated; a dialect that keeps a row version
     returns it (PostgreSQL's ``xmin``: the summary cache's key), else nothing."""
@@ -99,6 +103,7 @@ SQLITE = Dialect(
     # are never empty, and the driver binds a str at once where it looks None up in its adapters).
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
             "payload, created_at, row_hash, salt) VALUES (?,?,?,?,?,NULLIF(?,''),NULLIF(?,''),NULLIF(?,''),?,?,?,?,?)"),
+    summaries="SELECT run_id, epoch, checkpoint FROM cuaderno_runs WHERE run_id IN (SELECT value FROM json_each(?))",
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (?,?,?,?,?) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint"),
@@ -149,6 +154,7 @@ POSTGRES = Dialect(
            "row_hash, salt FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s"),
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
             "payload, created_at, row_hash, salt) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"),
+    summaries="SELECT run_id, epoch, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%b)",
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
                 "checkpoint=excluded.checkpoint RETURNING xmin::text"),

@@ -99,6 +99,16 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
     return rows
 
 
+def _held_for(new: list[tuple[StepEvent, bytes]], above: int, held: Held | None = None) -> Held | None:
+    """``held``, else a new :class:`Held` when a payload of ``new`` goes over ``above`` (rarely:
+    over a megabyte by default), else ``None``: no blob to write."""
+    if held is None:
+        for _, payload in new:
+            if len(payload) > above:
+                return Held(above)
+    return held
+
+
 def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
                     trust_journal: bool, keys: RunKeys | None = None) -> tuple[Checkpoint, list[str]]:
     """What ``rebuild_checkpoint`` writes, from the run's ``(epoch, checkpoint, status)`` row
@@ -265,31 +275,10 @@ class SqlWriter(SqlJournal):
             # A Held only when a row goes to a blob (rarely: over a megabyte by default). A store
             # that encrypts offloads too: each blob is then its run's own, keyed and sealed with
             # the run's data key (see ._offload), so no payload rests in plaintext there.
-            held = None
-            for _, payload in new:
-                if len(payload) > above:
-                    held = Held(above)
-                    break
+            held = _held_for(new, above)
             rows = stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held,
                                as_bytearrays=self._bytearray_blobs)
-            if held is not None:
-                held.write(db)  # before the rows: the SQLite anchor reads the last row inserted
-            inserted = None
-            insert = self._dialect.insert
-            try:
-                if len(rows) == 1:
-                    inserted = db.execute(insert, rows[0])
-                elif self._last_row_alone:
-                    db.executemany(insert, rows[:-1])
-                    inserted = db.execute(insert, rows[-1])
-                else:
-                    db.executemany(insert, rows)
-            except self._dialect.duplicate as exc:
-                if lookups:  # every key was looked up: another writer's row, committed since
-                    raise JournalError(f"{self._label}: write failed, nothing was committed: {first_line(exc)}") \
-                        from None
-                raise Duplicate from None
-            self._inserted(db, rows, inserted)
+            self._insert_rows(db, rows, held, lookups=lookups)
             armed = faults.armed()
             if armed:
                 faults.in_txn("checkpoint")
@@ -300,6 +289,31 @@ class SqlWriter(SqlJournal):
                 faults.point("append.W1")  # everything written, before COMMIT
             self._keep(run_id, cp, upserted, text)
         return out
+
+    def _insert_rows(self, db: Any, rows: list[tuple[Any, ...]], held: Held | None, *, lookups: bool) -> None:
+        """An append's (or a group's) new rows, inserted in ``db``'s transaction without looking
+        first, after the blobs ``held`` keeps (the SQLite anchor reads the last row inserted);
+        then :meth:`_inserted`. A stored key: :class:`Duplicate` (the caller redoes the
+        transaction with lookups), or, when every key was looked up (``lookups``), the
+        JournalError of another writer's row committed since."""
+        if held is not None:
+            held.write(db)
+        inserted = None
+        insert = self._dialect.insert
+        try:
+            if len(rows) == 1:
+                inserted = db.execute(insert, rows[0])
+            elif self._last_row_alone:
+                db.executemany(insert, rows[:-1])
+                inserted = db.execute(insert, rows[-1])
+            else:
+                db.executemany(insert, rows)  # one round trip (psycopg pipelines it)
+        except self._dialect.duplicate as exc:
+            if lookups:  # every key was looked up: another writer's row, committed since
+                raise JournalError(f"{self._label}: write failed, nothing was committed: {first_line(exc)}") \
+                    from None
+            raise Duplicate from None
+        self._inserted(db, rows, inserted)
 
     def _limits(self) -> tuple[int, int]:
         """The store's per-payload limit and offload threshold, checked (see
@@ -348,13 +362,79 @@ class SqlWriter(SqlJournal):
         return outs
 
     def _write_batches(self, db: Any, batches: Sequence[GroupBatch], outs: list[list[StepEvent] | Exception]) -> None:
-        """Every batch of a group in ``db``'s transaction, one after the other (each batch's crash
-        points passed in its turn); ``outs[i]``: batch ``i``'s stored events."""
+        """Every batch of a group (taken by run id, the batches of one run in their own order), in
+        ``db``'s transaction; ``outs[i]``: batch ``i``'s stored events. A handful of statements
+        whatever the group's size: the summaries under the write lock
+        (:meth:`_group_summaries`: PostgreSQL locks every run's row in run-id order and reads the
+        ones it has not cached in one more; SQLite, whose transaction holds the whole file, reads
+        the ones it has not cached in one), one ``executemany`` of every new row (SQLite's last
+        row alone, see :attr:`_last_row_alone`), then every run's summary
+        (:meth:`_upsert_summaries`). A group of one batch takes the plain append's statements.
+
+        What each batch writes is what :meth:`_write` would write batch after batch: a run's
+        batches fold into one summary, each seeing the one before it, and the run's summary row
+        ends as its last batch leaves it, so one upsert per run, with its final summary, stores
+        what one per batch would have. Any error leaves the transaction to be rolled back whole
+        (the caller then appends batch by batch). The crash points of each batch with new rows
+        are passed in run-id order, inside the transaction: ``K8`` once every row is in, then its
+        own points and ``append.W1`` once every summary is."""
+        if len(batches) == 1:
+            b = batches[0]
+            faults.set_txn_points(*b.points)
+            outs[0] = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+            return
+        order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
+        summaries = self._group_summaries(db, list(dict.fromkeys(batches[i].events[0].run_id for i in order)))
+        keys = self._keys(db)
+        limit, above = self._limits()
+        held: Held | None = None
+        rows: list[tuple[Any, ...]] = []
+        updated: dict[str, float] = {}  # per run that has new rows, its last new row's time
+        written: list[int] = []  # the batches with new rows, in order
+        for i in order:
+            b = batches[i]
+            run_id = b.events[0].run_id
+            new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
+                                       limit, keyed=True)
+            if new:
+                held = _held_for(new, above, held)
+                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, keys, held,
+                                        as_bytearrays=self._bytearray_blobs))
+                updated[run_id] = new[-1][0].created_at
+                written.append(i)
+        if not rows:
+            return
+        # A stored key fails this (Duplicate): the group is then appended batch by batch, each
+        # batch that meets it redone with lookups (see _append_alone).
+        self._insert_rows(db, rows, held, lookups=False)
         armed = faults.armed()
-        for i, b in enumerate(batches):
-            if armed:
-                faults.set_txn_points(*b.points)
-            outs[i] = self._write(db, b.events[0].run_id, b.events, b.epoch, b.expect_seq, lookups=False)
+        if armed:
+            for i in written:
+                faults.set_txn_points(*batches[i].points)
+                faults.in_txn("checkpoint")
+            faults.set_txn_points()
+        self._upsert_summaries(db, [(run_id, summaries[run_id], at, summaries[run_id].dumps() if keys is None
+                                     else summary_text(keys, summaries[run_id])) for run_id, at in updated.items()])
+        if armed:
+            for i in written:
+                faults.set_txn_points(*batches[i].points)
+                faults.in_txn()
+                faults.point("append.W1")
+            faults.set_txn_points()
+
+    def _group_summaries(self, db: Any, runs: list[str]) -> dict[str, Checkpoint]:
+        """:meth:`_write_summary` of each of ``runs`` (distinct, in code-point order) for a group's
+        transaction (a backend reads the ones it has not cached in one statement)."""
+        return {run_id: self._write_summary(db, run_id, None, fresh=False, unheld=False) for run_id in runs}
+
+    def _upsert_summaries(self, db: Any, done: list[tuple[str, Checkpoint, float, Any]]) -> None:
+        """A group's summaries ``(run_id, summary, updated_at, text as stored)``, each run once,
+        upserted (one ``executemany``: a dialect that returns no row version) and kept
+        (:meth:`_keep`)."""
+        db.executemany(self._dialect.upsert_run, [(run_id, cp.status, cp.epoch, at, text)
+                                                  for run_id, cp, at, text in done])
+        for run_id, cp, _, text in done:
+            self._keep(run_id, cp, None, text)
 
     def _one_by_one(self, batches: Sequence[GroupBatch]) -> list[list[StepEvent] | Exception]:
         """A group's batches appended one after the other; per batch, its events or its error."""

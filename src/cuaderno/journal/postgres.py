@@ -82,7 +82,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cuaderno import faults
 from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import (
     ConnectionLost,
@@ -96,11 +95,8 @@ from cuaderno.errors import (
 )
 from cuaderno.events import StepEvent
 from cuaderno.journal import _lease
-from cuaderno.journal._append import plan_append
-from cuaderno.journal._compress import MAX_PAYLOAD
 from cuaderno.journal._erase import SqlEraser
-from cuaderno.journal._group import GroupBatch
-from cuaderno.journal._offload import Held, reading
+from cuaderno.journal._offload import reading
 from cuaderno.journal._open import _masked
 from cuaderno.journal._pg_server import SCHEMA_VERSION as SCHEMA_VERSION
 from cuaderno.journal._pg_server import (
@@ -111,14 +107,14 @@ from cuaderno.journal._pg_server import (
     _NoServer,
     _one,
 )
-from cuaderno.journal._rows import checked_epoch, no_existing
+from cuaderno.journal._rows import checked_epoch
 from cuaderno.journal._rows import storable as _storable
-from cuaderno.journal._sealing import Sealer, summary_text
+from cuaderno.journal._sealing import Sealer
 from cuaderno.journal._sql import POSTGRES
 from cuaderno.journal._sql import text_loads as _loads
 from cuaderno.journal._sql_write import Lost as _Lost
 from cuaderno.journal._sql_write import first_line as _first_line
-from cuaderno.journal._sql_write import next_epoch, stored_rows
+from cuaderno.journal._sql_write import next_epoch
 from cuaderno.journal.base import CLOSED_STATUSES
 from cuaderno.journal.keys import KeyProvider
 
@@ -133,7 +129,6 @@ _LOCK_RUNS = ('SELECT run_id, epoch, xmin::text FROM cuaderno_runs WHERE run_id 
 ``C`` collation compares UTF-8 bytes: the order of Python's ``sorted``, whatever the database's
 collation). PostgreSQL locks the rows as the sort hands them out (the locking clause is applied
 after ``ORDER BY``), so every writer locks runs in one order and two groups cannot deadlock."""
-_SELECT_SUMMARIES = "SELECT run_id, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%b)"
 _UPSERT_RUNS = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) SELECT * FROM "
                 "unnest(%b::text[], %b::text[], %b::bigint[], %b::float8[], %b::text[]) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "
@@ -309,68 +304,16 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             time.sleep(pause)
             pause = min(pause * 2, 1.0)
 
-    def _write_batches(self, cur: psycopg.Cursor[Any], batches: Sequence[GroupBatch],
-                       outs: list[list[StepEvent] | Exception]) -> None:
-        """Every batch of a group (taken by run id, the batches of one run in their own order), in
-        ``cur``'s transaction; ``outs[i]``: batch ``i``'s stored events. A handful of statements
-        whatever the group's size: one locking every run's row, one loading the summaries this
-        store has not cached, one ``executemany`` of every new row (one round trip), one upsert of
-        every run's summary; a run without a row yet adds two (its creation lock, then its row
-        looked up again). The runs' rows are locked in run-id order, so two workers' groups cannot
-        deadlock on each other. A run alone takes the plain append's statements (fewer).
-
-        What each batch writes is what :meth:`_write` would write batch after batch: a run's
-        batches fold into one summary, each seeing the one before it (as :meth:`_write` finds
-        the summary its previous batch cached, under this transaction's row version), and the
-        run's summary row ends as its last batch leaves it, so one upsert per run, with its
-        final summary, stores what one per batch would have. Any error leaves the transaction to
-        be rolled back whole (the caller then appends batch by batch). The crash points of each
-        batch are passed in their order, inside the transaction: ``K8`` once the rows are in,
-        then its own points and ``append.W1`` once the summaries are."""
-        if len(batches) == 1:
-            super()._write_batches(cur, batches, outs)
-            return
-        order = sorted(range(len(batches)), key=lambda i: batches[i].events[0].run_id)
-        runs = list(dict.fromkeys(batches[i].events[0].run_id for i in order))
-        summaries = self._group_summaries(cur, runs)
-        rows: list[tuple[Any, ...]] = []
-        limit, above = self._limits()
-        held = Held(above)
-        updated: dict[str, float] = {}  # per run that has new rows, its last new row's time
-        written: list[int] = []  # the batches with new rows, in order
-        for i in order:
-            b = batches[i]
-            run_id = b.events[0].run_id
-            new, outs[i] = plan_append(summaries[run_id], b.events, no_existing, b.epoch, b.expect_seq,
-                                       limit, keyed=True)
-            if new:
-                rows.extend(stored_rows(new, self._compress, self._label, MAX_PAYLOAD, self._keys(cur), held))
-                updated[run_id] = new[-1][0].created_at
-                written.append(i)
-        if not rows:
-            return
-        # A stored key fails this (UniqueViolation): the group is then appended batch by batch,
-        # each batch that meets it redone with lookups (see _append_alone).
-        cur.executemany(self._dialect.insert, rows)  # one round trip (psycopg pipelines it)
-        if held is not None:
-            held.write(cur)
-        for i in written:
-            faults.set_txn_points(*batches[i].points)
-            faults.in_txn("checkpoint")
-        faults.set_txn_points()
-        done = [(run_id, summaries[run_id]) for run_id in updated]
-        params = ([r for r, _ in done], [cp.status for _, cp in done], [cp.epoch for _, cp in done],
-                  [updated[r] for r, _ in done], [summary_text(self._keys(cur), cp) for _, cp in done])
+    def _upsert_summaries(self, cur: psycopg.Cursor[Any], done: list[tuple[str, Checkpoint, float, Any]]) -> None:
+        """A group's summaries in one statement (:data:`_UPSERT_RUNS`), each cached under the row
+        version (``xmin``) the upsert returns for it."""
+        params = ([r for r, _, _, _ in done], [cp.status for _, cp, _, _ in done], [cp.epoch for _, cp, _, _ in done],
+                  [at for _, _, at, _ in done], [text for _, _, _, text in done])
         xmins = dict(cur.execute(_UPSERT_RUNS, params).fetchall())
-        if set(xmins) != set(updated):
+        if set(xmins) != {r for r, _, _, _ in done}:
             raise JournalCorrupt(f"journal {self.url}: the database stored other summaries than the ones written")
-        for i in written:
-            faults.set_txn_points(*batches[i].points)
-            faults.in_txn()
-            faults.point("append.W1")
-        faults.set_txn_points()
         with self._cache_lock:
-            for run_id, cp in done:
+            for run_id, cp, _, _ in done:
                 self._cache[run_id] = (str(xmins[run_id]), cp)
 
     def _group_summaries(self, cur: psycopg.Cursor[Any], runs: list[str]) -> dict[str, Checkpoint]:
@@ -399,7 +342,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
                 misses[run_id] = epoch
         if misses:
             self._drop_keys(list(misses))
-            texts = dict(cur.execute(_SELECT_SUMMARIES, (list(misses),)).fetchall())
+            texts = {r: text for r, _, text in cur.execute(self._dialect.summaries, (list(misses),)).fetchall()}
             for run_id, epoch in misses.items():
                 cp = self._summary_of(cur, run_id, texts.get(run_id))
                 cp.epoch = epoch

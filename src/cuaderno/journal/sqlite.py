@@ -38,6 +38,7 @@ pages: 1.63x either way.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -86,6 +87,19 @@ _COLUMNS = "run_id, step_id, phase, seq, kind, name, decision, fingerprint, code
 (``benchmarks/bench_step_parts.py`` replays the inserts with it)."""
 _UPSERT_RUN = SQLITE.upsert_run
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
+
+
+def _json_each() -> bool:
+    """Whether this SQLite has ``json_each`` (built in since 3.38, unless compiled without JSON;
+    an option before): what a group's read of several summaries in one statement needs."""
+    try:
+        sqlite3.connect(":memory:").execute("SELECT value FROM json_each('[]')").close()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+_JSON_EACH = _json_each()
 
 
 class SqliteCheckpointer(SqliteFile, SqlEraser):
@@ -221,7 +235,32 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
         cached = None if fresh else self._cache.get(run_id)
         if cached is not None:
             return cached  # the stored row is still the one this connection wrote with it
-        row = db.execute(SQLITE.head, (run_id,)).fetchone()
+        return self._read_summary(db, run_id, db.execute(SQLITE.head, (run_id,)).fetchone(), fresh=fresh)
+
+    def _group_summaries(self, db: sqlite3.Connection, runs: list[str]) -> dict[str, Checkpoint]:
+        """:meth:`_write_summary` of each of ``runs``: those this connection wrote last, as cached;
+        the others' rows read in one statement (no lock to take: the transaction holds the file)."""
+        out: dict[str, Checkpoint] = {}
+        misses: list[str] = []
+        for run_id in runs:
+            cached = self._cache.get(run_id)
+            if cached is None:
+                misses.append(run_id)
+            else:
+                out[run_id] = cached
+        if len(misses) == 1 or not _JSON_EACH:  # the plain append's statement, run by run
+            out[misses[0]] = self._write_summary(db, misses[0], None, fresh=False, unheld=False)
+        elif misses:
+            found = {r: (epoch, text) for r, epoch, text in db.execute(SQLITE.summaries, (json.dumps(misses),))}
+            for run_id in misses:
+                out[run_id] = self._read_summary(db, run_id, found.get(run_id), fresh=False)
+        return out
+
+    def _read_summary(self, db: sqlite3.Connection, run_id: str, row: tuple[Any, Any] | None, *,
+                      fresh: bool) -> Checkpoint:
+        """The summary of a run whose ``(epoch, checkpoint)`` row was just read (``None``: a new
+        run), taken from the summaries kept across other connections' commits when its text is
+        the one this connection stored (unless ``fresh``)."""
         # Taken out, not read: this append folds events into it in place (see _stale).
         stale = self._stale.pop(run_id, None)
         if row is None:
