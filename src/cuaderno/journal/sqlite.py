@@ -249,7 +249,8 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
             else:
                 out[run_id] = cached
         if len(misses) == 1 or not _JSON_EACH:  # the plain append's statement, run by run
-            out[misses[0]] = self._write_summary(db, misses[0], None, fresh=False, unheld=False)
+            for run_id in misses:
+                out[run_id] = self._write_summary(db, run_id, None, fresh=False, unheld=False)
         elif misses:
             found = {r: (epoch, text) for r, epoch, text in db.execute(SQLITE.summaries, (json.dumps(misses),))}
             for run_id in misses:
