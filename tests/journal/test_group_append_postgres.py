@@ -5,7 +5,6 @@ Runs against the machine's PostgreSQL (see ``_pg``), each test in schemas of its
 
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 import time
@@ -15,28 +14,18 @@ from typing import Any
 
 import psycopg
 import pytest
+from _group_twins import a_refused_batch_is_refused_alone, all_closed, frozen, headless, rounds  # noqa: F401 - the fixture
+from _group_twins import alone as _alone
+from _group_twins import ev as _ev
+from _group_twins import shape as _shape
+from _group_twins import start as _start
 from _pg import PG_URL, new_schema, pg_schemas  # noqa: F401 - the fixture
 from psycopg import pq, sql
 
-from cuaderno.errors import FencedOut, RunChanged
-from cuaderno.events import StepEvent
-from cuaderno.journal import _append
 from cuaderno.journal._group import GroupBatch
 from cuaderno.journal.postgres import _NEW_RUN_LOCK, PostgresCheckpointer, _int4
 
 pytestmark = pytest.mark.postgres
-
-NOW = 1_700_000_000.25
-
-
-def _start(run: str) -> StepEvent:
-    return StepEvent(run_id=run, step_id="run", phase="start", kind="run", payload={"task": "t"})
-
-
-def _ev(run: str, step: str, phase: str = "intent", **payload: Any) -> StepEvent:
-    return StepEvent(run_id=run, step_id=step, phase=phase, kind="tool", name="lookup",
-                     payload={"text": "x" * 300, **payload})  # compressed (256 bytes and more)
-
 
 @pytest.fixture
 def stores(pg_schemas: list[str]) -> Iterator[list[PostgresCheckpointer]]:  # noqa: F811
@@ -45,17 +34,8 @@ def stores(pg_schemas: list[str]) -> Iterator[list[PostgresCheckpointer]]:  # no
     for size in (8, 1):
         pg_schemas.append(new_schema())
         made.append(PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], pool_size=size))
-    try:
+    with all_closed(made):
         yield made
-    finally:
-        for s in made:
-            s.close()
-
-
-@pytest.fixture
-def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every append stamps the same time, so that two journals can be compared column for column."""
-    monkeypatch.setattr(_append, "time", SimpleNamespace(time=lambda: NOW))
 
 
 def _tables(store: PostgresCheckpointer) -> tuple[list[Any], list[Any]]:
@@ -71,14 +51,7 @@ def _tables(store: PostgresCheckpointer) -> tuple[list[Any], list[Any]]:
                                     "ORDER BY run_id").format(sql.Identifier(store.schema))).fetchall()
     for run_id, *_ in runs:
         store.load(run_id)  # the chain checks out
-    return events, [(*r[:4], _headless(r[4])) for r in runs]
-
-
-def _headless(summary: str) -> dict[str, Any]:
-    """A stored summary without its chain head's hash (random, see :func:`_tables`)."""
-    data = json.loads(summary)
-    data.pop("last_hash")
-    return dict(data)
+    return events, [(*r[:4], headless(r[4])) for r in runs]
 
 
 def _writers(store: PostgresCheckpointer, after: dict[str, int]) -> set[str]:
@@ -91,42 +64,14 @@ def _writers(store: PostgresCheckpointer, after: dict[str, int]) -> set[str]:
     return {r[0] for r in rows}
 
 
-def _shape(outs: list[Any]) -> list[Any]:
-    return [type(o).__name__ if isinstance(o, Exception) else [(e.run_id, e.step_id, e.phase, e.seq)
-                                                              for e in o] for o in outs]
-
-
-def _alone(store: PostgresCheckpointer, batches: list[GroupBatch]) -> list[Any]:
-    outs: list[Any] = []
-    for b in batches:
-        try:
-            outs.append(store.append(b.events, epoch=b.epoch, expect_seq=b.expect_seq))
-        except Exception as exc:
-            outs.append(exc)
-    return outs
-
-
-def test_a_group_stores_what_its_appends_alone_store(stores: list[PostgresCheckpointer], frozen: None) -> None:
+@pytest.mark.usefixtures("frozen")
+def test_a_group_stores_what_its_appends_alone_store(stores: list[PostgresCheckpointer]) -> None:
     """Two batches of one run (existing, and new), runs with and without a row yet, a holder's
     epoch and a compare-and-set: the group stores, column for column, what the same appends
     made one by one store, in one transaction; and so do the groups after it (the cached
     summaries) and a group after another store changed a run (the summaries read again)."""
     grouped, alone = stores
-    epochs = []
-    for s in stores:
-        for r in ("a", "b", "e"):
-            s.append([_start(r)])
-        epochs.append(s.acquire("b", "me"))
-    assert epochs[0] == epochs[1]
-    epoch = epochs[0]
-    rounds = [
-        [GroupBatch([_ev("b", "s0")], epoch=epoch), GroupBatch([_ev("a", "s0"), _ev("a", "s0", "result")]),
-         GroupBatch([_start("d")]), GroupBatch([_ev("a", "s1")], expect_seq=3),
-         GroupBatch([_start("c"), _ev("c", "s0")]), GroupBatch([_ev("d", "s0")], points=("tool.K1",)),
-         GroupBatch([_ev("e", "s0")]), GroupBatch([_ev("a", "s2"), _ev("a", "s2")])],  # a key twice in a batch
-        [GroupBatch([_ev(r, "s9")]) for r in ("e", "d", "c", "b", "a")],
-    ]
-    for batches in rounds:
+    for batches in rounds(stores):
         seqs = {r: (grouped.checkpoint(r) or SimpleNamespace(last_seq=0)).last_seq for r in "abcde"}
         outs = grouped.append_group(batches)
         assert _shape(outs) == _shape(_alone(alone, batches))
@@ -145,7 +90,8 @@ def test_a_group_stores_what_its_appends_alone_store(stores: list[PostgresCheckp
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["existing", "new"])
-def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], frozen: None, fresh: bool) -> None:
+@pytest.mark.usefixtures("frozen")
+def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], fresh: bool) -> None:
     """Run ids sent as arrays, sorted by code point whatever the database's collation: quotes,
     backslashes, braces, commas, spaces, accents, emoji; and summaries whose
     JSON holds every character an array's text form would escape."""
@@ -167,26 +113,9 @@ def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], f
     assert _tables(grouped) == _tables(alone)
 
 
-def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[PostgresCheckpointer],
-                                                                     frozen: None) -> None:
-    grouped, alone = stores
-    for s in stores:
-        for r in ("a", "b"):
-            s.append([_start(r)])
-    epoch = grouped.acquire("b", "me")
-    assert alone.acquire("b", "me") == epoch
-    batches = [GroupBatch([_ev("a", "s0")]), GroupBatch([_ev("b", "s0")], epoch=epoch - 1),  # a stale holder
-               GroupBatch([_start("c")]), GroupBatch([_ev("b", "s1")], epoch=epoch),
-               GroupBatch([_ev("a", "s1")], expect_seq=1)]  # "a" has moved on (s0, in this group)
-    outs = grouped.append_group(batches)
-    assert isinstance(outs[1], FencedOut) and isinstance(outs[4], RunChanged)
-    assert _shape(outs) == _shape(_alone(alone, batches))
-    assert _tables(grouped) == _tables(alone)
-    assert [e.step_id for e in grouped.load("b")] == ["run", "s1"]
-    # The rolled-back group had folded events into its runs' cached summaries: none of them is used.
-    batches = [GroupBatch([_ev(r, "s2")]) for r in "abc"]
-    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
-    assert _tables(grouped) == _tables(alone)
+@pytest.mark.usefixtures("frozen")
+def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[PostgresCheckpointer]) -> None:
+    a_refused_batch_is_refused_alone(*stores, _tables)
 
 
 class _Trace:
