@@ -109,3 +109,29 @@ def a_refused_batch_is_refused_alone(grouped: Any, by_one: Any, tables: Callable
     batches = [GroupBatch([ev(r, "s2")]) for r in "abc"]
     assert shape(grouped.append_group(batches)) == shape(alone(by_one, batches))
     assert tables(grouped) == tables(by_one)
+
+
+def a_group_seals_and_offloads(grouped: Any, reopen: Callable[[], Any]) -> None:
+    """A group of an encrypting store whose payloads over its threshold go to blobs (one content
+    in two runs, each run's blob its own): written in one transaction (the store's batch-by-batch
+    fallback fails the test), and read back as written by another store of the same journal."""
+    def never(batches: Any) -> Any:
+        raise AssertionError(f"the group was appended batch by batch: {shape(alone(grouped, list(batches)))}")
+
+    grouped.offload_above = 2048
+    for r in ("a", "b"):
+        grouped.append([start(r)])
+    big = " ".join(f"word{i}" for i in range(800))  # about 6 KB of JSON: over the threshold
+    batches = [GroupBatch([ev("b", "s0", big=big)]), GroupBatch([ev("a", "s0")]),
+               GroupBatch([start("c"), ev("c", "s0", big=big)]), GroupBatch([ev("a", "s1", big=big[:3000])])]
+    grouped._one_by_one = never
+    try:
+        outs = grouped.append_group(batches)
+    finally:
+        del grouped._one_by_one
+    assert shape(outs) == [[("b", "s0", "intent", 2)], [("a", "s0", "intent", 2)],
+                           [("c", "run", "start", 1), ("c", "s0", "intent", 2)], [("a", "s1", "intent", 3)]]
+    with reopen() as other:
+        got = {r: [(e.step_id, e.payload.get("big")) for e in other.load(r)] for r in "abc"}
+    assert got == {"a": [("run", None), ("s0", None), ("s1", big[:3000])], "b": [("run", None), ("s0", big)],
+                   "c": [("run", None), ("s0", big)]}

@@ -5,6 +5,7 @@ Runs against the machine's PostgreSQL (see ``_pg``), each test in schemas of its
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -14,7 +15,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from _group_twins import a_refused_batch_is_refused_alone, all_closed, frozen, headless, rounds  # noqa: F401 - the fixture
+from _group_twins import (  # noqa: F401 - the fixture
+    a_group_seals_and_offloads,
+    a_refused_batch_is_refused_alone,
+    all_closed,
+    frozen,
+    headless,
+    rounds,
+)
 from _group_twins import alone as _alone
 from _group_twins import ev as _ev
 from _group_twins import shape as _shape
@@ -23,6 +31,7 @@ from _pg import PG_URL, new_schema, pg_schemas  # noqa: F401 - the fixture
 from psycopg import pq, sql
 
 from cuaderno.journal._group import GroupBatch
+from cuaderno.journal.keys import StaticKeys, master_key
 from cuaderno.journal.postgres import _NEW_RUN_LOCK, PostgresCheckpointer, _int4
 
 pytestmark = pytest.mark.postgres
@@ -116,6 +125,13 @@ def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], f
 @pytest.mark.usefixtures("frozen")
 def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[PostgresCheckpointer]) -> None:
     a_refused_batch_is_refused_alone(*stores, _tables)
+
+
+def test_a_group_seals_and_offloads(pg_schemas: list[str]) -> None:  # noqa: F811
+    keys = StaticKeys(master_key(os.urandom(32)))
+    pg_schemas.append(new_schema())
+    with PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], keys=keys) as grouped:
+        a_group_seals_and_offloads(grouped, lambda: PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], keys=keys))
 
 
 class _Trace:

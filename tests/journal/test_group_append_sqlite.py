@@ -9,13 +9,21 @@ one time).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _group_twins import a_refused_batch_is_refused_alone, all_closed, frozen, headless, rounds  # noqa: F401 - the fixture
+from _group_twins import (  # noqa: F401 - the fixture
+    a_group_seals_and_offloads,
+    a_refused_batch_is_refused_alone,
+    all_closed,
+    frozen,
+    headless,
+    rounds,
+)
 from _group_twins import alone as _alone
 from _group_twins import ev as _ev
 from _group_twins import shape as _shape
@@ -25,6 +33,7 @@ from cuaderno import SqliteCheckpointer
 from cuaderno.errors import FencedOut
 from cuaderno.journal import sqlite
 from cuaderno.journal._group import GroupBatch
+from cuaderno.journal.keys import StaticKeys, master_key
 
 
 @pytest.fixture
@@ -139,3 +148,13 @@ def test_a_takeover_by_another_connection_fences_the_group(stores: list[SqliteCh
     assert isinstance(outs[1], FencedOut)
     assert [len(o) for o in (outs[0], outs[2]) if isinstance(o, list)] == [1, 1]
     assert [e.step_id for e in grouped.load("b")] == ["run", "s0"]
+
+
+def test_a_group_seals_and_offloads(tmp_path: Path) -> None:
+    keys = StaticKeys(master_key(os.urandom(32)))
+    with SqliteCheckpointer(tmp_path / "j.db", keys=keys) as grouped:
+        a_group_seals_and_offloads(grouped, lambda: SqliteCheckpointer(tmp_path / "j.db", keys=keys))
+    with sqlite3.connect(tmp_path / "j.db") as db:
+        codecs = sorted(c for (c,) in db.execute("SELECT codec FROM cuaderno_events"))
+    db.close()
+    assert codecs.count("json+blob+aesgcm") == 3  # sealed too: no payload rests in plaintext

@@ -2,7 +2,8 @@
 
 An append, alone or in a group, is one transaction: the run's summary read (and, in PostgreSQL,
 its row locked), the new rows planned by :func:`~cuaderno.journal._append.plan_append`, inserted
-without looking first, then the summary upserted. A stored key makes the insert fail (the
+without looking first, then the summary upserted. A group of several runs does each of these once
+for all of them (:meth:`SqlWriter._write_batches`). A stored key makes the insert fail (the
 table's primary key is the dedup key); the append is then redone with one lookup per key (rows
 already stored are returned as they are). A rebuild reads the run's rows and summary under the
 write lock and rewrites the summary only where it differs. :class:`SqlWriter` is that algorithm,
@@ -10,8 +11,9 @@ with the statements of the store's :class:`~cuaderno.journal._sql.Dialect`.
 
 What a backend supplies is its own: the write transaction (:meth:`SqlWriter._write_txn`: SQLite's
 ``BEGIN IMMEDIATE`` on its one connection, with what a commit of its file records after it;
-PostgreSQL's pooled transaction), the summary read under its lock (:meth:`SqlWriter._write_summary`),
-its summary cache, and, for PostgreSQL, the run locks a write checks (:meth:`SqlWriter._hold_lost`,
+PostgreSQL's pooled transaction), the summary read under its lock (:meth:`SqlWriter._write_summary`;
+a group's, :meth:`SqlWriter._group_summaries`), its summary cache (a group's summaries upserted and
+kept, :meth:`SqlWriter._upsert_summaries`), and, for PostgreSQL, the run locks a write checks (:meth:`SqlWriter._hold_lost`,
 :meth:`SqlWriter._moved`) and what it does when a commit's acknowledgement is lost
 (:meth:`SqlWriter._after_lost`). The rows' bytes are the algorithm's alone, so both dialects store
 the same journal (``tests/golden``).
