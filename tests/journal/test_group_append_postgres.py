@@ -13,20 +13,10 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import _group_twins as twins
 import psycopg
 import pytest
-from _group_twins import (  # noqa: F401 - the fixture
-    a_group_seals_and_offloads,
-    a_refused_batch_is_refused_alone,
-    all_closed,
-    frozen,
-    headless,
-    rounds,
-)
-from _group_twins import alone as _alone
-from _group_twins import ev as _ev
-from _group_twins import shape as _shape
-from _group_twins import start as _start
+from _group_twins import frozen  # noqa: F401 - the fixture
 from _pg import PG_URL, new_schema, pg_schemas  # noqa: F401 - the fixture
 from psycopg import pq, sql
 
@@ -43,7 +33,7 @@ def stores(pg_schemas: list[str]) -> Iterator[list[PostgresCheckpointer]]:  # no
     for size in (8, 1):
         pg_schemas.append(new_schema())
         made.append(PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], pool_size=size))
-    with all_closed(made):
+    with twins.all_closed(made):
         yield made
 
 
@@ -60,7 +50,7 @@ def _tables(store: PostgresCheckpointer) -> tuple[list[Any], list[Any]]:
                                     "ORDER BY run_id").format(sql.Identifier(store.schema))).fetchall()
     for run_id, *_ in runs:
         store.load(run_id)  # the chain checks out
-    return events, [(*r[:4], headless(r[4])) for r in runs]
+    return events, [(*r[:4], twins.headless(r[4])) for r in runs]
 
 
 def _writers(store: PostgresCheckpointer, after: dict[str, int]) -> set[str]:
@@ -80,19 +70,19 @@ def test_a_group_stores_what_its_appends_alone_store(stores: list[PostgresCheckp
     made one by one store, in one transaction; and so do the groups after it (the cached
     summaries) and a group after another store changed a run (the summaries read again)."""
     grouped, alone = stores
-    for batches in rounds(stores):
+    for batches in twins.rounds(stores):
         seqs = {r: (grouped.checkpoint(r) or SimpleNamespace(last_seq=0)).last_seq for r in "abcde"}
         outs = grouped.append_group(batches)
-        assert _shape(outs) == _shape(_alone(alone, batches))
+        assert twins.shape(outs) == twins.shape(twins.alone(alone, batches))
         assert not any(isinstance(o, Exception) for o in outs)
         assert len(_writers(grouped, seqs)) == 1  # every row of the group, by one transaction
         assert _tables(grouped) == _tables(alone)
     # Another store (another worker) writes a run: this store's summary of it is stale, and read again.
     with PostgresCheckpointer(PG_URL, schema=grouped.schema) as other:
-        other.append([_ev("c", "s10")])
-    alone.append([_ev("c", "s10")])
-    batches = [GroupBatch([_ev(r, "s11")]) for r in "abcde"]
-    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
+        other.append([twins.ev("c", "s10")])
+    alone.append([twins.ev("c", "s10")])
+    batches = [GroupBatch([twins.ev(r, "s11")]) for r in "abcde"]
+    assert twins.shape(grouped.append_group(batches)) == twins.shape(twins.alone(alone, batches))
     assert _tables(grouped) == _tables(alone)
     for r in "abcde":
         assert [e.seq for e in grouped.load(r)] == list(range(1, len(grouped.load(r)) + 1))
@@ -109,29 +99,31 @@ def test_run_ids_and_summaries_of_any_text(stores: list[PostgresCheckpointer], f
     if not fresh:
         for s in stores:
             for r in runs:
-                s.append([_start(r)])
-    batches = [GroupBatch([_ev(r, "s0", note='"{,}\\ NULL é 🙂')]) for r in reversed(runs)]
-    batches += [GroupBatch([_start(r)]) for r in ("zz", "0")] if not fresh else []
+                s.append([twins.start(r)])
+    batches = [GroupBatch([twins.ev(r, "s0", note='"{,}\\ NULL é 🙂')]) for r in reversed(runs)]
+    batches += [GroupBatch([twins.start(r)]) for r in ("zz", "0")] if not fresh else []
     outs = grouped.append_group(batches)
     assert not any(isinstance(o, Exception) for o in outs), outs
     assert len(_writers(grouped, {**dict.fromkeys(runs, 0 if fresh else 1), "zz": 0, "0": 0})) == 1
-    assert _shape(outs) == _shape(_alone(alone, batches))
+    assert twins.shape(outs) == twins.shape(twins.alone(alone, batches))
     assert _tables(grouped) == _tables(alone)
-    batches = [GroupBatch([_ev(r, "s1")]) for r in runs]
-    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))  # the cached summaries
+    batches = [GroupBatch([twins.ev(r, "s1")]) for r in runs]
+    # the cached summaries
+    assert twins.shape(grouped.append_group(batches)) == twins.shape(twins.alone(alone, batches))
     assert _tables(grouped) == _tables(alone)
 
 
 @pytest.mark.usefixtures("frozen")
 def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[PostgresCheckpointer]) -> None:
-    a_refused_batch_is_refused_alone(*stores, _tables)
+    twins.a_refused_batch_is_refused_alone(*stores, _tables)
 
 
 def test_a_group_seals_and_offloads(pg_schemas: list[str]) -> None:  # noqa: F811
     keys = StaticKeys(master_key(os.urandom(32)))
     pg_schemas.append(new_schema())
     with PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], keys=keys) as grouped:
-        a_group_seals_and_offloads(grouped, lambda: PostgresCheckpointer(PG_URL, schema=pg_schemas[-1], keys=keys))
+        twins.a_group_seals_and_offloads(grouped, lambda: PostgresCheckpointer(PG_URL, schema=pg_schemas[-1],
+                                                                                keys=keys))
 
 
 class _Trace:
@@ -164,14 +156,14 @@ def test_a_group_of_existing_runs_costs_the_same_few_round_trips_whatever_its_si
     store = stores[1]
     runs = [f"r{i:02d}" for i in range(24)]
     for r in runs:
-        store.append([_start(r)])
+        store.append([twins.start(r)])
     trace = _Trace(store)
     trips = {}
     for n in (1, 4, 24):
         if not cached:
             store._cache.clear()  # as after another worker wrote every run
         with trace:
-            outs = store.append_group([GroupBatch([_ev(r, f"s{n}")]) for r in runs[:n]])
+            outs = store.append_group([GroupBatch([twins.ev(r, f"s{n}")]) for r in runs[:n]])
         assert not any(isinstance(o, Exception) for o in outs)
         trips[n] = trace.trips
     # BEGIN, the rows locked, (the summaries read,) the new rows, the summaries, COMMIT.
@@ -179,7 +171,7 @@ def test_a_group_of_existing_runs_costs_the_same_few_round_trips_whatever_its_si
     if not cached:
         store._cache.clear()
     with trace:  # a run's first append adds its creation lock and a second look at its row
-        store.append_group([GroupBatch([_ev(r, "s99")]) for r in runs] + [GroupBatch([_start("zz")])])
+        store.append_group([GroupBatch([twins.ev(r, "s99")]) for r in runs] + [GroupBatch([twins.start("zz")])])
     assert trace.trips == (5 if cached else 6) + 2
     for i, r in enumerate(runs):
         assert [e.step_id for e in store.load(r)] == ["run", *(f"s{n}" for n in (1, 4, 24) if i < n), "s99"]
@@ -191,21 +183,21 @@ def test_a_new_run_out_of_lock_order_is_not_waited_for(stores: list[PostgresChec
     run's creation lock (a group holding it could be waiting for the locked row: a deadlock):
     while another transaction holds it, the group is appended batch by batch, and lands."""
     store = stores[0]
-    store.append([_start("b")])
+    store.append([twins.start("b")])
     with psycopg.connect(PG_URL, autocommit=True) as other, other.transaction():
         other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_NEW_RUN_LOCK, _int4(store._journal_id + "a")))
         outs: list[Any] = []
         worker = threading.Thread(target=lambda: outs.extend(store.append_group(
-            [GroupBatch([_ev("b", "s0")]), GroupBatch([_start("a")])])))
+            [GroupBatch([twins.ev("b", "s0")]), GroupBatch([twins.start("a")])])))
         worker.start()
         time.sleep(0.5)
         assert worker.is_alive()  # the batch of "a", alone, waits for the creator (in order)
         assert [e.step_id for e in store.load("b")] == ["run", "s0"]  # "b" did not wait for "a"
     worker.join(10)
     assert not worker.is_alive()
-    assert _shape(outs) == [[("b", "s0", "intent", 2)], [("a", "run", "start", 1)]]
+    assert twins.shape(outs) == [[("b", "s0", "intent", 2)], [("a", "run", "start", 1)]]
     assert len(_writers(store, {"a": 0, "b": 1})) == 2  # appended one by one
     # Not held: the same shape is one transaction.
-    outs = store.append_group([GroupBatch([_ev("b", "s1")]), GroupBatch([_start("a0")])])
+    outs = store.append_group([GroupBatch([twins.ev("b", "s1")]), GroupBatch([twins.start("a0")])])
     assert not any(isinstance(o, Exception) for o in outs)
     assert len(_writers(store, {"a0": 0, "b": 2})) == 1

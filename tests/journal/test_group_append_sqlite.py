@@ -15,19 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _group_twins as twins
 import pytest
-from _group_twins import (  # noqa: F401 - the fixture
-    a_group_seals_and_offloads,
-    a_refused_batch_is_refused_alone,
-    all_closed,
-    frozen,
-    headless,
-    rounds,
-)
-from _group_twins import alone as _alone
-from _group_twins import ev as _ev
-from _group_twins import shape as _shape
-from _group_twins import start as _start
+from _group_twins import frozen  # noqa: F401 - the fixture
 
 from cuaderno import SqliteCheckpointer
 from cuaderno.errors import FencedOut
@@ -38,7 +28,8 @@ from cuaderno.journal.keys import StaticKeys, master_key
 
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[list[SqliteCheckpointer]]:
-    with all_closed([SqliteCheckpointer(tmp_path / "grouped.db"), SqliteCheckpointer(tmp_path / "alone.db")]) as made:
+    made = [SqliteCheckpointer(tmp_path / "grouped.db"), SqliteCheckpointer(tmp_path / "alone.db")]
+    with twins.all_closed(made):
         yield made
 
 
@@ -53,7 +44,7 @@ def _tables(store: SqliteCheckpointer) -> tuple[list[Any], list[Any]]:
     db.close()
     for run_id, *_ in runs:
         store.load(run_id)  # the chain checks out
-    return events, [(*r[:4], headless(r[4])) for r in runs]
+    return events, [(*r[:4], twins.headless(r[4])) for r in runs]
 
 
 class _Reads:
@@ -88,22 +79,22 @@ def test_a_group_stores_what_its_appends_alone_store(stores: list[SqliteCheckpoi
     ``json_each``, else run by run)."""
     monkeypatch.setattr(sqlite, "_JSON_EACH", json_each)
     grouped, alone = stores
-    groups = rounds(stores)
+    groups = twins.rounds(stores)
     reads = _Reads(grouped)
     # The first group reads "b" (its summary dropped by the takeover), "c" and "d" (new runs);
     # the second none: every summary is this connection's last write.
     for batches, read in zip(groups, (3, 0), strict=True):
         outs = grouped.append_group(batches)
-        assert _shape(outs) == _shape(_alone(alone, batches))
+        assert twins.shape(outs) == twins.shape(twins.alone(alone, batches))
         assert not any(isinstance(o, Exception) for o in outs)
         assert _tables(grouped) == _tables(alone)
         assert reads.count() == ({"one": 0, "several": min(read, 1)} if json_each else {"one": read, "several": 0})
     # Another connection writes a run: this store's summaries may all be stale, and are read again.
     with SqliteCheckpointer(grouped.path) as other:
-        other.append([_ev("c", "s10")])
-    alone.append([_ev("c", "s10")])
-    batches = [GroupBatch([_ev(r, "s11")]) for r in "abcde"]
-    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
+        other.append([twins.ev("c", "s10")])
+    alone.append([twins.ev("c", "s10")])
+    batches = [GroupBatch([twins.ev(r, "s11")]) for r in "abcde"]
+    assert twins.shape(grouped.append_group(batches)) == twins.shape(twins.alone(alone, batches))
     assert reads.count() == ({"one": 0, "several": 1} if json_each else {"one": 5, "several": 0})
     assert _tables(grouped) == _tables(alone)
     for r in "abcde":
@@ -119,32 +110,33 @@ def test_run_ids_of_any_text_are_read_in_one_statement(stores: list[SqliteCheckp
     runs = [" ", "a", "B", 'q"uote', "back\\slash", "[brack,et]", "null", "é", "日本", "🙂"]
     for s in stores:
         for r in runs:
-            s.append([_start(r)])
+            s.append([twins.start(r)])
     with SqliteCheckpointer(grouped.path) as other:
-        other.append([_ev("é", "x")])
-    alone.append([_ev("é", "x")])
+        other.append([twins.ev("é", "x")])
+    alone.append([twins.ev("é", "x")])
     reads = _Reads(grouped)
-    batches = [GroupBatch([_ev(r, "s0")]) for r in reversed(runs)]
-    assert _shape(grouped.append_group(batches)) == _shape(_alone(alone, batches))
+    batches = [GroupBatch([twins.ev(r, "s0")]) for r in reversed(runs)]
+    assert twins.shape(grouped.append_group(batches)) == twins.shape(twins.alone(alone, batches))
     assert reads.count() == {"one": 0, "several": 1}
     assert _tables(grouped) == _tables(alone)
 
 
 @pytest.mark.usefixtures("frozen")
 def test_a_refused_batch_is_refused_alone_and_the_others_are_written(stores: list[SqliteCheckpointer]) -> None:
-    a_refused_batch_is_refused_alone(*stores, _tables)
+    twins.a_refused_batch_is_refused_alone(*stores, _tables)
+
 
 def test_a_takeover_by_another_connection_fences_the_group(stores: list[SqliteCheckpointer]) -> None:
     """A run taken over by another connection since this store cached its summary: the group's
     read finds the new epoch, and the old holder's batch is refused alone."""
     grouped, _ = stores
     for r in ("a", "b", "c"):
-        grouped.append([_start(r)])
+        grouped.append([twins.start(r)])
     epoch = grouped.acquire("b", "me")
-    grouped.append_group([GroupBatch([_ev(r, "s0")], epoch=epoch if r == "b" else None) for r in "abc"])
+    grouped.append_group([GroupBatch([twins.ev(r, "s0")], epoch=epoch if r == "b" else None) for r in "abc"])
     with SqliteCheckpointer(grouped.path) as other:
         assert other.acquire("b", "thief", force=True) == epoch + 1
-    outs = grouped.append_group([GroupBatch([_ev(r, "s1")], epoch=epoch if r == "b" else None) for r in "abc"])
+    outs = grouped.append_group([GroupBatch([twins.ev(r, "s1")], epoch=epoch if r == "b" else None) for r in "abc"])
     assert isinstance(outs[1], FencedOut)
     assert [len(o) for o in (outs[0], outs[2]) if isinstance(o, list)] == [1, 1]
     assert [e.step_id for e in grouped.load("b")] == ["run", "s0"]
@@ -153,7 +145,7 @@ def test_a_takeover_by_another_connection_fences_the_group(stores: list[SqliteCh
 def test_a_group_seals_and_offloads(tmp_path: Path) -> None:
     keys = StaticKeys(master_key(os.urandom(32)))
     with SqliteCheckpointer(tmp_path / "j.db", keys=keys) as grouped:
-        a_group_seals_and_offloads(grouped, lambda: SqliteCheckpointer(tmp_path / "j.db", keys=keys))
+        twins.a_group_seals_and_offloads(grouped, lambda: SqliteCheckpointer(tmp_path / "j.db", keys=keys))
     with sqlite3.connect(tmp_path / "j.db") as db:
         codecs = sorted(c for (c,) in db.execute("SELECT codec FROM cuaderno_events"))
     db.close()
