@@ -237,13 +237,14 @@ def _prepare(url: str, mode: str, runs: int) -> None:
 
 
 def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, profile: str | None = None) -> None:
-    timing = {"calls": 0, "taken": 0, "stale": 0, "empty": 0, "seconds": 0.0}
+    timing = {"calls": 0, "taken": 0, "stale": 0, "empty": 0, "seconds": 0.0, "cpu_s": 0.0}
     original = JournalQueue.claim
 
     def timed(self: JournalQueue, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         found = original(self, **kwargs)
         timing["seconds"] += time.perf_counter() - t0
+        timing["cpu_s"] += time.thread_time() - c0  # the claim's own thread: its CPU, not its waits
         timing["calls"] += 1
         timing["taken"] += len(found.taken)
         timing["stale"] += found.stale
@@ -255,7 +256,7 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
     probe = _Probe()
     worker = Worker(url, _agent(), lambda: _gateway(tools), concurrency=concurrency, log=None)  # the default poll_interval
     barrier.wait()
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    before, io_before = resource.getrusage(resource.RUSAGE_SELF), _io()
     probe.start()
     if profile is None:
         stats = worker.run_sync(until_idle=True)
@@ -266,10 +267,31 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
             stats = worker.run_sync(until_idle=True)
         prof.dump_stats(f"{profile}-{os.getpid()}.prof")
     probe.stop()
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    after, io_after = resource.getrusage(resource.RUSAGE_SELF), _io()
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime) - probe.spent
-    out.put({**counts, "claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
+    # Counts the machine's load does not move much (the probe's thread reads and writes nothing):
+    # the read and write system calls of every thread, the bytes they read (SQLite's page cache
+    # refilled after another process's commit shows here), and the context switches.
+    io = {k: io_after[k] - io_before[k] for k in io_before}
+    io["vcsw"], io["ivcsw"] = after.ru_nvcsw - before.ru_nvcsw, after.ru_nivcsw - before.ru_nivcsw
+    io["sys_s"] = after.ru_stime - before.ru_stime  # the kernel's share (syncs, locks, page reads, switches)
+    out.put({**counts, **io, "claimed": stats.claimed, "busy": stats.busy, "completed": stats.completed, "errors": stats.errors,
              "cpu_s": cpu, "probe_us": probe.median_us(), **{f"claim_{k}": v for k, v in timing.items()}})
+
+
+def _io() -> dict[str, int]:
+    """This process's read and write system calls and bytes so far, all threads (``/proc``; zeros
+    where there is none)."""
+    found = {"syscr": 0, "syscw": 0, "rchar": 0}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in found:
+                    found[name] = int(value)
+    except OSError:
+        pass
+    return found
 
 
 def _count_writes() -> dict[str, int]:
@@ -280,7 +302,7 @@ def _count_writes() -> dict[str, int]:
     from cuaderno.journal import GroupCommit, PostgresCheckpointer, SqliteCheckpointer
     from cuaderno.journal._sql_write import SqlWriter
 
-    counts = {"groups": 0, "appends": 0, "store_appends": 0, "releases": 0, "acquires": 0}
+    counts = {"groups": 0, "appends": 0, "store_appends": 0, "releases": 0, "acquires": 0, "pg_waits": 0}
     close = GroupCommit.close
 
     def closing(self: GroupCommit) -> None:
@@ -299,6 +321,15 @@ def _count_writes() -> dict[str, int]:
             return _original(self, *args, **kwargs)
 
         setattr(cls, name, counted)
+    import psycopg
+
+    wait = psycopg.Connection.wait
+
+    def waited(self: Any, *args: Any, **kwargs: Any) -> Any:  # one exchange with the server, any thread
+        counts["pg_waits"] += 1
+        return wait(self, *args, **kwargs)
+
+    psycopg.Connection.wait = waited  # type: ignore[method-assign]
     return counts
 
 
@@ -371,14 +402,21 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             "stale": sum(r["claim_stale"] for r in results), "lost_share": lost / max(1, taken + lost + sum(r["claim_stale"] for r in results)),
             "cpu_ms_per_run": 1000 * sum(r["cpu_s"] for r in results) / max(1, done), "wall_s": wall,
             "cpu_ms": 1000 * sum(r["cpu_s"] for r in results),
-            "claim_calls": calls, "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
+            "sys_ms_per_run": 1000 * sum(r["sys_s"] for r in results) / max(1, done),
+            "claim_calls": calls, "claim_cpu_ms_per_run": 1000 * sum(r["claim_cpu_s"] for r in results) / max(1, done), "claim_ms_per_call": 1000 * claim_s / calls if calls else None,
             "claim_ms_per_run": 1000 * claim_s / max(1, done) if calls else None,
             "errors": sum(r["errors"] for r in results),
             **{f"{k}_per_run": sum(r[k] for r in results) / max(1, done)
-               for k in ("groups", "appends", "store_appends", "releases", "acquires")},
+               for k in ("groups", "appends", "store_appends", "releases", "acquires", "syscr", "syscw", "rchar",
+                         "vcsw", "ivcsw", "pg_waits")},
             "claims_per_run": calls / max(1, done),
             "empty_claims_per_run": sum(r["claim_empty"] for r in results) / max(1, done),
             "probe_us": statistics.median([r["probe_us"] for r in results if r["probe_us"] is not None] or [0.0])}
+
+
+_COUNTED = tuple(f"{k}_per_run" for k in ("groups", "appends", "store_appends", "releases", "acquires", "syscr",
+                                          "syscw", "rchar", "vcsw", "ivcsw", "claims", "empty_claims", "pg_waits",
+                                          "claim_cpu_ms", "sys_ms"))
 
 
 def _new_url(backend: str, directory: str, schemas: list[str]) -> str:
@@ -423,7 +461,9 @@ def main() -> int:
                         # Medians of CPU and wall time; the claims summed over the repeats.
                         sums = {k: sum(f[k] for f in found) for k in ("runs", "completed", "attempts", "lost",
                                                                        "stale", "errors")}
-                        row = dict(found[0], backend=backend, **sums, lost_share=sums["lost"] / max(1, sums["attempts"]),
+                        # The per-run counts: medians over the repeats too.
+                        counted = {k: statistics.median(f[k] for f in found) for k in _COUNTED}
+                        row = dict(found[0], backend=backend, **sums, **counted, lost_share=sums["lost"] / max(1, sums["attempts"]),
                                    cpu_ms_per_run=statistics.median(f["cpu_ms_per_run"] for f in found),
                                    wall_s=statistics.median(f["wall_s"] for f in found),
                                    cpu_ms_per_run_all=[round(f["cpu_ms_per_run"], 1) for f in found],
@@ -468,7 +508,11 @@ def _line(c: dict[str, Any]) -> str:
             f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms"
             f"\n    per run: group txns {c['groups_per_run']:.2f} ({c['appends_per_run']:.1f} appends), own appends "
             f"{c['store_appends_per_run']:.2f}, releases {c['releases_per_run']:.2f}, acquires {c['acquires_per_run']:.2f}, "
-            f"claims {c['claims_per_run']:.3f} ({c['empty_claims_per_run']:.3f} taking nothing)")
+            f"claims {c['claims_per_run']:.3f} ({c['empty_claims_per_run']:.3f} taking nothing)"
+            f"\n    per run: read calls {c['syscr_per_run']:.1f} ({c['rchar_per_run'] / 1024:.1f} KiB), write calls "
+            f"{c['syscw_per_run']:.1f}, context switches {c['vcsw_per_run']:.1f} voluntary, {c['ivcsw_per_run']:.1f} not, "
+            f"PostgreSQL exchanges {c['pg_waits_per_run']:.1f}; the claim's thread CPU {c['claim_cpu_ms_per_run']:.2f} ms, "
+            f"system CPU {c['sys_ms_per_run']:.2f} ms")
 
 
 if __name__ == "__main__":
