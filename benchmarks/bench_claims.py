@@ -302,7 +302,7 @@ def _count_writes() -> dict[str, int]:
     from cuaderno.journal import GroupCommit, PostgresCheckpointer, SqliteCheckpointer
     from cuaderno.journal._sql_write import SqlWriter
 
-    counts = {"groups": 0, "appends": 0, "store_appends": 0, "releases": 0, "acquires": 0, "pg_waits": 0}
+    counts = {"groups": 0, "appends": 0, "store_appends": 0, "releases": 0, "acquires": 0, "pg_waits": 0, "scans": 0}
     close = GroupCommit.close
 
     def closing(self: GroupCommit) -> None:
@@ -330,6 +330,14 @@ def _count_writes() -> dict[str, int]:
         return wait(self, *args, **kwargs)
 
     psycopg.Connection.wait = waited  # type: ignore[method-assign]
+    scan = Worker._scan_due
+
+    def scanned(self: Worker, busy: bool) -> bool:  # a look through the open runs and the schedules
+        due = scan(self, busy)
+        counts["scans"] += due
+        return due
+
+    Worker._scan_due = scanned  # type: ignore[method-assign]
     return counts
 
 
@@ -408,7 +416,7 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
             "errors": sum(r["errors"] for r in results),
             **{f"{k}_per_run": sum(r[k] for r in results) / max(1, done)
                for k in ("groups", "appends", "store_appends", "releases", "acquires", "syscr", "syscw", "rchar",
-                         "vcsw", "ivcsw", "pg_waits")},
+                         "vcsw", "ivcsw", "pg_waits", "scans")},
             "claims_per_run": calls / max(1, done),
             "empty_claims_per_run": sum(r["claim_empty"] for r in results) / max(1, done),
             "probe_us": statistics.median([r["probe_us"] for r in results if r["probe_us"] is not None] or [0.0])}
@@ -416,7 +424,7 @@ def cell(url: str, mode: str, workers: int, concurrency: int, runs: int, tools: 
 
 _COUNTED = tuple(f"{k}_per_run" for k in ("groups", "appends", "store_appends", "releases", "acquires", "syscr",
                                           "syscw", "rchar", "vcsw", "ivcsw", "claims", "empty_claims", "pg_waits",
-                                          "claim_cpu_ms", "sys_ms"))
+                                          "claim_cpu_ms", "sys_ms", "scans"))
 
 
 def _new_url(backend: str, directory: str, schemas: list[str]) -> str:
@@ -508,7 +516,8 @@ def _line(c: dict[str, Any]) -> str:
             f"  fixed {c.get('fixed_ms', 0):.0f} ms, CPU/run less it {c.get('cpu_ms_per_run_less_fixed', 0):.1f} ms"
             f"\n    per run: group txns {c['groups_per_run']:.2f} ({c['appends_per_run']:.1f} appends), own appends "
             f"{c['store_appends_per_run']:.2f}, releases {c['releases_per_run']:.2f}, acquires {c['acquires_per_run']:.2f}, "
-            f"claims {c['claims_per_run']:.3f} ({c['empty_claims_per_run']:.3f} taking nothing)"
+            f"claims {c['claims_per_run']:.3f} ({c['empty_claims_per_run']:.3f} taking nothing), scans of the open runs "
+            f"and schedules {c['scans_per_run']:.3f}"
             f"\n    per run: read calls {c['syscr_per_run']:.1f} ({c['rchar_per_run'] / 1024:.1f} KiB), write calls "
             f"{c['syscw_per_run']:.1f}, context switches {c['vcsw_per_run']:.1f} voluntary, {c['ivcsw_per_run']:.1f} not, "
             f"PostgreSQL exchanges {c['pg_waits_per_run']:.1f}; the claim's thread CPU {c['claim_cpu_ms_per_run']:.2f} ms, "
