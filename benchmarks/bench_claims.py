@@ -172,6 +172,90 @@ would make anyway); per run, 2.3-3.2 ms with one worker, 12-21 ms of wall time w
 waiting in a thread for the claim lock another worker holds, not CPU). Counting a key's runs in
 progress (keyed against queue): nothing measurable on SQLite, about 1 ms per run on PostgreSQL
 (within the noise of this machine).
+
+Counts that do not move with the load (2026-12-07, later). Each cell also reports, per run, from
+every thread of every worker: read and write system calls and the bytes read (``/proc/self/io``),
+context switches and system CPU (``getrusage``), PostgreSQL exchanges (each wait of psycopg for
+the server), the claim's own thread CPU (``time.thread_time`` inside ``claim``), and the scans
+of the open runs and schedules (``Worker._scan_due``); each the median over the repeats. Five
+invocations alternating before (558e759) and after (the scan change below), ``--runs 300
+--modes queue --shapes 1x32,4x8 --backends sqlite,postgres --repeats 3``, load average 3.2 to
+6.3 (other sessions' work included). CPU per run in ms, the medians of the five invocations'
+cells; the ratio 4x8 / 1x32 of each invocation, and their median:
+
+=========  ===========  ===========  ==================================  ======
+backend    1x32 ms      4x8 ms       ratio per invocation                median
+=========  ===========  ===========  ==================================  ======
+SQLite     3.46 / 3.85  5.13 / 4.78  1.59 1.46 1.87 1.22 1.42 before     1.46
+                                     1.24 1.17 1.55 1.43 1.37 after      1.37
+Postgres   5.98 / 6.50  8.88 / 8.72  1.63 1.46 1.37 1.10 1.82 before     1.46
+                                     1.34 1.34 1.38 1.37 1.35 after      1.35
+=========  ===========  ===========  ==================================  ======
+
+(before / after in the CPU columns.) The after medians of the ratio are lower, but the 1x32 cells
+moved up by as much as 4x8 moved down, which the change cannot do (one worker of 32 scanned 11
+times in 300 runs before, 2-3 after): this is the machine's noise, as is each invocation's ratio
+(1.10 to 1.87 before). The target of 1.2 is not met. The counts, medians of the five (before and
+after alike unless given as before -> after):
+
+==================================  ===============  ===============  ===============  ===============
+per run                             SQLite 1x32      SQLite 4x8       Postgres 1x32    Postgres 4x8
+==================================  ===============  ===============  ===============  ===============
+group transactions                  1.34             2.35-2.41        1.34             2.28
+claims                              0.043            0.18-0.19        0.043            0.150
+claim's thread CPU, ms              0.06-0.07        0.22-0.23        0.11             0.34-0.35
+scans of the open runs, schedules   0.037 -> 0.007   0.110 -> 0.027   0.037 -> 0.010   0.137 -> 0.040
+system CPU, ms                      0.42-0.44        0.76-0.88        0.98-1.07        1.59-1.75
+read calls (KiB read)               6.1 (12.5)       25-29 (87-104)   -                -
+write calls                         32.4             51.3             -                -
+voluntary context switches          7.6              14-15            16-24            27-30
+PostgreSQL exchanges                -                -                41.5             50.9
+==================================  ===============  ===============  ===============  ===============
+
+What the extra CPU of four workers of 8 is, by these counts and by profiles of the same cells
+(cProfile on a CPU clock in each worker's main thread, 300 runs, one invocation each, load
+average 6-11):
+
+- One process at concurrency 8 costs nearly what four do: SQLite 1x32, 1x8, 4x8 3.2, 4.0 and 4.1
+  ms per run in one invocation at load average 9-10 (system CPU 0.22, 0.45, 0.69 ms). A run makes 10 appends: its 9
+  steps' commits join its process's group (at most ``concurrency`` appends: 8 against about 30),
+  and its final commit, a synchronous ``commit`` in the loop's ``finish``, is a transaction of
+  its own in both shapes (in the profiled PostgreSQL cells 346 of 4x8's 679 transactions, 311 of
+  1x32's 401), then the release is another. So 4x8 pays about one transaction more per run, and it is the loop's
+  grouping, not the claims, that sets it.
+- The same Python work costs more CPU with four processes: PostgreSQL's workers made 2.75 M
+  function calls against 2.54 M (1.08x) and spent 13.1 s against 8.4 s of main-thread CPU
+  (1.56x). SQLite (1x32, 1x8, 4x8): 1.69 M, 1.73 M, 1.77 M calls, 5.6, 5.8, 7.3 s. Where the
+  calls differ on SQLite at 4x8: statements 14,128 / 14,884 / 19,241, of them the summary
+  written by ``_write_summary`` 300 / 300 / 2,722 (the check that the row still holds the text
+  this connection stored, made after another process's commit) and the file checks
+  (``check_journal``, ``_compress_setting``, ``_refuse_without_key``) 3 / 3 / 457 each; and the
+  BEGIN IMMEDIATE and COMMIT statements' own time per transaction, 158 us at 1x8 against 296 us
+  at 4x8 (the write lock's waits, the pages re-read after another process's commit).
+- Claims: the claim's thread costs about the same CPU per claim in both shapes (SQLite 1.2-1.4
+  ms, PostgreSQL 2.3-2.4 ms), and four workers of 8 claim 3.5 to 4 times as often per run (each
+  claim takes 5.5-6.7 runs, against 23): SQLite 0.16, PostgreSQL 0.23 ms per run of the gap. A PostgreSQL claim makes 13 exchanges with the server (two transactions); one transaction
+  would save about 3 of them, 0.15 claims per run x 3: not measurable here, not made.
+- Scans: a worker looked through the open runs and its schedules at every wake whose runs had all
+  ended (a worker's runs step together, so about once per ``concurrency`` runs): 30 looks per 300
+  runs for four workers of 8, 11 for one of 32, each a thread hop and two reads. The runs a claim
+  just took now count as busy: 2-3 looks per worker (its first, its last, one per 4 poll
+  intervals while busy).
+  Its CPU is below this machine's noise (the counts above are what moved).
+
+Tried and not kept (each measured in two alternated pairs of single invocations, SQLite):
+
+- ``PRAGMA mmap_size=256 MiB`` on every connection (a change made only for the measurement): read
+  calls per run at 4x8 20.6 and 24.5 -> 15.1 and 15.5 (70-86 -> 48-50 KiB), but system CPU at
+  1x32 0.30 and 0.34 -> 0.55 and 0.52 ms; CPU per run no better (ratios 1.44, 1.91 against 1.35,
+  1.42).
+- The final commit through the loop's group (``await log.commit_before_acting()`` in
+  ``ModelSteps.finish``, a change to the loop made only for the measurement, outside this work's
+  files): group transactions per run 1x32 1.34 -> 0.38, 4x8 2.54-2.58 -> 1.54-1.75; write calls
+  32.2 -> 23.0 and 52-54 -> 44-46; voluntary context switches 8.1 -> 4.7-5.1 and 16-17 -> 13.6;
+  CPU per run 1x32 3.3 and 3.5 against 3.7 and 3.1 ms, 4x8 4.6 and 5.7 against 4.9 and 4.6 ms:
+  one transaction fewer per run in both shapes (so the ratio of transactions grows), CPU within
+  the noise. Worth measuring on a quiet machine for throughput; it does not lower the ratio.
 """
 
 from __future__ import annotations
