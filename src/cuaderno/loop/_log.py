@@ -11,6 +11,7 @@ rest is rebuilt from the journal when a run is opened.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 from cuaderno import faults
@@ -24,6 +25,9 @@ from cuaderno.loop._state import RunState
 from cuaderno.loop.steps import Step
 
 __all__ = ["RunLog", "StepsOver"]
+
+_step_of = itemgetter(0)
+"""The step of a ``(step, flushes)`` pair of ``RunState.ready``."""
 
 
 class RunLog:
@@ -86,7 +90,7 @@ class RunLog:
         flushes = st.flushes
         if ready[-1][1] <= flushes:  # the common case running: every step shown is committed
             st.ready = []
-            return [step for step, _ in ready]
+            return [*map(_step_of, ready)]  # not a comprehension: its frame and loop run per step
         st.ready = [(step, needs) for step, needs in ready if needs > flushes]
         return [step for step, needs in ready if needs <= flushes]
 
