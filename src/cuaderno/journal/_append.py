@@ -98,7 +98,7 @@ def plan_append(
         validate_event(ev, max_payload)
         if ev.run_id != cp.run_id:
             raise UsageError("one append must hold the events of one run")
-        key = ev.key
+        key = (ev.run_id, ev.step_id, ev.phase)  # ev.key, inline: per event
         prior = seen.get(key)
         if prior is None and lookups:
             prior = existing(ev)
@@ -107,7 +107,7 @@ def plan_append(
                 raise JournalConflict(*ev.key)
             out.append(prior)
             continue
-        if ev.phase in _GUARDED_PHASES or ev.decision == "resolved" or ev.decision == "not_happened":
+        if ev.phase in _GUARDED_PHASES or ev.decision in _SETTLING:
             _admit(cp, ev)
         payload_bytes = ev.encoded_payload()
         if ev.salt is not None:
@@ -183,6 +183,8 @@ def is_erased(cp: Checkpoint) -> bool:
 _GUARDED_PHASES = frozenset({"decision", "request", "end", "resolution"})
 """Phases of the events :func:`_admit` checks (with results a person settled); a step's own
 intents and results never need it, so the per-step path pays one set lookup."""
+_SETTLING = frozenset({"resolved", "not_happened"})
+"""Decisions of the events a person settled an uncertain step with, which :func:`_admit` checks too."""
 _CLOSED = frozenset({"completed", "failed", "cancelled"})
 
 

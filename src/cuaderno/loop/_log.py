@@ -91,8 +91,17 @@ class RunLog:
         if ready[-1][1] <= flushes:  # the common case running: every step shown is committed
             st.ready = []
             return [*map(_step_of, ready)]  # not a comprehension: its frame and loop run per step
-        st.ready = [(step, needs) for step, needs in ready if needs > flushes]
-        return [step for step, needs in ready if needs <= flushes]
+        # Some wait for the next flush (a model step whose result rides on the next intent: the
+        # common case after a model turn): one pass, not two comprehensions (a frame each, per step).
+        shown: list[Step] = []
+        waiting: list[tuple[Step, int]] = []
+        for pair in ready:
+            if pair[1] <= flushes:
+                shown.append(pair[0])
+            else:
+                waiting.append(pair)
+        st.ready = waiting
+        return shown
 
     # -- journal helpers ----------------------------------------------------------------------------
 
