@@ -128,8 +128,13 @@ class ToolSteps(StepsOver):
     def _decide(self, step_id: str, call: ToolCall, args_fp: str) -> str:
         """The decision for a call not yet executed: allow, approved, pending, or a journaled denial."""
         appr_id = approval_step_id(step_id)
-        request = self._recorded(appr_id, "request", "approval", call.name, args_fp)
-        self._recorded(step_id, "decision", "tool", call.name, args_fp)
+        journal = self.state.journal
+        # Checked (and visited) only where recorded: most calls were never asked about, and this
+        # runs per tool step.
+        request = (self._recorded(appr_id, "request", "approval", call.name, args_fp)
+                   if (appr_id, "request") in journal else None)
+        if (step_id, "decision") in journal:
+            self._recorded(step_id, "decision", "tool", call.name, args_fp)
         if request is not None:
             decided = self._recorded(appr_id, "decision", "approval", None, args_fp)
             if decided is None:
