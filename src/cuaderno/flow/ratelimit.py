@@ -12,8 +12,29 @@ arrival time* (TAT) of the next request, in the database's clock. A request of `
 start at ``max(now, req_tat - burst, tok_tat - burst, paused_until)``; taking that turn moves
 ``req_tat`` on by ``60 / requests_per_minute`` and ``tok_tat`` by ``c * 60 / tokens_per_minute``.
 One short transaction reserves a turn, and the caller then sleeps *outside* it until its turn:
-no polling, no lock held while waiting, no thundering herd when a pause ends (the turns after it
-are handed out one by one, in order).
+no lock held while waiting, no thundering herd when a pause ends (the turns after it are handed
+out one by one, in order), and no polling outside a probe's hold (below).
+
+- **Probe after a pause**: a pause the provider's answers asked for says its budget is spent,
+  and how long it takes to refill is the provider's guess: turns handed out back to back at the
+  pause's end (as the limit, with its burst, allows) may find one request's budget there, and
+  the second is refused. So the pause *arms a probe* (``probe_until`` := the pause's end): the
+  first turn after it is the probe, one request across every worker and process on the journal,
+  and taking it sets ``probe_until`` to the probe's turn + ``RateLimit.probe_timeout``. Every
+  other turn that falls before ``probe_until`` is *held*: not taken (no budget spent), the
+  caller asks again. The probe's answer ends the hold (:meth:`RateGate.sending`): a success
+  clears ``probe_until`` at once (its own headers may pause again, which arms a new probe); a
+  429 pauses again (a new probe after it); a failure or a cancelled send clears it too (nothing
+  says the budget is spent). A probe that never answers (its process SIGKILLed, its request
+  slower than the bound) holds the others until ``probe_until`` at most: the next turn after it
+  is a new probe. ``probe_until`` is also the probe's identity: an answer clears the hold only
+  if it is still its own (a probe that timed out, and whose answer comes late, clears nothing).
+- **Waiting out a hold polls**, every :data:`PROBE_RECHECK` seconds at most, with one plain read
+  of the row (no write lock, no turn taken) until the hold is lifted, then takes its turn. The
+  probe's answer comes from another process, maybe another host, and neither SQLite nor a
+  PostgreSQL row lock can wake a sleeper: a bounded re-check keeps the wake-up within
+  :data:`PROBE_RECHECK` of the answer (the hold's bound, seconds, would be the alternative), and
+  it happens only while a probe is out, a request's latency after a pause.
 
 - **Clock**: the database's (``julianday('now')`` on SQLite, ``clock_timestamp()`` on
   PostgreSQL). A turn comes back as a wait in seconds, which each host sleeps on its own
@@ -25,8 +46,11 @@ are handed out one by one, in order).
   request early, never a journal row wrong; the journal's own commits keep their durability.
 - **Feedback** (:class:`RateGate.sending`): what the provider's answers report (a 429's
   ``Retry-After``, ``x-ratelimit-remaining-*`` at 0 with their reset) sets ``paused_until`` for
-  everyone; a worker that reserved a turn before the pause checks it after its sleep and takes a
-  new turn after the pause.
+  everyone and arms a probe; a worker that reserved a turn before the pause (or before a probe
+  was armed) checks it after its sleep and takes a new turn after the pause.
+- **Table upgrades**: a table of an older version (no ``probe_until``) gets the column on first
+  use, with its rows kept (SQLite: under the file's write lock; PostgreSQL: under the creators'
+  advisory lock, after a look at the catalogue, so a table that has it takes no table lock).
 - **Tokens**: counted before the call at an estimate (prompt characters / 3.6 + the output bound)
   and set right from the usage the answer reports (:meth:`RateGate.answered`).
 
@@ -58,10 +82,12 @@ from cuaderno.gateway.base import ModelRequest, ModelResponse
 from cuaderno.gateway.rate import RateLimit
 from cuaderno.journal.memory import MemoryCheckpointer
 
-__all__ = ["RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens", "framework_gate", "next_turn",
-           "rate_gate"]
+__all__ = ["PROBE_RECHECK", "NextTurn", "RateGate", "Reserved", "SharedLimits", "Turn", "estimate_tokens",
+           "framework_gate", "next_turn", "probe_hold", "rate_gate"]
 
 TABLE = "cuaderno_rate_limits"
+PROBE_RECHECK = 0.05
+"""Seconds a request held by a probe sleeps, at most, before it looks at the row again."""
 _T = TypeVar("_T")
 
 # Every statement is a constant: only bound parameters reach the SQL (R12). The clock is the
@@ -69,57 +95,97 @@ _T = TypeVar("_T")
 # server's, read when the statement runs, after the row lock: now() is the transaction's start).
 _SQLITE = {
     "table": "CREATE TABLE IF NOT EXISTS cuaderno_rate_limits (bucket TEXT PRIMARY KEY, "
-             "req_tat REAL NOT NULL DEFAULT 0, tok_tat REAL NOT NULL DEFAULT 0, paused_until REAL NOT NULL DEFAULT 0)",
+             "req_tat REAL NOT NULL DEFAULT 0, tok_tat REAL NOT NULL DEFAULT 0, paused_until REAL NOT NULL DEFAULT 0, "
+             "probe_until REAL NOT NULL DEFAULT 0)",
+    "columns": "SELECT name FROM pragma_table_info('cuaderno_rate_limits')",
+    "add_probe": "ALTER TABLE cuaderno_rate_limits ADD COLUMN probe_until REAL NOT NULL DEFAULT 0",
     "now": "SELECT (julianday('now') - 2440587.5) * 86400.0",
-    "row": "SELECT req_tat, tok_tat, paused_until FROM cuaderno_rate_limits WHERE bucket = ?",
-    "take": "INSERT INTO cuaderno_rate_limits (bucket, req_tat, tok_tat, paused_until) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (bucket) DO UPDATE SET req_tat = excluded.req_tat, tok_tat = excluded.tok_tat",
-    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until) "
-             "VALUES (?, (julianday('now') - 2440587.5) * 86400.0 + ?) "
-             "ON CONFLICT (bucket) DO UPDATE SET paused_until = MAX(paused_until, excluded.paused_until)",
+    "row": "SELECT req_tat, tok_tat, paused_until, probe_until FROM cuaderno_rate_limits WHERE bucket = ?",
+    "take": "INSERT INTO cuaderno_rate_limits (bucket, req_tat, tok_tat, paused_until, probe_until) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (bucket) DO UPDATE SET req_tat = excluded.req_tat, "
+            "tok_tat = excluded.tok_tat, probe_until = excluded.probe_until",
+    # A pause arms a probe at its end (SET's right-hand sides read the row as it was).
+    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until, probe_until) "
+             "VALUES (?, (julianday('now') - 2440587.5) * 86400.0 + ?, (julianday('now') - 2440587.5) * 86400.0 + ?) "
+             "ON CONFLICT (bucket) DO UPDATE SET paused_until = MAX(paused_until, excluded.paused_until), "
+             "probe_until = MAX(paused_until, excluded.paused_until)",
+    "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = ? AND probe_until = ?",
     "paused": "SELECT paused_until - (julianday('now') - 2440587.5) * 86400.0 FROM cuaderno_rate_limits "
               "WHERE bucket = ?",
+    "look": "SELECT (julianday('now') - 2440587.5) * 86400.0, paused_until, probe_until FROM cuaderno_rate_limits "
+            "WHERE bucket = ?",
     "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + ? WHERE bucket = ?",
 }
 _PG = {
     "table": "CREATE TABLE IF NOT EXISTS cuaderno_rate_limits (bucket TEXT PRIMARY KEY, "
              "req_tat DOUBLE PRECISION NOT NULL DEFAULT 0, tok_tat DOUBLE PRECISION NOT NULL DEFAULT 0, "
-             "paused_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
+             "paused_until DOUBLE PRECISION NOT NULL DEFAULT 0, probe_until DOUBLE PRECISION NOT NULL DEFAULT 0)",
     "create_lock": "SELECT pg_advisory_xact_lock(1918989413)",  # 0x72617465, "rate": the table's creators take turns
+    # The table as the search path finds it (the one every statement here names).
+    "has_probe": "SELECT 1 FROM pg_attribute WHERE attrelid = 'cuaderno_rate_limits'::regclass "
+                 "AND attname = 'probe_until' AND NOT attisdropped",
+    "add_probe": "ALTER TABLE cuaderno_rate_limits ADD COLUMN probe_until DOUBLE PRECISION NOT NULL DEFAULT 0",
     "now": "SELECT extract(epoch from clock_timestamp())::double precision",
-    "row": "SELECT req_tat, tok_tat, paused_until FROM cuaderno_rate_limits WHERE bucket = %s FOR UPDATE",
+    "row": "SELECT req_tat, tok_tat, paused_until, probe_until FROM cuaderno_rate_limits WHERE bucket = %s FOR UPDATE",
     "new": "INSERT INTO cuaderno_rate_limits (bucket) VALUES (%s) ON CONFLICT DO NOTHING",
-    "take": "UPDATE cuaderno_rate_limits SET req_tat = %s, tok_tat = %s WHERE bucket = %s",
-    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until) "
-             "VALUES (%s, extract(epoch from clock_timestamp())::double precision + %s) "
+    "take": "UPDATE cuaderno_rate_limits SET req_tat = %s, tok_tat = %s, probe_until = %s WHERE bucket = %s",
+    # A pause arms a probe at its end (SET's right-hand sides read the row as it was).
+    "pause": "INSERT INTO cuaderno_rate_limits (bucket, paused_until, probe_until) "
+             "VALUES (%s, extract(epoch from clock_timestamp())::double precision + %s, "
+             "extract(epoch from clock_timestamp())::double precision + %s) "
              "ON CONFLICT (bucket) DO UPDATE SET "
-             "paused_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until)",
+             "paused_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until), "
+             "probe_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until)",
+    "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = %s AND probe_until = %s",
     "paused": "SELECT paused_until - extract(epoch from clock_timestamp())::double precision "
               "FROM cuaderno_rate_limits WHERE bucket = %s",
+    "look": "SELECT extract(epoch from clock_timestamp())::double precision, paused_until, probe_until "
+            "FROM cuaderno_rate_limits WHERE bucket = %s",
     "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + %s WHERE bucket = %s",
 }
 
 
 class Reserved(NamedTuple):
     """A turn taken: seconds from now until it (``<= 0``: at once), and when it is, in the
-    database's clock (what orders turns across hosts)."""
+    database's clock (what orders turns across hosts).
+
+    ``probe``: this turn is the probe after a pause, and this is its hold's end (its identity:
+    :meth:`SharedLimits.settle` lifts the hold only if it is still this one); 0 otherwise.
+    ``held``: no turn was taken, a probe holds every other request for up to this many seconds
+    (ask again, :meth:`SharedLimits.hold_left` says when); 0 otherwise."""
 
     wait: float
     at: float
+    probe: float = 0.0
+    held: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """A budget's row: the next free turn for requests and for tokens, and the pause."""
+    """A budget's row: the next free turn for requests and for tokens, the pause, and the
+    probe's hold (0: none; the pause's end: a probe is armed; else the probe's bound)."""
 
     req_tat: float = 0.0
     tok_tat: float = 0.0
     paused_until: float = 0.0
+    probe_until: float = 0.0
 
 
-def next_turn(row: Turn, now: float, limit: RateLimit, tokens: int) -> tuple[float, Turn]:
+class NextTurn(NamedTuple):
+    """What :func:`next_turn` decided: seconds until the request's turn (``wait``), the row once
+    it is taken, and ``held``: seconds a probe still holds it (``> 0``: nothing was taken and
+    ``row`` is the row as it was)."""
+
+    wait: float
+    row: Turn
+    held: float = 0.0
+
+
+def next_turn(row: Turn, now: float, limit: RateLimit, tokens: int) -> NextTurn:
     """GCRA: the seconds until a request of ``tokens`` may start, and the row once it has taken
-    that turn (pure; see the module docstring)."""
+    that turn (pure; see the module docstring). Under an armed probe the turn is the probe (the
+    row's ``probe_until`` becomes its turn + ``limit.probe_timeout``); a turn that falls before
+    an outstanding probe's ``probe_until`` is held (not taken). ``probe_timeout=0``: no probes."""
     burst = limit.burst_seconds
     rpm, tpm = limit.requests_per_minute, limit.tokens_per_minute
     start = max(now, row.paused_until)
@@ -127,9 +193,27 @@ def next_turn(row: Turn, now: float, limit: RateLimit, tokens: int) -> tuple[flo
         start = max(start, row.req_tat - burst)
     if tpm is not None:
         start = max(start, row.tok_tat - burst)
+    probe_until = row.probe_until
+    if probe_until > 0 and limit.probe_timeout > 0:
+        if start < probe_until:
+            return NextTurn(start - now, row, probe_until - now)
+        probe_until = start + limit.probe_timeout  # this turn is the probe
     req_tat = row.req_tat if rpm is None else max(row.req_tat, start) + 60.0 / rpm
     tok_tat = row.tok_tat if tpm is None else max(row.tok_tat, start) + tokens * 60.0 / tpm
-    return start - now, Turn(req_tat, tok_tat, row.paused_until)
+    return NextTurn(start - now, Turn(req_tat, tok_tat, row.paused_until, probe_until))
+
+
+def _probe(taken: Turn, before: Turn) -> float:
+    """The probe's bound when the turn that made ``taken`` of ``before`` is a probe, else 0."""
+    return taken.probe_until if taken.probe_until != before.probe_until else 0.0
+
+
+def probe_hold(now: float, paused_until: float, probe_until: float, limit: RateLimit) -> float:
+    """Seconds until a request held by a probe should ask for its turn again (0: now). An armed
+    probe's ``probe_until`` is the pause's end; an outstanding one's is its bound."""
+    if probe_until <= 0 or limit.probe_timeout <= 0:
+        return 0.0
+    return max(probe_until - now, 0.0)
 
 
 class _Store(Protocol):
@@ -137,7 +221,13 @@ class _Store(Protocol):
 
     def pause(self, bucket: str, seconds: float) -> None: ...
 
+    def release(self, bucket: str, probe: float) -> None: ...
+
     def paused_for(self, bucket: str) -> float: ...
+
+    def look(self, bucket: str) -> tuple[float, float, float]:
+        """The database's now, and ``bucket``'s ``paused_until`` and ``probe_until`` (a plain read)."""
+        ...
 
     def add_tokens(self, bucket: str, seconds: float) -> None: ...
 
@@ -161,6 +251,8 @@ class _Sqlite:
         self._lock = threading.Lock()
         with self._txn():
             self._db.execute(_SQLITE["table"])
+            if "probe_until" not in {name for (name,) in self._db.execute(_SQLITE["columns"])}:
+                self._db.execute(_SQLITE["add_probe"])  # a table of an older version: its rows are kept
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
@@ -177,20 +269,34 @@ class _Sqlite:
         with self._txn() as db:
             now = db.execute(_SQLITE["now"]).fetchone()[0]
             got = db.execute(_SQLITE["row"], (bucket,)).fetchone()
-            wait, row = next_turn(Turn(*got) if got else Turn(), now, limit, tokens)
+            before = Turn(*got) if got else Turn()
+            wait, row, held = next_turn(before, now, limit, tokens)
             if wait > max_wait:
                 raise RateLimitWaitTooLong(bucket, wait, max_wait)
-            db.execute(_SQLITE["take"], (bucket, row.req_tat, row.tok_tat, row.paused_until))
-            return Reserved(wait, now + wait)
+            if held > 0:
+                return Reserved(wait, now + wait, held=held)
+            db.execute(_SQLITE["take"], (bucket, row.req_tat, row.tok_tat, row.paused_until, row.probe_until))
+            return Reserved(wait, now + wait, _probe(row, before))
 
     def pause(self, bucket: str, seconds: float) -> None:
         with self._txn() as db:
-            db.execute(_SQLITE["pause"], (bucket, seconds))
+            db.execute(_SQLITE["pause"], (bucket, seconds, seconds))
+
+    def release(self, bucket: str, probe: float) -> None:
+        with self._txn() as db:
+            db.execute(_SQLITE["release"], (bucket, probe))
 
     def paused_for(self, bucket: str) -> float:
         with self._lock:
             got = self._db.execute(_SQLITE["paused"], (bucket,)).fetchone()
         return max(got[0], 0.0) if got else 0.0
+
+    def look(self, bucket: str) -> tuple[float, float, float]:
+        with self._lock:
+            got = self._db.execute(_SQLITE["look"], (bucket,)).fetchone()
+            if got is None:
+                return float(self._db.execute(_SQLITE["now"]).fetchone()[0]), 0.0, 0.0
+        return float(got[0]), float(got[1]), float(got[2])
 
     def add_tokens(self, bucket: str, seconds: float) -> None:
         with self._txn() as db:
@@ -224,6 +330,8 @@ class _Postgres:
         with self._conn.transaction():
             self._conn.execute(_PG["create_lock"])
             self._conn.execute(_PG["table"])
+            if self._conn.execute(_PG["has_probe"]).fetchone() is None:
+                self._conn.execute(_PG["add_probe"])  # a table of an older version: its rows are kept
 
     def _open(self) -> Any:
         conn = self._connect()
@@ -243,24 +351,37 @@ class _Postgres:
 
     def reserve(self, bucket: str, limit: RateLimit, tokens: int, max_wait: float) -> Reserved:
         with self._lock, self._conn.transaction():
-            got = self._locked_row(bucket)
+            before = self._locked_row(bucket)
             now = float(self._conn.execute(_PG["now"]).fetchone()[0])  # read once the row is ours
-            wait, row = next_turn(Turn(*got), now, limit, tokens)
+            wait, row, held = next_turn(before, now, limit, tokens)
             if wait > max_wait:
                 raise RateLimitWaitTooLong(bucket, wait, max_wait)
-            self._conn.execute(_PG["take"], (row.req_tat, row.tok_tat, bucket))
-            return Reserved(wait, now + wait)
+            if held > 0:
+                return Reserved(wait, now + wait, held=held)
+            self._conn.execute(_PG["take"], (row.req_tat, row.tok_tat, row.probe_until, bucket))
+            return Reserved(wait, now + wait, _probe(row, before))
 
-    def _locked_row(self, bucket: str) -> tuple[float, float, float]:
+    def _locked_row(self, bucket: str) -> Turn:
         got = self._conn.execute(_PG["row"], (bucket,)).fetchone()
         if got is None:
             self._conn.execute(_PG["new"], (bucket,))
             got = self._conn.execute(_PG["row"], (bucket,)).fetchone()
-        return float(got[0]), float(got[1]), float(got[2])
+        return Turn(*(float(v) for v in got))
 
     def pause(self, bucket: str, seconds: float) -> None:
         with self._lock:
-            self._conn.execute(_PG["pause"], (bucket, seconds))
+            self._conn.execute(_PG["pause"], (bucket, seconds, seconds))
+
+    def release(self, bucket: str, probe: float) -> None:
+        with self._lock:
+            self._conn.execute(_PG["release"], (bucket, probe))
+
+    def look(self, bucket: str) -> tuple[float, float, float]:
+        with self._lock:
+            got = self._conn.execute(_PG["look"], (bucket,)).fetchone()
+            if got is None:
+                return float(self._conn.execute(_PG["now"]).fetchone()[0]), 0.0, 0.0
+        return float(got[0]), float(got[1]), float(got[2])
 
     def paused_for(self, bucket: str) -> float:
         with self._lock:
@@ -328,8 +449,29 @@ class SharedLimits:
         return self._guard(lambda: self._rows.reserve(bucket, limit, tokens, limit.max_wait if bounded else math.inf))
 
     def pause(self, bucket: str, seconds: float) -> None:
-        """Nobody sends on ``bucket`` for ``seconds`` from now (the database's now)."""
+        """Nobody sends on ``bucket`` for ``seconds`` from now (the database's now), and the first
+        turn after that is a probe (see the module docstring)."""
         self._guard(lambda: self._rows.pause(bucket, seconds))
+
+    def settle(self, bucket: str, pause: float, probe: float) -> None:
+        """What one send's answer says: ``pause > 0`` pauses ``bucket`` (and arms a new probe);
+        otherwise the hold of the probe ``probe`` (:attr:`Reserved.probe`; 0: the send was no
+        probe) is lifted, if it is still that probe's. One statement either way."""
+        if pause > 0:
+            self.pause(bucket, pause)
+        elif probe:
+            self._guard(lambda: self._rows.release(bucket, probe))
+
+    def hold_left(self, bucket: str, limit: RateLimit, probe: float = 0.0) -> float:
+        """Seconds until a request that is not the probe ``probe`` should ask for its turn again:
+        0 when neither a pause nor a probe holds ``bucket`` (a plain read, no turn taken)."""
+        now, paused_until, probe_until = self._guard(lambda: self._rows.look(bucket))
+        if probe and probe_until == probe:
+            # Still this probe's hold: no pause came since (a pause arms a new probe). Its own
+            # pause is not read again: SQLite's clock has milliseconds, and a sleep to the turn
+            # may end a little before it says the pause is over.
+            return 0.0
+        return max(paused_until - now, probe_hold(now, paused_until, probe_until, limit), 0.0)
 
     def paused_for(self, bucket: str) -> float:
         """Seconds left of ``bucket``'s pause (0: none)."""
@@ -382,38 +524,60 @@ class RateGate:
     """One model request's turn under a shared :class:`~cuaderno.RateLimit` (the gate
     :meth:`cuaderno.durable.ModelCall.send` passes before the intent and around each send)."""
 
-    __slots__ = ("bucket", "limit", "limits", "sleep", "tokens")
+    __slots__ = ("bucket", "limit", "limits", "probe", "sleep", "tokens")
 
     def __init__(self, limits: SharedLimits, bucket: str, limit: RateLimit, tokens: int,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.limits, self.bucket, self.limit, self.tokens, self.sleep = limits, bucket, limit, tokens, sleep
+        self.probe = 0.0
+        """The probe's bound when the turn :meth:`admit` took is the probe after a pause (its
+        :meth:`sending` lifts the hold), else 0."""
 
     async def admit(self, *, bounded: bool = True) -> None:
-        """Wait for this request's turn (before its intent is written).
+        """Wait for this request's turn (before its intent is written). While a probe is out,
+        the request takes no turn: it looks at the row every :data:`PROBE_RECHECK` seconds at
+        most until the probe's answer lifts the hold (or its bound passes), then asks again.
 
         Raises:
-            RateLimitWaitTooLong: ``bounded`` and its turn is further than ``max_wait``.
+            RateLimitWaitTooLong: ``bounded`` and its turn is further than ``max_wait`` (a
+                probe's hold is not counted: it is bounded by ``probe_timeout``).
         """
+        limits, bucket, limit = self.limits, self.bucket, self.limit
+        self.probe = 0.0
         while True:
-            wait = self.limits.reserve(self.bucket, self.limit, self.tokens, bounded=bounded).wait
-            if wait <= 0:
-                return
-            await self.sleep(wait)
-            # Another worker may have been told to back off while this one slept: its turn was
-            # handed out before the pause, so it takes a new one after it.
-            if self.limits.paused_for(self.bucket) <= 0:
-                return
+            turn = limits.reserve(bucket, limit, self.tokens, bounded=bounded)
+            if turn.held > 0:
+                held = turn.held
+                while held > 0:
+                    await self.sleep(min(held, PROBE_RECHECK))
+                    held = limits.hold_left(bucket, limit)
+                continue
+            if turn.wait > 0:
+                try:
+                    await self.sleep(turn.wait)
+                except BaseException:
+                    if turn.probe:  # a probe cancelled before it was sent holds nobody
+                        limits.settle(bucket, 0.0, turn.probe)
+                    raise
+                # Another worker may have been told to back off while this one slept: its turn
+                # was handed out before the pause (or the probe), so it takes a new one after it.
+                if limits.hold_left(bucket, limit, turn.probe) > 0:
+                    continue
+            self.probe = turn.probe
+            return
 
     @contextmanager
     def sending(self) -> Iterator[None]:
-        """Around one send: what its answer says about the limit pauses every worker."""
+        """Around one send: what its answer says about the limit pauses every worker; the answer
+        of a probe (any answer, or none: a failure, a cancellation) ends its hold."""
+        probe, self.probe = self.probe, 0.0
         with rate.watching() as watch:
             try:
                 yield
             finally:
                 pause = max((s.pause() for s in watch.signals), default=0.0)
-                if pause > 0:
-                    self.limits.pause(self.bucket, pause)
+                if pause > 0 or probe:
+                    self.limits.settle(self.bucket, pause, probe)
 
     def answered(self, response: ModelResponse) -> None:
         """Set the reserved token count right from the usage the answer reports (when it does)."""

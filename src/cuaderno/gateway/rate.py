@@ -55,6 +55,10 @@ class RateLimit:
         burst_seconds: how many seconds of budget may leave at once. ``0`` spaces requests evenly
             (the safest: providers enforce a minute's budget over shorter windows too).
         output_tokens: the output counted for a request that sets no ``max_output_tokens``.
+        probe_timeout: after a pause the provider's answers asked for, the first request is a
+            *probe*: every other request of the key waits until its answer is back; this bounds
+            that wait (seconds from the probe's turn), for a probe whose process died or whose
+            answer is slow. ``0``: no probe (the turns after a pause go as the limit spaces them).
     """
 
     requests_per_minute: float | None = None
@@ -63,6 +67,7 @@ class RateLimit:
     max_wait: float = 60.0
     burst_seconds: float = 0.0
     output_tokens: int = 1024
+    probe_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -73,8 +78,8 @@ class RateLimit:
             raise UsageError("RateLimit needs requests_per_minute, tokens_per_minute or both")
         if self.per not in ("key", "model"):
             raise UsageError(f"RateLimit(per=...) must be 'key' or 'model', got {self.per!r:.40}")
-        if not _non_negative(self.max_wait) or not _non_negative(self.burst_seconds):
-            raise UsageError("RateLimit max_wait and burst_seconds must be finite numbers >= 0")
+        if not all(_non_negative(v) for v in (self.max_wait, self.burst_seconds, self.probe_timeout)):
+            raise UsageError("RateLimit max_wait, burst_seconds and probe_timeout must be finite numbers >= 0")
         if isinstance(self.output_tokens, bool) or not isinstance(self.output_tokens, int) or self.output_tokens < 0:
             raise UsageError(f"RateLimit(output_tokens=...) must be an int >= 0, got {self.output_tokens!r:.40}")
 
