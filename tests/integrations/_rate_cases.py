@@ -107,3 +107,36 @@ def a_spent_budget_in_a_success_answer_pauses_the_others(one: One, tmp_path: Pat
         asyncio.run(go(provider.base_url))
     lines: list[dict[str, Any]] = read_log(log)
     assert [line["status"] for line in lines] == [200, 200, 200], lines
+
+
+def after_a_pause_one_probe_goes_before_the_others(one: One, tmp_path: Path) -> None:
+    """Two runs wait out one 429's pause together, under a local limit whose burst would let both
+    go at its end; the provider has one request's budget there and answers slowly (0.4 s). The
+    first request after the pause is a probe: the other run is held until its answer, which says
+    the budget is spent again (a new pause, a new probe), so the provider refuses nothing after
+    the pause. (Without the probe both were sent at the pause's end and the second refused: the
+    CI failure of ``a_429_pauses_the_other_runs``, made certain here by the slow answer.)"""
+    log = tmp_path / "provider.jsonl"
+    journal = tmp_path / "j.db"
+
+    async def go(base_url: str) -> None:
+        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+        await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        await rogue.close()
+        # Far above the provider's budget, and both runs' turns may leave together.
+        limit = RateLimit(requests_per_minute=600, burst_seconds=1)
+        await asyncio.gather(one(journal, base_url, limit, "a1"), one(journal, base_url, limit, "b1"))
+
+    # One request, one more every 3 s (the runs' first sends, a run's start-up after the rogue's,
+    # meet a spent budget); each answer takes 0.4 s (the budget is taken on arrival).
+    with ProviderProcess(log, rpm=1, window=3, latency=0.4) as provider:
+        asyncio.run(go(provider.base_url))
+    lines: list[dict[str, Any]] = read_log(log)
+    statuses = [line["status"] for line in lines]
+    # The rogue's request, then the runs' first sends refused (one or both: the second may start
+    # inside the first one's pause), then one 200 each and nothing refused after the pause.
+    refused = statuses.index(200, 1) - 1
+    assert statuses[0] == 200 and refused in (1, 2) and statuses[1 + refused:] == [200, 200], lines
+    first_ok, second_ok = lines[1 + refused:]
+    # The second went only after the probe's answer (0.4 s after it arrived) told of the spent budget.
+    assert second_ok["t"] - first_ok["t"] >= 2.5, lines

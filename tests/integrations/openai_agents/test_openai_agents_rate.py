@@ -9,6 +9,7 @@ from _rate_cases import (
     KEY,
     a_429_pauses_the_other_runs,
     a_spent_budget_in_a_success_answer_pauses_the_others,
+    after_a_pause_one_probe_goes_before_the_others,
     runs_sharing_a_key_take_turns,
 )
 from agents import Agent, OpenAIChatCompletionsModel, set_tracing_disabled
@@ -42,3 +43,7 @@ def test_a_429_one_run_meets_pauses_the_others_before_their_intents(tmp_path: Pa
 
 def test_a_success_answer_saying_the_budget_is_spent_pauses_the_others(tmp_path: Path) -> None:
     a_spent_budget_in_a_success_answer_pauses_the_others(_one, tmp_path)
+
+
+def test_after_a_pause_one_probe_goes_and_the_others_wait_for_its_answer(tmp_path: Path) -> None:
+    after_a_pause_one_probe_goes_before_the_others(_one, tmp_path)
