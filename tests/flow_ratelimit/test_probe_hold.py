@@ -63,12 +63,27 @@ def test_after_a_pause_one_probe_goes_and_the_other_waits_for_its_answer(two_sto
             assert not other.done(), "a second request went before the probe's answer"
         released = time.monotonic()
         await asyncio.wait_for(other, 5)
+        assert gates[1 - gates.index(probe)].probe == 0.0  # it went as an ordinary turn
         return released, time.monotonic()
 
     released, admitted = asyncio.run(go())
     # The probe's answer (a success, no new pause) lifts the hold: the other goes within a re-check.
     assert admitted - released < PROBE_RECHECK + 0.25, admitted - released
-    assert gates[0].probe == 0.0 or gates[1].probe == 0.0  # only one of them was the probe
+
+
+def test_a_turn_taken_before_a_pause_that_falls_after_it_waits_for_the_probe(two_stores: Any) -> None:
+    """A queued turn reserved before the pause, due after the pause's end, does not go beside
+    the probe: it asks again and becomes the probe itself (nobody else took it)."""
+    a, b = (SharedLimits.of(s) for s in two_stores)
+    limit = RateLimit(requests_per_minute=60, max_wait=30)
+    assert a.reserve("k", limit, 0).wait <= 0
+    queued = a.reserve("k", limit, 0)  # a second from now
+    assert queued.wait > 0.5 and queued.probe == 0.0
+    b.pause("k", 0.2)  # a 429 seen by another worker: its end comes before the queued turn
+    time.sleep(queued.wait)
+    assert not a.still_due("k", limit, queued.probe)
+    assert a.reserve("k", limit, 0).probe > 0  # asked again, it is the probe
+    assert not b.still_due("k", limit, 0.0)  # and a turn of another's waits for it
 
 
 def test_a_probe_answered_429_pauses_again_and_the_next_turn_is_a_new_probe(two_stores: Any) -> None:

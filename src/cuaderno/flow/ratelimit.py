@@ -208,7 +208,7 @@ def _probe(taken: Turn, before: Turn) -> float:
     return taken.probe_until if taken.probe_until != before.probe_until else 0.0
 
 
-def probe_hold(now: float, paused_until: float, probe_until: float, limit: RateLimit) -> float:
+def probe_hold(now: float, probe_until: float, limit: RateLimit) -> float:
     """Seconds until a request held by a probe should ask for its turn again (0: now). An armed
     probe's ``probe_until`` is the pause's end; an outstanding one's is its bound."""
     if probe_until <= 0 or limit.probe_timeout <= 0:
@@ -462,16 +462,23 @@ class SharedLimits:
         elif probe:
             self._guard(lambda: self._rows.release(bucket, probe))
 
-    def hold_left(self, bucket: str, limit: RateLimit, probe: float = 0.0) -> float:
-        """Seconds until a request that is not the probe ``probe`` should ask for its turn again:
-        0 when neither a pause nor a probe holds ``bucket`` (a plain read, no turn taken)."""
+    def hold_left(self, bucket: str, limit: RateLimit) -> float:
+        """Seconds until a request a probe holds should ask for its turn again: 0 when the probe's
+        answer lifted the hold, or its bound passed (a plain read, no turn taken)."""
+        now, _, probe_until = self._guard(lambda: self._rows.look(bucket))
+        return probe_hold(now, probe_until, limit)
+
+    def still_due(self, bucket: str, limit: RateLimit, probe: float) -> bool:
+        """Whether a turn taken earlier (``probe``: its :attr:`Reserved.probe`) still stands once
+        its caller has slept until it: no pause began meanwhile, and no probe but itself is armed
+        or out (a plain read)."""
         now, paused_until, probe_until = self._guard(lambda: self._rows.look(bucket))
-        if probe and probe_until == probe:
-            # Still this probe's hold: no pause came since (a pause arms a new probe). Its own
-            # pause is not read again: SQLite's clock has milliseconds, and a sleep to the turn
-            # may end a little before it says the pause is over.
-            return 0.0
-        return max(paused_until - now, probe_hold(now, paused_until, probe_until, limit), 0.0)
+        if probe_until > 0 and limit.probe_timeout > 0:
+            # A probe's time: only the probe goes. Its own pause is not read again (a pause since
+            # would have armed a new probe): SQLite's clock has milliseconds, and a sleep to the
+            # turn may end a little before it says the pause is over.
+            return probe_until == probe
+        return paused_until <= now
 
     def paused_for(self, bucket: str) -> float:
         """Seconds left of ``bucket``'s pause (0: none)."""
@@ -551,7 +558,7 @@ class RateGate:
                 while held > 0:
                     await self.sleep(min(held, PROBE_RECHECK))
                     held = limits.hold_left(bucket, limit)
-                continue
+                continue  # to take a turn: maybe the next probe's
             if turn.wait > 0:
                 try:
                     await self.sleep(turn.wait)
@@ -560,8 +567,8 @@ class RateGate:
                         limits.settle(bucket, 0.0, turn.probe)
                     raise
                 # Another worker may have been told to back off while this one slept: its turn
-                # was handed out before the pause (or the probe), so it takes a new one after it.
-                if limits.hold_left(bucket, limit, turn.probe) > 0:
+                # was handed out before the pause (and its probe), so it takes a new one after it.
+                if not limits.still_due(bucket, limit, turn.probe):
                     continue
             self.probe = turn.probe
             return
