@@ -24,8 +24,9 @@ out one by one, in order), and no polling outside a probe's hold (below).
   other turn that falls before ``probe_until`` is *held*: not taken (no budget spent), the
   caller asks again. The probe's answer ends the hold (:meth:`RateGate.sending`): a success
   clears ``probe_until`` at once (its own headers may pause again, which arms a new probe); a
-  429 pauses again (a new probe after it); a failure or a cancelled send clears it too (nothing
-  says the budget is spent). A probe that never answers (its process SIGKILLed, its request
+  429 pauses again (a new probe after it); a failed or cancelled send (nothing said about the
+  budget, maybe nothing sent) arms the probe again: the next turn goes at once, as the next
+  probe. A probe that never answers (its process SIGKILLed, its request
   slower than the bound) holds the others until ``probe_until`` at most: the next turn after it
   is a new probe. ``probe_until`` is also the probe's identity: an answer clears the hold only
   if it is still its own (a probe that timed out, and whose answer comes late, clears nothing).
@@ -110,6 +111,7 @@ _SQLITE = {
              "ON CONFLICT (bucket) DO UPDATE SET paused_until = MAX(paused_until, excluded.paused_until), "
              "probe_until = MAX(paused_until, excluded.paused_until)",
     "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = ? AND probe_until = ?",
+    "rearm": "UPDATE cuaderno_rate_limits SET probe_until = paused_until WHERE bucket = ? AND probe_until = ?",
     "paused": "SELECT paused_until - (julianday('now') - 2440587.5) * 86400.0 FROM cuaderno_rate_limits "
               "WHERE bucket = ?",
     "look": "SELECT (julianday('now') - 2440587.5) * 86400.0, paused_until, probe_until FROM cuaderno_rate_limits "
@@ -137,6 +139,7 @@ _PG = {
              "paused_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until), "
              "probe_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until)",
     "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = %s AND probe_until = %s",
+    "rearm": "UPDATE cuaderno_rate_limits SET probe_until = paused_until WHERE bucket = %s AND probe_until = %s",
     "paused": "SELECT paused_until - extract(epoch from clock_timestamp())::double precision "
               "FROM cuaderno_rate_limits WHERE bucket = %s",
     "look": "SELECT extract(epoch from clock_timestamp())::double precision, paused_until, probe_until "
@@ -221,7 +224,9 @@ class _Store(Protocol):
 
     def pause(self, bucket: str, seconds: float) -> None: ...
 
-    def release(self, bucket: str, probe: float) -> None: ...
+    def release(self, bucket: str, probe: float, rearm: bool) -> None:
+        """End the hold of ``probe`` if it is still its own: cleared, or (``rearm``) armed again."""
+        ...
 
     def paused_for(self, bucket: str) -> float: ...
 
@@ -282,9 +287,9 @@ class _Sqlite:
         with self._txn() as db:
             db.execute(_SQLITE["pause"], (bucket, seconds, seconds))
 
-    def release(self, bucket: str, probe: float) -> None:
+    def release(self, bucket: str, probe: float, rearm: bool) -> None:
         with self._txn() as db:
-            db.execute(_SQLITE["release"], (bucket, probe))
+            db.execute(_SQLITE["rearm" if rearm else "release"], (bucket, probe))
 
     def paused_for(self, bucket: str) -> float:
         with self._lock:
@@ -372,9 +377,9 @@ class _Postgres:
         with self._lock:
             self._conn.execute(_PG["pause"], (bucket, seconds, seconds))
 
-    def release(self, bucket: str, probe: float) -> None:
+    def release(self, bucket: str, probe: float, rearm: bool) -> None:
         with self._lock:
-            self._conn.execute(_PG["release"], (bucket, probe))
+            self._conn.execute(_PG["rearm" if rearm else "release"], (bucket, probe))
 
     def look(self, bucket: str) -> tuple[float, float, float]:
         with self._lock:
@@ -453,14 +458,16 @@ class SharedLimits:
         turn after that is a probe (see the module docstring)."""
         self._guard(lambda: self._rows.pause(bucket, seconds))
 
-    def settle(self, bucket: str, pause: float, probe: float) -> None:
+    def settle(self, bucket: str, pause: float, probe: float, *, answered: bool = True) -> None:
         """What one send's answer says: ``pause > 0`` pauses ``bucket`` (and arms a new probe);
         otherwise the hold of the probe ``probe`` (:attr:`Reserved.probe`; 0: the send was no
-        probe) is lifted, if it is still that probe's. One statement either way."""
+        probe) ends, if it is still that probe's: cleared when it was ``answered``, else (it
+        failed, was cancelled, or never left) armed again, so the next turn, at once, is the
+        next probe. One statement either way."""
         if pause > 0:
             self.pause(bucket, pause)
         elif probe:
-            self._guard(lambda: self._rows.release(bucket, probe))
+            self._guard(lambda: self._rows.release(bucket, probe, not answered))
 
     def hold_left(self, bucket: str, limit: RateLimit) -> float:
         """Seconds until a request a probe holds should ask for its turn again: 0 when the probe's
@@ -563,8 +570,8 @@ class RateGate:
                 try:
                     await self.sleep(turn.wait)
                 except BaseException:
-                    if turn.probe:  # a probe cancelled before it was sent holds nobody
-                        limits.settle(bucket, 0.0, turn.probe)
+                    if turn.probe:  # a probe cancelled before it was sent: the next turn is the probe
+                        limits.settle(bucket, 0.0, turn.probe, answered=False)
                     raise
                 # Another worker may have been told to back off while this one slept: its turn
                 # was handed out before the pause (and its probe), so it takes a new one after it.
@@ -575,16 +582,19 @@ class RateGate:
 
     @contextmanager
     def sending(self) -> Iterator[None]:
-        """Around one send: what its answer says about the limit pauses every worker; the answer
-        of a probe (any answer, or none: a failure, a cancellation) ends its hold."""
+        """Around one send: what its answer says about the limit pauses every worker. A probe's
+        send ends its hold whichever way it ends: answered, the others go; failed or cancelled
+        (nothing said about the budget), the next request goes as the next probe."""
         probe, self.probe = self.probe, 0.0
+        answered = False
         with rate.watching() as watch:
             try:
                 yield
+                answered = True
             finally:
                 pause = max((s.pause() for s in watch.signals), default=0.0)
                 if pause > 0 or probe:
-                    self.limits.settle(self.bucket, pause, probe)
+                    self.limits.settle(self.bucket, pause, probe, answered=answered)
 
     def answered(self, response: ModelResponse) -> None:
         """Set the reserved token count right from the usage the answer reports (when it does)."""
