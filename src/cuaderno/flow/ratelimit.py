@@ -35,7 +35,9 @@ out one by one, in order), and no polling outside a probe's hold (below).
   probe's answer comes from another process, maybe another host, and neither SQLite nor a
   PostgreSQL row lock can wake a sleeper: a bounded re-check keeps the wake-up within
   :data:`PROBE_RECHECK` of the answer (the hold's bound, seconds, would be the alternative), and
-  it happens only while a probe is out, a request's latency after a pause.
+  it happens only while a probe is out, a request's latency after a pause. Its cost, measured on
+  SQLite: 32 requests held for 2 s took 40 ms of CPU (2% of a core), and all went within 36 ms
+  of the probe's answer.
 
 - **Clock**: the database's (``julianday('now')`` on SQLite, ``clock_timestamp()`` on
   PostgreSQL). A turn comes back as a wait in seconds, which each host sleeps on its own
