@@ -129,6 +129,17 @@ cannot migrate): up to schema 2 only the codecs grew, and every older codec is s
 _ON_OFF = {True: "on", False: "off"}
 
 
+_META_NOW = ("SELECT (SELECT value FROM cuaderno_meta WHERE key='schema_version'), "
+             "(SELECT value FROM cuaderno_meta WHERE key='encryption'), "
+             "(SELECT value FROM cuaderno_meta WHERE key='compress'), "
+             "EXISTS (SELECT 1 FROM sqlite_master WHERE type='table' AND name='cuaderno_keys')")
+"""What :meth:`SqliteFile._follow_meta` depends on, in one statement: the schema version, the
+encryption record, the compression setting (each ``None`` when not recorded), and whether the keys
+table exists (with the meta table, which this reads, what ``check_journal`` asks for)."""
+
+_UNREAD = object()
+"""``_schema_of``'s default: it reads the schema version itself."""
+
 _WAL_HEADER = 32
 """Bytes of a -wal's header; its frames (the commits in it) follow it."""
 
@@ -245,6 +256,9 @@ class SqliteFile:
     """The rowid and row hash of the last row the open append transaction inserted (the anchor's)."""
     _bump = 0
     """The schema an append's transaction raised the file to (0: none), recorded after its commit."""
+    _meta_seen: tuple[object, ...] | None = None
+    """The meta rows (:data:`_META_NOW`) the last ``_follow_meta`` derived the schema, the key check
+    and the compression setting from: the same rows again are not derived again."""
     """Whether the open append transaction raised the file's schema (its first compressed row)."""
 
     def _connect(self, on_disk: bool, synchronous: str, busy_timeout_ms: float, compress: bool | None) -> None:
@@ -500,13 +514,16 @@ class SqliteFile:
         faults.point("open.M2")  # after the commit
         return compressing
 
-    def _schema_of(self, db: sqlite3.Connection) -> int:
+    def _schema_of(self, db: sqlite3.Connection, recorded: object = _UNREAD) -> int:
         """The file's schema version (0 if it records none), refusing one newer than this
         cuaderno: also checked on every read and lease write, since a newer cuaderno may have
         migrated the file while this store had it open (its rows may not read as this version
-        expects: schema 1 took compressed rows for tampered ones)."""
-        row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
-        version = _schema_version(row[0]) if row is not None else 0
+        expects: schema 1 took compressed rows for tampered ones). ``recorded``: the
+        ``schema_version`` row's value as the caller read it (``None``: no row)."""
+        if recorded is _UNREAD:
+            row = db.execute("SELECT value FROM cuaderno_meta WHERE key='schema_version'").fetchone()
+            recorded = None if row is None else row[0]
+        version = _schema_version(recorded) if recorded is not None else 0
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(version, SCHEMA_VERSION)
         # A file before schema 4 (read by a read-only store, which cannot migrate it) has no
@@ -518,16 +535,30 @@ class SqliteFile:
         """Read the file's schema and compression setting again (another connection may have
         changed them since this store opened); return whether this store compresses.
 
+        One statement reads every meta row this depends on (:data:`_META_NOW`); when they are the
+        ones the last call derived its answer from, nothing is derived again (what it refused
+        then, it refuses now, and what it accepted it accepts): after every other process's
+        commit, a fleet's stores would otherwise run three or four statements each.
+
         Raises:
             SchemaTooNew: a newer cuaderno migrated the file while this store had it open.
+            KeyMissing: encryption turned on by another store since this one opened (keyless).
             JournalCorrupt: a compression setting that is neither ``on`` nor ``off``.
         """
-        self._file_schema = self._schema_of(db)
-        if self._sealer is None:
+        meta: tuple[object, ...] = db.execute(_META_NOW).fetchone()
+        if meta == self._meta_seen:
+            return self._compress
+        self._file_schema = self._schema_of(db, meta[0])
+        if self._sealer is None and meta[1] is not None and meta[3]:
             self._refuse_without_key(db)  # turned on by another store since this one opened
+        compressing = self._compressing(meta[2])
+        self._meta_seen = meta
+        return compressing
+
+    def _compressing(self, setting: object) -> bool:
+        """Whether this store compresses, given the journal's recorded setting (``None``: none)."""
         if self._compress_choice is not None:
             return self._compress_choice
-        setting = _compress_setting(db)
         if setting is None:
             return True  # compressed, if nobody said
         if setting not in ("on", "off"):
@@ -573,6 +604,7 @@ class SqliteFile:
                 return
             if self._bump:
                 self._file_schema = self._bump  # committed
+                self._meta_seen = None  # derived from a schema record this transaction changed
             if self._mark is not None and self._anchor is not None:
                 self._anchor.write(*self._mark)  # after the commit: the anchor may lag the journal, never lead it
 
