@@ -347,7 +347,9 @@ def _worker(url: str, concurrency: int, tools: int, barrier: Any, out: Any, prof
     else:  # where the worker's CPU goes (cProfile's own cost inflates the totals, not their shares)
         import cProfile
 
-        with cProfile.Profile(time.process_time) as prof:  # CPU, not the waits for the write lock
+        # The main thread's CPU (not the waits for the write lock, nor the CPU of the claim's and
+        # the probe's threads, which run while the main thread waits inside a statement).
+        with cProfile.Profile(time.thread_time) as prof:
             stats = worker.run_sync(until_idle=True)
         prof.dump_stats(f"{profile}-{os.getpid()}.prof")
     probe.stop()
@@ -585,6 +587,11 @@ def main() -> int:
                       f"{probe:.2f} (the same work costing more with four processes on the cores); "
                       f"the ratio at the probe's cost = {ratio / probe:.2f}; less the workers' fixed cost "
                       f"({one['fixed_ms']:.0f} and {four['fixed_ms']:.0f} ms in all) = {less:.2f}")
+        for mode in args.modes.split(","):
+            eight = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "1x8")), None)
+            four = next((c for c in cells if (c["backend"], c["mode"], c["shape"]) == (backend, mode, "4x8")), None)
+            if eight and four:  # four processes against one at the same concurrency
+                print(f"{backend} {mode}: CPU per run 4x8 / 1x8 = {four['cpu_ms_per_run'] / eight['cpu_ms_per_run']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(cells, indent=2))
     return 0
