@@ -256,6 +256,67 @@ Tried and not kept (each measured in two alternated pairs of single invocations,
   CPU per run 1x32 3.3 and 3.5 against 3.7 and 3.1 ms, 4x8 4.6 and 5.7 against 4.9 and 4.6 ms:
   one transaction fewer per run in both shapes (so the ratio of transactions grows), CPU within
   the noise. Worth measuring on a quiet machine for throughput; it does not lower the ratio.
+
+The meta rows read after another process's commit (2026-12-07, later). After each commit of
+another connection a SQLite store read the journal's schema version, its encryption record (with
+whether the keys table exists) and its compress setting again, in 3 or 4 statements
+(``_follow_meta``, from ``_fresh``); it now reads them in one, and derives nothing again when they
+are the rows it last derived from (every refusal kept: ``tests/journal/test_follow_meta.py``).
+Counted in a profile of each (main thread, 300 runs, SQLite 4x8): statements per run 40.7 -> 36.1
+(1x32: 28.5 both); ``_follow_meta`` with its statements 44.7 -> 21.5 ms of main-thread time in 300
+runs under cProfile, about 0.08 ms per run of 5-6: below what this machine resolves. Ten
+invocations, ``--modes queue --shapes 1x32,1x8,4x8 --backends sqlite,postgres --repeats 3``, in the
+order before, after, after, before, after, before, before, after, before, after (before: main at
+d7ce056; load average 2.6 to 10.1, other sessions' work included). CPU per run in ms, 1x32 / 1x8 /
+4x8, and the ratios 4x8 / 1x32 and 4x8 / 1x8:
+
+========  ======  =============================================  =====================  ===========
+backend   code    each invocation (1x32/1x8/4x8, r32, r8)        medians of the cells   ratios, med
+========  ======  =============================================  =====================  ===========
+SQLite    before  3.95/4.64/5.18 1.31 1.12; 3.66/4.41/5.61 1.53  4.11 / 4.64 / 5.34     1.31, 1.12
+                  1.27; 4.24/4.24/3.89 0.92 0.92; 4.55/5.32/6.61
+                  1.45 1.24; 4.11/5.11/5.34 1.30 1.04
+SQLite    after   3.62/5.16/6.13 1.69 1.19; 4.52/6.35/6.77 1.50   4.13 / 5.14 / 5.99     1.48, 1.19
+                  1.07; 4.13/4.41/5.70 1.38 1.29; 4.17/5.14/5.55
+                  1.33 1.08; 4.05/4.62/5.99 1.48 1.29
+Postgres  before  10.0/11.6/14.3 1.42 1.23; 7.33/9.08/10.2 1.39   7.96 / 9.53 / 10.75    1.42, 1.23
+                  1.12; 6.13/8.53/10.8 1.75 1.26; 9.09/9.53/10.6
+                  1.16 1.11; 7.96/9.65/12.4 1.56 1.29
+Postgres  after   7.90/9.49/9.04 1.14 0.95; 7.54/8.28/10.1 1.34   7.54 / 8.63 / 10.13    1.34, 1.22
+                  1.22; 7.30/8.63/11.0 1.51 1.28; 8.10/7.67/10.0
+                  1.23 1.30; 6.72/9.22/10.2 1.52 1.11
+========  ======  =============================================  =====================  ===========
+
+No claim lost in any cell (27,000 runs per backend; one stale claim, on SQLite). The change cannot
+make any cell dearer (it only removes statements), and PostgreSQL's code did not change at all:
+its median ratio moved by 0.08 between identical code, SQLite's by 0.17 the wrong way, so a median
+of five invocations here resolves nothing under about 0.2 of the ratio. **The target of 1.2 is not met**:
+4x8 / 1x32 ranged 0.92-1.69 (SQLite) and 1.14-1.75 (PostgreSQL) per invocation, medians 1.3-1.5;
+4x8 / 1x8 (four processes against one, at the same concurrency) 0.92-1.30, medians 1.1-1.2.
+
+Where the 4x8 cell's extra CPU goes, by the main thread's clock (``--profile`` now uses
+``time.thread_time``; with ``process_time`` the CPU of the claim's and the probe's threads, which
+run while the main thread waits in a statement, was counted in that statement: ``execute`` 502 ->
+961 ms from 1x8 to 4x8, against 375 -> 596 ms by the thread's own clock):
+
+- The transactions' BEGIN IMMEDIATE and COMMIT (timed with ``time.thread_time`` around each, a
+  change made only for the measurement, one invocation at load average 7-13): per run, BEGIN
+  0.05 (1x32), 0.09 (1x8), 0.28 ms (4x8): SQLite's busy handler retrying while another process
+  holds the write lock (each worker of 4x8 spent 3.5 s of a 5.6 s cell's wall time there,
+  asleep), and the page cache dropped after another's commit; COMMIT 0.59, 0.89, 0.89 ms (about
+  0.25 ms per transaction in every shape: the frames' write and the fdatasync, system CPU).
+- The same Python work costs more: at 1x8 and 4x8 the same functions are called the same number
+  of times, and take 20-30% more main-thread time at 4x8 (``fingerprint._fast_ok`` 299 -> 358 ms
+  for 54,000 calls; ``plainjson`` 191 -> 250 ms for 19,500): four processes sharing two cores
+  (their caches, their switches), where the probe's fixed work, done between the workers' turns,
+  shows only 1.03-1.10.
+- Re-reading the runs' summaries after another's commit (``sqlite.py``'s ``_group_summaries``,
+  ``_read_summary``, ``_write_summary``: summaries read 300 -> 2,851, 6.7 -> 20.9 ms): not in this
+  work's files, and measured before as no part of the gap.
+- Not changed: a PostgreSQL claim's round trips (13 exchanges per claim, 0.15 claims per run at
+  4x8: at most 0.45 of 50 exchanges per run). Its lock cannot share a statement with the first
+  read: the read's snapshot would be taken before the lock is granted, so the previous claimer's
+  takeovers would not be seen.
 """
 
 from __future__ import annotations
