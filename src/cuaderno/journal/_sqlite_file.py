@@ -590,6 +590,9 @@ class SqliteFile:
                         self._data_version = version
                     db.execute("COMMIT")
                 except BaseException:
+                    # Perhaps read by _follow_meta as this transaction wrote them (a migration):
+                    # rows that were never committed are no answer to remember.
+                    self._meta_seen = None
                     if db.in_transaction:
                         db.execute("ROLLBACK")
                     raise
