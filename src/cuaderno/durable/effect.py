@@ -115,16 +115,24 @@ def too_large_instead(payload: dict[str, Any], store: object, run_id: str, step_
     return _fitted(payload, store, run_id, step_id, tells_the_model=tells_the_model)[0]
 
 
+_RAW_KEPT_BELOW = 1 << 20
+"""Bytes under which a tool result's encoded payload is staged with its event (see :func:`_fitted`)."""
+
+
 def _fitted(payload: dict[str, Any], store: object, run_id: str, step_id: str, *,
             tells_the_model: bool = True) -> tuple[dict[str, Any], bytes | None]:
-    """:func:`too_large_instead`, and the payload's JSON bytes when it is kept (``None`` for the
-    error record): measuring it encodes it, and an event staged with those bytes is not encoded
+    """:func:`too_large_instead`, and the payload's JSON bytes when it is kept and under
+    :data:`_RAW_KEPT_BELOW` (``None`` for the error record or a large result): measuring it encodes it, and an event staged with those bytes is not encoded
     again when it is appended (:meth:`~cuaderno.events.StepEvent.encoded_payload`)."""
     limit = payload_limit(store)
     raw = encode_payload(payload)
     size = len(raw)
     if size <= limit:
-        return payload, raw
+        # Kept only while small: the bytes live until the append, beside the tool message the
+        # model is told (the same value encoded again), so a large result's would add one copy
+        # to the step's peak memory (the stated bound, docs/guide/retention-and-backups.md); its
+        # append encodes it again, a cost in proportion to a size that is rare.
+        return payload, raw if size < _RAW_KEPT_BELOW else None
     error = {"error_class": ErrorClass.PERMANENT.value, "sent": True, "type": "PayloadTooLarge", "size": size,
              "limit": limit, "message": str(PayloadTooLarge(run_id, step_id, "result", size, limit)).replace(
                  "nothing was written", "the result was not stored; the call itself was made")}
