@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cuaderno import plainjson as _json
@@ -40,6 +40,7 @@ def test_encoders_are_byte_identical_to_json_dumps(value: Any) -> None:
     assert _json.sorted_compact_ascii(value) == _dumps(value, sort_keys=True, ensure_ascii=True, allow_nan=False)
     assert _json.sorted_compact_nan(value) == _dumps(value, sort_keys=True, ensure_ascii=False)
     assert _json.compact(value) == _dumps(value, ensure_ascii=False)
+    assert _json.compact_ascii(value) == _dumps(value, ensure_ascii=True)
 
 
 @settings(max_examples=400, deadline=None)
@@ -106,3 +107,47 @@ def test_loads_object_agrees_with_json_loads_on_stored_payloads(value: dict[str,
                                  b'{\x00"\x00}\x00'])
 def test_loads_object_leaves_everything_unusual_to_json_loads(raw: bytes) -> None:
     assert _json.loads_object(raw) is None
+
+
+class _Str(str):
+    pass
+
+
+def _walked(value: Any) -> str | None:
+    """``not_plain``'s verdict as a plain walk of every member (what it did before it took its
+    common cases without one), reduced to plain or not."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    if isinstance(value, int):
+        return None if value.bit_length() <= 14_000 else "int"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "float"
+    if isinstance(value, (list, tuple)):
+        return next((p for p in map(_walked, value) if p), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "key"
+        return next((p for p in map(_walked, value.values()) if p), None)
+    return "type"
+
+
+_odd = (st.none() | st.booleans() | _text | st.builds(_Str, _text) | st.floats() | st.integers()
+        | st.just(1 << 14_001) | st.just(object()) | st.just(b"x"))
+_odd_values = st.recursive(
+    _odd,
+    lambda inner: (st.lists(inner, max_size=3) | st.dictionaries(_text | st.builds(_Str, _text), inner, max_size=3)
+                   | st.dictionaries(st.integers(0, 3) | st.none(), inner, max_size=2)),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_odd_values)
+@example(math.nan)
+@example({"a": math.inf, "b": "x"})
+@example({"a": 1 << 14_001})
+@example({1: "x"})
+@example({_Str("k"): _Str("v")})
+@example({"a": {"b": "c"}, "d": None})
+def test_not_plain_takes_exactly_what_a_walk_takes(value: Any) -> None:
+    assert (_json.not_plain(value) is None) is (_walked(value) is None)

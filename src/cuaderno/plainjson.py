@@ -53,8 +53,7 @@ def _build(*, sort_keys: bool, ensure_ascii: bool, allow_nan: bool) -> Callable[
     encode = make(None, _default, strings, None, ":", ",", sort_keys, False, allow_nan)
 
     def run(value: Any) -> str:
-        if type(value) is str:
-            return str(strings(value))
+        # (A string alone goes through the encoder too: the same text, and no test on every call.)
         try:
             return "".join(encode(value, 0))
         except RecursionError as exc:
@@ -81,6 +80,8 @@ encoder and the fingerprint walk stop near Python's recursion limit, 1000 frames
 already runs some way down the stack)."""
 _MAX_INT_BITS = 14_000
 """About 4,200 decimal digits: CPython refuses to print integers over 4,300 digits."""
+_KEYS = frozenset((str,))
+_LEAVES = frozenset((str, bool, type(None)))
 
 
 def shown(value: Any, limit: int = 10_000) -> str:
@@ -102,6 +103,12 @@ def not_plain(value: Any) -> str | None:
     objects with string keys, nested at most :data:`MAX_DEPTH` deep. Iterative, so a hostile
     value cannot overflow the stack while it is being checked.
     """
+    # The common cases first, with no loop: a string (a tool's usual result), an object of strings,
+    # booleans and nulls (a tool's usual arguments), their exact types checked in C.
+    t = type(value)
+    if t in _LEAVES or (t is dict and _KEYS.issuperset(map(type, value))
+                        and _LEAVES.issuperset(map(type, value.values()))):
+        return None
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
