@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,3 +152,23 @@ def test_a_group_seals_and_offloads(tmp_path: Path) -> None:
         codecs = sorted(c for (c,) in db.execute("SELECT codec FROM cuaderno_events"))
     db.close()
     assert codecs.count("json+blob+aesgcm") == 3  # sealed too: no payload rests in plaintext
+
+
+def test_json_each_is_probed_on_the_first_group_read_not_on_import() -> None:
+    """Importing the store opens no database (``json_each`` was probed at import before); the
+    first group read of several summaries probes it once, and the answer is kept."""
+    code = """if True:
+        import sqlite3
+        opened = []
+        connect = sqlite3.connect
+        sqlite3.connect = lambda *a, **k: (opened.append(a[0]), connect(*a, **k))[1]
+        from cuaderno.journal import sqlite
+        assert ":memory:" not in opened and sqlite._JSON_EACH is None, opened
+        first = sqlite._json_each()
+        assert sqlite._JSON_EACH is first and sqlite._json_each() is first
+        assert opened.count(":memory:") == 1, opened
+    """
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -89,17 +89,25 @@ _UPSERT_RUN = SQLITE.upsert_run
 """The checkpoint write of every append (``benchmarks/bench_step_parts.py`` replays it as it is)."""
 
 
+_JSON_EACH: bool | None = None
+"""What :func:`_json_each` found, once it was asked (``None`` before)."""
+
+
 def _json_each() -> bool:
     """Whether this SQLite has ``json_each`` (built in since 3.38, unless compiled without JSON;
-    an option before): what a group's read of several summaries in one statement needs."""
-    try:
-        sqlite3.connect(":memory:").execute("SELECT value FROM json_each('[]')").close()
-    except sqlite3.OperationalError:
-        return False
-    return True
-
-
-_JSON_EACH = _json_each()
+    an option before): what a group's read of several summaries in one statement needs. Probed
+    on the first such read, not on import, then kept."""
+    global _JSON_EACH
+    if _JSON_EACH is None:
+        probe = sqlite3.connect(":memory:")
+        try:
+            probe.execute("SELECT value FROM json_each('[]')").close()
+            _JSON_EACH = True
+        except sqlite3.OperationalError:
+            _JSON_EACH = False
+        finally:
+            probe.close()
+    return _JSON_EACH
 
 
 class SqliteCheckpointer(SqliteFile, SqlEraser):
@@ -248,7 +256,7 @@ class SqliteCheckpointer(SqliteFile, SqlEraser):
                 misses.append(run_id)
             else:
                 out[run_id] = cached
-        if len(misses) == 1 or not _JSON_EACH:  # the plain append's statement, run by run
+        if len(misses) == 1 or not _json_each():  # the plain append's statement, run by run
             for run_id in misses:
                 out[run_id] = self._write_summary(db, run_id, None, fresh=False, unheld=False)
         elif misses:
