@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from itertools import compress
+from operator import not_
 from typing import Any
 
 import rfc8785
@@ -72,10 +74,8 @@ def _fast_ok(value: Any) -> bool:
         return t in _LEAVES
     if _LEAVES.issuperset(map(type, members)):
         return True
-    for v in members:
-        if type(v) not in _LEAVES and not _fast_ok(v):
-            return False
-    return True
+    # The members that are not leaves, each checked in turn (all() stops at the first that fails).
+    return all(map(_fast_ok, compress(members, map(not_, map(_LEAVES.__contains__, map(type, members))))))
 
 
 def fingerprint(value: Any) -> str:
