@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from operator import add
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from cuaderno.errors import JournalCorrupt, JournalError, RunNotFound
@@ -381,13 +380,10 @@ def _used(cp: Checkpoint, usage: UsageJSON | None) -> None:
     """Add a call's tokens (every one of the four counters, 0 included: a summary lists them)."""
     c = cp.counters
     u: UsageJSON = usage or {}
-    # c[name] += int(u.get(name, 0)) for each name in turn, in one pass through C (every model call).
-    given = map(u.get, _TOKENS, _NOUGHTS)
-    c.update(zip(_TOKENS, map(add, map(c.get, _TOKENS, _NOUGHTS), map(int, given)), strict=True))  # type: ignore[arg-type]
-
-
-_TOKENS = ("input_tokens", "output_tokens", "cached_tokens", "reasoning_tokens")
-_NOUGHTS = (0, 0, 0, 0)
+    c["input_tokens"] = c.get("input_tokens", 0) + int(u.get("input_tokens", 0))
+    c["output_tokens"] = c.get("output_tokens", 0) + int(u.get("output_tokens", 0))
+    c["cached_tokens"] = c.get("cached_tokens", 0) + int(u.get("cached_tokens", 0))
+    c["reasoning_tokens"] = c.get("reasoning_tokens", 0) + int(u.get("reasoning_tokens", 0))
 
 
 def _escalated(cp: Checkpoint, escalations: Iterable[Escalation]) -> None:

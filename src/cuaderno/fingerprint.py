@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from itertools import compress
-from operator import not_
 from typing import Any
 
 import rfc8785
@@ -48,34 +46,30 @@ def canonical(value: Any) -> bytes:
                           allow_nan=False).encode("utf-8", "surrogatepass")
 
 
-_LEAVES = frozenset((str, type(None), bool))
-"""The exact types a fast-path value holds with no further check (``int`` needs its range checked)."""
-_KEYS = frozenset((str,))
-
-
 def _fast_ok(value: Any) -> bool:
-    # This runs for every fingerprint of every step, so a container's members are checked by a few
-    # calls into C (the set of their exact types, one join of the keys), and only those that are
-    # not leaves (containers, integers, anything else) one by one.
     t = type(value)
-    if t is dict:
-        # RFC 8785 sorts keys by UTF-16 code units, Python by code points: they agree below U+D800.
-        if not _KEYS.issuperset(map(type, value)):
-            return False
-        keys = "".join(value)
-        if not keys.isascii() and max(keys) >= "\ud800":
-            return False
-        members = value.values()
-    elif t is list or t is tuple:
-        members = value
-    elif t is int:
-        return bool(-_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
-    else:
-        return t in _LEAVES
-    if _LEAVES.issuperset(map(type, members)):
+    if t is str or value is None or t is bool:
         return True
-    # The members that are not leaves, each checked in turn (all() stops at the first that fails).
-    return all(map(_fast_ok, compress(members, map(not_, map(_LEAVES.__contains__, map(type, members))))))
+    if t is int:
+        return bool(-_MAX_SAFE_INT <= value <= _MAX_SAFE_INT)
+    if t is dict:
+        for k, v in value.items():
+            # RFC 8785 sorts keys by UTF-16 code units, Python by code points: they agree below U+D800.
+            if type(k) is not str or (not k.isascii() and max(k) >= "\ud800"):
+                return False
+            # Leaves are checked here rather than by a call each: most values of a payload are
+            # strings, and this runs for every fingerprint of every step.
+            tv = type(v)
+            if not (tv is str or v is None or tv is bool) and not _fast_ok(v):
+                return False
+        return True
+    if t is list or t is tuple:
+        for v in value:
+            tv = type(v)
+            if not (tv is str or v is None or tv is bool) and not _fast_ok(v):
+                return False
+        return True
+    return False
 
 
 def fingerprint(value: Any) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from operator import itemgetter
 from typing import Any
 
 from cuaderno import faults
@@ -105,12 +104,11 @@ def stored_rows(new: list[tuple[StepEvent, bytes]], compress: bool, journal: str
 def _held_for(new: list[tuple[StepEvent, bytes]], above: int, held: Held | None = None) -> Held | None:
     """``held``, else a new :class:`Held` when a payload of ``new`` goes over ``above`` (rarely:
     over a megabyte by default), else ``None``: no blob to write."""
-    if held is None and max(map(len, map(_payload_of, new)), default=0) > above:  # in C: every append
-        return Held(above)
+    if held is None:
+        for _, payload in new:
+            if len(payload) > above:
+                return Held(above)
     return held
-
-
-_payload_of = itemgetter(1)
 
 
 def planned_rebuild(run_id: str, row: Sequence[Any] | None, rows: list[RawRow],
