@@ -64,8 +64,8 @@ class _Dict(dict):  # type: ignore[type-arg]
 
 
 def _walked(value: Any) -> bool:
-    """The fast path's test as a plain walk, member by member (what ``_fast_ok`` decided before it
-    checked a container's members in C)."""
+    """The fast path's test as a plain walk, member by member, written apart from ``_fast_ok``:
+    a faster rewrite of it must take exactly these values."""
     t = type(value)
     if t is str or value is None or t is bool:
         return True
