@@ -137,6 +137,22 @@ _META_NOW = ("SELECT (SELECT value FROM cuaderno_meta WHERE key='schema_version'
 encryption record, the compression setting (each ``None`` when not recorded), and whether the keys
 table exists (with the meta table, which this reads, what ``check_journal`` asks for)."""
 
+def _compressing(choice: bool | None, setting: object, path: str) -> bool:
+    """Whether a store compresses: its own ``choice``, else the journal's recorded ``setting``
+    (``None``: none recorded, compressed).
+
+    Raises:
+        JournalCorrupt: a setting that is neither ``on`` nor ``off``.
+    """
+    if choice is not None:
+        return choice
+    if setting is None:
+        return True  # compressed, if nobody said
+    if setting not in ("on", "off"):
+        raise JournalCorrupt(f"{path!r}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
+    return bool(setting == "on")
+
+
 _UNREAD = object()
 """``_schema_of``'s default: it reads the schema version itself."""
 
@@ -551,19 +567,9 @@ class SqliteFile:
         self._file_schema = self._schema_of(db, meta[0])
         if self._sealer is None and meta[1] is not None and meta[3]:
             self._refuse_without_key(db)  # turned on by another store since this one opened
-        compressing = self._compressing(meta[2])
+        compressing = _compressing(self._compress_choice, meta[2], self.path)
         self._meta_seen = meta
         return compressing
-
-    def _compressing(self, setting: object) -> bool:
-        """Whether this store compresses, given the journal's recorded setting (``None``: none)."""
-        if self._compress_choice is not None:
-            return self._compress_choice
-        if setting is None:
-            return True  # compressed, if nobody said
-        if setting not in ("on", "off"):
-            raise JournalCorrupt(f"{self.path!r}: the journal's compress setting is {setting!r:.40}, not 'on' or 'off'")
-        return bool(setting == "on")
 
     @contextmanager
     def _txn(self, *, append: bool = False) -> Iterator[sqlite3.Connection]:
