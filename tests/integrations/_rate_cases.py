@@ -45,6 +45,14 @@ def runs_sharing_a_key_take_turns(one: One, tmp_path: Path) -> None:
     assert 429 in [line["status"] for line in read_log(unlimited)]  # the test can fail
 
 
+async def another_client_spends(base_url: str, requests: int) -> None:
+    """Another client of the key (not a run, no limiter) spends ``requests`` of its budget."""
+    rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+    for _ in range(requests):
+        await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    await rogue.close()
+
+
 def a_429_pauses_the_other_runs(one: One, tmp_path: Path) -> None:
     """Another client of the key spends the budget; the first run's request is refused with a 429
     (Retry-After under 1 s), which pauses every run of the key: the second, started inside the
@@ -53,10 +61,7 @@ def a_429_pauses_the_other_runs(one: One, tmp_path: Path) -> None:
     journal = tmp_path / "j.db"
 
     async def go(base_url: str) -> list[str]:
-        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-        for _ in range(2):
-            await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        await rogue.close()
+        await another_client_spends(base_url, 2)
         # Far above the provider's budget: only the 429 it answers can hold the runs back.
         limit = RateLimit(requests_per_minute=600)
         first = asyncio.create_task(one(journal, base_url, limit, "a1"))
@@ -94,9 +99,7 @@ def a_spent_budget_in_a_success_answer_pauses_the_others(one: One, tmp_path: Pat
     journal = tmp_path / "j.db"
 
     async def go(base_url: str) -> None:
-        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-        await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        await rogue.close()
+        await another_client_spends(base_url, 1)
         limit = RateLimit(requests_per_minute=600)  # far above the provider's: only its headers can pace
         await one(journal, base_url, limit, "a1")
         await one(journal, base_url, limit, "b1")
@@ -120,9 +123,7 @@ def after_a_pause_one_probe_goes_before_the_others(one: One, tmp_path: Path) -> 
     journal = tmp_path / "j.db"
 
     async def go(base_url: str) -> None:
-        rogue = AsyncOpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-        await rogue.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-        await rogue.close()
+        await another_client_spends(base_url, 1)
         # Far above the provider's budget, and both runs' turns may leave together.
         limit = RateLimit(requests_per_minute=600, burst_seconds=1)
         await asyncio.gather(one(journal, base_url, limit, "a1"), one(journal, base_url, limit, "b1"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cuaderno import Agent, ScriptedGateway, Session, SqliteCheckpointer, tool
-from cuaderno.events import StepEvent, tool_step_id
+from cuaderno.events import StepEvent, approval_step_id, tool_step_id
 from cuaderno.fingerprint import fingerprint
 from cuaderno.gateway.base import ToolCall
 from cuaderno.loop._log import RunLog
@@ -71,3 +71,37 @@ async def test_tool_steps_run_and_replay_a_step_without_a_runner(store: SqliteCh
     assert ran == [41]  # replayed from the journal: the body did not run again
     assert again.state.messages[-1]["content"] == "42"
     assert log2.state.pending == []  # nothing new to write
+
+
+async def test_a_missing_step_lookup_changes_nothing_and_a_found_one_visits_it(store: SqliteCheckpointer) -> None:
+    """``ToolSteps._decide`` looks an approval request and a tool decision up only where the
+    journal holds one (it runs on every tool step). Skipping the lookup is the same as making it
+    only because a lookup that finds nothing leaves the run's state as it was: no step visited, no
+    divergence raised, nothing staged. One that finds its event visits the step, which is why the
+    lookups are still made wherever an event is recorded."""
+    agent = _agent([])
+    steps, log = _opened(agent, store, "r")
+    call = ToolCall(id="c1", name="add", arguments={"n": 1})
+    assert await steps.call(0, 0, call) is False
+    log.commit()
+
+    _, log = _opened(agent, store, "r")  # a second pass over the journal
+    state = log.state
+    step_id = tool_step_id(0, 0)
+    intent = state.journal[(step_id, "intent")]
+    state.unvisited[step_id] = intent.seq or 0  # as the runner marks a recorded step not replayed yet
+
+    def what_a_lookup_may_change() -> tuple[object, ...]:
+        return (dict(state.unvisited), dict(state.journal), list(state.pending), list(state.points), list(state.ready))
+
+    before = what_a_lookup_may_change()
+    assert (approval_step_id(step_id), "request") not in state.journal
+    assert (step_id, "decision") not in state.journal
+    assert log.recorded(approval_step_id(step_id), "request", "approval", call.name, intent.fingerprint) is None
+    assert log.recorded(step_id, "decision", "tool", call.name, intent.fingerprint) is None
+    # Even under another kind or fingerprint: nothing is compared when nothing is found.
+    assert log.recorded(step_id, "decision", "model", "other", "0" * 64) is None
+    assert what_a_lookup_may_change() == before
+
+    assert log.recorded(step_id, "intent", "tool", call.name, intent.fingerprint) is intent
+    assert step_id not in state.unvisited
