@@ -114,8 +114,6 @@ _SQLITE = {
              "probe_until = MAX(paused_until, excluded.paused_until)",
     "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = ? AND probe_until = ?",
     "rearm": "UPDATE cuaderno_rate_limits SET probe_until = paused_until WHERE bucket = ? AND probe_until = ?",
-    "paused": "SELECT paused_until - (julianday('now') - 2440587.5) * 86400.0 FROM cuaderno_rate_limits "
-              "WHERE bucket = ?",
     "look": "SELECT (julianday('now') - 2440587.5) * 86400.0, paused_until, probe_until FROM cuaderno_rate_limits "
             "WHERE bucket = ?",
     "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + ? WHERE bucket = ?",
@@ -142,8 +140,6 @@ _PG = {
              "probe_until = GREATEST(cuaderno_rate_limits.paused_until, excluded.paused_until)",
     "release": "UPDATE cuaderno_rate_limits SET probe_until = 0 WHERE bucket = %s AND probe_until = %s",
     "rearm": "UPDATE cuaderno_rate_limits SET probe_until = paused_until WHERE bucket = %s AND probe_until = %s",
-    "paused": "SELECT paused_until - extract(epoch from clock_timestamp())::double precision "
-              "FROM cuaderno_rate_limits WHERE bucket = %s",
     "look": "SELECT extract(epoch from clock_timestamp())::double precision, paused_until, probe_until "
             "FROM cuaderno_rate_limits WHERE bucket = %s",
     "tokens": "UPDATE cuaderno_rate_limits SET tok_tat = tok_tat + %s WHERE bucket = %s",
@@ -230,8 +226,6 @@ class _Store(Protocol):
         """End the hold of ``probe`` if it is still its own: cleared, or (``rearm``) armed again."""
         ...
 
-    def paused_for(self, bucket: str) -> float: ...
-
     def look(self, bucket: str) -> tuple[float, float, float]:
         """The database's now, and ``bucket``'s ``paused_until`` and ``probe_until`` (a plain read)."""
         ...
@@ -292,11 +286,6 @@ class _Sqlite:
     def release(self, bucket: str, probe: float, rearm: bool) -> None:
         with self._txn() as db:
             db.execute(_SQLITE["rearm" if rearm else "release"], (bucket, probe))
-
-    def paused_for(self, bucket: str) -> float:
-        with self._lock:
-            got = self._db.execute(_SQLITE["paused"], (bucket,)).fetchone()
-        return max(got[0], 0.0) if got else 0.0
 
     def look(self, bucket: str) -> tuple[float, float, float]:
         with self._lock:
@@ -389,11 +378,6 @@ class _Postgres:
             if got is None:
                 return float(self._conn.execute(_PG["now"]).fetchone()[0]), 0.0, 0.0
         return float(got[0]), float(got[1]), float(got[2])
-
-    def paused_for(self, bucket: str) -> float:
-        with self._lock:
-            got = self._conn.execute(_PG["paused"], (bucket,)).fetchone()
-        return max(float(got[0]), 0.0) if got else 0.0
 
     def add_tokens(self, bucket: str, seconds: float) -> None:
         with self._lock:
@@ -491,7 +475,8 @@ class SharedLimits:
 
     def paused_for(self, bucket: str) -> float:
         """Seconds left of ``bucket``'s pause (0: none)."""
-        return self._guard(lambda: self._rows.paused_for(bucket))
+        now, paused_until, _ = self._guard(lambda: self._rows.look(bucket))
+        return max(paused_until - now, 0.0)
 
     def add_tokens(self, bucket: str, limit: RateLimit, tokens: int) -> None:
         """Count ``tokens`` more (or fewer, when negative) than a request reserved."""
