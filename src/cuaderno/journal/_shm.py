@@ -40,7 +40,11 @@ __all__ = ["Keeper", "writable_connection", "writer"]
 
 Key = tuple[int, int] | str
 
-_lock = threading.Lock()
+_lock = threading.RLock()
+"""Orders writers and keepers. Reentrant: a connection's close may run inside a section that holds
+it, when the garbage collector, run by an allocation there, finalizes a store whose side connection
+(a shared rate limit's) is a writer of this module: its release takes the lock again on the same
+thread (with a plain lock, a deadlock). Every section is a few dict operations, each whole."""
 _writers: dict[Key, int] = {}
 """Writers open or opening, per file."""
 _keepers: dict[Key, dict[int, Callable[[], bool]]] = {}
