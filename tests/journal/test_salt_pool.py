@@ -26,6 +26,7 @@ def test_keys_are_distinct_and_of_their_size() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_does_not_take_its_parents_next_keys() -> None:
+    _append._SALTS.clear()  # whatever earlier appends of this worker left: it may be one key
     _salt()  # the pool is filled now: the parent holds keys it has not taken yet
     assert _append._SALTS
     read, write = os.pipe()
