@@ -317,6 +317,45 @@ run while the main thread waits in a statement, was counted in that statement: `
   4x8: at most 0.45 of 50 exchanges per run). Its lock cannot share a statement with the first
   read: the read's snapshot would be taken before the lock is granted, so the previous claimer's
   takeovers would not be seen.
+
+The writers' queue, mmap and the cost of a small group (2026-12-08; SQLite, ``--runs 300 --modes
+queue --shapes 1x32,1x8,4x8 --backends sqlite --repeats 3``; main at 8a6eec2 against variants,
+alternated in one script; load average 2.6 to 7.9, other sessions' work included). CPU per run
+in ms, 1x32 / 1x8 / 4x8, the ratios 4x8 / 1x32 and 4x8 / 1x8, and per run of the 4x8 cell the
+read calls and voluntary context switches (medians of the three repeats):
+
+- A queued kernel lock in front of ``BEGIN IMMEDIATE`` (an exclusive ``flock`` on
+  ``<journal>-write`` per store, taken before the transaction and dropped after its end; the wait
+  bounded by the busy timeout through a waiter thread of the store's, since a blocking ``flock``
+  cannot time out; commit 7c3f8de on branch ``sqlq-write-queue``, not merged). Three pairs, base then queue:
+  2.45/3.27/3.88 1.58 1.19 | 2.64/3.33/4.47 1.69 1.34; 2.57/3.23/3.87 1.50 1.20 | 2.54/3.22/3.92
+  1.54 1.22; 2.60/3.30/4.09 1.57 1.24 | 2.59/3.32/4.46 1.72 1.34. Reads 25-29 -> 50, voluntary
+  switches 14-16 -> 23-26, wall 2.7-3.8 -> 2.1-2.3 s: the fleet is faster by the clock and dearer
+  by the CPU. Then the queue without its waiter thread (a blocking ``flock`` in the writer's own
+  thread, no timeout: a variant made only for the measurement), three rounds of base, queue,
+  direct: 4x8 3.73, 3.50, 3.65 (base); 4.38, 3.99, 4.11 (queue); 4.02, 3.83, 3.88 (direct); reads
+  26-32, 49-60, 44-60; switches 14-15, 22-26, 15-19. So the thread's hand-offs cost about 0.2 ms
+  per run, and the rest is the queue itself: writers that take strict turns each find another
+  process's commit before nearly every transaction, so SQLite drops its page cache and reads the
+  pages again about twice as often as when its busy handler lets a process that just committed
+  write again while the others sleep. Not kept.
+- ``PRAGMA mmap_size=268435456`` on the writer (again, three rounds of base, queue, mmap, queue and
+  mmap): 4x8 3.88, 3.75, 3.82 (base) against 3.93, 3.70, 4.46 (mmap), ratios 1.45, 1.42, 1.49
+  against 1.49, 1.59, 1.80; reads 22-26 -> 18-24 (WAL frames are still read with ``pread``: the map
+  covers the database file only). With the queue: 4.19, 4.43, 4.69 (reads 39-40). Not kept, as
+  before (nor its caveats taken on: a file shrunk under the map by ``VACUUM`` of another
+  process, an I/O error that becomes SIGBUS).
+- A small group's own Python work (``--profile``, one invocation, main-thread CPU under cProfile
+  2.18 s at 1x32 against 2.52 s at 1x8; 401 against 733 group transactions): per transaction the
+  ``BEGIN IMMEDIATE`` and ``COMMIT`` statements take 141 us of the main thread's CPU in both shapes
+  (the sync's kernel time is counted there), while the leader's own Python per group (the own
+  time of ``_lead``, ``append_group`` and ``_txn``, with the anchor's write, ``_fresh`` and
+  ``_check_file`` whole) is about 90 us under the profiler: 1.1 more transactions per run at 1x8
+  cost about 0.16 ms in the statements and at most about 0.1 ms in that Python (less without the
+  profiler), which even halved is below what these invocations resolve (main's 4x8 cell ranged
+  3.50-4.09 ms). Nothing changed.
+
+**The target of 1.2 is not met**: 4x8 / 1x32 1.42-1.58 on main in these nine invocations.
 """
 
 from __future__ import annotations
