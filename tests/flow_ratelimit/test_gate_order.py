@@ -27,6 +27,12 @@ class RecordingGate:
     async def admit(self, *, bounded: bool = True) -> None:
         self.seen.append((f"admit bounded={bounded}", self._phases()))
 
+    async def ready(self, *, bounded: bool = True) -> None:
+        self.seen.append((f"ready bounded={bounded}", self._phases()))
+
+    def unsent(self) -> None:
+        self.seen.append(("unsent", self._phases()))
+
     @contextmanager
     def sending(self) -> Iterator[None]:
         self.seen.append(("send", self._phases()))
@@ -63,10 +69,13 @@ def test_the_gate_is_passed_before_every_intent_and_a_retry_takes_a_new_turn(tmp
         opened.release()
         assert gate.seen == [
             ("admit bounded=True", []),  # the first turn: nothing of the step written yet
+            ("ready bounded=True", ["intent"]),  # the intent committed: the row looked at again
             ("send", ["intent"]),
             ("admit bounded=False", ["intent"]),  # a 429 is retried under the same intent
+            ("ready bounded=False", ["intent"]),
             ("send", ["intent"]),
             ("admit bounded=False", ["intent"]),  # an ambiguous failure: the turn before the new intent
+            ("ready bounded=False", ["intent", "intent.2"]),
             ("send", ["intent", "intent.2"]),
             ("answered 7", ["intent", "intent.2"]),
         ]

@@ -36,6 +36,7 @@ again (no bound then: the intent is already written, and waiting is what a retry
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -78,6 +79,16 @@ class Gate(Protocol):
     async def admit(self, *, bounded: bool = True) -> None:
         """Wait for the request's turn. ``bounded``: refuse a wait past the limit's ``max_wait``
         (:class:`~cuaderno.errors.RateLimitWaitTooLong`) instead of waiting."""
+        ...
+
+    async def ready(self, *, bounded: bool = True) -> None:
+        """Between the intent's commit and the send: hold the request if a pause (or another
+        probe) began since its turn was taken, until it may go (``bounded`` as :meth:`admit`)."""
+        ...
+
+    def unsent(self) -> None:
+        """The turn taken will not be sent (the send raised or was cancelled before it left):
+        a probe's hold on the other requests ends at once."""
         ...
 
     def sending(self) -> AbstractContextManager[None]:
@@ -255,8 +266,19 @@ class ModelCall:
                 staged or sent.
         """
         sends, after = self.next_send()
-        if gate is not None:
-            await gate.admit()
+        if gate is None:
+            return await self._send(request, sends, after, retry, sleep, rng, charge, extra, None)
+        await gate.admit()
+        try:
+            return await self._send(request, sends, after, retry, sleep, rng, charge, extra, gate)
+        except BaseException:
+            gate.unsent()  # a probe's turn lost before its send (a no-op once the send began)
+            raise
+
+    async def _send(self, request: Callable[[], Awaitable[ModelResponse]], sends: int, after: str | None,
+                    retry: Retrying, sleep: Callable[[float], Awaitable[None]], rng: random.Random,
+                    charge: Callable[[dict[str, int]], None], extra: Mapping[str, Any] | None,
+                    gate: Gate | None) -> Sent:
         self.intend(sends, after=after, extra=extra)
         retries = resends = 0
         left = False  # did any attempt of this send leave the process (or may it have)?
@@ -264,6 +286,14 @@ class ModelCall:
             faults.point("model.K0")
             await self.log.commit_before_acting()
             faults.point("model.K2")
+            if gate is not None:
+                try:
+                    # The turn may have been overtaken while the intent was committed (a pause
+                    # another worker learned of): held here, after the intent, before the send.
+                    await gate.ready(bounded=retries + resends == 0)
+                except (Exception, asyncio.CancelledError) as exc:
+                    self._unsent(sends, exc, retries, left, charge)
+                    raise
             try:
                 if gate is None:  # no context manager to enter: the common case, per step
                     response = plain_calls(await request())
@@ -297,6 +327,22 @@ class ModelCall:
             gate.answered(response)
         faults.point("model.K5")
         return Sent(response, sends, retries)
+
+    def _unsent(self, send: int, exc: BaseException, retries: int, left: bool,
+                charge: Callable[[dict[str, int]], None]) -> None:
+        """Journal that send ``send`` was held by the rate limit after its intent and never left
+        (refused for waiting past ``max_wait``, cancelled, or the limiter's table failed): an
+        ``error.N`` that takes back the send its intent counted (unless an earlier attempt of it
+        left), so a resume sends again after ``error``, not counted as possibly billed twice.
+        Best effort: if it cannot be journaled, a resume reads the bare intent as a crash."""
+        counters = {"retries": retries} if retries else {}
+        err = GatewayError(f"held by the rate limit after the intent, not sent: {type(exc).__name__}: {exc}"[:500],
+                           error_class=ErrorClass.TRANSIENT, sent=left)
+        try:
+            charge(counters)
+            self.failed(send, err, counters if left else {**counters, "model_sends": -1})
+        except Exception:  # the caller raises the hold's own error
+            pass
 
     def finish(self, sent: Sent, *, require_tool: bool = False, output_type: Any = None,
                extra: Mapping[str, Any] | None = None, framework: FrameworkPayload | None = None) -> ModelResult:

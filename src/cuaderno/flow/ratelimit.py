@@ -556,16 +556,43 @@ class RateGate:
             if turn.wait > 0:
                 try:
                     await self.sleep(turn.wait)
+                    # Another worker may have been told to back off while this one slept: its turn
+                    # was handed out before the pause (and its probe), so it takes a new one after it.
+                    due = limits.still_due(bucket, limit, turn.probe)
                 except BaseException:
                     if turn.probe:  # a probe cancelled before it was sent: the next turn is the probe
-                        limits.settle(bucket, 0.0, turn.probe, answered=False)
+                        _release(limits, bucket, turn.probe)
                     raise
-                # Another worker may have been told to back off while this one slept: its turn
-                # was handed out before the pause (and its probe), so it takes a new one after it.
-                if not limits.still_due(bucket, limit, turn.probe):
+                if not due:
                     continue
             self.probe = turn.probe
             return
+
+    async def ready(self, *, bounded: bool = True) -> None:
+        """Between the intent's commit and the send: one plain read of the row. A turn
+        :meth:`admit` took stands unless a pause began since (another worker's 429, or a spent
+        budget its answer reported, while this one's intent was being committed) or another
+        probe is out or armed: then the request is held as :meth:`admit` holds it (a new turn
+        after the pause, maybe the next probe; a probe's hold until its answer) and goes after.
+
+        Raises:
+            RateLimitWaitTooLong: ``bounded`` and the new turn is further than ``max_wait``; the
+                request was not sent.
+        """
+        if not self.limits.still_due(self.bucket, self.limit, self.probe):
+            # The turn taken is void: a pause since armed a probe of its own, so this one's
+            # probe (if it was one) is not the row's any more, and nothing is left to release.
+            await self.admit(bounded=bounded)
+
+    def unsent(self) -> None:
+        """The turn :meth:`admit` took will not be sent (the intent's commit failed, the call
+        raised or was cancelled before its send): a probe's hold ends at once, armed again, so
+        the next waiting request goes as the next probe (not after ``probe_timeout``). Nothing
+        to do for an ordinary turn, or once :meth:`sending` has begun (it settles the probe).
+        Never raises: a failure to say so leaves the hold to its bound, as a killed probe does."""
+        probe, self.probe = self.probe, 0.0
+        if probe:
+            _release(self.limits, self.bucket, probe)
 
     @contextmanager
     def sending(self) -> Iterator[None]:
@@ -588,6 +615,15 @@ class RateGate:
         used = response.usage.input_tokens + response.usage.output_tokens
         if used:
             self.limits.add_tokens(self.bucket, self.limit, used - self.tokens)
+
+
+def _release(limits: SharedLimits, bucket: str, probe: float) -> None:
+    """Arm ``probe``'s hold again (it was never sent), on a path that is already raising: the
+    limiter's own error is not raised over the caller's (the hold then ends at its bound)."""
+    try:
+        limits.settle(bucket, 0.0, probe, answered=False)
+    except JournalError:
+        pass
 
 
 def rate_gate(store: object, gateway: object, request: ModelRequest,
