@@ -32,6 +32,13 @@ A provider's shared rate limit (:class:`Gate`, :mod:`cuaderno.flow.ratelimit`) i
 used no key and counts as no send, and one refused for waiting too long leaves the journal as it
 was. A retry under the same intent, or before an ambiguous re-send's intent, takes its turn
 again (no bound then: the intent is already written, and waiting is what a retry does).
+Between the intent's commit and the send the gate looks again (:meth:`Gate.ready`): a pause that
+began meanwhile holds the request there. A hold that ends without a send (refused past
+``max_wait``, cancelled, the limiter's table failing) journals ``error.N`` taking back the send
+its intent counted, so the resume is not counted as possibly billed twice; a crash during the
+hold leaves a bare intent, which a resume cannot tell from a crash after the send (``crash``,
+counted as possibly billed twice, re-sent with the same key). Any exit between the turn and the
+send releases the turn (:meth:`Gate.unsent`): a probe's hold on the other workers ends at once.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ out one by one, in order), and no polling outside a probe's hold (below).
   clears ``probe_until`` at once (its own headers may pause again, which arms a new probe); a
   429 pauses again (a new probe after it); a failed or cancelled send (nothing said about the
   budget, maybe nothing sent) arms the probe again: the next turn goes at once, as the next
-  probe. A probe that never answers (its process SIGKILLed, its request
+  probe. So does a probe whose turn is lost before its send (its intent's commit failed, the
+  step raised or was cancelled: :meth:`RateGate.unsent`). A probe that never answers (its process SIGKILLed, its request
   slower than the bound) holds the others until ``probe_until`` at most: the next turn after it
   is a new probe. ``probe_until`` is also the probe's identity: an answer clears the hold only
   if it is still its own (a probe that timed out, and whose answer comes late, clears nothing).
@@ -50,7 +51,9 @@ out one by one, in order), and no polling outside a probe's hold (below).
 - **Feedback** (:class:`RateGate.sending`): what the provider's answers report (a 429's
   ``Retry-After``, ``x-ratelimit-remaining-*`` at 0 with their reset) sets ``paused_until`` for
   everyone and arms a probe; a worker that reserved a turn before the pause (or before a probe
-  was armed) checks it after its sleep and takes a new turn after the pause.
+  was armed) checks it after its sleep and takes a new turn after the pause. It checks it once
+  more after its intent's commit, before the send (:meth:`RateGate.ready`, one plain read): a
+  pause learned of while the intent was being committed holds it there, not before a 429.
 - **Table upgrades**: a table of an older version (no ``probe_until``) gets the column on first
   use, with its rows kept (SQLite: under the file's write lock; PostgreSQL: under the creators'
   advisory lock, after a look at the catalogue, so a table that has it takes no table lock).
@@ -59,7 +62,8 @@ out one by one, in order), and no polling outside a probe's hold (below).
 
 What the wait holds: nothing of the journal. It happens before the step's intent is staged
 (:meth:`cuaderno.durable.ModelCall.send`), so no idempotency key is used, nothing is counted as
-possibly billed twice, and no journal transaction is open; the run's hold (the worker's lock on
+possibly billed twice, and no journal transaction is open (the one exception, the hold of
+:meth:`RateGate.ready` after the intent, is described in :mod:`cuaderno.durable.model_call`); the run's hold (the worker's lock on
 the run) is kept, since the worker is in the middle of the run and will send as soon as its turn
 comes. A wait longer than ``max_wait`` is refused at once (:class:`~cuaderno.RateLimitWaitTooLong`)
 without taking the turn; a cancelled wait leaves its turn unused (one request's worth of budget
