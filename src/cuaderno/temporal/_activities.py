@@ -281,6 +281,18 @@ class CuadernoActivities:
             # loop's ModelCall takes it (a first send may be refused for waiting past max_wait,
             # nothing written; a re-send's intent may already be there: it waits unbounded).
             await gate.admit(bounded=call.log.get(step_id, "intent") is None)
+        try:
+            return await self._model_send(inp, run_id, step_id, journal, call, gate)
+        except BaseException:
+            if gate is not None:
+                gate.unsent()  # a probe's turn lost before its send ends its hold at once
+            raise
+
+    async def _model_send(self, inp: ModelTurnInput, run_id: str, step_id: str,
+                          journal: dict[tuple[str, str], StepEvent], call: ModelCall,
+                          gate: RateGate | None) -> dict[str, Any]:
+        """The rest of :meth:`_model_turn` once the gate's turn is taken: the intent, the send, the result."""
+        assert self._gateway is not None, "set by _model_turn"
         sends = self._journal_send(inp, call, journal)
         messages = self._conversation(run_id, step_id, journal)
         if len(messages) != inp.n_messages:
