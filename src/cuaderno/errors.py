@@ -637,20 +637,28 @@ class RateLimitWaitTooLong(CuadernoError):
     (:class:`cuaderno.RateLimit`, shared by every worker on the journal).
 
     Raised *before* the step's intent is written: nothing was sent, no idempotency key was used,
-    nothing is counted; the run stays where it was and a later resume asks again.
+    nothing is counted; the run stays where it was and a later resume asks again. Or, with
+    ``after_intent``, raised where a turn taken before its intent was overtaken by a pause while
+    the intent was committed: the request was still not sent, and the journal holds the intent
+    followed by an ``error.N`` that takes its send back (a resume sends again, not counted as
+    possibly billed twice).
 
     Attributes:
         bucket: the limit's shared name (a hash of the endpoint and key or model, never the key).
         wait: seconds the request would have waited.
         max_wait: the configured bound.
+        after_intent: the refusal came after the step's intent was journaled.
     """
 
-    _pickled = ("bucket", "wait", "max_wait")
+    _pickled = ("bucket", "wait", "max_wait", "after_intent")
 
-    def __init__(self, bucket: str, wait: float, max_wait: float) -> None:
+    def __init__(self, bucket: str, wait: float, max_wait: float, after_intent: bool = False) -> None:
         self.bucket, self.wait, self.max_wait = bucket, float(wait), float(max_wait)
+        self.after_intent = bool(after_intent)
+        what = ("nothing was sent; its intent is journaled with an error that takes the send back"
+                if self.after_intent else "nothing was sent or journaled")
         super().__init__(f"rate limit {quoted(bucket)}: this model request would wait {self.wait:.1f} s for its turn, "
-                         f"more than max_wait={self.max_wait:g} s; nothing was sent or journaled; raise max_wait, "
+                         f"more than max_wait={self.max_wait:g} s; {what}; raise max_wait, "
                          "lower the workers' concurrency, or ask the provider for a higher limit")
 
 

@@ -27,8 +27,10 @@ def test_a_hold_after_the_intent_past_max_wait_is_journaled_as_not_sent(tmp_path
             # Another worker learns of a 2 s pause while this one's intent is being committed.
             faults.on("model.K2", lambda: limits.pause(bucket(gw), 2.0))
             try:
-                with pytest.raises(RateLimitWaitTooLong):
+                with pytest.raises(RateLimitWaitTooLong) as refused:
                     await AGENT.run_to_end("q", session=Session("r1", gw, store))
+                assert refused.value.after_intent
+                assert "intent is journaled" in str(refused.value)  # not "nothing ... journaled"
             finally:
                 faults.on("model.K2", None)
             rows = [e.phase for e in store.load("r1") if e.kind == "model"]

@@ -581,12 +581,15 @@ class RateGate:
 
         Raises:
             RateLimitWaitTooLong: ``bounded`` and the new turn is further than ``max_wait``; the
-                request was not sent.
+                request was not sent (``after_intent``: its intent is journaled).
         """
         if not self.limits.still_due(self.bucket, self.limit, self.probe):
             # The turn taken is void: a pause since armed a probe of its own, so this one's
             # probe (if it was one) is not the row's any more, and nothing is left to release.
-            await self.admit(bounded=bounded)
+            try:
+                await self.admit(bounded=bounded)
+            except RateLimitWaitTooLong as exc:  # said again: the intent is journaled by now
+                raise RateLimitWaitTooLong(exc.bucket, exc.wait, exc.max_wait, after_intent=True) from None
 
     def unsent(self) -> None:
         """The turn :meth:`admit` took will not be sent (the intent's commit failed, the call
