@@ -299,6 +299,12 @@ class CuadernoActivities:
             raise ApplicationError(str(ReplayDivergence(run_id, step_id, f"{len(messages)} messages in the journal",
                                                         f"{inp.n_messages} in the workflow")),
                                    type="ReplayDivergence", non_retryable=True)
+        if gate is not None:
+            # The turn may have been overtaken while the intent was committed (a pause another
+            # worker learned of): held here, after the intent, before the send, as the loop holds
+            # it. Not bounded by max_wait: the intent is written, as for a re-send, and the
+            # activity heartbeats while it waits.
+            await gate.ready(bounded=False)
         a = self.agent
         request = ModelRequest(instructions=a.instructions, messages=tuple(messages), tools=a.tool_schemas,
                                model=a.model, require_tool=a.require_tool, max_output_tokens=a.max_output_tokens,
