@@ -133,6 +133,24 @@ def _idle_alive(conn: psycopg.Connection[Any]) -> None:
         raise psycopg.OperationalError("the server sent something to an idle connection (it ended the session)")
 
 
+@contextmanager
+def _in_transaction(conn: psycopg.Connection[Any], on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    with conn.transaction():
+        yield
+
+
+def _readable_schema(recorded: object) -> int:
+    """The schema version ``max(version)`` of ``cuaderno_migrations`` read (``None``: none recorded,
+    0), refusing one newer than this cuaderno's (:class:`SchemaTooNew`)."""
+    version = 0 if recorded is None else schema_version(recorded)
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(version, SCHEMA_VERSION)
+    return version
+
+
 def _int4(text: str) -> int:
     """A signed 32-bit key from text (the two-key advisory lock form)."""
     return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:4], "big", signed=True)
@@ -161,6 +179,7 @@ class PgServer:
     _connect_timeout: int
     _closed: bool
     _taken: dict[str, int]
+    _records: dict[str, tuple[int, str]]
     _locked: set[str]
     _holds: psycopg.Connection[Any] | None
     _holds_lock: threading.Lock
@@ -212,12 +231,15 @@ class PgServer:
             raise _NoServer(f"journal {self.url}: no connection to the server ({exc}); nothing was committed") from None
 
     @contextmanager
-    def _txn(self) -> Iterator[psycopg.Cursor[Any]]:
+    def _txn(self, *, single: bool = False) -> Iterator[psycopg.Cursor[Any]]:
+        """A write transaction on a pooled connection, committed when the block ends. ``single``:
+        the block sends one statement, which is its own transaction (the pool's connections
+        are in autocommit: no BEGIN and COMMIT round trips), committed before it returns."""
         if self._readonly:
             raise UsageError(f"journal {self.url} was opened read-only; nothing was written")
         conn: psycopg.Connection[Any] | None = None
         try:
-            with self._conn() as conn, conn.transaction(), conn.cursor() as cur, reading(cur):
+            with self._conn() as conn, _in_transaction(conn, not single), conn.cursor() as cur, reading(cur):
                 yield cur
         except (psycopg.errors.UniqueViolation, psycopg.errors.SerializationFailure):
             raise
@@ -311,10 +333,7 @@ class PgServer:
     def _schema_of(self, conn: psycopg.Connection[Any] | psycopg.Cursor[Any]) -> int:
         """The recorded schema version, refusing one newer than this cuaderno's."""
         row = conn.execute("SELECT max(version) FROM cuaderno_migrations").fetchone()
-        version = 0 if row is None or row[0] is None else schema_version(row[0])
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(version, SCHEMA_VERSION)
-        return version
+        return _readable_schema(None if row is None else row[0])
 
     @contextmanager
     def _reading(self, run_id: str) -> Iterator[None]:

@@ -182,8 +182,10 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done:
         for run_id in locked:
             store._unlock_run(run_id)
         raise
+    records = {run_id: record for run_id, _, record in written}
     for run_id, epoch in out.taken:
         store._taken[run_id] = epoch
+        store._records[run_id] = (epoch, records[run_id])  # what its release marks let go
         if earlier[run_id]:
             store._earlier[run_id] = earlier[run_id]
         else:

@@ -106,6 +106,7 @@ from cuaderno.journal._pg_server import (
     _int4,
     _NoServer,
     _one,
+    _readable_schema,
 )
 from cuaderno.journal._rows import checked_epoch
 from cuaderno.journal._rows import storable as _storable
@@ -136,6 +137,12 @@ _UPSERT_RUNS = ("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, c
 """The append's summary upsert (``POSTGRES.upsert_run``) for several runs (each once) in one
 statement. Its arrays are sent in binary: in text, every quote of every summary's JSON would be
 escaped (by a regular expression, in Python)."""
+_HEAD_CHECKED = ("SELECT (SELECT max(version) FROM cuaderno_migrations), r.epoch, r.checkpoint FROM (SELECT 1) AS one "
+                 "LEFT JOIN cuaderno_runs r ON r.run_id = %s")
+"""A run's summary row with the journal's schema version, in one statement (one row whether the
+run exists or not: ``epoch`` is ``NULL`` only when it does not, the column being ``NOT NULL``):
+what :meth:`PostgresCheckpointer.checkpoint` reads, where the schema check took a round trip of
+its own before every read of a summary (five per run a worker drives)."""
 _NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
@@ -200,6 +207,9 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._locked: set[str] = set()
         """Runs whose advisory lock this store's lock connection holds."""
+        self._records: dict[str, tuple[int, str]] = {}
+        """Runs this store took over, with the epoch and the holder record it wrote then (what
+        a release of that epoch marks let go: see :meth:`_release_known`)."""
         self._earlier: dict[str, list[_lease.Holder]] = {}
         """Runs this store took over with earlier holders that may still be executing a step (see
         :meth:`earlier_holder`), with their records (as the claim keeps them)."""
@@ -428,6 +438,20 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         cp.epoch = epoch  # a takeover writes only the column
         return cp
 
+    def checkpoint(self, run_id: str) -> Checkpoint | None:
+        """The run's summary (``None``: no such run), the schema checked by the same statement
+        (:data:`_HEAD_CHECKED`), before anything read is decoded."""
+        if not self._id_ok(run_id):
+            return None
+        with self._reader(run_id, check=False) as conn:
+            version, epoch, text = _one(conn.execute(_HEAD_CHECKED, (run_id,)))
+            _readable_schema(version)
+            if epoch is None:
+                return None
+            cp = self._summary_of(conn, run_id, text)
+            cp.epoch = checked_epoch(run_id, epoch)
+            return cp
+
     @contextmanager
     def _reader(self, run_id: str, *, check: bool = True) -> Iterator[psycopg.Connection[Any]]:
         with self._reading(run_id), self._conn() as conn, reading(conn):
@@ -471,8 +495,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
                 mine = run_id in self._taken
                 unsettled = self._unsettled(run_id, holder, row[3], force=force or mine)
                 epoch = next_epoch(run_id, row[0])
-                cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s",
-                            (epoch, _lease.claim(owner, server=server, unsettled=unsettled), run_id))
+                record = _lease.claim(owner, server=server, unsettled=unsettled)
+                cur.execute("UPDATE cuaderno_runs SET epoch=%s, owner=%s WHERE run_id=%s", (epoch, record, run_id))
                 with self._cache_lock:
                     self._cache.pop(run_id, None)
         except BaseException:
@@ -480,6 +504,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
                 self._unlock_run(run_id)
             raise
         self._taken[run_id] = epoch
+        self._records[run_id] = (epoch, record)
         if unsettled:
             self._earlier[run_id] = unsettled
         else:
@@ -532,12 +557,13 @@ class PostgresCheckpointer(PgServer, SqlEraser):
     def release(self, run_id: str, epoch: int) -> None:
         if not _storable(run_id) or self._readonly:
             return
-        with self._txn() as cur:
-            row = cur.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
-                              (run_id,)).fetchone()
-            if row is not None and row[0] == epoch:
-                cur.execute("UPDATE cuaderno_runs SET owner=%s WHERE run_id=%s AND epoch=%s",
-                            (_lease.released(row[1]), run_id, epoch))
+        if not self._release_known(run_id, epoch):
+            with self._txn() as cur:
+                row = cur.execute("SELECT epoch, owner FROM cuaderno_runs WHERE run_id=%s FOR UPDATE",
+                                  (run_id,)).fetchone()
+                if row is not None and row[0] == epoch:
+                    cur.execute("UPDATE cuaderno_runs SET owner=%s WHERE run_id=%s AND epoch=%s",
+                                (_lease.released(row[1]), run_id, epoch))
         # Released, or taken over since (with force): either way this store stops holding it, or
         # the run would look held until this store closed. After the commit, so that nobody
         # finds the run free while the row still names this holder.
@@ -545,6 +571,26 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             del self._taken[run_id]
             self._earlier.pop(run_id, None)
             self._unlock_run(run_id)
+
+    def _release_known(self, run_id: str, epoch: int) -> bool:
+        """The release of a run this store took at ``epoch``, by one statement (its own
+        transaction, committed before this returns) instead of four round trips (BEGIN, the row
+        locked and read, the update, COMMIT): the holder record this store wrote at that epoch
+        is known, so its released form is too. It is written only if the row still holds that
+        very record at that epoch, which is what the locked read would have found (nobody
+        changes the record without moving the epoch, except a release of it); ``False`` (nothing
+        written) when the record is not known or the row holds another: the caller reads it."""
+        known = self._records.pop(run_id, None)
+        if known is None or known[0] != epoch:
+            return False
+        record = known[1]
+        released = _lease.released(record)
+        if released is None or released == record:
+            return False
+        with self._txn(single=True) as cur:
+            cur.execute("UPDATE cuaderno_runs SET owner=%s WHERE run_id=%s AND epoch=%s AND owner=%s",
+                        (released, run_id, epoch, record))
+            return cur.rowcount == 1
 
     def _scrub(self, thorough: bool) -> tuple[bool, str]:
         """VACUUM the tables an erasure rewrote (events, runs, and the blobs it released), so that the old row versions (dead tuples,
