@@ -28,6 +28,7 @@ DIFFERENT = {
     "tail_index_found": "each catalogue is its own",
     "create_tail_index": "PostgreSQL serialises creators with the migrations' advisory lock",
     "duplicate": "each driver's error class",
+    "insert_many": "PostgreSQL inserts several rows from arrays (unnest) in one statement; SQLite has none",
 }
 
 

@@ -152,3 +152,39 @@ def test_a_release_of_a_record_changed_at_its_epoch_falls_back_to_reading_it(sto
             sql.Identifier(str(store.schema))), (json.dumps(record, sort_keys=True), "r"))
     store.release("r", epoch)
     assert _owner(store, "r") == {**record, "held": False}
+
+
+def test_a_groups_rows_held_back_are_sent_before_its_commit(store: PostgresCheckpointer) -> None:
+    """A group's new rows wait for its summaries' upsert, to go in the same statement; a group
+    transaction that ends without that upsert still sends them before COMMIT (none is lost)."""
+    from cuaderno.events import StepEvent as Ev
+
+    for run in ("a", "b"):
+        store.append([_start(run)])
+    events = [Ev(run_id="a", step_id=f"s{i}", phase="intent", kind="tool", name="t", payload={"i": i})
+              for i in range(2)]
+    planned = store._insert_rows  # the rows as the append would store them, taken from an append refused
+    seen: list[Any] = []
+
+    def caught(db: Any, rows: Any, held: Any, *, lookups: bool) -> None:
+        seen.append(rows)
+        raise RuntimeError("caught")  # its transaction rolled back: nothing stored
+
+    store._insert_rows = caught  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="caught"):
+            store.append(events)
+    finally:
+        store._insert_rows = planned  # type: ignore[method-assign]
+    assert [e.step_id for e in store.load("a")] == ["run"]
+    store._cache.clear()
+    [rows] = seen
+    with store._write_txn() as cur:
+        store._group_summaries(cur, ["a", "b"])
+        store._insert_rows(cur, rows, None, lookups=False)
+        assert store._group.rows == rows  # held back for the summaries
+    with psycopg.connect(PG_URL) as conn:  # the rows alone (the test wrote no summary for them)
+        steps = conn.execute(sql.SQL("SELECT step_id FROM {}.cuaderno_events WHERE run_id = 'a' ORDER BY seq").format(
+            sql.Identifier(str(store.schema)))).fetchall()
+    assert [s for (s,) in steps] == ["run", "s0", "s1"]
+    assert store._group.cursor is None and store._group.rows is None

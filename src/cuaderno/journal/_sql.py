@@ -78,6 +78,9 @@ class Dialect:
     they are; the index only costs each insert one more b-tree entry)."""
     duplicate: tuple[type[Exception], ...] = ()
     """The driver's errors that mean an insert met a stored key (the backend names its driver's)."""
+    insert_many: str | None = None
+    """Several new rows of the events table in one statement, each column an array (the thirteen
+    of ``insert``, in its order); ``None``: the dialect inserts them one statement per row."""
 
 
 SQLITE = Dialect(
@@ -154,6 +157,10 @@ POSTGRES = Dialect(
            "row_hash, salt FROM cuaderno_events WHERE run_id=%s AND step_id=%s AND phase=%s"),
     insert=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, codec, "
             "payload, created_at, row_hash, salt) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"),
+    insert_many=("INSERT INTO cuaderno_events (run_id, step_id, phase, seq, kind, name, decision, fingerprint, "
+                 "codec, payload, created_at, row_hash, salt) SELECT * FROM unnest(%b::text[], %b::text[], "
+                 "%b::text[], %b::bigint[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], "
+                 "%b::bytea[], %b::float8[], %b::text[], %b::bytea[])"),
     summaries="SELECT run_id, epoch, checkpoint FROM cuaderno_runs WHERE run_id = ANY(%b)",
     upsert_run=("INSERT INTO cuaderno_runs (run_id, status, epoch, updated_at, checkpoint) VALUES (%s,%s,%s,%s,%s) "
                 "ON CONFLICT (run_id) DO UPDATE SET status=excluded.status, updated_at=excluded.updated_at, "

@@ -74,7 +74,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -108,6 +108,7 @@ from cuaderno.journal._pg_server import (
     _one,
     _readable_schema,
 )
+from cuaderno.journal._rows import Duplicate as _Duplicate
 from cuaderno.journal._rows import checked_epoch
 from cuaderno.journal._rows import storable as _storable
 from cuaderno.journal._sealing import Sealer
@@ -143,6 +144,13 @@ _HEAD_CHECKED = ("SELECT (SELECT max(version) FROM cuaderno_migrations), r.epoch
 run exists or not: ``epoch`` is ``NULL`` only when it does not, the column being ``NOT NULL``):
 what :meth:`PostgresCheckpointer.checkpoint` reads, where the schema check took a round trip of
 its own before every read of a summary (five per run a worker drives)."""
+_INSERT_EVENTS = POSTGRES.insert_many or ""
+"""Several new rows in one statement (the dialect's, each column an array): one statement to plan
+and run where ``executemany`` sent one per row."""
+_INSERT_EVENTS_UPSERT_RUNS = "WITH inserted AS (" + _INSERT_EVENTS + ") " + _UPSERT_RUNS
+"""A group's new rows and its summaries in one statement (one round trip, not two): the rows
+inserted by a data-modifying ``WITH``, which runs to its end whether or not the rest reads it.
+A stored key fails the whole statement, as it failed the insert alone."""
 _NEW_RUN_LOCK = 0x63756164  # "cuad": the class of the transaction locks a run's first append takes
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _OUR_PARAMS = {"schema", "compress"}
@@ -207,6 +215,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         """Runs this store took over (acquire) and has not released, with their epochs."""
         self._locked: set[str] = set()
         """Runs whose advisory lock this store's lock connection holds."""
+        self._group = _GroupTxn()
+        """Per thread, the group transaction in progress and its rows held back (see :meth:`_insert_rows`)."""
         self._records: dict[str, tuple[int, str]] = {}
         """Runs this store took over, with the epoch and the holder record it wrote then (what
         a release of that epoch marks let go: see :meth:`_release_known`)."""
@@ -272,8 +282,44 @@ class PostgresCheckpointer(PgServer, SqlEraser):
     _dialect = replace(POSTGRES, duplicate=(psycopg.errors.UniqueViolation,))
     _loads = staticmethod(_loads)
 
-    def _write_txn(self) -> AbstractContextManager[psycopg.Cursor[Any]]:
-        return self._txn()
+    @contextmanager
+    def _write_txn(self) -> Iterator[psycopg.Cursor[Any]]:
+        """An append's transaction. A group's rows held back to go with its summaries (see
+        :meth:`_insert_rows`) are sent before COMMIT if nothing sent them yet: no row is ever
+        left out of the transaction that planned it."""
+        with self._txn() as cur:
+            try:
+                yield cur
+                if self._group.cursor is cur and self._group.rows:
+                    self._insert_now(cur, self._group.rows, lookups=False)
+            finally:
+                if self._group.cursor is cur:
+                    self._group.cursor = self._group.rows = None
+
+    def _insert_rows(self, db: Any, rows: list[tuple[Any, ...]], held: Any, *, lookups: bool) -> None:
+        """An append's new rows: several by one statement (:data:`_INSERT_EVENTS`); a group's
+        (several runs' appends) held back and sent with its summaries' upsert, one statement for
+        both (:meth:`_upsert_summaries`). Rows to blobs, a single row, or rows whose payloads are
+        not bytes go as the dialect's ``insert`` does."""
+        if held is not None or len(rows) < 2 or not all(_binary(r) for r in rows):
+            super()._insert_rows(db, rows, held, lookups=lookups)
+            return
+        if not lookups and self._group.cursor is db:
+            self._group.rows = rows
+            return
+        self._insert_now(db, rows, lookups=lookups)
+
+    def _insert_now(self, cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], *, lookups: bool) -> None:
+        try:
+            cur.execute(_INSERT_EVENTS, _columns(rows))
+        except psycopg.errors.UniqueViolation as exc:
+            if lookups:  # every key was looked up: another writer's row, committed since
+                raise JournalError(f"{self._label}: write failed, nothing was committed: {_first_line(exc)}") \
+                    from None
+            raise _Duplicate from None
+        finally:
+            if self._group.cursor is cur:
+                self._group.rows = None
 
     def _after_lost(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None,
                     lost: _Lost, unheld: bool) -> list[StepEvent]:
@@ -319,7 +365,15 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         version (``xmin``) the upsert returns for it."""
         params = ([r for r, _, _, _ in done], [cp.status for _, cp, _, _ in done], [cp.epoch for _, cp, _, _ in done],
                   [at for _, _, at, _ in done], [text for _, _, _, text in done])
-        xmins = dict(cur.execute(_UPSERT_RUNS, params).fetchall())
+        rows = self._group.rows if self._group.cursor is cur else None
+        if rows:  # the group's rows, held back by _insert_rows: sent with the summaries
+            self._group.rows = None
+            try:
+                xmins = dict(cur.execute(_INSERT_EVENTS_UPSERT_RUNS, (*_columns(rows), *params)).fetchall())
+            except psycopg.errors.UniqueViolation:
+                raise _Duplicate from None  # a stored key: the group goes batch by batch (see append_group)
+        else:
+            xmins = dict(cur.execute(_UPSERT_RUNS, params).fetchall())
         if set(xmins) != {r for r, _, _, _ in done}:
             raise JournalCorrupt(f"journal {self.url}: the database stored other summaries than the ones written")
         with self._cache_lock:
@@ -336,6 +390,8 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         is out of the order every writer locks in: the creation lock and the row are then only
         taken if free (held by another writer, the group fails and is appended batch by batch),
         so that this transaction never waits for a lock while holding a later one."""
+        # This transaction is a group's: its rows may wait for its summaries (see _insert_rows).
+        self._group.cursor, self._group.rows = cur, None
         found = {run_id: (epoch, xmin) for run_id, epoch, xmin in cur.execute(_LOCK_RUNS, (runs,)).fetchall()}
         out: dict[str, Checkpoint] = {}
         misses: dict[str, int] = {}
@@ -645,6 +701,25 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             holder = _lease.parse(owners.get(run_id)) or {"owner": None, "process": {}}
             found[run_id] = {**holder, "backend_pid": backend}
         return found
+
+
+class _GroupTxn(threading.local):
+    """The cursor of the group transaction this thread is writing (``None``: none) and the rows
+    it holds back to send with the group's summaries."""
+
+    cursor: Any = None
+    rows: list[tuple[Any, ...]] | None = None
+
+
+def _binary(row: tuple[Any, ...]) -> bool:
+    """Whether a new row's payload and digest key go in ``bytea`` arrays as they are (bytes, or no key)."""
+    return isinstance(row[9], (bytes, bytearray, memoryview)) and (row[12] is None or isinstance(
+        row[12], (bytes, bytearray, memoryview)))
+
+
+def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """The new rows as the thirteen arrays of :data:`_INSERT_EVENTS`."""
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 class _Contended(Exception):
