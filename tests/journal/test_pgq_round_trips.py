@@ -188,3 +188,24 @@ def test_a_groups_rows_held_back_are_sent_before_its_commit(store: PostgresCheck
             sql.Identifier(str(store.schema)))).fetchall()
     assert [s for (s,) in steps] == ["run", "s0", "s1"]
     assert store._group.cursor is None and store._group.rows is None
+
+
+def test_a_load_opens_its_snapshot_in_one_exchange(store: PostgresCheckpointer,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store.append([_start("r")])
+    store.load("r")  # the pool's connection opened and configured
+    with _exchanges(monkeypatch) as seen:
+        events = store.load("r")
+    assert [e.step_id for e in events] == ["run"]
+    # BEGIN with its isolation level, the schema, the summary, the rows, COMMIT (BEGIN and SET
+    # TRANSACTION were two).
+    assert len(seen) == 5, seen
+    with store._snapshot("r") as conn:
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    with pytest.raises(RuntimeError), store._snapshot("r") as conn:
+        raise RuntimeError("a reader's own error")
+    with store._snapshot("r") as conn:  # the pool's connections are left idle either way
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+    with store._conn() as conn:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

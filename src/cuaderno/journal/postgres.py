@@ -517,8 +517,12 @@ class PostgresCheckpointer(PgServer, SqlEraser):
 
     @contextmanager
     def _snapshot(self, run_id: str) -> Iterator[psycopg.Connection[Any]]:
-        with self._reading(run_id), self._conn() as conn, conn.transaction(), reading(conn):
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot for every statement
+        """A read transaction whose statements all see one snapshot (repeatable read), opened by
+        one statement: ``conn.transaction()``'s BEGIN and then ``SET TRANSACTION`` took two round
+        trips. It ends as the pool ends a connection's block: COMMIT when the block ends, ROLLBACK
+        when it raises (nothing in it writes)."""
+        with self._reading(run_id), self._conn() as conn, reading(conn):
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             self._schema_of(conn)
             yield conn
 
