@@ -480,7 +480,10 @@ class Worker:
             self._claims[run_id] = _Claimed(epoch, keyed=run_id in claim.keyed)
             if run_id in claim.tasks and len(self._tasks) <= 10_000:
                 self._tasks[run_id] = claim.tasks[run_id]  # its queue row's: no read of its events
-            cp = self._store.checkpoint(run_id)
+            # The summary the claim's takeover read with the run's row (PostgreSQL), else read now.
+            cp = claim.summaries.get(run_id)
+            if cp is None:
+                cp = self._store.checkpoint(run_id)
             if cp is None:  # not reached: a claim takes only a run with a first event
                 self._let_go(self._store, run_id)
                 continue

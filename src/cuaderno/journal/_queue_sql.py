@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from cuaderno import faults
+from cuaderno.checkpoint import Checkpoint
 from cuaderno.errors import JournalError, SubmitConflict, UsageError, quoted
 from cuaderno.journal._claims import held_by_lock
-from cuaderno.journal._takeover import take_over
+from cuaderno.journal._takeover import Takeovers, take_over
 from cuaderno.journal.base import CLOSED_STATUSES, Checkpointer
 
 if TYPE_CHECKING:
@@ -188,6 +189,10 @@ class Claim:
     taken: list[tuple[str, int]] = field(default_factory=list[tuple[str, int]])
     keyed: set[str] = field(default_factory=set[str])
     """The runs taken that count against a concurrency key."""
+    summaries: dict[str, Checkpoint] = field(default_factory=dict[str, Checkpoint])
+    """PostgreSQL: the summary of each run taken, at the epoch it was taken at (read by the
+    takeover with the run's row locked): the worker need not read it again. A run missing here
+    (SQLite, or a summary that does not decode) is read by the worker as before."""
     tasks: dict[str, str] = field(default_factory=dict[str, str])
     """The task of each run taken, from its queue row (the one its ``run.start`` event records:
     submit writes both from one entry), so the worker need not read the run's events for it."""
@@ -424,6 +429,8 @@ class JournalQueue(_OnStore):
             out.keyed.intersection_update(r for r, _ in took.taken)
             tasks = {r[0]: r[5] for r in live}
             out.tasks = {run_id: tasks[run_id] for run_id, _ in took.taken}
+            if took.summaries:
+                out.summaries = self._summaries(db, took)
             if out.taken:
                 faults.point("queue.C1")  # runs taken over, the claim lock still held, none driven yet
         return out
@@ -460,6 +467,21 @@ class JournalQueue(_OnStore):
                     running[key] = running.get(key, 0) + 1
                     out.keyed.add(run_id)
         return picked, live, closed, len(rows)
+
+    def _summaries(self, db: Any, took: Takeovers) -> dict[str, Checkpoint]:
+        """The summaries a PostgreSQL takeover read, decoded (on the claim's connection, where a
+        sealed one's run key is looked up), each at the epoch its run was taken at; one that does
+        not decode is left out (the worker's own read then says what is wrong with it)."""
+        pg: PostgresCheckpointer = self.store  # type: ignore[assignment]
+        out: dict[str, Checkpoint] = {}
+        for run_id, epoch in took.taken:
+            try:
+                cp = pg._summary_of(db, run_id, took.summaries[run_id])
+            except (JournalError, ValueError, TypeError, KeyError):
+                continue
+            cp.epoch = epoch
+            out[run_id] = cp
+        return out
 
     def _mark_done(self, db: _Exec, run_ids: list[str]) -> None:
         # The run ended: its row no longer competes for a claim (its key stays, for debounce).

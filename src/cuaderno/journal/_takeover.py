@@ -52,6 +52,9 @@ class Takeovers:
     """Held by a live process (another worker, or an application that resumed it itself)."""
     stale: list[str] = field(default_factory=list[str])
     """Closed (or gone) since the caller read them: nothing to take."""
+    summaries: dict[str, Any] = field(default_factory=dict[str, Any])
+    """PostgreSQL: each run taken's summary as stored (read with its row, locked), for a caller
+    that would otherwise read it again at once (a worker starting to drive the runs)."""
 
 
 def take_over(store: Checkpointer, run_ids: Sequence[str], owner: str, *, done: Sequence[str] = ()) -> Takeovers:
@@ -175,6 +178,7 @@ def _postgres(store: PostgresCheckpointer, run_ids: list[str], owner: str, done:
                 written.append((run_id, epoch, _lease.claim(owner, server=server, unsettled=unsettled)))
                 earlier[run_id] = unsettled
                 out.taken.append((run_id, epoch))
+                out.summaries[run_id] = row[3]
             _write_holders(store, cur, written)
             if out.taken:
                 faults.point("queue.C0")  # every run picked locked and its row written, before COMMIT
