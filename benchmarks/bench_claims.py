@@ -327,7 +327,7 @@ read calls and voluntary context switches (medians of the three repeats):
 - A queued kernel lock in front of ``BEGIN IMMEDIATE`` (an exclusive ``flock`` on
   ``<journal>-write`` per store, taken before the transaction and dropped after its end; the wait
   bounded by the busy timeout through a waiter thread of the store's, since a blocking ``flock``
-  cannot time out; commit 7c3f8de on branch ``sqlq-write-queue``, not merged). Three pairs, base then queue:
+  cannot time out; written for this measurement and not kept). Three pairs, base then queue:
   2.45/3.27/3.88 1.58 1.19 | 2.64/3.33/4.47 1.69 1.34; 2.57/3.23/3.87 1.50 1.20 | 2.54/3.22/3.92
   1.54 1.22; 2.60/3.30/4.09 1.57 1.24 | 2.59/3.32/4.46 1.72 1.34. Reads 25-29 -> 50, voluntary
   switches 14-16 -> 23-26, wall 2.7-3.8 -> 2.1-2.3 s: the fleet is faster by the clock and dearer
