@@ -291,7 +291,7 @@ class PostgresCheckpointer(PgServer, SqlEraser):
             try:
                 yield cur
                 if self._group.cursor is cur and self._group.rows:
-                    self._insert_now(cur, self._group.rows, lookups=False)
+                    _insert_events(cur, self._group.rows, lookups=False, label=self._label)
             finally:
                 if self._group.cursor is cur:
                     self._group.cursor = self._group.rows = None
@@ -307,18 +307,10 @@ class PostgresCheckpointer(PgServer, SqlEraser):
         if not lookups and self._group.cursor is db:
             self._group.rows = rows
             return
-        self._insert_now(db, rows, lookups=lookups)
-
-    def _insert_now(self, cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], *, lookups: bool) -> None:
         try:
-            cur.execute(_INSERT_EVENTS, _columns(rows))
-        except psycopg.errors.UniqueViolation as exc:
-            if lookups:  # every key was looked up: another writer's row, committed since
-                raise JournalError(f"{self._label}: write failed, nothing was committed: {_first_line(exc)}") \
-                    from None
-            raise _Duplicate from None
+            _insert_events(db, rows, lookups=lookups, label=self._label)
         finally:
-            if self._group.cursor is cur:
+            if self._group.cursor is db:
                 self._group.rows = None
 
     def _after_lost(self, run_id: str, events: Sequence[StepEvent], epoch: int | None, expect_seq: int | None,
@@ -713,6 +705,18 @@ class _GroupTxn(threading.local):
 
     cursor: Any = None
     rows: list[tuple[Any, ...]] | None = None
+
+
+def _insert_events(cur: psycopg.Cursor[Any], rows: list[tuple[Any, ...]], *, lookups: bool, label: str) -> None:
+    """Several new rows by one statement (:data:`_INSERT_EVENTS`). A stored key: with ``lookups``
+    (every key was looked up first) another writer's row committed since, a JournalError; without,
+    :class:`~cuaderno.journal._rows.Duplicate` (the append is redone with lookups)."""
+    try:
+        cur.execute(_INSERT_EVENTS, _columns(rows))
+    except psycopg.errors.UniqueViolation as exc:
+        if lookups:
+            raise JournalError(f"{label}: write failed, nothing was committed: {_first_line(exc)}") from None
+        raise _Duplicate from None
 
 
 def _binary(row: tuple[Any, ...]) -> bool:
