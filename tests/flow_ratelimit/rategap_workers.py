@@ -4,6 +4,7 @@ step stops at a named fault point (between its turn and its send) until the test
 from __future__ import annotations
 
 import asyncio
+import queue
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,15 @@ def journal_url(tmp_path: Path, backend: str, request: pytest.FixtureRequest) ->
     schemas: list[str] = request.getfixturevalue("pg_schemas")
     schemas.append(new_schema())
     return schema_url(schemas[-1])
+
+
+def said(out: Any, timeout: float = 90) -> tuple[str, Any]:
+    """The next message of a worker process (its queue), or the test fails after ``timeout`` s."""
+    try:
+        got: tuple[str, Any] = out.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"the worker process said nothing in {timeout} s")
+    return got
 
 
 def gateway(base_url: str, limit: RateLimit) -> OpenAIGateway:

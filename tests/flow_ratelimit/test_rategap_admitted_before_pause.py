@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import queue
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rategap_workers import AGENT, another_client_spends, bucket, gateway, journal_url, statuses, stopped_worker, until
+from rategap_workers import (
+    AGENT,
+    another_client_spends,
+    bucket,
+    gateway,
+    journal_url,
+    said,
+    statuses,
+    stopped_worker,
+    until,
+)
 
 from cuaderno import RateLimit, Session, open_journal
 from cuaderno.flow.ratelimit import SharedLimits
@@ -20,14 +28,6 @@ from cuaderno.testing.rate_limited_provider import ProviderProcess, read_log
 
 # Far above the provider's budget: only what its answers say can hold a request back.
 LIMIT = RateLimit(requests_per_minute=600, max_wait=30)
-
-
-def _said(out: Any, timeout: float = 90) -> tuple[str, Any]:
-    try:
-        said: tuple[str, Any] = out.get(timeout=timeout)
-    except queue.Empty:
-        pytest.fail(f"the worker process said nothing in {timeout} s")
-    return said
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -46,7 +46,7 @@ def test_a_turn_taken_before_a_pause_is_held_after_its_intent(backend: str, tmp_
         proc = ctx.Process(target=stopped_worker, args=(url, base_url, LIMIT, "b1", "model.K2", "go", out, go))
         proc.start()
         try:
-            assert _said(out) == ("at", "model.K2")
+            assert said(out) == ("at", "model.K2")
             # Another client of the key spends the budget; worker A's request is refused with a
             # 429 whose Retry-After pauses the key.
             await another_client_spends(base_url, 1)
@@ -54,7 +54,7 @@ def test_a_turn_taken_before_a_pause_is_held_after_its_intent(backend: str, tmp_
             await until(lambda: limits.paused_for(bucket(gw)) > 0)
             go.set()  # B goes on, inside the pause: its turn was taken before it
             assert (await a).output == "done"
-            assert await asyncio.to_thread(_said, out) == ("done", "done")
+            assert await asyncio.to_thread(said, out) == ("done", "done")
             proc.join(30)
             rows = [e.phase for e in store.load("b1") if e.kind == "model"]
             assert rows == ["intent", "result"]  # one send, not counted as a re-send

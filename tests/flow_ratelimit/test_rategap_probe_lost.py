@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import queue
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rategap_workers import AGENT, bucket, gateway, journal_url, stopped_worker, until
+from rategap_workers import AGENT, bucket, gateway, journal_url, said, stopped_worker, until
 
 from cuaderno import RateLimit, Session, open_journal
 from cuaderno.flow.ratelimit import SharedLimits
 from cuaderno.testing.rate_limited_provider import ProviderProcess, read_log
 
 LIMIT = RateLimit(requests_per_minute=600, max_wait=30)  # probe_timeout: the default 10 s
-
-
-def _said(out: Any, timeout: float = 90) -> tuple[str, Any]:
-    try:
-        said: tuple[str, Any] = out.get(timeout=timeout)
-    except queue.Empty:
-        pytest.fail(f"the worker process said nothing in {timeout} s")
-    return said
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -50,7 +40,7 @@ def test_a_probe_lost_before_its_send_lets_the_next_request_go_at_once(
         proc = ctx.Process(target=stopped_worker, args=(url, base_url, LIMIT, "p1", point, how, out, go))
         proc.start()
         try:
-            assert _said(out) == ("at", point)
+            assert said(out) == ("at", point)
             held = asyncio.create_task(AGENT.run_to_end("q", session=Session("b1", gw, store)))
             await asyncio.sleep(0.5)
             assert not read_log(log), "a request went beside the probe"
@@ -59,8 +49,8 @@ def test_a_probe_lost_before_its_send_lets_the_next_request_go_at_once(
             await until(lambda: bool(read_log(log)))
             went = time.monotonic() - lost
             assert (await held).output == "done"
-            said = await asyncio.to_thread(_said, out)
-            assert said[0] == "error", said  # the probe's run stopped there, nothing sent
+            told = await asyncio.to_thread(said, out)
+            assert told[0] == "error", told  # the probe's run stopped there, nothing sent
             proc.join(30)
             return went
         finally:
